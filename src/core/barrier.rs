@@ -1,0 +1,78 @@
+//! Barriers and log records: the values the log store carries (DESIGN.md §2, §3).
+
+use super::epoch::Epoch;
+use super::vnode::Vnode;
+
+/// What a barrier asks of the executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BarrierKind {
+    /// The first barrier a writer emits.
+    Initial,
+    /// Ends an epoch; its data accumulates into the next checkpoint.
+    Barrier,
+    /// Ends an epoch and commits everything since the last checkpoint.
+    Checkpoint,
+}
+
+/// `{prev_epoch, curr_epoch, kind}`: data of `prev` lies before it, data of `curr` after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Barrier {
+    pub prev: Epoch,
+    pub curr: Epoch,
+    pub kind: BarrierKind,
+}
+
+impl Barrier {
+    pub fn is_checkpoint(&self) -> bool {
+        self.kind == BarrierKind::Checkpoint
+    }
+}
+
+/// The operation a change applies to its row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Insert,
+    Delete,
+    /// The old image of an update; the next record of the partition is its `UpdateInsert`.
+    UpdateDelete,
+    /// The new image of an update.
+    UpdateInsert,
+}
+
+impl Op {
+    pub const ALL: [Op; 4] = [Op::Insert, Op::Delete, Op::UpdateDelete, Op::UpdateInsert];
+
+    /// Stable lower-case name, used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Delete => "delete",
+            Op::UpdateDelete => "update_delete",
+            Op::UpdateInsert => "update_insert",
+        }
+    }
+}
+
+/// A row as the core sees it: the primary-key bytes (Avro binary encoding of the key) and the row
+/// datum (Avro binary encoding of the row record). The core never looks inside `value`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Row {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// One change of the upstream table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub epoch: Epoch,
+    pub op: Op,
+    pub vnode: Vnode,
+    pub row: Row,
+}
+
+/// A log-store message value: a change or a barrier marker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogRecord {
+    Change(Change),
+    Barrier(Barrier),
+}

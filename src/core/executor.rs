@@ -1,0 +1,893 @@
+//! The per-worker backfill state machine: snapshot → log store → streaming.
+//!
+//! [`Executor::handle`] takes one [`Event`] and answers with the [`Decision`]s the driver must carry out,
+//! in order. It owns alignment, staging, progress and the phase; it performs no I/O and never blocks.
+//! An `Err` means the input was bad (nothing after it may be committed); a [`Decision::Fail`] means the
+//! worker must stop after carrying out the decisions before it (the log-store bitmap-update error).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::barrier::{Barrier, Change, LogRecord, Op, Row};
+use super::epoch::Epoch;
+use super::error::CoreError;
+use super::phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};
+use super::progress::{
+    Checkpoint, CheckpointCause, Lease, PartitionProgress, RowMutation, VnodeProgress,
+};
+use super::staging::{snapshot_upsert, Staging};
+use super::vnode::{vnode_of, PartitionId, PartitionMap, Vnode};
+
+/// When the snapshot phase commits on its own (there are no upstream barriers then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalCheckpointPolicy {
+    /// Commit after this many snapshot rows.
+    pub max_rows: u64,
+    /// Commit when this much time has passed since the last commit and something is pending.
+    pub max_interval_ms: u64,
+}
+
+impl Default for LocalCheckpointPolicy {
+    fn default() -> Self {
+        LocalCheckpointPolicy {
+            max_rows: 50_000,
+            max_interval_ms: 1_000,
+        }
+    }
+}
+
+/// What a worker needs to know about its job.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    /// The log topic, for error messages.
+    pub topic: String,
+    pub snapshot_epoch: Epoch,
+    pub map: PartitionMap,
+    pub generation: u64,
+    pub worker: String,
+    pub local_checkpoint: LocalCheckpointPolicy,
+}
+
+/// Runtime state of one owned partition.
+#[derive(Debug)]
+struct PartitionState {
+    lease: Lease,
+    committed: PartitionProgress,
+    /// Next offset expected from the log.
+    next_offset: u64,
+    /// The epoch of data now arriving: `curr` of the last barrier delivered.
+    open_epoch: Epoch,
+    /// Barriers delivered since the last commit, with the offset just after each.
+    barriers: VecDeque<(Barrier, u64)>,
+    pending_update_delete: Option<u64>,
+    high_watermark: Option<u64>,
+    paused: bool,
+}
+
+impl PartitionState {
+    fn new(lease: Lease, committed: PartitionProgress) -> Self {
+        PartitionState {
+            lease,
+            next_offset: committed.next_offset,
+            open_epoch: committed.epoch,
+            committed,
+            barriers: VecDeque::new(),
+            pending_update_delete: None,
+            high_watermark: None,
+            paused: false,
+        }
+    }
+
+    /// Forgets uncommitted reads: the partition will be fetched again from its committed offset.
+    fn rewind(&mut self) {
+        self.next_offset = self.committed.next_offset;
+        self.open_epoch = self.committed.epoch;
+        self.barriers.clear();
+        self.pending_update_delete = None;
+        self.paused = false;
+    }
+}
+
+/// A bounded catch-up test (see README, "Catch-up"): the high watermarks sampled when the probe was
+/// taken. The worker has caught up once every owned partition has been read to its target without a
+/// checkpoint barrier appearing beyond the last committed one.
+#[derive(Debug, Clone)]
+struct CatchUpProbe {
+    targets: BTreeMap<PartitionId, u64>,
+}
+
+/// Counters since the executor was created.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecutorCounters {
+    pub snapshot_rows: u64,
+    /// Log-store changes staged, by [`Op`] in `Op::ALL` order.
+    pub changes: [u64; 4],
+    pub barriers: u64,
+    pub checkpoints: u64,
+}
+
+/// A view of one owned partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionStatus {
+    pub partition: PartitionId,
+    pub committed_offset: u64,
+    pub next_offset: u64,
+    pub high_watermark: Option<u64>,
+    pub open_epoch: Epoch,
+    pub committed_epoch: Epoch,
+    pub paused: bool,
+}
+
+/// A view of the executor, for status pages, metrics and tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerStatus {
+    pub phase: Phase,
+    pub generation: u64,
+    pub owned_vnodes: u32,
+    pub snapshot_vnodes_left: u32,
+    pub partitions: Vec<PartitionStatus>,
+    /// The smallest epoch committed on an owned partition, if the log store was started.
+    pub committed_epoch: Option<Epoch>,
+    pub newest_epoch: Option<Epoch>,
+    pub epoch_lag_seconds: f64,
+    pub counters: ExecutorCounters,
+}
+
+/// The state machine of one worker of one job generation.
+#[derive(Debug)]
+pub struct Executor {
+    spec: JobSpec,
+    phase: Phase,
+    partitions: BTreeMap<PartitionId, PartitionState>,
+    vnodes: BTreeMap<Vnode, VnodeProgress>,
+    dirty_vnodes: BTreeSet<Vnode>,
+    scan: ScanId,
+    snapshot_rows: Vec<RowMutation>,
+    rows_since_checkpoint: u64,
+    now_ms: u64,
+    last_checkpoint_ms: u64,
+    staging: Staging,
+    /// Barriers seen by `prev`, to check that every partition carries the same chain.
+    registry: BTreeMap<Epoch, Barrier>,
+    probe: Option<CatchUpProbe>,
+    newest_epoch: Option<Epoch>,
+    failed: bool,
+    counters: ExecutorCounters,
+}
+
+impl Executor {
+    pub fn new(spec: JobSpec, now_ms: u64) -> Self {
+        Executor {
+            spec,
+            phase: Phase::Unassigned,
+            partitions: BTreeMap::new(),
+            vnodes: BTreeMap::new(),
+            dirty_vnodes: BTreeSet::new(),
+            scan: 0,
+            snapshot_rows: Vec::new(),
+            rows_since_checkpoint: 0,
+            now_ms,
+            last_checkpoint_ms: now_ms,
+            staging: Staging::default(),
+            registry: BTreeMap::new(),
+            probe: None,
+            newest_epoch: None,
+            failed: false,
+            counters: ExecutorCounters::default(),
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    pub fn owned_partitions(&self) -> Vec<PartitionId> {
+        self.partitions.keys().copied().collect()
+    }
+
+    /// Feeds one event. After an `Err` or a [`Decision::Fail`] the executor must be dropped.
+    pub fn handle(&mut self, event: Event) -> Result<Vec<Decision>, CoreError> {
+        assert!(!self.failed, "executor used after it failed");
+        let mut out = Vec::new();
+        let result = match event {
+            Event::Assigned(claims) => {
+                self.on_assigned(claims, &mut out);
+                Ok(())
+            }
+            Event::Revoked(ps) => {
+                self.on_revoked(ps, &mut out);
+                Ok(())
+            }
+            Event::SnapshotRow { scan, vnode, row } => {
+                self.on_snapshot_row(scan, vnode, row, &mut out)
+            }
+            Event::SnapshotVnodeDone { scan, vnode } => {
+                self.on_snapshot_vnode_done(scan, vnode, &mut out);
+                Ok(())
+            }
+            Event::Record {
+                partition,
+                offset,
+                record,
+            } => self.on_record(partition, offset, record, &mut out),
+            Event::Watermark { partition, high } => {
+                if let Some(p) = self.partitions.get_mut(&partition) {
+                    p.high_watermark = Some(p.high_watermark.map_or(high, |h| h.max(high)));
+                }
+                Ok(())
+            }
+            Event::Tick { now_ms } => {
+                self.now_ms = self.now_ms.max(now_ms);
+                if self.phase == Phase::Snapshot
+                    && self.now_ms - self.last_checkpoint_ms
+                        >= self.spec.local_checkpoint.max_interval_ms
+                {
+                    self.commit_snapshot(CheckpointCause::Local, &mut out);
+                }
+                Ok(())
+            }
+            Event::Shutdown => {
+                match self.phase {
+                    Phase::Snapshot => self.commit_snapshot(CheckpointCause::Shutdown, &mut out),
+                    Phase::LogStore | Phase::Streaming => {
+                        self.commit_complete(CheckpointCause::Shutdown, &mut out)
+                    }
+                    Phase::Unassigned => {}
+                }
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            self.failed = true;
+            return Err(e);
+        }
+        if out.iter().any(|d| matches!(d, Decision::Fail(_))) {
+            self.failed = true;
+            return Ok(out);
+        }
+        if self.phase == Phase::LogStore {
+            self.evaluate_probe(&mut out);
+        }
+        Ok(out)
+    }
+
+    // ----- assignment -------------------------------------------------------------------------
+
+    fn on_assigned(&mut self, claims: Vec<ClaimedPartition>, out: &mut Vec<Decision>) {
+        let claims: Vec<ClaimedPartition> = claims
+            .into_iter()
+            .filter(|c| !self.partitions.contains_key(&c.partition))
+            .collect();
+        if claims.is_empty() {
+            return;
+        }
+        match self.phase {
+            Phase::Unassigned => {
+                self.add_partitions(claims);
+                let to = self.natural_phase();
+                self.enter(to, out);
+            }
+            Phase::Snapshot => {
+                self.commit_snapshot(CheckpointCause::Rebalance, out);
+                let new: Vec<PartitionId> = claims.iter().map(|c| c.partition).collect();
+                self.add_partitions(claims);
+                for p in new {
+                    self.set_paused(p, true, out);
+                }
+                self.plan_snapshot(out);
+            }
+            Phase::LogStore => self.fail_bitmap_update(out),
+            Phase::Streaming => {
+                self.commit_complete(CheckpointCause::Rebalance, out);
+                let new: Vec<PartitionId> = claims.iter().map(|c| c.partition).collect();
+                self.add_partitions(claims);
+                if self.natural_phase() == Phase::Snapshot {
+                    // A newly owned vnode still needs its snapshot: roll back to the committed offsets
+                    // and go back to the snapshot phase for it.
+                    self.staging.clear();
+                    for p in self.partitions.values_mut() {
+                        p.rewind();
+                    }
+                    self.enter(Phase::Snapshot, out);
+                } else {
+                    for p in new {
+                        let offset = self.partitions[&p].committed.next_offset;
+                        out.push(Decision::Fetch {
+                            partition: p,
+                            offset,
+                        });
+                    }
+                    self.update_pauses(out);
+                }
+            }
+        }
+    }
+
+    fn on_revoked(&mut self, revoked: Vec<PartitionId>, out: &mut Vec<Decision>) {
+        let revoked: Vec<PartitionId> = revoked
+            .into_iter()
+            .filter(|p| self.partitions.contains_key(p))
+            .collect();
+        if revoked.is_empty() {
+            return;
+        }
+        match self.phase {
+            Phase::Unassigned => {}
+            Phase::Snapshot => {
+                self.commit_snapshot(CheckpointCause::Rebalance, out);
+                self.remove_partitions(&revoked);
+                if self.partitions.is_empty() {
+                    out.push(Decision::Scan {
+                        scan: self.next_scan(),
+                        vnodes: Vec::new(),
+                    });
+                    self.enter(Phase::Unassigned, out);
+                } else {
+                    self.plan_snapshot(out);
+                }
+            }
+            Phase::LogStore => self.fail_bitmap_update(out),
+            Phase::Streaming => {
+                self.commit_complete(CheckpointCause::Rebalance, out);
+                let map = self.spec.map;
+                let gone: BTreeSet<PartitionId> = revoked.iter().copied().collect();
+                self.staging
+                    .discard(|v| gone.contains(&map.partition_of(v)));
+                self.remove_partitions(&revoked);
+                if self.partitions.is_empty() {
+                    self.enter(Phase::Unassigned, out);
+                } else {
+                    // The frontier may have advanced past a staged checkpoint.
+                    self.advance(out);
+                }
+            }
+        }
+    }
+
+    /// The log-store rule: commit what is complete, then fail with the seed's error.
+    fn fail_bitmap_update(&mut self, out: &mut Vec<Decision>) {
+        self.commit_complete(CheckpointCause::Rebalance, out);
+        out.push(Decision::Fail(CoreError::VnodeBitmapUpdateDuringLogStore));
+    }
+
+    fn add_partitions(&mut self, claims: Vec<ClaimedPartition>) {
+        for c in claims {
+            for v in c.vnodes {
+                self.vnodes.insert(v.vnode, v);
+            }
+            for v in self.spec.map.vnodes_of(c.partition) {
+                self.vnodes
+                    .entry(v)
+                    .or_insert_with(|| VnodeProgress::fresh(v, self.spec.snapshot_epoch));
+            }
+            self.partitions
+                .insert(c.partition, PartitionState::new(c.lease, c.progress));
+        }
+    }
+
+    fn remove_partitions(&mut self, ps: &[PartitionId]) {
+        for &p in ps {
+            self.partitions.remove(&p);
+            for v in self.spec.map.vnodes_of(p) {
+                self.vnodes.remove(&v);
+                self.dirty_vnodes.remove(&v);
+            }
+        }
+        self.probe = None;
+    }
+
+    /// The phase the owned progress calls for.
+    fn natural_phase(&self) -> Phase {
+        if self.partitions.is_empty() {
+            Phase::Unassigned
+        } else if self.vnodes.values().any(|v| !v.finished) {
+            Phase::Snapshot
+        } else if self.phase == Phase::Streaming
+            || self.partitions.values().all(|p| p.committed.streaming)
+        {
+            Phase::Streaming
+        } else {
+            Phase::LogStore
+        }
+    }
+
+    fn enter(&mut self, to: Phase, out: &mut Vec<Decision>) {
+        let from = self.phase;
+        self.phase = to;
+        if from != to {
+            out.push(Decision::PhaseChanged { from, to });
+        }
+        match to {
+            Phase::Unassigned => {}
+            Phase::Snapshot => {
+                let ps: Vec<PartitionId> = self.partitions.keys().copied().collect();
+                for p in ps {
+                    self.partitions.get_mut(&p).unwrap().paused = false;
+                    self.set_paused(p, true, out);
+                }
+                self.plan_snapshot(out);
+            }
+            Phase::LogStore | Phase::Streaming => {
+                self.probe = None;
+                for (&partition, p) in self.partitions.iter_mut() {
+                    p.rewind();
+                    out.push(Decision::Fetch {
+                        partition,
+                        offset: p.committed.next_offset,
+                    });
+                }
+                self.update_pauses(out);
+            }
+        }
+    }
+
+    // ----- snapshot phase ---------------------------------------------------------------------
+
+    fn next_scan(&mut self) -> ScanId {
+        self.scan += 1;
+        self.scan
+    }
+
+    /// Plans the scan of every owned vnode whose snapshot is unfinished, from its cursor; enters the
+    /// log store when none is left.
+    fn plan_snapshot(&mut self, out: &mut Vec<Decision>) {
+        let vnodes: Vec<ScanStart> = self
+            .vnodes
+            .values()
+            .filter(|v| !v.finished)
+            .map(|v| ScanStart {
+                vnode: v.vnode,
+                after: v.cursor.clone(),
+            })
+            .collect();
+        if vnodes.is_empty() {
+            out.push(Decision::Scan {
+                scan: self.next_scan(),
+                vnodes,
+            });
+            let to = self.natural_phase();
+            self.enter(to, out);
+            return;
+        }
+        let scan = self.next_scan();
+        out.push(Decision::Scan { scan, vnodes });
+    }
+
+    fn on_snapshot_row(
+        &mut self,
+        scan: ScanId,
+        vnode: Vnode,
+        row: Row,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), CoreError> {
+        if scan != self.scan || self.phase != Phase::Snapshot {
+            return Ok(());
+        }
+        let Some(progress) = self.vnodes.get_mut(&vnode) else {
+            return Ok(());
+        };
+        if progress.finished {
+            return Ok(());
+        }
+        let computed = vnode_of(&row.key, self.spec.map.vnode_count());
+        if computed != vnode {
+            return Err(CoreError::SnapshotRowVnodeMismatch { vnode, computed });
+        }
+        if let Some(cursor) = &progress.cursor {
+            if row.key <= *cursor {
+                return Err(CoreError::SnapshotCursorWentBack {
+                    vnode,
+                    cursor: cursor.clone(),
+                    key: row.key,
+                });
+            }
+        }
+        progress.cursor = Some(row.key.clone());
+        progress.row_count += 1;
+        self.dirty_vnodes.insert(vnode);
+        self.snapshot_rows.push(snapshot_upsert(vnode, row));
+        self.rows_since_checkpoint += 1;
+        self.counters.snapshot_rows += 1;
+        if self.rows_since_checkpoint >= self.spec.local_checkpoint.max_rows {
+            self.commit_snapshot(CheckpointCause::Local, out);
+        }
+        Ok(())
+    }
+
+    fn on_snapshot_vnode_done(&mut self, scan: ScanId, vnode: Vnode, out: &mut Vec<Decision>) {
+        if scan != self.scan || self.phase != Phase::Snapshot {
+            return;
+        }
+        let Some(progress) = self.vnodes.get_mut(&vnode) else {
+            return;
+        };
+        if progress.finished {
+            return;
+        }
+        progress.finished = true;
+        progress.cursor = None;
+        self.dirty_vnodes.insert(vnode);
+        if self.vnodes.values().all(|v| v.finished) {
+            self.commit_snapshot(CheckpointCause::SnapshotDone, out);
+            let to = self.natural_phase();
+            self.enter(to, out);
+        }
+    }
+
+    fn commit_snapshot(&mut self, cause: CheckpointCause, out: &mut Vec<Decision>) {
+        self.last_checkpoint_ms = self.now_ms;
+        if self.snapshot_rows.is_empty() && self.dirty_vnodes.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.snapshot_rows);
+        let vnodes = std::mem::take(&mut self.dirty_vnodes)
+            .into_iter()
+            .map(|v| self.vnodes[&v].clone())
+            .collect();
+        self.rows_since_checkpoint = 0;
+        self.push_commit(cause, None, rows, vnodes, Vec::new(), out);
+    }
+
+    fn push_commit(
+        &mut self,
+        cause: CheckpointCause,
+        epoch: Option<Epoch>,
+        rows: Vec<RowMutation>,
+        vnodes: Vec<VnodeProgress>,
+        partitions: Vec<PartitionProgress>,
+        out: &mut Vec<Decision>,
+    ) {
+        self.counters.checkpoints += 1;
+        out.push(Decision::Commit(Checkpoint {
+            generation: self.spec.generation,
+            worker: self.spec.worker.clone(),
+            cause,
+            epoch,
+            leases: self.partitions.iter().map(|(p, s)| (*p, s.lease)).collect(),
+            rows,
+            vnodes,
+            partitions,
+        }));
+    }
+
+    // ----- log store and streaming ------------------------------------------------------------
+
+    fn on_record(
+        &mut self,
+        partition: PartitionId,
+        offset: u64,
+        record: LogRecord,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), CoreError> {
+        if !matches!(self.phase, Phase::LogStore | Phase::Streaming) {
+            return Ok(()); // not fetching yet: the record will be fetched again
+        }
+        let topic = &self.spec.topic;
+        let map = self.spec.map;
+        let Some(p) = self.partitions.get_mut(&partition) else {
+            return Ok(()); // revoked: its new owner reads it
+        };
+        if offset < p.next_offset {
+            return Ok(()); // already seen (a re-fetch)
+        }
+        match record {
+            LogRecord::Change(change) => {
+                if change.epoch != p.open_epoch {
+                    return Err(CoreError::EpochMismatch {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        expected: p.open_epoch,
+                        found: change.epoch,
+                    });
+                }
+                let owned = map.vnodes_of(partition);
+                if !owned.contains(&change.vnode) {
+                    return Err(CoreError::VnodeNotOwnedByPartition {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        vnode: change.vnode,
+                        owned_start: owned.start,
+                        owned_end: owned.end,
+                    });
+                }
+                let computed = vnode_of(&change.row.key, map.vnode_count());
+                if computed != change.vnode {
+                    return Err(CoreError::VnodeMismatch {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        vnode: change.vnode,
+                        computed,
+                    });
+                }
+                check_update_pair(topic, partition, offset, p, &change)?;
+                p.next_offset = offset + 1;
+                self.counters.changes[op_index(change.op)] += 1;
+                self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
+                self.staging.stage(change);
+                Ok(())
+            }
+            LogRecord::Barrier(barrier) => {
+                if let Some(ud) = p.pending_update_delete {
+                    return Err(CoreError::UnpairedUpdate {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        update_delete_offset: ud,
+                    });
+                }
+                if barrier.prev != p.open_epoch || barrier.curr <= barrier.prev {
+                    return Err(CoreError::BarrierChainBroken {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        expected_prev: p.open_epoch,
+                        prev: barrier.prev,
+                        curr: barrier.curr,
+                    });
+                }
+                if let Some(other) = self.registry.get(&barrier.prev) {
+                    if other.curr != barrier.curr || other.kind != barrier.kind {
+                        return Err(CoreError::BarrierMismatch {
+                            topic: topic.clone(),
+                            partition,
+                            offset,
+                            prev: barrier.prev,
+                            curr: barrier.curr,
+                            kind: format!("{:?}", barrier.kind),
+                            other_curr: other.curr,
+                            other_kind: format!("{:?}", other.kind),
+                        });
+                    }
+                } else {
+                    self.registry.insert(barrier.prev, barrier);
+                }
+                p.next_offset = offset + 1;
+                p.open_epoch = barrier.curr;
+                p.barriers.push_back((barrier, offset + 1));
+                self.counters.barriers += 1;
+                self.newest_epoch = self.newest_epoch.max(Some(barrier.curr));
+                self.advance(out);
+                Ok(())
+            }
+        }
+    }
+
+    /// The epoch every owned partition has reached: all epochs below it are complete.
+    fn frontier(&self) -> Option<Epoch> {
+        self.partitions.values().map(|p| p.open_epoch).min()
+    }
+
+    /// Commits through the newest checkpoint below the frontier, if any, and updates pauses: called
+    /// whenever the frontier may have moved (a barrier arrived, a lagging partition was revoked).
+    fn advance(&mut self, out: &mut Vec<Decision>) {
+        let Some(frontier) = self.frontier() else {
+            return;
+        };
+        // The newest checkpoint barrier that every owned partition has passed.
+        let checkpoint = self
+            .partitions
+            .values()
+            .flat_map(|p| p.barriers.iter())
+            .filter(|(b, _)| b.is_checkpoint() && b.prev < frontier)
+            .map(|(b, _)| b.prev)
+            .max();
+        if let Some(epoch) = checkpoint {
+            self.commit_through(epoch, CheckpointCause::Barrier, out);
+        }
+        self.update_pauses(out);
+    }
+
+    /// Commits every complete epoch (all barriers below the frontier), checkpoint or not: used before
+    /// a bitmap update is acknowledged and at shutdown.
+    fn commit_complete(&mut self, cause: CheckpointCause, out: &mut Vec<Decision>) {
+        let Some(frontier) = self.frontier() else {
+            return;
+        };
+        let complete = self
+            .partitions
+            .values()
+            .flat_map(|p| p.barriers.iter())
+            .filter(|(b, _)| b.prev < frontier)
+            .map(|(b, _)| b.prev)
+            .max();
+        if let Some(epoch) = complete {
+            self.commit_through(epoch, cause, out);
+        }
+    }
+
+    /// Commits the data of every epoch `≤ through` and moves each partition past its barrier ending
+    /// the last such epoch. Requires `through < frontier` (invariant 3).
+    fn commit_through(&mut self, through: Epoch, cause: CheckpointCause, out: &mut Vec<Decision>) {
+        debug_assert!(self.frontier().is_some_and(|f| through < f));
+        let taken = self.staging.take_through(through);
+        let streaming = self.phase == Phase::Streaming;
+        let map = self.spec.map;
+        let mut vnodes = Vec::new();
+        let mut partitions = Vec::new();
+        for (&partition, p) in self.partitions.iter_mut() {
+            let mut last = None;
+            while p.barriers.front().is_some_and(|(b, _)| b.prev <= through) {
+                last = p.barriers.pop_front();
+            }
+            if let Some((barrier, offset_after)) = last {
+                p.committed = PartitionProgress {
+                    partition,
+                    next_offset: offset_after,
+                    epoch: barrier.curr,
+                    streaming,
+                };
+                for v in map.vnodes_of(partition) {
+                    let progress = self.vnodes.get_mut(&v).expect("owned vnode has progress");
+                    debug_assert!(progress.epoch <= barrier.prev, "vnode epoch went back");
+                    progress.epoch = barrier.prev;
+                    progress.finished = true;
+                    progress.cursor = None;
+                    progress.row_count += taken.counts.get(&v).copied().unwrap_or(0);
+                    vnodes.push(progress.clone());
+                }
+            }
+            partitions.push(p.committed.clone());
+        }
+        let min_committed = self.partitions.values().map(|p| p.committed.epoch).min();
+        if let Some(min) = min_committed {
+            self.registry = self.registry.split_off(&min);
+        }
+        self.push_commit(cause, Some(through), taken.rows, vnodes, partitions, out);
+    }
+
+    /// Pauses partitions that are ahead of the frontier and resumes the others.
+    fn update_pauses(&mut self, out: &mut Vec<Decision>) {
+        let Some(frontier) = self.frontier() else {
+            return;
+        };
+        let ps: Vec<(PartitionId, bool)> = self
+            .partitions
+            .iter()
+            .map(|(p, s)| (*p, s.open_epoch > frontier))
+            .collect();
+        for (p, ahead) in ps {
+            self.set_paused(p, ahead, out);
+        }
+    }
+
+    fn set_paused(&mut self, partition: PartitionId, paused: bool, out: &mut Vec<Decision>) {
+        let p = self.partitions.get_mut(&partition).expect("owned");
+        if p.paused != paused {
+            p.paused = paused;
+            out.push(if paused {
+                Decision::Pause(partition)
+            } else {
+                Decision::Resume(partition)
+            });
+        }
+    }
+
+    /// The catch-up test of the log-store phase: take a probe of the high watermarks when no
+    /// checkpoint barrier is staged; drop it when one appears; switch to streaming when every owned
+    /// partition has been read up to its target.
+    fn evaluate_probe(&mut self, out: &mut Vec<Decision>) {
+        if self.partitions.is_empty() {
+            return;
+        }
+        let staged_checkpoint = self
+            .partitions
+            .values()
+            .any(|p| p.barriers.iter().any(|(b, _)| b.is_checkpoint()));
+        if staged_checkpoint {
+            self.probe = None;
+            return;
+        }
+        if self.probe.is_none() {
+            let targets: Option<BTreeMap<PartitionId, u64>> = self
+                .partitions
+                .iter()
+                .map(|(p, s)| s.high_watermark.map(|h| (*p, h)))
+                .collect();
+            match targets {
+                Some(targets) => self.probe = Some(CatchUpProbe { targets }),
+                None => return,
+            }
+        }
+        let probe = self.probe.as_ref().expect("probe");
+        let reached = self
+            .partitions
+            .iter()
+            .all(|(p, s)| s.next_offset >= probe.targets[p]);
+        if reached {
+            self.probe = None;
+            self.phase = Phase::Streaming;
+            out.push(Decision::PhaseChanged {
+                from: Phase::LogStore,
+                to: Phase::Streaming,
+            });
+            let partitions = self
+                .partitions
+                .values_mut()
+                .map(|p| {
+                    p.committed.streaming = true;
+                    p.committed.clone()
+                })
+                .collect();
+            self.push_commit(
+                CheckpointCause::CaughtUp,
+                None,
+                Vec::new(),
+                Vec::new(),
+                partitions,
+                out,
+            );
+        }
+    }
+
+    // ----- status -----------------------------------------------------------------------------
+
+    pub fn status(&self) -> WorkerStatus {
+        let log_started = matches!(self.phase, Phase::LogStore | Phase::Streaming);
+        let committed_epoch = if log_started {
+            self.partitions.values().map(|p| p.committed.epoch).min()
+        } else {
+            None
+        };
+        let epoch_lag_seconds = match (self.newest_epoch, committed_epoch) {
+            (Some(n), Some(c)) => n.seconds_since(c),
+            _ => 0.0,
+        };
+        WorkerStatus {
+            phase: self.phase,
+            generation: self.spec.generation,
+            owned_vnodes: self.vnodes.len() as u32,
+            snapshot_vnodes_left: self.vnodes.values().filter(|v| !v.finished).count() as u32,
+            partitions: self
+                .partitions
+                .iter()
+                .map(|(p, s)| PartitionStatus {
+                    partition: *p,
+                    committed_offset: s.committed.next_offset,
+                    next_offset: s.next_offset,
+                    high_watermark: s.high_watermark,
+                    open_epoch: s.open_epoch,
+                    committed_epoch: s.committed.epoch,
+                    paused: s.paused,
+                })
+                .collect(),
+            committed_epoch,
+            newest_epoch: self.newest_epoch,
+            epoch_lag_seconds,
+            counters: self.counters.clone(),
+        }
+    }
+}
+
+fn op_index(op: Op) -> usize {
+    Op::ALL.iter().position(|o| *o == op).expect("op")
+}
+
+/// `UPDATE_DELETE` must be immediately followed by its `UPDATE_INSERT` in the same partition.
+fn check_update_pair(
+    topic: &str,
+    partition: PartitionId,
+    offset: u64,
+    p: &mut PartitionState,
+    change: &Change,
+) -> Result<(), CoreError> {
+    match (p.pending_update_delete, change.op) {
+        (Some(_), Op::UpdateInsert) => p.pending_update_delete = None,
+        (Some(ud), _) => {
+            return Err(CoreError::UnpairedUpdate {
+                topic: topic.to_string(),
+                partition,
+                offset,
+                update_delete_offset: ud,
+            })
+        }
+        (None, Op::UpdateDelete) => p.pending_update_delete = Some(offset),
+        (None, _) => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Persisted progress in RisingWave's layout (DESIGN.md §4) and the checkpoint that carries it.
+//!
+//! A [`Checkpoint`] is what one store transaction must apply atomically: rows, vnode progress,
+//! partition progress, fenced by generation and partition leases. This module only describes it; the
+//! store ports apply it.
+
+use super::barrier::Row;
+use super::epoch::Epoch;
+use super::vnode::{PartitionId, Vnode};
+
+/// Progress of one vnode.
+///
+/// - `epoch == Es && !finished`: in the snapshot; `cursor` is the last primary key applied (the scan
+///   resumes strictly after it), `None` before the first row.
+/// - `epoch == Es && finished`: snapshot done, log store not started (`cursor` is `None`).
+/// - `epoch > Es`: in the log store, every change up to and including `epoch` applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VnodeProgress {
+    pub vnode: Vnode,
+    pub epoch: Epoch,
+    pub row_count: u64,
+    pub finished: bool,
+    pub cursor: Option<Vec<u8>>,
+}
+
+impl VnodeProgress {
+    /// A vnode nobody has started: at the snapshot epoch, no cursor.
+    pub fn fresh(vnode: Vnode, snapshot_epoch: Epoch) -> Self {
+        VnodeProgress {
+            vnode,
+            epoch: snapshot_epoch,
+            row_count: 0,
+            finished: false,
+            cursor: None,
+        }
+    }
+
+    pub fn snapshot_finished(&self) -> bool {
+        self.finished
+    }
+}
+
+/// Progress of one log partition: where reading resumes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartitionProgress {
+    pub partition: PartitionId,
+    /// Next Kafka offset to read: just after the last committed barrier.
+    pub next_offset: u64,
+    /// The epoch whose data starts at `next_offset` (the `curr` of that barrier).
+    pub epoch: Epoch,
+    /// The partition's owner had caught up (streaming phase) when it committed this.
+    pub streaming: bool,
+}
+
+/// A partition's ownership token, handed out by the store when a worker claims the partition. A commit
+/// carries the leases of the partitions it writes; the store rejects it if a newer claim exists.
+pub type Lease = u64;
+
+/// A row change as the store applies it: the net effect per key within one checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowMutation {
+    Upsert { vnode: Vnode, row: Row },
+    Delete { vnode: Vnode, key: Vec<u8> },
+}
+
+impl RowMutation {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            RowMutation::Upsert { row, .. } => &row.key,
+            RowMutation::Delete { key, .. } => key,
+        }
+    }
+
+    pub fn vnode(&self) -> Vnode {
+        match self {
+            RowMutation::Upsert { vnode, .. } | RowMutation::Delete { vnode, .. } => *vnode,
+        }
+    }
+}
+
+/// Why a checkpoint is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointCause {
+    /// Snapshot phase: rows or time since the last local checkpoint.
+    Local,
+    /// Snapshot phase finished for every owned vnode.
+    SnapshotDone,
+    /// A checkpoint barrier completed on every owned partition.
+    Barrier,
+    /// A vnode bitmap update (rebalance): commit what is complete before acknowledging it.
+    Rebalance,
+    /// The worker caught up: the streaming flag is persisted.
+    CaughtUp,
+    /// Graceful shutdown.
+    Shutdown,
+}
+
+/// One atomic store transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub generation: u64,
+    pub worker: String,
+    pub cause: CheckpointCause,
+    /// The last epoch whose log data this checkpoint completes, if it carries log data.
+    pub epoch: Option<Epoch>,
+    /// Every partition the worker owns, with its lease: the store rejects the commit if any is stale.
+    pub leases: Vec<(PartitionId, Lease)>,
+    pub rows: Vec<RowMutation>,
+    pub vnodes: Vec<VnodeProgress>,
+    pub partitions: Vec<PartitionProgress>,
+}
+
+impl Checkpoint {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.vnodes.is_empty() && self.partitions.is_empty()
+    }
+}

@@ -1,0 +1,215 @@
+//! The job supervisor's policy: what to do when a worker stops with an error (DESIGN.md §6).
+//!
+//! It decides, it does not act: the driver bumps the generation in the store (a compare-and-set that
+//! fences every worker of the old generation), sleeps the backoff and restarts the workers.
+
+use std::collections::VecDeque;
+
+use super::error::CoreError;
+
+/// What to do on the log-store invariant error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecreationPolicy {
+    /// Bump the generation, discard the job's rows and progress, restart from the snapshot.
+    Recreate,
+    /// Stop the job with the error (non-zero exit) for an orchestrator to handle.
+    Fail,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SupervisorConfig {
+    pub policy: RecreationPolicy,
+    /// At most this many recreations within `window_ms`; one more stops the job.
+    pub max_recreations: u32,
+    pub window_ms: u64,
+    /// Backoff before the first recreation of a window, doubled for each further one.
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        SupervisorConfig {
+            policy: RecreationPolicy::Recreate,
+            max_recreations: 5,
+            window_ms: 600_000,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
+/// Why a worker stopped, as the supervisor classifies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerFailure {
+    /// The core raised an error (the bitmap-update invariant or bad input).
+    Core(CoreError),
+    /// The store rejected a commit: stale generation or a partition claimed by someone else.
+    Fenced(String),
+}
+
+/// The supervisor's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Recreate the job: bump the generation from `from_generation`, then restart after `backoff_ms`.
+    Recreate {
+        from_generation: u64,
+        backoff_ms: u64,
+    },
+    /// Restart the worker from what is committed (it was fenced; the job is fine).
+    Restart,
+    /// Stop the job and report this reason.
+    Stop { reason: String },
+}
+
+/// Counts recreations in a sliding window and turns failures into verdicts.
+#[derive(Clone, Debug)]
+pub struct Supervisor {
+    config: SupervisorConfig,
+    recreations: VecDeque<u64>,
+    total: u64,
+}
+
+impl Supervisor {
+    pub fn new(config: SupervisorConfig) -> Self {
+        Supervisor {
+            config,
+            recreations: VecDeque::new(),
+            total: 0,
+        }
+    }
+
+    /// Recreations decided since start.
+    pub fn recreations(&self) -> u64 {
+        self.total
+    }
+
+    pub fn on_failure(&mut self, failure: &WorkerFailure, generation: u64, now_ms: u64) -> Verdict {
+        match failure {
+            WorkerFailure::Fenced(_) => Verdict::Restart,
+            WorkerFailure::Core(CoreError::VnodeBitmapUpdateDuringLogStore) => {
+                if self.config.policy == RecreationPolicy::Fail {
+                    return Verdict::Stop {
+                        reason: format!(
+                            "{}; recreation policy is `fail`",
+                            CoreError::VnodeBitmapUpdateDuringLogStore
+                        ),
+                    };
+                }
+                while self
+                    .recreations
+                    .front()
+                    .is_some_and(|t| now_ms.saturating_sub(*t) >= self.config.window_ms)
+                {
+                    self.recreations.pop_front();
+                }
+                let recent = self.recreations.len() as u32;
+                if recent >= self.config.max_recreations {
+                    return Verdict::Stop {
+                        reason: format!(
+                            "{}; gave up after {recent} recreations within {} s (max_recreations = {})",
+                            CoreError::VnodeBitmapUpdateDuringLogStore,
+                            self.config.window_ms / 1000,
+                            self.config.max_recreations
+                        ),
+                    };
+                }
+                let backoff_ms = self
+                    .config
+                    .backoff_initial_ms
+                    .saturating_mul(1u64 << recent.min(20))
+                    .min(self.config.backoff_max_ms);
+                self.recreations.push_back(now_ms);
+                self.total += 1;
+                Verdict::Recreate {
+                    from_generation: generation,
+                    backoff_ms,
+                }
+            }
+            WorkerFailure::Core(other) => Verdict::Stop {
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bitmap() -> WorkerFailure {
+        WorkerFailure::Core(CoreError::VnodeBitmapUpdateDuringLogStore)
+    }
+
+    #[test]
+    fn recreates_with_doubling_backoff_then_stops_at_the_cap() {
+        let mut s = Supervisor::new(SupervisorConfig {
+            max_recreations: 3,
+            window_ms: 10_000,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 250,
+            ..Default::default()
+        });
+        let v: Vec<Verdict> = (0..4).map(|i| s.on_failure(&bitmap(), i, i * 10)).collect();
+        assert_eq!(
+            v[..3],
+            [
+                Verdict::Recreate {
+                    from_generation: 0,
+                    backoff_ms: 100
+                },
+                Verdict::Recreate {
+                    from_generation: 1,
+                    backoff_ms: 200
+                },
+                Verdict::Recreate {
+                    from_generation: 2,
+                    backoff_ms: 250
+                },
+            ]
+        );
+        match &v[3] {
+            Verdict::Stop { reason } => assert!(
+                reason.starts_with("should not update vnode bitmap during consuming log store; gave up after 3 recreations"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // The window slides: later failures may recreate again.
+        assert!(matches!(
+            s.on_failure(&bitmap(), 3, 20_000),
+            Verdict::Recreate { .. }
+        ));
+        assert_eq!(s.recreations(), 4);
+    }
+
+    #[test]
+    fn fail_policy_stops_and_other_errors_stop_and_fencing_restarts() {
+        let mut s = Supervisor::new(SupervisorConfig {
+            policy: RecreationPolicy::Fail,
+            ..Default::default()
+        });
+        assert!(matches!(
+            s.on_failure(&bitmap(), 0, 0),
+            Verdict::Stop { .. }
+        ));
+        let mut s = Supervisor::new(SupervisorConfig::default());
+        let decode = WorkerFailure::Core(CoreError::Undecodable {
+            topic: "t".into(),
+            partition: 1,
+            offset: 7,
+            reason: "truncated".into(),
+        });
+        assert_eq!(
+            s.on_failure(&decode, 0, 0),
+            Verdict::Stop {
+                reason: "record at topic t partition 1 offset 7 does not decode: truncated".into()
+            }
+        );
+        assert_eq!(
+            s.on_failure(&WorkerFailure::Fenced("stale".into()), 0, 0),
+            Verdict::Restart
+        );
+    }
+}

@@ -1,0 +1,8 @@
+//! kafka-backfill: backfill a table from a snapshot plus a Kafka change log, then keep it streaming.
+//!
+//! See README.md, "Architecture", for the codemap and the invariants.
+
+pub mod core;
+pub mod memory;
+pub mod ports;
+pub mod sim;

@@ -1,0 +1,133 @@
+//! The ports the rest of the system plugs into: snapshot sources, log stores and state stores.
+//!
+//! They are synchronous traits: drivers call them from threads that may block (never from a tokio
+//! worker). `memory` implements each for tests and the simulation; `sqlite`, `snapshot_files` and the
+//! Kafka modules implement them for real.
+
+use std::collections::BTreeMap;
+
+use crate::core::{
+    Checkpoint, ClaimedPartition, Epoch, LogRecord, PartitionId, PartitionProgress, Row, Vnode,
+};
+
+/// What a snapshot says about itself (DESIGN.md §3).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotInfo {
+    pub snapshot_epoch: Epoch,
+    pub vnode_count: u32,
+    pub partition_count: u32,
+    /// Per partition: the offset just after the barrier with `prev = Es`, and that barrier's `curr`.
+    pub start: Vec<PartitionProgress>,
+}
+
+impl SnapshotInfo {
+    pub fn start_of(&self, p: PartitionId) -> Option<&PartitionProgress> {
+        self.start.iter().find(|s| s.partition == p)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("snapshot file {file}: {reason}")]
+    File { file: String, reason: String },
+    #[error("snapshot source: {0}")]
+    Other(String),
+}
+
+/// Rows of one vnode in primary-key (byte) order.
+pub type RowIter<'a> = Box<dyn Iterator<Item = Result<Row, SourceError>> + Send + 'a>;
+
+/// A table snapshot at `Es`, scannable per vnode from a cursor.
+pub trait SnapshotSource: Send {
+    fn info(&self) -> &SnapshotInfo;
+    /// Rows of `vnode` whose key is strictly greater than `after`, in key order.
+    fn scan(&self, vnode: Vnode, after: Option<&[u8]>) -> Result<RowIter<'_>, SourceError>;
+}
+
+/// A partitioned log with high watermarks (the in-memory stand-in for the Kafka topic).
+pub trait LogStore {
+    fn partition_count(&self) -> u32;
+    /// Appends and returns the record's offset.
+    fn append(&mut self, partition: PartitionId, record: LogRecord) -> u64;
+    /// Up to `max` records from `from`, with their offsets.
+    fn read(&self, partition: PartitionId, from: u64, max: usize) -> Vec<(u64, LogRecord)>;
+    /// The offset after the last record.
+    fn high_watermark(&self, partition: PartitionId) -> u64;
+}
+
+/// The job row (DESIGN.md §4).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JobRow {
+    pub job: String,
+    pub snapshot_epoch: Epoch,
+    pub vnode_count: u32,
+    pub partition_count: u32,
+    pub generation: u64,
+    pub phase: String,
+    pub recreations: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("job {job}: commit from generation {attempted} rejected, the job is at generation {current}")]
+    StaleGeneration {
+        job: String,
+        attempted: u64,
+        current: u64,
+    },
+    #[error("job {job}: partition {partition} is owned by {owner} (lease {current}); commit with lease {attempted} rejected")]
+    NotOwner {
+        job: String,
+        partition: PartitionId,
+        attempted: u64,
+        current: u64,
+        owner: String,
+    },
+    #[error("job {job}: {what} is {found} in the store but {expected} in the configuration; a job's {what} is fixed")]
+    JobMismatch {
+        job: String,
+        what: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("job {job}: commit would break an invariant: {detail}")]
+    Invariant { job: String, detail: String },
+    #[error("job {job} does not exist in the store")]
+    NoJob { job: String },
+    #[error("state store: {0}")]
+    Backend(String),
+}
+
+impl StoreError {
+    /// A fencing rejection: the worker is stale and must restart from the store.
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            StoreError::StaleGeneration { .. } | StoreError::NotOwner { .. }
+        )
+    }
+}
+
+/// Durable state of jobs.
+pub trait StateStore: Send {
+    /// Creates the job row at generation 0 if absent; checks a present one against `info`.
+    fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError>;
+    fn job(&mut self, job: &str) -> Result<Option<JobRow>, StoreError>;
+    /// Takes ownership of partitions for `worker` under `generation`: new leases, and the committed
+    /// progress (else the snapshot's start offsets and fresh vnodes).
+    fn claim(
+        &mut self,
+        job: &str,
+        generation: u64,
+        worker: &str,
+        partitions: &[PartitionId],
+        info: &SnapshotInfo,
+    ) -> Result<Vec<ClaimedPartition>, StoreError>;
+    /// Applies one checkpoint atomically, or nothing.
+    fn commit(&mut self, job: &str, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+    /// Compare-and-set `generation` from `from_generation` to the next, discarding rows and progress,
+    /// in one transaction. Returns the job row after (also when another worker already recreated).
+    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError>;
+    /// The materialised rows: key bytes → row datum bytes.
+    fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError>;
+}
