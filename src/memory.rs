@@ -122,6 +122,20 @@ impl MemoryStore {
             .unwrap_or_default()
     }
 
+    /// The job row, if the job exists.
+    pub fn job_row(&self, job: &str) -> Option<JobRow> {
+        self.jobs.lock().unwrap().get(job).map(|j| j.row.clone())
+    }
+
+    /// Number of materialised rows of a job.
+    pub fn rows_len(&self, job: &str) -> usize {
+        self.jobs
+            .lock()
+            .unwrap()
+            .get(job)
+            .map_or(0, |j| j.rows.len())
+    }
+
     /// Successful commits so far.
     pub fn commits(&self, job: &str) -> u64 {
         let jobs = self.jobs.lock().unwrap();
@@ -394,4 +408,78 @@ pub fn check_job_matches(row: &JobRow, info: &SnapshotInfo) -> Result<(), StoreE
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Epoch;
+
+    fn info(partitions: u32) -> SnapshotInfo {
+        SnapshotInfo {
+            snapshot_epoch: Epoch(1 << 16),
+            vnode_count: 16,
+            partition_count: partitions,
+            start: (0..partitions)
+                .map(|p| PartitionProgress {
+                    partition: p,
+                    next_offset: 0,
+                    epoch: Epoch(2 << 16),
+                    streaming: false,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_partition_count_change_is_an_error_not_a_remap() {
+        let mut store = MemoryStore::new();
+        store.ensure_job("j", &info(4)).unwrap();
+        let err = store.ensure_job("j", &info(6)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "job j: partition count is 4 in the store but 6 in the configuration; a job's partition count is fixed"
+        );
+    }
+
+    #[test]
+    fn commits_are_fenced_by_generation_and_lease() {
+        let mut store = MemoryStore::new();
+        let info = info(2);
+        store.ensure_job("j", &info).unwrap();
+        let a = store.claim("j", 0, "a", &[0], &info).unwrap();
+        let b = store.claim("j", 0, "b", &[0], &info).unwrap(); // the group moved partition 0 to b
+        let cp = |lease, generation| Checkpoint {
+            generation,
+            worker: "x".into(),
+            cause: crate::core::CheckpointCause::Local,
+            epoch: None,
+            leases: vec![(0, lease)],
+            rows: vec![],
+            vnodes: vec![],
+            partitions: vec![],
+        };
+        let err = store.commit("j", &cp(a[0].lease, 0)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotOwner { partition: 0, .. }),
+            "{err}"
+        );
+        store.commit("j", &cp(b[0].lease, 0)).unwrap();
+        let row = store.recreate("j", 0).unwrap();
+        assert_eq!((row.generation, row.recreations), (1, 1));
+        assert_eq!(
+            store.recreate("j", 0).unwrap().generation,
+            1,
+            "compare-and-set: once"
+        );
+        let err = store.commit("j", &cp(b[0].lease, 0)).unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::StaleGeneration {
+                attempted: 0,
+                current: 1,
+                ..
+            }
+        ));
+    }
 }

@@ -195,6 +195,11 @@ impl Upstream {
         } else {
             BarrierKind::Barrier
         };
+        self.epochs_left -= 1;
+        self.write_barrier(kind);
+    }
+
+    fn write_barrier(&mut self, kind: BarrierKind) {
         let next = Epoch(self.epoch.0 + (1 << 16) * 1000); // one simulated second per epoch
         let barrier = Barrier {
             prev: self.epoch,
@@ -206,7 +211,6 @@ impl Upstream {
         }
         self.history.insert(self.epoch, self.table.clone());
         self.epoch = next;
-        self.epochs_left -= 1;
         self.changes_in_epoch = 0;
     }
 
@@ -394,6 +398,130 @@ impl Sim {
         self.work(w)
     }
 
+    // ----- scripted control (named scenarios) ----------------------------------------------------
+
+    /// Adds a worker to the group and rebalances; returns its index.
+    pub fn join(&mut self) -> SimResult<usize> {
+        let i = self.add_worker();
+        self.rebalance()?;
+        Ok(i)
+    }
+
+    /// Worker `i` leaves gracefully (revokes everything first).
+    pub fn leave(&mut self, i: usize) -> SimResult<()> {
+        let owned: Vec<PartitionId> = self.workers[i].owned.iter().copied().collect();
+        if !owned.is_empty() && self.workers[i].exec.is_some() {
+            self.note_update(i);
+            self.workers[i].owned.clear();
+            self.workers[i].fetch.clear();
+            self.feed(i, Event::Revoked(owned))?;
+        }
+        self.retire(i);
+        self.rebalance()
+    }
+
+    /// Worker `i` dies without a word; the group reassigns its partitions.
+    pub fn crash(&mut self, i: usize) -> SimResult<()> {
+        self.report.crashes += 1;
+        self.retire(i);
+        self.rebalance()
+    }
+
+    /// Worker `i` dies and comes back at once with the same assignment (a process restart).
+    pub fn crash_and_restart(&mut self, i: usize) -> SimResult<()> {
+        self.report.crashes += 1;
+        self.restart(i)
+    }
+
+    /// Worker `i` stops answering; the group moves its partitions to others.
+    pub fn freeze(&mut self, i: usize) -> SimResult<()> {
+        self.report.freezes += 1;
+        self.workers[i].frozen = true;
+        self.workers[i].member = false;
+        self.rebalance()
+    }
+
+    pub fn thaw(&mut self, i: usize) {
+        self.workers[i].frozen = false;
+    }
+
+    /// The upstream writes `changes` changes and ends the epoch with a barrier of `kind`.
+    pub fn write_epoch(&mut self, changes: u32, kind: BarrierKind) {
+        for _ in 0..changes {
+            self.upstream
+                .write_change(&mut self.rng, self.config.key_space);
+        }
+        self.upstream.write_barrier(kind);
+    }
+
+    /// The upstream writes changes of the open epoch without ending it.
+    pub fn write_changes(&mut self, changes: u32) {
+        for _ in 0..changes {
+            self.upstream
+                .write_change(&mut self.rng, self.config.key_space);
+        }
+    }
+
+    /// Lets workers (only) run until `done` holds, at most `max` steps.
+    pub fn run_until(&mut self, max: u64, done: impl Fn(&Sim) -> bool) -> SimResult<()> {
+        for _ in 0..max {
+            if done(self) {
+                return Ok(());
+            }
+            self.now_ms += 1;
+            let runnable: Vec<usize> = (0..self.workers.len())
+                .filter(|&i| {
+                    self.workers[i].alive
+                        && !self.workers[i].frozen
+                        && self.workers[i].exec.is_some()
+                })
+                .collect();
+            if runnable.is_empty() {
+                continue;
+            }
+            let w = runnable[self.rng.below(runnable.len() as u64) as usize];
+            self.work(w)?;
+        }
+        if done(self) {
+            Ok(())
+        } else {
+            Err(format!(
+                "condition not reached in {max} steps: {}",
+                self.describe()
+            ))
+        }
+    }
+
+    /// Runs workers until everything written is committed and every member streams, then checks
+    /// the store against the upstream table.
+    pub fn settle(&mut self) -> SimResult<()> {
+        self.calm_down()?;
+        self.run_until(self.config.max_steps, |s| s.converged())?;
+        self.final_check()
+    }
+
+    /// The phase worker `i` is in (`None` when it is not running).
+    pub fn phase(&self, i: usize) -> Option<Phase> {
+        self.workers[i].exec.as_ref().map(|e| e.phase())
+    }
+
+    /// Partitions worker `i` owns.
+    pub fn owned(&self, i: usize) -> Vec<PartitionId> {
+        self.workers[i].owned.iter().copied().collect()
+    }
+
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.store.job_row(JOB).expect("job").generation
+    }
+
+    pub fn snapshot_info(&self) -> &SnapshotInfo {
+        &self.info
+    }
+
     // ----- membership ---------------------------------------------------------------------------
 
     fn add_worker(&mut self) -> usize {
@@ -415,7 +543,7 @@ impl Sim {
     }
 
     fn start_executor(&mut self, i: usize) {
-        let generation = self.store.job(JOB).unwrap().expect("job").generation;
+        let generation = self.store.job_row(JOB).expect("job").generation;
         let spec = JobSpec {
             topic: "sim-log".into(),
             snapshot_epoch: self.info.snapshot_epoch,
@@ -822,7 +950,7 @@ impl Sim {
             Verdict::Recreate {
                 from_generation, ..
             } => {
-                let before = self.store.job(JOB).unwrap().unwrap().generation;
+                let before = self.store.job_row(JOB).expect("job").generation;
                 let after = self
                     .store
                     .recreate(JOB, from_generation)

@@ -891,3 +891,7 @@ fn check_update_pair(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "executor_tests.rs"]
+mod tests;

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A real single-node Apache Kafka broker (KRaft) for development, tests, CI and benchmarks.
+#
+#   scripts/kafka.sh start       start (idempotent), wait until ready, print the bootstrap address
+#   scripts/kafka.sh stop        stop it and wait
+#   scripts/kafka.sh status      exit 0 if running
+#   scripts/kafka.sh bootstrap   print the bootstrap address of the running broker
+#   scripts/kafka.sh tool CLASS [ARGS]   run a Kafka tool class with the broker's classpath, e.g.
+#        scripts/kafka.sh tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --describe ...
+#   scripts/kafka.sh clean       stop and delete its data
+#
+# Jars come from Maven Central via scripts/kafka/pom.xml (once). State lives in $KB_RUN_DIR
+# (default .run/kafka): data/, kafka.log, server.properties, pid, bootstrap. The port is $KB_KAFKA_PORT
+# (default 19092); if it is taken by something else, a free port is picked.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+run="${KB_RUN_DIR:-$root/.run/kafka}"
+lib="$here/kafka/lib"
+mkdir -p "$run"
+
+jars() {
+  if [ ! -f "$lib/.complete" ]; then
+    echo "fetching Kafka jars from Maven Central (once)..." >&2
+    (cd "$here/kafka" && mvn -q -B dependency:copy-dependencies -DoutputDirectory=lib >&2)
+    touch "$lib/.complete"
+  fi
+}
+
+classpath() { echo "$lib/*"; }
+
+java_run() {
+  java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" -Dkafka.logs.file="$run/kafka.log" \
+    -cp "$(classpath)" "$@"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+is_running() {
+  [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null && [ -f "$run/bootstrap" ] || return 1
+  local b; b="$(cat "$run/bootstrap")"
+  port_open "${b##*:}"
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start() {
+  if is_running; then cat "$run/bootstrap"; return 0; fi
+  jars
+  local port="${KB_KAFKA_PORT:-19092}"
+  if port_open "$port"; then port="$(free_port)"; fi
+  local cport; cport="$(free_port)"
+  rm -rf "$run/data"; mkdir -p "$run/data"
+  cat > "$run/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$run/data
+num.partitions=4
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.session.timeout.ms=10000
+group.consumer.min.session.timeout.ms=6000
+group.min.session.timeout.ms=1000
+auto.create.topics.enable=false
+log.retention.hours=-1
+PROPS
+  java_run kafka.tools.StorageTool format --standalone -t "$(java_run kafka.tools.StorageTool random-uuid)" \
+    -c "$run/server.properties" >"$run/format.log" 2>&1
+  nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" -Dkafka.logs.file="$run/kafka.log" \
+    -cp "$(classpath)" kafka.Kafka "$run/server.properties" >"$run/stdout.log" 2>&1 &
+  echo $! > "$run/pid"
+  echo "127.0.0.1:$port" > "$run/bootstrap"
+  for _ in $(seq 1 120); do
+    if grep -q "Kafka Server started" "$run/kafka.log" 2>/dev/null && port_open "$port"; then
+      cat "$run/bootstrap"; return 0
+    fi
+    if ! kill -0 "$(cat "$run/pid")" 2>/dev/null; then
+      echo "kafka exited; see $run/kafka.log and $run/stdout.log" >&2; tail -20 "$run/stdout.log" >&2; return 1
+    fi
+    sleep 0.5
+  done
+  echo "kafka did not become ready in 60 s; see $run/kafka.log" >&2
+  return 1
+}
+
+stop() {
+  if [ -f "$run/pid" ]; then
+    local pid; pid="$(cat "$run/pid")"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$run/pid"
+  fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) is_running ;;
+  bootstrap) is_running && cat "$run/bootstrap" ;;
+  tool) shift; jars; java -Xmx512m -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
+          -Dkafka.logs.file="$run/tools.log" -cp "$(classpath)" "$@" ;;
+  clean) stop; rm -rf "$run" ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
+esac

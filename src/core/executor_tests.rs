@@ -1,0 +1,427 @@
+//! Decision-level tests of the executor: what it answers, in which order.
+
+use super::*;
+use crate::core::barrier::BarrierKind;
+
+const ES: Epoch = Epoch(1 << 20);
+
+fn e(n: u64) -> Epoch {
+    Epoch(ES.0 + n * 65_536)
+}
+
+fn spec(partitions: u32) -> JobSpec {
+    JobSpec {
+        topic: "log".into(),
+        snapshot_epoch: ES,
+        map: PartitionMap::new(8, partitions).unwrap(),
+        generation: 3,
+        worker: "w".into(),
+        local_checkpoint: LocalCheckpointPolicy {
+            max_rows: 2,
+            max_interval_ms: 100,
+        },
+    }
+}
+
+/// A claim of partition `p` whose snapshot is finished and whose log starts at offset 1, epoch e(1).
+fn claimed(map: PartitionMap, p: PartitionId, snapshot_done: bool) -> ClaimedPartition {
+    ClaimedPartition {
+        partition: p,
+        lease: 10 + p as u64,
+        progress: PartitionProgress {
+            partition: p,
+            next_offset: 1,
+            epoch: e(1),
+            streaming: false,
+        },
+        vnodes: map
+            .vnodes_of(p)
+            .map(|v| VnodeProgress {
+                finished: snapshot_done,
+                ..VnodeProgress::fresh(v, ES)
+            })
+            .collect(),
+    }
+}
+
+fn key_for_vnode(map: PartitionMap, v: Vnode) -> Vec<u8> {
+    (0u32..)
+        .map(|i| i.to_be_bytes().to_vec())
+        .find(|k| vnode_of(k, map.vnode_count()) == v)
+        .unwrap()
+}
+
+fn change(map: PartitionMap, epoch: Epoch, v: Vnode, op: Op) -> LogRecord {
+    LogRecord::Change(Change {
+        epoch,
+        op,
+        vnode: v,
+        row: Row {
+            key: key_for_vnode(map, v),
+            value: b"x".to_vec(),
+        },
+    })
+}
+
+fn barrier(prev: u64, curr: u64, kind: BarrierKind) -> LogRecord {
+    LogRecord::Barrier(Barrier {
+        prev: e(prev),
+        curr: e(curr),
+        kind,
+    })
+}
+
+fn rec(partition: PartitionId, offset: u64, record: LogRecord) -> Event {
+    Event::Record {
+        partition,
+        offset,
+        record,
+    }
+}
+
+fn commits(ds: &[Decision]) -> Vec<&Checkpoint> {
+    ds.iter()
+        .filter_map(|d| {
+            if let Decision::Commit(c) = d {
+                Some(c)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// An executor in the log-store phase over two partitions.
+fn in_log_store() -> Executor {
+    let s = spec(2);
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    let ds = x
+        .handle(Event::Assigned(vec![
+            claimed(map, 0, true),
+            claimed(map, 1, true),
+        ]))
+        .unwrap();
+    assert_eq!(x.phase(), Phase::LogStore);
+    assert!(ds.contains(&Decision::Fetch {
+        partition: 0,
+        offset: 1
+    }));
+    assert!(ds.contains(&Decision::Fetch {
+        partition: 1,
+        offset: 1
+    }));
+    x
+}
+
+#[test]
+fn aligns_barriers_pausing_the_partition_that_is_ahead() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    assert!(x
+        .handle(rec(0, 1, change(map, e(1), 0, Op::Insert)))
+        .unwrap()
+        .is_empty());
+    let ds = x
+        .handle(rec(0, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    assert_eq!(
+        ds,
+        vec![Decision::Pause(0)],
+        "partition 0 is ahead: paused, nothing committed"
+    );
+    let ds = x
+        .handle(rec(1, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cs = commits(&ds);
+    assert_eq!(cs.len(), 1, "{ds:?}");
+    assert_eq!(cs[0].epoch, Some(e(1)));
+    assert_eq!(cs[0].rows.len(), 1);
+    assert_eq!(cs[0].leases, vec![(0, 10), (1, 11)]);
+    assert!(cs[0]
+        .partitions
+        .iter()
+        .all(|p| p.next_offset == 3 || p.next_offset == 2));
+    assert!(cs[0].vnodes.iter().all(|v| v.epoch == e(1)));
+    assert!(ds.contains(&Decision::Resume(0)));
+}
+
+#[test]
+fn non_checkpoint_barriers_accumulate_and_commit_with_the_next_checkpoint() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    x.handle(rec(0, 1, change(map, e(1), 1, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 2, barrier(1, 2, BarrierKind::Barrier)))
+        .unwrap();
+    let ds = x
+        .handle(rec(1, 1, barrier(1, 2, BarrierKind::Barrier)))
+        .unwrap();
+    assert!(commits(&ds).is_empty(), "{ds:?}");
+    x.handle(rec(1, 2, change(map, e(2), 5, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 3, barrier(2, 3, BarrierKind::Checkpoint)))
+        .unwrap();
+    let ds = x
+        .handle(rec(1, 3, barrier(2, 3, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cs = commits(&ds);
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0].epoch, Some(e(2)));
+    assert_eq!(cs[0].rows.len(), 2, "both epochs' changes in one commit");
+}
+
+#[test]
+fn rebalance_in_log_store_commits_then_fails_with_the_exact_text() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    x.handle(rec(0, 1, change(map, e(1), 1, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 2, barrier(1, 2, BarrierKind::Barrier)))
+        .unwrap();
+    x.handle(rec(1, 1, barrier(1, 2, BarrierKind::Barrier)))
+        .unwrap();
+    x.handle(rec(1, 2, change(map, e(2), 5, Op::Insert)))
+        .unwrap(); // in flight, epoch 2 incomplete
+    let ds = x.handle(Event::Revoked(vec![1])).unwrap();
+    assert_eq!(ds.len(), 2, "{ds:?}");
+    let Decision::Commit(cp) = &ds[0] else {
+        panic!("commit first: {ds:?}")
+    };
+    assert_eq!(cp.epoch, Some(e(1)), "only the complete epoch is committed");
+    assert_eq!(cp.rows.len(), 1);
+    assert_eq!(
+        cp.leases.len(),
+        2,
+        "still owns the revoked partition while committing"
+    );
+    let Decision::Fail(err) = &ds[1] else {
+        panic!("then fail: {ds:?}")
+    };
+    assert_eq!(
+        err.to_string(),
+        "should not update vnode bitmap during consuming log store"
+    );
+}
+
+#[test]
+fn assignment_in_log_store_also_fails_after_committing() {
+    let mut x = in_log_store();
+    let map = PartitionMap::new(8, 2).unwrap();
+    let ds = x
+        .handle(Event::Assigned(vec![claimed(map, 1, true)]))
+        .unwrap();
+    assert!(ds.is_empty(), "already owned: not an update");
+    let mut x = Executor::new(spec(2), 0);
+    x.handle(Event::Assigned(vec![claimed(map, 0, true)]))
+        .unwrap();
+    let ds = x
+        .handle(Event::Assigned(vec![claimed(map, 1, true)]))
+        .unwrap();
+    assert_eq!(
+        ds,
+        vec![Decision::Fail(CoreError::VnodeBitmapUpdateDuringLogStore)]
+    );
+}
+
+#[test]
+fn a_barrier_that_breaks_the_chain_names_topic_partition_offset_and_epochs() {
+    let mut x = in_log_store();
+    let err = x
+        .handle(rec(1, 7, barrier(5, 6, BarrierKind::Checkpoint)))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "barrier chain broken at topic log partition 1 offset 7: expected prev_epoch {}, got barrier {} -> {}",
+            e(1),
+            e(5),
+            e(6)
+        )
+    );
+}
+
+#[test]
+fn a_change_for_a_vnode_its_partition_does_not_own_is_rejected() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    let err = x
+        .handle(rec(0, 1, change(map, e(1), 6, Op::Insert)))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "change at topic log partition 0 offset 1 is for vnode 6, which partition 0 does not own (it owns vnodes 0..4)"
+    );
+}
+
+#[test]
+fn an_update_delete_must_be_followed_by_its_update_insert() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    x.handle(rec(0, 1, change(map, e(1), 1, Op::UpdateDelete)))
+        .unwrap();
+    let err = x
+        .handle(rec(0, 2, change(map, e(1), 2, Op::Insert)))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CoreError::UnpairedUpdate {
+                offset: 2,
+                update_delete_offset: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn snapshot_commits_locally_by_rows_and_by_time_and_cursors_increase() {
+    let s = spec(1);
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    let ds = x
+        .handle(Event::Assigned(vec![claimed(map, 0, false)]))
+        .unwrap();
+    assert_eq!(
+        ds[0],
+        Decision::PhaseChanged {
+            from: Phase::Unassigned,
+            to: Phase::Snapshot
+        }
+    );
+    assert!(
+        ds.contains(&Decision::Pause(0)),
+        "the log is not fetched in the snapshot phase"
+    );
+    let Some(Decision::Scan { scan, vnodes }) = ds
+        .iter()
+        .find(|d| matches!(d, Decision::Scan { .. }))
+        .cloned()
+    else {
+        panic!("{ds:?}")
+    };
+    assert_eq!(vnodes.len(), 8);
+    let v = 3;
+    let mut keys: Vec<Vec<u8>> = (0u32..400)
+        .map(|i| i.to_be_bytes().to_vec())
+        .filter(|k| vnode_of(k, 8) == v)
+        .collect();
+    keys.sort();
+    let row = |k: &Vec<u8>| Event::SnapshotRow {
+        scan,
+        vnode: v,
+        row: Row {
+            key: k.clone(),
+            value: vec![],
+        },
+    };
+    assert!(x.handle(row(&keys[0])).unwrap().is_empty());
+    let ds = x.handle(row(&keys[1])).unwrap();
+    let cs = commits(&ds);
+    assert_eq!(cs.len(), 1, "max_rows = 2");
+    assert_eq!(cs[0].cause, CheckpointCause::Local);
+    assert_eq!(cs[0].vnodes[0].cursor.as_ref(), Some(&keys[1]));
+    x.handle(row(&keys[2])).unwrap();
+    assert!(commits(&x.handle(Event::Tick { now_ms: 50 }).unwrap()).is_empty());
+    assert_eq!(
+        commits(&x.handle(Event::Tick { now_ms: 100 }).unwrap()).len(),
+        1,
+        "by time"
+    );
+    let err = x.handle(row(&keys[1])).unwrap_err();
+    assert!(matches!(
+        err,
+        CoreError::SnapshotCursorWentBack { vnode: 3, .. }
+    ));
+}
+
+#[test]
+fn a_stale_scan_is_ignored_after_a_replan() {
+    let s = spec(2);
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    x.handle(Event::Assigned(vec![claimed(map, 0, false)]))
+        .unwrap();
+    let ds = x
+        .handle(Event::Assigned(vec![claimed(map, 1, false)]))
+        .unwrap();
+    let scan = ds
+        .iter()
+        .find_map(|d| {
+            if let Decision::Scan { scan, .. } = d {
+                Some(*scan)
+            } else {
+                None
+            }
+        })
+        .unwrap();
+    assert_eq!(scan, 2);
+    let k = key_for_vnode(map, 0);
+    let ds = x
+        .handle(Event::SnapshotRow {
+            scan: 1,
+            vnode: 0,
+            row: Row {
+                key: k,
+                value: vec![],
+            },
+        })
+        .unwrap();
+    assert!(ds.is_empty());
+    assert_eq!(x.status().counters.snapshot_rows, 0);
+}
+
+#[test]
+fn empty_log_switches_to_streaming_once_watermarks_are_reached() {
+    let mut x = in_log_store();
+    assert!(x
+        .handle(Event::Watermark {
+            partition: 0,
+            high: 1
+        })
+        .unwrap()
+        .is_empty());
+    let ds = x
+        .handle(Event::Watermark {
+            partition: 1,
+            high: 1,
+        })
+        .unwrap();
+    assert_eq!(
+        ds[0],
+        Decision::PhaseChanged {
+            from: Phase::LogStore,
+            to: Phase::Streaming
+        }
+    );
+    let cs = commits(&ds);
+    assert_eq!(cs[0].cause, CheckpointCause::CaughtUp);
+    assert!(cs[0].partitions.iter().all(|p| p.streaming));
+}
+
+#[test]
+fn catch_up_waits_for_a_checkpoint_beyond_the_probe() {
+    let mut x = in_log_store();
+    // Both partitions hold a full checkpoint epoch: not caught up until it is committed.
+    x.handle(Event::Watermark {
+        partition: 0,
+        high: 2,
+    })
+    .unwrap();
+    x.handle(Event::Watermark {
+        partition: 1,
+        high: 2,
+    })
+    .unwrap();
+    assert_eq!(x.phase(), Phase::LogStore, "targets not reached");
+    x.handle(rec(0, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    assert_eq!(x.phase(), Phase::LogStore, "a checkpoint is staged");
+    let ds = x
+        .handle(rec(1, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    assert_eq!(commits(&ds)[0].cause, CheckpointCause::Barrier);
+    assert_eq!(x.phase(), Phase::Streaming);
+}

@@ -1,0 +1,264 @@
+//! RisingWave's snapshot-backfill scenarios as named tests, on the simulator with scripted schedules.
+//! Every commit is checked against the upstream table by the simulator's oracle; `settle` checks that
+//! the final store equals the final upstream table.
+
+use kafka_backfill::core::{BarrierKind, Phase};
+use kafka_backfill::sim::{Sim, SimConfig};
+
+const CP: BarrierKind = BarrierKind::Checkpoint;
+const NB: BarrierKind = BarrierKind::Barrier;
+
+fn calm(seed: u64, vnodes: u32, partitions: u32, rows: u32) -> Sim {
+    let mut c = SimConfig::random(seed);
+    c.vnode_count = vnodes;
+    c.partition_count = partitions;
+    c.initial_rows = rows;
+    c.key_space = 64;
+    c.epochs = 0;
+    c.initial_workers = 0;
+    c.chaos_percent = 0;
+    c.leaky_pause_percent = 0;
+    c.local_checkpoint_rows = 3;
+    c.max_fetch_batch = 4;
+    c.max_steps = 20_000;
+    Sim::new(c)
+}
+
+fn phase_is(i: usize, p: Phase) -> impl Fn(&Sim) -> bool {
+    move |s: &Sim| s.phase(i) == Some(p)
+}
+
+#[test]
+fn snapshot_with_an_empty_log_goes_straight_to_streaming() {
+    let mut s = calm(1, 16, 4, 40);
+    let w = s.join().unwrap();
+    s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
+    s.settle().unwrap();
+    assert_eq!(s.report.final_rows, s.store().clone().rows_len("sim"));
+}
+
+#[test]
+fn snapshot_then_log_then_streaming() {
+    let mut s = calm(2, 16, 4, 30);
+    for _ in 0..6 {
+        s.write_epoch(5, CP);
+    }
+    let w = s.join().unwrap();
+    s.run_until(10_000, phase_is(w, Phase::LogStore)).unwrap();
+    s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
+    s.write_epoch(5, CP);
+    s.settle().unwrap();
+    let seen = &s.report.phases_seen;
+    assert!(
+        seen.contains(&Phase::Snapshot)
+            && seen.contains(&Phase::LogStore)
+            && seen.contains(&Phase::Streaming)
+    );
+}
+
+#[test]
+fn non_checkpoint_barriers_accumulate_into_the_next_checkpoint() {
+    let mut s = calm(3, 8, 2, 5);
+    let w = s.join().unwrap();
+    s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
+    let before = s.store().commits("sim");
+    s.write_epoch(4, NB);
+    s.write_epoch(4, NB);
+    s.write_changes(2);
+    // Everything of those two epochs is read, but nothing is committed without a checkpoint.
+    for _ in 0..500 {
+        s.run_until(1, |_| false).ok();
+    }
+    assert_eq!(
+        s.store().commits("sim"),
+        before,
+        "a non-checkpoint barrier committed"
+    );
+    s.write_epoch(1, CP);
+    s.settle().unwrap();
+    assert!(s.store().commits("sim") > before);
+}
+
+/// Crash (and restart in place) in each progress state; the result must verify.
+#[test]
+fn crash_and_resume_in_every_progress_state() {
+    // none: before anything committed
+    let mut s = calm(4, 16, 4, 30);
+    s.write_epoch(3, CP);
+    let w = s.join().unwrap();
+    s.crash_and_restart(w).unwrap();
+    s.settle().unwrap();
+
+    // mid-snapshot
+    let mut s = calm(5, 16, 4, 60);
+    s.write_epoch(3, CP);
+    let w = s.join().unwrap();
+    s.run_until(10_000, |s| s.store().commits("sim") >= 3)
+        .unwrap();
+    assert_eq!(s.phase(w), Some(Phase::Snapshot));
+    s.crash_and_restart(w).unwrap();
+    assert_eq!(s.phase(w), Some(Phase::Snapshot));
+    s.settle().unwrap();
+
+    // snapshot finished, log store not started / mid-log
+    let mut s = calm(6, 16, 4, 20);
+    for _ in 0..10 {
+        s.write_epoch(4, CP);
+    }
+    let w = s.join().unwrap();
+    s.run_until(10_000, phase_is(w, Phase::LogStore)).unwrap();
+    s.crash_and_restart(w).unwrap();
+    assert_eq!(
+        s.phase(w),
+        Some(Phase::LogStore),
+        "snapshot finished: resume in the log store"
+    );
+    s.run_until(10_000, |s| s.store().commits("sim") >= 8)
+        .unwrap();
+    s.crash_and_restart(w).unwrap();
+    s.settle().unwrap();
+
+    // log finished (streaming) and mid-streaming
+    let mut s = calm(7, 16, 4, 20);
+    s.write_epoch(4, CP);
+    let w = s.join().unwrap();
+    s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
+    s.crash_and_restart(w).unwrap();
+    assert_eq!(
+        s.phase(w),
+        Some(Phase::Streaming),
+        "caught up: resume streaming"
+    );
+    s.write_epoch(4, NB);
+    s.write_changes(3);
+    s.run_until(200, |_| false).ok();
+    s.crash_and_restart(w).unwrap();
+    s.write_epoch(2, CP);
+    s.settle().unwrap();
+}
+
+#[test]
+fn restart_with_a_different_number_of_workers() {
+    let mut s = calm(8, 32, 4, 50);
+    s.write_epoch(5, CP);
+    let a = s.join().unwrap();
+    s.run_until(10_000, |s| s.store().commits("sim") >= 4)
+        .unwrap();
+    // The single worker dies; three come back.
+    s.crash(a).unwrap();
+    let ws: Vec<usize> = (0..3).map(|_| s.join().unwrap()).collect();
+    s.write_epoch(5, CP);
+    s.settle().unwrap();
+    assert!(ws.iter().all(|&w| !s.owned(w).is_empty()));
+}
+
+#[test]
+fn reassignment_during_the_snapshot_scales_out_and_in_without_loss() {
+    let mut s = calm(9, 32, 4, 60);
+    s.write_epoch(5, CP);
+    let a = s.join().unwrap();
+    s.run_until(10_000, |s| s.store().commits("sim") >= 3)
+        .unwrap();
+    assert_eq!(s.phase(a), Some(Phase::Snapshot));
+    let gen = s.generation();
+    let b = s.join().unwrap(); // scale out mid-snapshot: allowed, re-planned
+    assert_eq!(s.owned(a).len(), 2);
+    assert_eq!(s.owned(b).len(), 2);
+    s.run_until(10_000, |s| s.store().commits("sim") >= 8)
+        .unwrap();
+    if s.phase(a) == Some(Phase::Snapshot) {
+        s.leave(b).unwrap(); // scale in mid-snapshot
+    }
+    s.settle().unwrap();
+    assert_eq!(
+        s.generation(),
+        gen,
+        "no recreation for a snapshot-phase rebalance"
+    );
+    assert_eq!(s.report.bitmap_errors, 0);
+}
+
+#[test]
+fn reassignment_during_the_log_store_raises_the_error_then_recreates() {
+    let mut s = calm(10, 16, 4, 20);
+    for _ in 0..30 {
+        s.write_epoch(4, CP);
+    }
+    let a = s.join().unwrap();
+    s.run_until(10_000, phase_is(a, Phase::LogStore)).unwrap();
+    s.run_until(10_000, |s| s.store().commits("sim") >= 6)
+        .unwrap();
+    assert_eq!(s.phase(a), Some(Phase::LogStore));
+    let gen = s.generation();
+    let _b = s.join().unwrap();
+    assert_eq!(
+        s.report.bitmap_errors, 1,
+        "the exact invariant error is raised once"
+    );
+    assert_eq!(s.generation(), gen + 1, "the job was recreated");
+    assert_eq!(s.store().job_row("sim").unwrap().recreations, 1);
+    s.settle().unwrap();
+}
+
+#[test]
+fn reassignment_during_streaming_loses_nothing() {
+    let mut s = calm(11, 16, 4, 20);
+    s.write_epoch(4, CP);
+    let a = s.join().unwrap();
+    s.run_until(10_000, phase_is(a, Phase::Streaming)).unwrap();
+    let b = s.join().unwrap();
+    s.write_epoch(6, CP);
+    s.write_epoch(6, NB);
+    s.run_until(300, |_| false).ok();
+    s.leave(b).unwrap();
+    s.write_epoch(6, CP);
+    s.settle().unwrap();
+    assert_eq!(s.report.bitmap_errors, 0);
+    assert!(
+        s.report
+            .updates_by_phase
+            .get(&Phase::Streaming)
+            .copied()
+            .unwrap_or(0)
+            >= 2
+    );
+}
+
+#[test]
+fn revocation_in_the_middle_of_an_epoch_rolls_back_in_flight_work() {
+    let mut s = calm(12, 16, 2, 10);
+    s.write_epoch(2, CP);
+    let a = s.join().unwrap();
+    s.run_until(10_000, phase_is(a, Phase::Streaming)).unwrap();
+    // Half an epoch is read by `a`, then its partition moves to `b`.
+    s.write_changes(8);
+    s.run_until(200, |_| false).ok();
+    let b = s.join().unwrap();
+    assert_eq!(s.owned(b).len(), 1);
+    s.write_changes(4);
+    s.write_epoch(0, CP);
+    s.settle().unwrap();
+}
+
+#[test]
+fn a_frozen_zombie_is_fenced_and_nothing_is_lost() {
+    let mut s = calm(13, 16, 4, 20);
+    s.write_epoch(3, CP);
+    let a = s.join().unwrap();
+    let b = s.join().unwrap();
+    s.run_until(10_000, |s| {
+        s.phase(0) == Some(Phase::Streaming) && s.phase(1) == Some(Phase::Streaming)
+    })
+    .unwrap();
+    s.freeze(a).unwrap();
+    s.write_epoch(5, CP);
+    s.run_until(10_000, |s| {
+        s.owned(1).len() == 4 && s.store().commits("sim") > 6
+    })
+    .unwrap();
+    s.thaw(a);
+    s.write_epoch(5, CP);
+    s.settle().unwrap();
+    assert!(s.report.fenced >= 1, "the zombie's commit was not rejected");
+    let _ = b;
+}
