@@ -2,7 +2,10 @@
 //!
 //! See README.md, "Architecture", for the codemap and the invariants.
 
+pub mod codec;
 pub mod core;
 pub mod memory;
 pub mod ports;
 pub mod sim;
+pub mod snapshot_files;
+pub mod sqlite_store;

@@ -1,0 +1,178 @@
+//! Log records on the wire: Avro single-object encoding (`C3 01`, the CRC-64-AVRO fingerprint of the
+//! writer schema little-endian, then the datum) of the log-record union `[Change, Barrier]`.
+
+use apache_avro::rabin::Rabin;
+use apache_avro::Schema;
+
+use super::table::TableSchema;
+use super::varint::{get_long, put_long};
+use crate::core::{Barrier, BarrierKind, Change, Epoch, LogRecord, Op, Row};
+
+/// The two bytes every single-object-encoded datum starts with.
+pub const SINGLE_OBJECT_MARKER: [u8; 2] = [0xC3, 0x01];
+
+/// The log-record schema with the example row, as published in `schemas/log_record.avsc`.
+const LOG_RECORD_TEMPLATE: &str = include_str!("../../schemas/log_record.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("bad schema: {0}")]
+    Schema(String),
+    #[error("not Avro single-object encoding: first bytes {0}")]
+    NoMarker(String),
+    #[error("unknown writer schema fingerprint {found} (expected {expected})")]
+    UnknownFingerprint { found: String, expected: String },
+    #[error("truncated or malformed datum: {0}")]
+    Decode(String),
+    #[error("cannot encode: {0}")]
+    Encode(String),
+}
+
+/// Encodes and decodes one table's log records.
+#[derive(Clone, Debug)]
+pub struct LogCodec {
+    pub table: TableSchema,
+    pub schema: Schema,
+    fingerprint: [u8; 8],
+}
+
+impl LogCodec {
+    /// The codec for a table: the published log-record schema with the table's row record substituted.
+    pub fn new(table: TableSchema) -> Result<Self, CodecError> {
+        let mut json: serde_json::Value = serde_json::from_str(LOG_RECORD_TEMPLATE)
+            .map_err(|e| CodecError::Schema(e.to_string()))?;
+        let row_field = json[0]["fields"]
+            .as_array_mut()
+            .and_then(|fs| fs.iter_mut().find(|f| f["name"] == "row"))
+            .ok_or_else(|| CodecError::Schema("log_record.avsc has no Change.row field".into()))?;
+        row_field["type"] = table.json.clone();
+        let schema = Schema::parse(&json).map_err(|e| CodecError::Schema(e.to_string()))?;
+        let fp = schema.fingerprint::<Rabin>().bytes;
+        let fingerprint: [u8; 8] = fp
+            .try_into()
+            .map_err(|_| CodecError::Schema("fingerprint size".into()))?;
+        Ok(LogCodec {
+            table,
+            schema,
+            fingerprint,
+        })
+    }
+
+    pub fn fingerprint_hex(&self) -> String {
+        hex(&self.fingerprint)
+    }
+
+    fn header(&self, out: &mut Vec<u8>, union_index: i64) {
+        out.extend_from_slice(&SINGLE_OBJECT_MARKER);
+        out.extend_from_slice(&self.fingerprint);
+        put_long(out, union_index);
+    }
+
+    /// Encodes a change whose row datum is already encoded.
+    pub fn encode_change(&self, epoch: Epoch, op: Op, vnode: u16, row_datum: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + row_datum.len());
+        self.header(&mut out, 0);
+        put_long(&mut out, epoch.0 as i64);
+        put_long(
+            &mut out,
+            Op::ALL.iter().position(|o| *o == op).expect("op") as i64,
+        );
+        put_long(&mut out, vnode as i64);
+        out.extend_from_slice(row_datum);
+        out
+    }
+
+    pub fn encode_barrier(&self, b: &Barrier) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32);
+        self.header(&mut out, 1);
+        put_long(&mut out, b.prev.0 as i64);
+        put_long(&mut out, b.curr.0 as i64);
+        let kind = match b.kind {
+            BarrierKind::Initial => 0,
+            BarrierKind::Barrier => 1,
+            BarrierKind::Checkpoint => 2,
+        };
+        put_long(&mut out, kind);
+        out
+    }
+
+    /// Decodes one message value; `key` is the message key (the row's key bytes for a change).
+    pub fn decode(&self, value: &[u8], key: Option<&[u8]>) -> Result<LogRecord, CodecError> {
+        if value.len() < 10 || value[..2] != SINGLE_OBJECT_MARKER {
+            return Err(CodecError::NoMarker(hex(&value[..value.len().min(4)])));
+        }
+        if value[2..10] != self.fingerprint {
+            return Err(CodecError::UnknownFingerprint {
+                found: hex(&value[2..10]),
+                expected: self.fingerprint_hex(),
+            });
+        }
+        let mut buf = &value[10..];
+        let long = |buf: &mut &[u8], what: &str| {
+            get_long(buf).ok_or_else(|| CodecError::Decode(format!("{what}: truncated")))
+        };
+        match long(&mut buf, "union index")? {
+            0 => {
+                let epoch = Epoch(long(&mut buf, "Change.epoch")? as u64);
+                let op = match long(&mut buf, "Change.op")? {
+                    i @ 0..=3 => Op::ALL[i as usize],
+                    i => {
+                        return Err(CodecError::Decode(format!(
+                            "Change.op: enum index {i} out of range"
+                        )))
+                    }
+                };
+                let vnode = long(&mut buf, "Change.vnode")?;
+                let vnode = u16::try_from(vnode).map_err(|_| {
+                    CodecError::Decode(format!("Change.vnode: {vnode} out of range"))
+                })?;
+                self.table
+                    .check_row(buf)
+                    .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
+                let key =
+                    key.ok_or_else(|| CodecError::Decode("change without a message key".into()))?;
+                Ok(LogRecord::Change(Change {
+                    epoch,
+                    op,
+                    vnode,
+                    row: Row {
+                        key: key.to_vec(),
+                        value: buf.to_vec(),
+                    },
+                }))
+            }
+            1 => {
+                let prev = Epoch(long(&mut buf, "Barrier.prev_epoch")? as u64);
+                let curr = Epoch(long(&mut buf, "Barrier.curr_epoch")? as u64);
+                let kind = match long(&mut buf, "Barrier.kind")? {
+                    0 => BarrierKind::Initial,
+                    1 => BarrierKind::Barrier,
+                    2 => BarrierKind::Checkpoint,
+                    i => {
+                        return Err(CodecError::Decode(format!(
+                            "Barrier.kind: enum index {i} out of range"
+                        )))
+                    }
+                };
+                if !buf.is_empty() {
+                    return Err(CodecError::Decode(format!(
+                        "{} trailing bytes after the barrier",
+                        buf.len()
+                    )));
+                }
+                Ok(LogRecord::Barrier(Barrier { prev, curr, kind }))
+            }
+            i => Err(CodecError::Decode(format!(
+                "log record union index {i} out of range"
+            ))),
+        }
+    }
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+#[path = "wire_tests.rs"]
+mod tests;

@@ -1,0 +1,299 @@
+//! The snapshot as Avro object container files plus `manifest.json` (DESIGN.md §3): one file per
+//! vnode, rows sorted by key bytes, so a vnode's scan resumes from a cursor by skipping.
+//!
+//! Files are written and read block by block here (codec `null`), so a row's datum is handed on as
+//! bytes without building values; any Avro tool reads them (`tests` reads one with apache-avro).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::codec::varint::{get_long, put_long};
+use crate::codec::{CodecError, TableSchema};
+use crate::core::{Epoch, PartitionProgress, Row, Vnode};
+use crate::ports::{RowIter, SnapshotInfo, SnapshotSource, SourceError};
+
+const MAGIC: &[u8; 4] = b"Obj\x01";
+const ROWS_PER_BLOCK: usize = 4096;
+
+/// `manifest.json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub snapshot_epoch: Epoch,
+    pub vnode_count: u32,
+    pub partition_count: u32,
+    /// The log topic the snapshot belongs to.
+    pub topic: String,
+    /// The row schema (the container files' schema).
+    pub row_schema: serde_json::Value,
+    pub primary_key: Vec<String>,
+    pub files: Vec<ManifestFile>,
+    /// Per partition: the offset just after the barrier with `prev = Es`, and that barrier's `curr`.
+    pub start: Vec<PartitionProgress>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestFile {
+    /// Relative to the manifest's folder.
+    pub path: String,
+    pub vnodes: Vec<Vnode>,
+    pub rows: u64,
+}
+
+/// Writes the snapshot's files: `rows` is (vnode, key, datum); the manifest is written by
+/// [`write_manifest`] once the start offsets are known.
+pub fn write_files(
+    dir: &Path,
+    table: &TableSchema,
+    rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>>,
+) -> Result<Vec<ManifestFile>, SourceError> {
+    fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
+    let schema_json = table.json.to_string();
+    let mut files = Vec::new();
+    for (vnode, rows) in rows {
+        if rows.is_empty() {
+            continue;
+        }
+        let name = format!("vnode-{vnode:05}.avro");
+        let path = dir.join(&name);
+        let f = fs::File::create(&path).map_err(|e| file_err(&path, e))?;
+        let mut w = BufWriter::new(f);
+        let sync: [u8; 16] = sync_marker(vnode);
+        let mut header = Vec::new();
+        header.extend_from_slice(MAGIC);
+        put_long(&mut header, 2);
+        for (k, v) in [
+            ("avro.schema", schema_json.as_bytes()),
+            ("avro.codec", b"null".as_slice()),
+        ] {
+            put_long(&mut header, k.len() as i64);
+            header.extend_from_slice(k.as_bytes());
+            put_long(&mut header, v.len() as i64);
+            header.extend_from_slice(v);
+        }
+        put_long(&mut header, 0);
+        header.extend_from_slice(&sync);
+        w.write_all(&header).map_err(|e| file_err(&path, e))?;
+        let count = rows.len();
+        let datums: Vec<Vec<u8>> = rows.into_values().collect();
+        for chunk in datums.chunks(ROWS_PER_BLOCK) {
+            let size: usize = chunk.iter().map(|d| d.len()).sum();
+            let mut block = Vec::with_capacity(size + 20);
+            put_long(&mut block, chunk.len() as i64);
+            put_long(&mut block, size as i64);
+            w.write_all(&block).map_err(|e| file_err(&path, e))?;
+            for d in chunk {
+                w.write_all(d).map_err(|e| file_err(&path, e))?;
+            }
+            w.write_all(&sync).map_err(|e| file_err(&path, e))?;
+        }
+        w.flush().map_err(|e| file_err(&path, e))?;
+        files.push(ManifestFile {
+            path: name,
+            vnodes: vec![vnode],
+            rows: count as u64,
+        });
+    }
+    Ok(files)
+}
+
+pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, SourceError> {
+    let path = dir.join("manifest.json");
+    let json = serde_json::to_vec_pretty(manifest).expect("manifest serialises");
+    fs::write(&path, json).map_err(|e| file_err(&path, e))?;
+    Ok(path)
+}
+
+fn sync_marker(seed: Vnode) -> [u8; 16] {
+    let mut s = [0u8; 16];
+    let x = crc32fast::hash(&seed.to_le_bytes()).to_le_bytes();
+    for (i, b) in s.iter_mut().enumerate() {
+        *b = x[i % 4] ^ (i as u8).wrapping_mul(37);
+    }
+    s
+}
+
+fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
+    SourceError::File {
+        file: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// A snapshot on disk, opened through its manifest.
+pub struct SnapshotFiles {
+    dir: PathBuf,
+    pub manifest: Manifest,
+    pub table: TableSchema,
+    info: SnapshotInfo,
+    by_vnode: BTreeMap<Vnode, PathBuf>,
+}
+
+impl SnapshotFiles {
+    /// Opens `dir/manifest.json` and checks that every file it names exists.
+    pub fn open(dir: &Path) -> Result<Self, SourceError> {
+        let mpath = dir.join("manifest.json");
+        let text = fs::read_to_string(&mpath).map_err(|e| file_err(&mpath, e))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?;
+        let table = TableSchema::parse(&manifest.row_schema.to_string(), &manifest.primary_key)
+            .map_err(|e: CodecError| file_err(&mpath, e))?;
+        let mut by_vnode = BTreeMap::new();
+        for f in &manifest.files {
+            let p = dir.join(&f.path);
+            if !p.is_file() {
+                return Err(file_err(&p, "missing (listed in manifest.json)"));
+            }
+            for v in &f.vnodes {
+                if *v as u32 >= manifest.vnode_count {
+                    return Err(file_err(
+                        &mpath,
+                        format!(
+                            "file {} lists vnode {v} beyond vnode_count {}",
+                            f.path, manifest.vnode_count
+                        ),
+                    ));
+                }
+                by_vnode.insert(*v, p.clone());
+            }
+        }
+        let info = SnapshotInfo {
+            snapshot_epoch: manifest.snapshot_epoch,
+            vnode_count: manifest.vnode_count,
+            partition_count: manifest.partition_count,
+            start: manifest.start.clone(),
+        };
+        Ok(SnapshotFiles {
+            dir: dir.to_path_buf(),
+            manifest,
+            table,
+            info,
+            by_vnode,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every row datum of one file, checked against the schema (the bare-decode baseline).
+    pub fn read_file(&self, path: &Path) -> Result<Vec<Vec<u8>>, SourceError> {
+        read_container(path, &self.table)
+    }
+}
+
+/// Reads one container file written by [`write_files`] (codec `null`), checking every datum.
+fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, SourceError> {
+    let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
+    let corrupt = |what: String| file_err(path, format!("corrupt container file: {what}"));
+    let mut buf = &bytes[..];
+    if buf.len() < 4 || &buf[..4] != MAGIC {
+        return Err(corrupt("no Avro magic".into()));
+    }
+    buf = &buf[4..];
+    let mut codec = b"null".to_vec();
+    loop {
+        let n = get_long(&mut buf).ok_or_else(|| corrupt("truncated header".into()))?;
+        if n == 0 {
+            break;
+        }
+        if n < 0 {
+            get_long(&mut buf).ok_or_else(|| corrupt("truncated header".into()))?;
+        }
+        for _ in 0..n.unsigned_abs() {
+            let mut field = || -> Option<Vec<u8>> {
+                let l = get_long(&mut buf)? as usize;
+                if buf.len() < l {
+                    return None;
+                }
+                let (v, rest) = buf.split_at(l);
+                buf = rest;
+                Some(v.to_vec())
+            };
+            let k = field().ok_or_else(|| corrupt("truncated header".into()))?;
+            let v = field().ok_or_else(|| corrupt("truncated header".into()))?;
+            if k == b"avro.codec" {
+                codec = v;
+            }
+        }
+    }
+    if codec != b"null" {
+        return Err(file_err(
+            path,
+            format!(
+                "codec {} is not supported (write with codec null)",
+                String::from_utf8_lossy(&codec)
+            ),
+        ));
+    }
+    if buf.len() < 16 {
+        return Err(corrupt("truncated header".into()));
+    }
+    let (sync, rest) = buf.split_at(16);
+    let sync = sync.to_vec();
+    buf = rest;
+    let mut rows = Vec::new();
+    let mut block_no = 0;
+    while !buf.is_empty() {
+        let count = get_long(&mut buf)
+            .ok_or_else(|| corrupt(format!("block {block_no}: truncated count")))?;
+        let size = get_long(&mut buf)
+            .ok_or_else(|| corrupt(format!("block {block_no}: truncated size")))?
+            as usize;
+        if count < 0 || buf.len() < size + 16 {
+            return Err(corrupt(format!("block {block_no}: truncated")));
+        }
+        let (data, rest) = buf.split_at(size);
+        if rest[..16] != sync[..] {
+            return Err(corrupt(format!("block {block_no}: sync marker mismatch")));
+        }
+        buf = &rest[16..];
+        let mut d = data;
+        for i in 0..count {
+            let before = d;
+            let mut probe = d;
+            crate::codec::skip_datum(&table.schema, &mut probe)
+                .map_err(|e| corrupt(format!("block {block_no} row {i}: {e}")))?;
+            let used = before.len() - probe.len();
+            rows.push(before[..used].to_vec());
+            d = probe;
+        }
+        if !d.is_empty() {
+            return Err(corrupt(format!(
+                "block {block_no}: {} bytes beyond its {count} rows",
+                d.len()
+            )));
+        }
+        block_no += 1;
+    }
+    Ok(rows)
+}
+
+impl SnapshotSource for SnapshotFiles {
+    fn info(&self) -> &SnapshotInfo {
+        &self.info
+    }
+
+    fn scan(&self, vnode: Vnode, after: Option<&[u8]>) -> Result<RowIter<'_>, SourceError> {
+        let Some(path) = self.by_vnode.get(&vnode) else {
+            return Ok(Box::new(std::iter::empty()));
+        };
+        let datums = read_container(path, &self.table)?;
+        let after = after.map(|a| a.to_vec());
+        let table = &self.table;
+        let path = path.clone();
+        Ok(Box::new(datums.into_iter().filter_map(move |value| {
+            let key = match table.key_of_datum(&value) {
+                Ok(k) => k,
+                Err(e) => return Some(Err(file_err(&path, e))),
+            };
+            if after.as_ref().is_some_and(|a| key <= *a) {
+                return None;
+            }
+            Some(Ok(Row { key, value }))
+        })))
+    }
+}

@@ -1,0 +1,593 @@
+//! The embedded state store: one SQLite file (WAL) holding, per job, the materialised table as a real
+//! SQL table plus the job, vnode-progress, partition-progress and lease tables. One checkpoint is one
+//! `BEGIN IMMEDIATE` transaction that first checks the generation and every lease, so a stale worker's
+//! commit changes nothing.
+//!
+//! Owns SQL and type mapping; decides nothing about progress (the core does) beyond the fencing and
+//! monotonicity checks every store enforces (`memory::check_checkpoint`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use apache_avro::types::Value as Avro;
+use rusqlite::types::Value as Sql;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::codec::TableSchema;
+use crate::core::{
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
+    Vnode, VnodeProgress,
+};
+use crate::memory::{check_checkpoint, check_job_matches};
+use crate::ports::{JobRow, SnapshotInfo, StateStore, StoreError};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS kb_jobs (
+  job TEXT PRIMARY KEY,
+  snapshot_epoch INTEGER NOT NULL,
+  vnode_count INTEGER NOT NULL,
+  partition_count INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  phase TEXT NOT NULL,
+  recreations INTEGER NOT NULL,
+  next_lease INTEGER NOT NULL,
+  table_name TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kb_vnode_progress (
+  job TEXT NOT NULL, vnode INTEGER NOT NULL, epoch INTEGER NOT NULL, row_count INTEGER NOT NULL,
+  finished INTEGER NOT NULL, cursor BLOB, PRIMARY KEY (job, vnode)
+);
+CREATE TABLE IF NOT EXISTS kb_partition_progress (
+  job TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL, epoch INTEGER NOT NULL,
+  streaming INTEGER NOT NULL, PRIMARY KEY (job, partition)
+);
+CREATE TABLE IF NOT EXISTS kb_leases (
+  job TEXT NOT NULL, partition INTEGER NOT NULL, owner TEXT NOT NULL, lease INTEGER NOT NULL,
+  PRIMARY KEY (job, partition)
+);
+";
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+/// A SQLite state store for one job's table.
+pub struct SqliteStore {
+    conn: Connection,
+    table: TableSchema,
+    table_name: String,
+}
+
+impl SqliteStore {
+    /// Opens (creating) the file and the materialised table `table_name` with the row's columns.
+    pub fn open(path: &Path, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
+        if !table_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || table_name.is_empty()
+        {
+            return Err(backend(format!(
+                "table name {table_name:?}: use letters, digits and _"
+            )));
+        }
+        let conn =
+            Connection::open(path).map_err(|e| backend(format!("{}: {e}", path.display())))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(backend)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(backend)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(backend)?;
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        let cols: Vec<String> = table
+            .columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "\"{}\" {}{}",
+                    c.name,
+                    c.ty.sql(),
+                    if c.nullable { "" } else { " NOT NULL" }
+                )
+            })
+            .collect();
+        conn.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB PRIMARY KEY, _kb_vnode INTEGER NOT NULL, {}, _kb_row BLOB NOT NULL);",
+            cols.join(", ")
+        ))
+        .map_err(backend)?;
+        Ok(SqliteStore {
+            conn,
+            table,
+            table_name: table_name.to_string(),
+        })
+    }
+
+    fn job_row(conn: &Connection, job: &str) -> Result<Option<JobRow>, StoreError> {
+        conn.query_row(
+            "SELECT snapshot_epoch, vnode_count, partition_count, generation, phase, recreations FROM kb_jobs WHERE job = ?1",
+            [job],
+            |r| {
+                Ok(JobRow {
+                    job: job.to_string(),
+                    snapshot_epoch: Epoch(r.get::<_, i64>(0)? as u64),
+                    vnode_count: r.get(1)?,
+                    partition_count: r.get(2)?,
+                    generation: r.get::<_, i64>(3)? as u64,
+                    phase: r.get(4)?,
+                    recreations: r.get::<_, i64>(5)? as u64,
+                })
+            },
+        )
+        .optional()
+        .map_err(backend)
+    }
+
+    fn vnode_rows(
+        conn: &Connection,
+        job: &str,
+        vnodes: impl Iterator<Item = Vnode>,
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        let mut stmt = conn
+            .prepare_cached("SELECT epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = ?1 AND vnode = ?2")
+            .map_err(backend)?;
+        let mut out = BTreeMap::new();
+        for v in vnodes {
+            let row = stmt
+                .query_row(params![job, v], |r| {
+                    Ok(VnodeProgress {
+                        vnode: v,
+                        epoch: Epoch(r.get::<_, i64>(0)? as u64),
+                        row_count: r.get::<_, i64>(1)? as u64,
+                        finished: r.get::<_, i64>(2)? != 0,
+                        cursor: r.get(3)?,
+                    })
+                })
+                .optional()
+                .map_err(backend)?;
+            if let Some(p) = row {
+                out.insert(v, p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Committed vnode progress (for status and tests).
+    pub fn vnode_progress(
+        &mut self,
+        job: &str,
+        vnode_count: u32,
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        Self::vnode_rows(&self.conn, job, 0..vnode_count as Vnode)
+    }
+
+    /// Committed partition progress.
+    pub fn partition_progress(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT partition, next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1")
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([job], |r| {
+                Ok(PartitionProgress {
+                    partition: r.get(0)?,
+                    next_offset: r.get::<_, i64>(1)? as u64,
+                    epoch: Epoch(r.get::<_, i64>(2)? as u64),
+                    streaming: r.get::<_, i64>(3)? != 0,
+                })
+            })
+            .map_err(backend)?;
+        rows.map(|r| r.map(|p| (p.partition, p)).map_err(backend))
+            .collect()
+    }
+
+    fn sql_value(v: Avro) -> Sql {
+        match v {
+            Avro::Null => Sql::Null,
+            Avro::Boolean(b) => Sql::Integer(b as i64),
+            Avro::Int(i) | Avro::Date(i) | Avro::TimeMillis(i) => Sql::Integer(i as i64),
+            Avro::Long(i)
+            | Avro::TimeMicros(i)
+            | Avro::TimestampMillis(i)
+            | Avro::TimestampMicros(i)
+            | Avro::TimestampNanos(i)
+            | Avro::LocalTimestampMillis(i)
+            | Avro::LocalTimestampMicros(i)
+            | Avro::LocalTimestampNanos(i) => Sql::Integer(i),
+            Avro::Float(f) => Sql::Real(f as f64),
+            Avro::Double(f) => Sql::Real(f),
+            Avro::String(s) | Avro::Enum(_, s) => Sql::Text(s),
+            Avro::Uuid(u) => Sql::Text(u.to_string()),
+            Avro::Bytes(b) | Avro::Fixed(_, b) => Sql::Blob(b),
+            Avro::Union(_, inner) => Self::sql_value(*inner),
+            other => Sql::Text(format!("{other:?}")),
+        }
+    }
+}
+
+impl StateStore for SqliteStore {
+    fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO kb_jobs VALUES (?1, ?2, ?3, ?4, 0, 'snapshot', 0, 1, ?5)",
+                params![
+                    job,
+                    info.snapshot_epoch.0 as i64,
+                    info.vnode_count,
+                    info.partition_count,
+                    self.table_name
+                ],
+            )
+            .map_err(backend)?;
+        let row =
+            Self::job_row(&self.conn, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+        check_job_matches(&row, info)?;
+        Ok(row)
+    }
+
+    fn job(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
+        Self::job_row(&self.conn, job)
+    }
+
+    fn claim(
+        &mut self,
+        job: &str,
+        generation: u64,
+        worker: &str,
+        partitions: &[PartitionId],
+        info: &SnapshotInfo,
+    ) -> Result<Vec<ClaimedPartition>, StoreError> {
+        let map = PartitionMap::new(info.vnode_count, info.partition_count).map_err(backend)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(backend)?;
+        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+        if row.generation != generation {
+            return Err(StoreError::StaleGeneration {
+                job: job.into(),
+                attempted: generation,
+                current: row.generation,
+            });
+        }
+        let mut out = Vec::new();
+        for &p in partitions {
+            let lease: i64 = tx
+                .query_row("UPDATE kb_jobs SET next_lease = next_lease + 1 WHERE job = ?1 RETURNING next_lease - 1", [job], |r| r.get(0))
+                .map_err(backend)?;
+            tx.execute(
+                "INSERT OR REPLACE INTO kb_leases VALUES (?1, ?2, ?3, ?4)",
+                params![job, p, worker, lease],
+            )
+            .map_err(backend)?;
+            let progress = tx
+                .query_row(
+                    "SELECT next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1 AND partition = ?2",
+                    params![job, p],
+                    |r| {
+                        Ok(PartitionProgress {
+                            partition: p,
+                            next_offset: r.get::<_, i64>(0)? as u64,
+                            epoch: Epoch(r.get::<_, i64>(1)? as u64),
+                            streaming: r.get::<_, i64>(2)? != 0,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(backend)?;
+            let progress = match progress {
+                Some(pp) => pp,
+                None => info.start_of(p).cloned().ok_or_else(|| {
+                    backend(format!(
+                        "the snapshot has no start offset for partition {p}"
+                    ))
+                })?,
+            };
+            let stored = Self::vnode_rows(&tx, job, map.vnodes_of(p))?;
+            let vnodes = map
+                .vnodes_of(p)
+                .map(|v| {
+                    stored
+                        .get(&v)
+                        .cloned()
+                        .unwrap_or_else(|| VnodeProgress::fresh(v, info.snapshot_epoch))
+                })
+                .collect();
+            out.push(ClaimedPartition {
+                partition: p,
+                lease: lease as u64,
+                progress,
+                vnodes,
+            });
+        }
+        tx.commit().map_err(backend)?;
+        Ok(out)
+    }
+
+    fn commit(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(backend)?;
+        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+        if row.generation != cp.generation {
+            return Err(StoreError::StaleGeneration {
+                job: job.into(),
+                attempted: cp.generation,
+                current: row.generation,
+            });
+        }
+        {
+            let mut lease_q = tx
+                .prepare_cached(
+                    "SELECT owner, lease FROM kb_leases WHERE job = ?1 AND partition = ?2",
+                )
+                .map_err(backend)?;
+            for (p, lease) in &cp.leases {
+                let current: Option<(String, i64)> = lease_q
+                    .query_row(params![job, p], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+                    .map_err(backend)?;
+                match current {
+                    Some((_, l)) if l as u64 == *lease => {}
+                    other => {
+                        return Err(StoreError::NotOwner {
+                            job: job.into(),
+                            partition: *p,
+                            attempted: *lease,
+                            current: other.as_ref().map_or(0, |o| o.1 as u64),
+                            owner: other.map_or("nobody".into(), |o| o.0),
+                        })
+                    }
+                }
+            }
+        }
+        let map = PartitionMap::new(row.vnode_count, row.partition_count).map_err(backend)?;
+        let committed = Self::vnode_rows(&tx, job, cp.vnodes.iter().map(|v| v.vnode))?;
+        check_checkpoint(job, &map, &committed, cp)?;
+        {
+            let t = &self.table_name;
+            let cols: Vec<String> = self
+                .table
+                .columns
+                .iter()
+                .map(|c| format!("\"{}\"", c.name))
+                .collect();
+            let marks: Vec<String> = (0..cols.len()).map(|i| format!("?{}", i + 4)).collect();
+            let mut upsert = tx
+                .prepare_cached(&format!(
+                    "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES (?1, ?2, ?3, {})",
+                    cols.join(", "),
+                    marks.join(", ")
+                ))
+                .map_err(backend)?;
+            let mut delete = tx
+                .prepare_cached(&format!("DELETE FROM \"{t}\" WHERE _kb_key = ?1"))
+                .map_err(backend)?;
+            for m in &cp.rows {
+                match m {
+                    RowMutation::Upsert { vnode, row } => {
+                        let fields = self.table.decode_row(&row.value).map_err(|e| {
+                            backend(format!("row with key {:?} does not decode: {e}", row.key))
+                        })?;
+                        let mut values: Vec<Sql> = vec![
+                            Sql::Blob(row.key.clone()),
+                            Sql::Integer(*vnode as i64),
+                            Sql::Blob(row.value.clone()),
+                        ];
+                        values.extend(fields.into_iter().map(Self::sql_value));
+                        upsert
+                            .execute(rusqlite::params_from_iter(values))
+                            .map_err(backend)?;
+                    }
+                    RowMutation::Delete { key, .. } => {
+                        delete.execute([key]).map_err(backend)?;
+                    }
+                }
+            }
+            let mut vq = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO kb_vnode_progress VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(backend)?;
+            for v in &cp.vnodes {
+                vq.execute(params![
+                    job,
+                    v.vnode,
+                    v.epoch.0 as i64,
+                    v.row_count as i64,
+                    v.finished as i64,
+                    v.cursor
+                ])
+                .map_err(backend)?;
+            }
+            let mut pq = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO kb_partition_progress VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(backend)?;
+            for p in &cp.partitions {
+                pq.execute(params![
+                    job,
+                    p.partition,
+                    p.next_offset as i64,
+                    p.epoch.0 as i64,
+                    p.streaming as i64
+                ])
+                .map_err(backend)?;
+            }
+        }
+        let phase = if cp.partitions.iter().any(|p| p.streaming) {
+            Some("streaming")
+        } else if !cp.partitions.is_empty() {
+            Some("log_store")
+        } else {
+            None
+        };
+        if let Some(phase) = phase {
+            tx.execute(
+                "UPDATE kb_jobs SET phase = ?2 WHERE job = ?1",
+                params![job, phase],
+            )
+            .map_err(backend)?;
+        }
+        tx.commit().map_err(backend)
+    }
+
+    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(backend)?;
+        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+        if row.generation == from_generation {
+            tx.execute(
+                "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = ?1",
+                [job],
+            )
+            .map_err(backend)?;
+            for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
+                tx.execute(&format!("DELETE FROM {t} WHERE job = ?1"), [job])
+                    .map_err(backend)?;
+            }
+            tx.execute(&format!("DELETE FROM \"{}\"", self.table_name), [])
+                .map_err(backend)?;
+        }
+        let row = Self::job_row(&tx, job)?.expect("job row");
+        tx.commit().map_err(backend)?;
+        Ok(row)
+    }
+
+    fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT _kb_key, _kb_row FROM \"{}\"",
+                self.table_name
+            ))
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(backend)?;
+        rows.map(|r| r.map_err(backend)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{CheckpointCause, Row};
+
+    fn table() -> TableSchema {
+        TableSchema::parse(
+            include_str!("../schemas/example_row.avsc"),
+            &["id".to_string()],
+        )
+        .unwrap()
+    }
+
+    fn info() -> SnapshotInfo {
+        SnapshotInfo {
+            snapshot_epoch: Epoch(1 << 16),
+            vnode_count: 8,
+            partition_count: 2,
+            start: (0..2)
+                .map(|p| PartitionProgress {
+                    partition: p,
+                    next_offset: 1,
+                    epoch: Epoch(2 << 16),
+                    streaming: false,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn commits_rows_as_sql_columns_and_fences_stale_writers() {
+        let dir = std::env::temp_dir().join(format!("kb-sqlite-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.sqlite");
+        let _ = std::fs::remove_file(&path);
+        let t = table();
+        let mut a = SqliteStore::open(&path, "accounts", t.clone()).unwrap();
+        let mut b = SqliteStore::open(&path, "accounts", t.clone()).unwrap();
+        a.ensure_job("j", &info()).unwrap();
+        let ca = a.claim("j", 0, "a", &[0], &info()).unwrap();
+        let row = Avro::Record(vec![
+            ("id".into(), Avro::Long(5)),
+            ("owner".into(), Avro::String("ann".into())),
+            ("balance".into(), Avro::Long(100)),
+            ("version".into(), Avro::Long(1)),
+            ("payload".into(), Avro::String("p".into())),
+        ]);
+        let datum = t.encode_row(&row).unwrap();
+        let key = t.key_of_datum(&datum).unwrap();
+        let vnode = crate::core::vnode_of(&key, 8);
+        let p = PartitionMap::new(8, 2).unwrap().partition_of(vnode);
+        let ca = if p == 0 {
+            ca
+        } else {
+            a.claim("j", 0, "a", &[1], &info()).unwrap()
+        };
+        let cp = Checkpoint {
+            generation: 0,
+            worker: "a".into(),
+            cause: CheckpointCause::Local,
+            epoch: None,
+            leases: vec![(ca[0].partition, ca[0].lease)],
+            rows: vec![RowMutation::Upsert {
+                vnode,
+                row: Row {
+                    key: key.clone(),
+                    value: datum.clone(),
+                },
+            }],
+            vnodes: vec![VnodeProgress {
+                cursor: Some(key.clone()),
+                row_count: 1,
+                ..VnodeProgress::fresh(vnode, Epoch(1 << 16))
+            }],
+            partitions: vec![],
+        };
+        a.commit("j", &cp).unwrap();
+        let (owner, balance): (String, i64) = a
+            .conn
+            .query_row(
+                "SELECT owner, balance FROM accounts WHERE id = 5",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((owner.as_str(), balance), ("ann", 100));
+        // b takes the partition over: a's next commit is rejected and changes nothing.
+        b.claim("j", 0, "b", &[ca[0].partition], &info()).unwrap();
+        let mut stale = cp.clone();
+        stale.rows = vec![RowMutation::Delete {
+            vnode,
+            key: key.clone(),
+        }];
+        assert!(matches!(
+            a.commit("j", &stale),
+            Err(StoreError::NotOwner { .. })
+        ));
+        assert_eq!(a.rows("j").unwrap().len(), 1);
+        // Recreation discards rows and progress in one go and fences the old generation.
+        let row = b.recreate("j", 0).unwrap();
+        assert_eq!(row.generation, 1);
+        assert!(a.rows("j").unwrap().is_empty());
+        assert!(matches!(
+            a.commit("j", &cp),
+            Err(StoreError::StaleGeneration { .. })
+        ));
+        // A different partition count is refused.
+        let mut other = info();
+        other.partition_count = 3;
+        assert!(matches!(
+            a.ensure_job("j", &other),
+            Err(StoreError::JobMismatch { .. })
+        ));
+    }
+}
