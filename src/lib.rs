@@ -3,9 +3,15 @@
 //! See README.md, "Architecture", for the codemap and the invariants.
 
 pub mod codec;
+pub mod config;
 pub mod core;
+pub mod job;
+pub mod kafka;
 pub mod memory;
+pub mod metrics;
 pub mod ports;
 pub mod sim;
 pub mod snapshot_files;
 pub mod sqlite_store;
+pub mod verify;
+pub mod workload;

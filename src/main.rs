@@ -1,1 +1,276 @@
-fn main() {}
+//! The `kafka-backfill` command line: `run`, `produce`, `verify`, `check-config`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use kafka_backfill::config::{Config, LogFormat};
+use kafka_backfill::job::{self, RunOptions};
+use kafka_backfill::sqlite_store::SqliteStore;
+use kafka_backfill::workload::{self, Workload};
+
+#[derive(Parser)]
+#[command(
+    name = "kafka-backfill",
+    version,
+    about = "Backfill a table from a snapshot plus a Kafka change log, then keep it streaming."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the configured jobs.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Exit 0 once every worker streams with no lag (for scripts and tests).
+        #[arg(long)]
+        exit_when_caught_up: bool,
+        /// Prefix of this process's worker names (default p<pid>).
+        #[arg(long)]
+        worker_prefix: Option<String>,
+    },
+    /// Write a generated table: snapshot files at Es, then changes and barriers into the topic.
+    Produce {
+        #[arg(long, default_value = "127.0.0.1:19092")]
+        bootstrap: String,
+        #[arg(long, default_value = "accounts-log")]
+        topic: String,
+        #[arg(long, default_value_t = 4)]
+        partitions: u32,
+        #[arg(long, default_value_t = 256)]
+        vnodes: u32,
+        /// Rows in the snapshot.
+        #[arg(long, default_value_t = 10_000)]
+        rows: u64,
+        /// Ids come from 0..key-space (default: 2 × rows).
+        #[arg(long)]
+        key_space: Option<u64>,
+        /// Changes after the snapshot.
+        #[arg(long, default_value_t = 50_000)]
+        changes: u64,
+        #[arg(long, default_value_t = 500)]
+        epoch_changes: u64,
+        #[arg(long, default_value_t = 4)]
+        checkpoint_every: u64,
+        /// Percent of changes to existing rows that are updates (the rest delete).
+        #[arg(long, default_value_t = 70)]
+        update_percent: u64,
+        #[arg(long, default_value_t = 100)]
+        row_size: usize,
+        /// Changes per second (0 = as fast as possible).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Folder for snapshot/ and expected/.
+        #[arg(long, default_value = ".run/demo")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Compare a job's materialised table with the writer's expected table.
+    Verify {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Job name (default: the only job).
+        #[arg(long)]
+        job: Option<String>,
+        /// The writer's expected/ folder.
+        #[arg(long)]
+        expected: PathBuf,
+    },
+    /// Validate a configuration file without running it.
+    CheckConfig { file: PathBuf },
+}
+
+fn init_logs(format: LogFormat, level: Option<&str>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|e| {
+        eprintln!("error: invalid configuration: {e}");
+        ExitCode::from(2)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::CheckConfig { file } => {
+            let config = match load(&file) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            for j in &config.jobs {
+                println!(
+                    "job {}: topic {}, {} worker(s), kafka {:?}",
+                    j.name,
+                    j.topic,
+                    j.workers,
+                    j.kafka_redacted()
+                );
+            }
+            println!("{}: ok", file.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run {
+            config,
+            exit_when_caught_up,
+            worker_prefix,
+        } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            init_logs(config.log.format, config.log.level.as_deref());
+            let shutdown = Arc::new(AtomicBool::new(false));
+            install_signals(shutdown.clone())?;
+            let board = job::new_board();
+            job::run(
+                &config,
+                &RunOptions {
+                    exit_when_caught_up,
+                    worker_prefix,
+                },
+                shutdown,
+                board,
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Produce {
+            bootstrap,
+            topic,
+            partitions,
+            vnodes,
+            rows,
+            key_space,
+            changes,
+            epoch_changes,
+            checkpoint_every,
+            update_percent,
+            row_size,
+            rate,
+            out,
+            seed,
+        } => {
+            init_logs(LogFormat::Text, None);
+            let w = Workload {
+                bootstrap,
+                topic,
+                partitions,
+                vnode_count: vnodes,
+                rows,
+                key_space: key_space.unwrap_or(rows.max(1) * 2),
+                changes,
+                changes_per_epoch: epoch_changes.max(1),
+                checkpoint_every: checkpoint_every.max(1),
+                update_percent,
+                row_size,
+                rate,
+                out: out.clone(),
+                seed,
+                progress: true,
+            };
+            let r = workload::produce(&w)?;
+            println!(
+                "wrote {} snapshot rows at epoch {} to {}, then {} changes and {} barriers to {}; expected table: {} rows at epoch {} in {}",
+                r.snapshot_rows,
+                r.snapshot_epoch,
+                out.join("snapshot").display(),
+                r.changes,
+                r.barriers,
+                w.topic,
+                r.final_rows,
+                r.final_epoch,
+                out.join("expected").display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify {
+            config,
+            job,
+            expected,
+        } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            let j = match job {
+                Some(name) => config
+                    .jobs
+                    .iter()
+                    .find(|j| j.name == name)
+                    .with_context(|| format!("no job {name} in the configuration"))?,
+                None => config.jobs.first().expect("validated: at least one job"),
+            };
+            let prepared = job::prepare(j, false)?;
+            let kafka_backfill::config::StoreConfig::Sqlite { path, table } = &j.store;
+            let mut store = SqliteStore::open(path, table, prepared.snapshot.table.clone())?;
+            let report = kafka_backfill::verify::verify(&mut store, &j.name, &expected)?;
+            println!("verify {}: {report}", j.name);
+            println!(
+                "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",
+                path.display()
+            );
+            Ok(if report.clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+/// SIGTERM or SIGINT sets `shutdown` (graceful); a second one exits at once.
+fn install_signals(shutdown: Arc<AtomicBool>) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+                let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+                for n in 0.. {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                    if n > 0 || shutdown.load(Ordering::SeqCst) {
+                        eprintln!("second signal: exiting now");
+                        std::process::exit(130);
+                    }
+                    tracing::info!("signal received: stopping (send again to exit at once)");
+                    shutdown.store(true, Ordering::SeqCst);
+                }
+            })
+        })?;
+    Ok(())
+}

@@ -69,6 +69,8 @@ pub struct SimConfig {
     /// Percent of deliveries that ignore a pause (records already fetched when paused).
     pub leaky_pause_percent: u64,
     pub local_checkpoint_rows: u64,
+    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
+    pub max_epochs_ahead: usize,
     /// A fetch delivers up to this many records of one partition.
     pub max_fetch_batch: u64,
     pub max_steps: u64,
@@ -97,6 +99,7 @@ impl SimConfig {
             leaky_pause_percent: r.below(10),
             local_checkpoint_rows: 1 + r.below(10),
             max_fetch_batch: 1 + r.below(8),
+            max_epochs_ahead: 1 + r.below(4) as usize,
             max_steps: 200_000,
             supervisor: SupervisorConfig {
                 max_recreations: 1_000,
@@ -554,6 +557,7 @@ impl Sim {
                 max_rows: self.config.local_checkpoint_rows,
                 max_interval_ms: 50,
             },
+            max_epochs_ahead: self.config.max_epochs_ahead,
         };
         let w = &mut self.workers[i];
         w.exec = Some(Executor::new(spec, self.now_ms));

@@ -45,6 +45,9 @@ pub struct JobSpec {
     pub generation: u64,
     pub worker: String,
     pub local_checkpoint: LocalCheckpointPolicy,
+    /// Alignment back-pressure: a partition is paused once it holds this many barriers beyond the
+    /// frontier (1 = pause as soon as it is ahead). Larger values trade memory for fewer pauses.
+    pub max_epochs_ahead: usize,
 }
 
 /// Runtime state of one owned partition.
@@ -741,15 +744,24 @@ impl Executor {
         self.push_commit(cause, Some(through), taken.rows, vnodes, partitions, out);
     }
 
-    /// Pauses partitions that are ahead of the frontier and resumes the others.
+    /// Pauses partitions that are `max_epochs_ahead` barriers ahead of the frontier and resumes the
+    /// others.
     fn update_pauses(&mut self, out: &mut Vec<Decision>) {
         let Some(frontier) = self.frontier() else {
             return;
         };
+        let limit = self.spec.max_epochs_ahead.max(1);
         let ps: Vec<(PartitionId, bool)> = self
             .partitions
             .iter()
-            .map(|(p, s)| (*p, s.open_epoch > frontier))
+            .map(|(p, s)| {
+                let ahead = s
+                    .barriers
+                    .iter()
+                    .filter(|(b, _)| b.prev >= frontier)
+                    .count();
+                (*p, s.open_epoch > frontier && ahead >= limit)
+            })
             .collect();
         for (p, ahead) in ps {
             self.set_paused(p, ahead, out);

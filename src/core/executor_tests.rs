@@ -20,6 +20,7 @@ fn spec(partitions: u32) -> JobSpec {
             max_rows: 2,
             max_interval_ms: 100,
         },
+        max_epochs_ahead: 1,
     }
 }
 

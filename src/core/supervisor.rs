@@ -45,8 +45,11 @@ impl Default for SupervisorConfig {
 pub enum WorkerFailure {
     /// The core raised an error (the bitmap-update invariant or bad input).
     Core(CoreError),
-    /// The store rejected a commit: stale generation or a partition claimed by someone else.
+    /// The store rejected a commit: stale generation or a partition claimed by someone else (or the
+    /// store was briefly unavailable): restart from what is committed.
     Fenced(String),
+    /// Anything else that cannot be retried (a corrupt snapshot file, a broken store invariant).
+    Fatal(String),
 }
 
 /// The supervisor's answer.
@@ -129,6 +132,9 @@ impl Supervisor {
             }
             WorkerFailure::Core(other) => Verdict::Stop {
                 reason: other.to_string(),
+            },
+            WorkerFailure::Fatal(reason) => Verdict::Stop {
+                reason: reason.clone(),
             },
         }
     }

@@ -1,0 +1,464 @@
+//! The configuration file (TOML) and its validation. Every key is documented here and in
+//! `config/example.toml`; unknown keys, wrong types and impossible combinations are rejected at start-up
+//! with the key's path.
+//!
+//! Environment overrides: `KB_<JOB>_KAFKA_<PROPERTY>` is not supported; instead any value may be
+//! written as `"${ENV_NAME}"` and is replaced by that variable at load time (for secrets such as
+//! `sasl.password`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::core::{vnode::MAX_VNODE_COUNT, RecreationPolicy};
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// HTTP endpoints (`/metrics`, `/livez`, `/readyz`, `/status`).
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// The jobs this process runs.
+    pub jobs: Vec<JobConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Listen address; empty disables HTTP.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: default_listen(),
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:9464".into()
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` (default) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `kafka_backfill=debug`; `RUST_LOG` wins when set.
+    #[serde(default)]
+    pub level: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// One job: one upstream table materialised from one snapshot and one log topic.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// Unique name; the state store keys everything by it.
+    pub name: String,
+    /// The log topic (change records and barriers).
+    pub topic: String,
+    /// Consumers this process runs for the job (each a member of the job's consumer group).
+    #[serde(default = "one")]
+    pub workers: u32,
+    /// Vnodes of the job, fixed for its life; must equal the snapshot's.
+    #[serde(default = "default_vnodes")]
+    pub vnode_count: u32,
+    /// librdkafka properties passed through as they are (`bootstrap.servers`, `group.id`, SASL/SSL …).
+    /// `enable.auto.commit` and `partition.assignment.strategy` are set by kafka-backfill.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+    /// Where the snapshot comes from.
+    pub snapshot: SnapshotConfig,
+    /// Where state and the materialised table live.
+    pub store: StoreConfig,
+    /// Snapshot-phase commits.
+    #[serde(default)]
+    pub local_checkpoint: LocalCheckpointConfig,
+    /// What to do on the log-store invariant error.
+    #[serde(default)]
+    pub recreation: RecreationConfig,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_vnodes() -> u32 {
+    crate::core::vnode::DEFAULT_VNODE_COUNT
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum SnapshotConfig {
+    /// Avro container files plus `manifest.json`, as `kafka-backfill produce` writes them.
+    Files {
+        /// The folder holding `manifest.json`.
+        dir: PathBuf,
+    },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum StoreConfig {
+    /// One SQLite file.
+    Sqlite {
+        /// The database file (created if missing).
+        path: PathBuf,
+        /// The SQL table that receives the rows.
+        table: String,
+    },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalCheckpointConfig {
+    /// Commit after this many snapshot rows.
+    #[serde(default = "default_rows")]
+    pub max_rows: u64,
+    /// Commit at least this often while rows are pending (milliseconds).
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+}
+
+impl Default for LocalCheckpointConfig {
+    fn default() -> Self {
+        LocalCheckpointConfig {
+            max_rows: default_rows(),
+            interval_ms: default_interval(),
+        }
+    }
+}
+
+fn default_rows() -> u64 {
+    50_000
+}
+
+fn default_interval() -> u64 {
+    1_000
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecreationConfig {
+    /// `recreate` (default) or `fail`.
+    #[serde(default = "default_policy")]
+    pub policy: RecreationPolicy,
+    /// At most this many recreations within `window_secs`; one more stops the job.
+    #[serde(default = "default_max")]
+    pub max_recreations: u32,
+    #[serde(default = "default_window")]
+    pub window_secs: u64,
+    /// Backoff before a recreation, doubled each time within the window, capped by `backoff_max_ms`.
+    #[serde(default = "default_backoff")]
+    pub backoff_initial_ms: u64,
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max_ms: u64,
+}
+
+impl Default for RecreationConfig {
+    fn default() -> Self {
+        RecreationConfig {
+            policy: default_policy(),
+            max_recreations: default_max(),
+            window_secs: default_window(),
+            backoff_initial_ms: default_backoff(),
+            backoff_max_ms: default_backoff_max(),
+        }
+    }
+}
+
+fn default_policy() -> RecreationPolicy {
+    RecreationPolicy::Recreate
+}
+fn default_max() -> u32 {
+    5
+}
+fn default_window() -> u64 {
+    600
+}
+fn default_backoff() -> u64 {
+    500
+}
+fn default_backoff_max() -> u64 {
+    30_000
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+const MANAGED_KAFKA_KEYS: [&str; 3] = [
+    "enable.auto.commit",
+    "partition.assignment.strategy",
+    "enable.partition.eof",
+];
+
+impl Config {
+    /// Reads, substitutes `${ENV}` values, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err(path.display().to_string(), e.to_string()))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let text = substitute_env(text).map_err(|m| err(origin, m))?;
+        let config: Config = toml::from_str(&text).map_err(|e| {
+            let span = e
+                .span()
+                .map(|s| line_of(&text, s.start))
+                .unwrap_or_default();
+            err(format!("{origin}{span}"), e.message().to_string())
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what types cannot: ranges, combinations, uniqueness.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.jobs.is_empty() {
+            return Err(err("jobs", "no job configured"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, job) in self.jobs.iter().enumerate() {
+            let at = |k: &str| format!("jobs[{i}].{k}");
+            if job.name.is_empty()
+                || !job
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(err(at("name"), "use letters, digits, - and _"));
+            }
+            if !names.insert(job.name.clone()) {
+                return Err(err(
+                    at("name"),
+                    format!("job {} is configured twice", job.name),
+                ));
+            }
+            if job.topic.is_empty() {
+                return Err(err(at("topic"), "empty"));
+            }
+            if job.workers == 0 || job.workers > 64 {
+                return Err(err(at("workers"), "must be 1..=64"));
+            }
+            if job.vnode_count == 0 || job.vnode_count > MAX_VNODE_COUNT {
+                return Err(err(
+                    at("vnode_count"),
+                    format!("must be 1..={MAX_VNODE_COUNT}"),
+                ));
+            }
+            if !job.kafka.contains_key("bootstrap.servers") {
+                return Err(err(at("kafka"), "bootstrap.servers is required"));
+            }
+            for k in MANAGED_KAFKA_KEYS {
+                if job.kafka.contains_key(k) {
+                    return Err(err(
+                        at(&format!("kafka.\"{k}\"")),
+                        "is managed by kafka-backfill; remove it",
+                    ));
+                }
+            }
+            match &job.store {
+                StoreConfig::Sqlite { table, path } => {
+                    if table.is_empty()
+                        || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    {
+                        return Err(err(at("store.table"), "use letters, digits and _"));
+                    }
+                    if path.as_os_str().is_empty() {
+                        return Err(err(at("store.path"), "empty"));
+                    }
+                }
+            }
+            if job.local_checkpoint.max_rows == 0 {
+                return Err(err(at("local_checkpoint.max_rows"), "must be at least 1"));
+            }
+            let r = &job.recreation;
+            if r.backoff_initial_ms > r.backoff_max_ms {
+                return Err(err(
+                    at("recreation.backoff_initial_ms"),
+                    "exceeds recreation.backoff_max_ms",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl JobConfig {
+    /// The consumer group: `group.id` if given, else `kafka-backfill-<name>`.
+    pub fn group_id(&self) -> String {
+        self.kafka
+            .get("group.id")
+            .cloned()
+            .unwrap_or_else(|| format!("kafka-backfill-{}", self.name))
+    }
+
+    /// Kafka properties with secrets masked, for logs and `check-config`.
+    pub fn kafka_redacted(&self) -> BTreeMap<String, String> {
+        self.kafka
+            .iter()
+            .map(|(k, v)| {
+                let secret = ["password", "secret", "token", "key"]
+                    .iter()
+                    .any(|s| k.contains(s));
+                (
+                    k.clone(),
+                    if secret { "***".to_string() } else { v.clone() },
+                )
+            })
+            .collect()
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> String {
+    let line = text[..offset.min(text.len())].matches('\n').count() + 1;
+    format!(":{line}")
+}
+
+/// Replaces `${NAME}` by the environment variable NAME outside comment lines; an unset variable is
+/// an error.
+fn substitute_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        if line.trim_start().starts_with('#') {
+            out.push_str(line);
+        } else {
+            out.push_str(&substitute_line(line)?);
+        }
+    }
+    Ok(out)
+}
+
+fn substitute_line(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let j = after
+            .find('}')
+            .ok_or_else(|| "unterminated ${ in the file".to_string())?;
+        let name = &after[..j];
+        let value = std::env::var(name)
+            .map_err(|_| format!("environment variable {name} is not set (used as ${{{name}}})"))?;
+        out.push_str(&value);
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[jobs]]
+name = "accounts"
+topic = "accounts-log"
+kafka = { "bootstrap.servers" = "127.0.0.1:19092" }
+snapshot = { kind = "files", dir = "snap" }
+store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
+"#;
+
+    #[test]
+    fn example_and_minimal_configs_load() {
+        let c = Config::parse(GOOD, "t.toml").unwrap();
+        assert_eq!(c.jobs[0].vnode_count, 256);
+        assert_eq!(c.jobs[0].group_id(), "kafka-backfill-accounts");
+        assert_eq!(c.jobs[0].recreation.policy, RecreationPolicy::Recreate);
+        Config::parse(
+            include_str!("../config/example.toml"),
+            "config/example.toml",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_wrong_types_and_bad_combinations_name_the_key() {
+        let e = Config::parse(&GOOD.replace("topic =", "topik = \"x\"\ntopic ="), "t.toml")
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with("t.toml:4: unknown field `topik`"),
+            "{e}"
+        );
+        let e = Config::parse(
+            &GOOD.replace(
+                "name = \"accounts\"",
+                "name = \"accounts\"\nworkers = \"two\"",
+            ),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("invalid type"), "{e}");
+        let e = Config::parse(
+            &GOOD.replace(
+                "name = \"accounts\"",
+                "name = \"accounts\"\nvnode_count = 40000",
+            ),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "jobs[0].vnode_count: must be 1..=32768");
+        let e = Config::parse(
+            &GOOD.replace(
+                "\"bootstrap.servers\"",
+                "\"enable.auto.commit\" = \"true\", \"bootstrap.servers\"",
+            ),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "jobs[0].kafka.\"enable.auto.commit\": is managed by kafka-backfill; remove it"
+        );
+    }
+
+    #[test]
+    fn env_substitution_and_redaction() {
+        std::env::set_var("KB_TEST_SECRET", "hunter2");
+        let text = GOOD.replace(
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\"",
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\", \"sasl.password\" = \"${KB_TEST_SECRET}\"",
+        );
+        let c = Config::parse(&text, "t.toml").unwrap();
+        assert_eq!(c.jobs[0].kafka["sasl.password"], "hunter2");
+        assert_eq!(c.jobs[0].kafka_redacted()["sasl.password"], "***");
+        let e = Config::parse(
+            &text.replace("KB_TEST_SECRET", "KB_TEST_UNSET_VAR"),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("KB_TEST_UNSET_VAR is not set"));
+    }
+}

@@ -1,0 +1,189 @@
+//! Runs the configured jobs: checks each job's snapshot, topic and store against its configuration,
+//! then runs its workers on dedicated threads under one supervisor per job.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tracing::{error, info};
+
+use crate::codec::LogCodec;
+use crate::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
+use crate::core::{LocalCheckpointPolicy, PartitionMap, Supervisor, SupervisorConfig};
+use crate::kafka::worker::{run_worker, StatusBoard, StoreFactory, WorkerSetup};
+use crate::ports::{SnapshotSource, StateStore};
+use crate::snapshot_files::SnapshotFiles;
+use crate::sqlite_store::SqliteStore;
+
+/// How `run` behaves.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Stop (exit 0) once every worker of every job is streaming with no lag.
+    pub exit_when_caught_up: bool,
+    /// Prefix of worker names (default: `<pid>`), so that processes do not collide.
+    pub worker_prefix: Option<String>,
+}
+
+/// A job's checked inputs.
+pub struct PreparedJob {
+    pub config: JobConfig,
+    pub snapshot: Arc<SnapshotFiles>,
+    pub codec: Arc<LogCodec>,
+    pub open_store: StoreFactory,
+}
+
+/// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
+pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
+    let SnapshotConfig::Files { dir } = &job.snapshot;
+    let snapshot = SnapshotFiles::open(dir)
+        .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+    let info = snapshot.info().clone();
+    let manifest = dir.join("manifest.json");
+    if info.vnode_count != job.vnode_count {
+        bail!(
+            "job {}: vnode_count is {} in the configuration but {} in {}",
+            job.name,
+            job.vnode_count,
+            info.vnode_count,
+            manifest.display()
+        );
+    }
+    let map = PartitionMap::new(info.vnode_count, info.partition_count)
+        .with_context(|| format!("{}", manifest.display()))?;
+    if check_topic {
+        let bootstrap = &job.kafka["bootstrap.servers"];
+        match crate::kafka::admin::partition_count(bootstrap, &job.topic)? {
+            None => bail!(
+                "job {}: topic {} does not exist at {bootstrap}",
+                job.name,
+                job.topic
+            ),
+            Some(n) => map
+                .check_partition_count(n, &format!("topic {}", job.topic))
+                .with_context(|| format!("job {} (snapshot {})", job.name, manifest.display()))?,
+        }
+    }
+    let codec = Arc::new(LogCodec::new(snapshot.table.clone())?);
+    let StoreConfig::Sqlite { path, table } = job.store.clone();
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+    }
+    let schema = snapshot.table.clone();
+    let open_store: StoreFactory = Arc::new(move || {
+        SqliteStore::open(&path, &table, schema.clone()).map(|s| Box::new(s) as Box<dyn StateStore>)
+    });
+    // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
+    let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
+    store
+        .ensure_job(&job.name, &info)
+        .with_context(|| format!("job {}", job.name))?;
+    Ok(PreparedJob {
+        config: job.clone(),
+        snapshot: Arc::new(snapshot),
+        codec,
+        open_store,
+    })
+}
+
+/// Runs every job until `shutdown` is set, a job stops, or (with `exit_when_caught_up`) all caught up.
+pub fn run(
+    config: &Config,
+    opts: &RunOptions,
+    shutdown: Arc<AtomicBool>,
+    board: StatusBoard,
+) -> Result<()> {
+    let prefix = opts
+        .worker_prefix
+        .clone()
+        .unwrap_or_else(|| format!("p{}", std::process::id()));
+    let mut handles: Vec<(String, JoinHandle<Result<()>>)> = Vec::new();
+    let mut expected = 0usize;
+    for job in &config.jobs {
+        let prepared = prepare(job, true)?;
+        let r = &job.recreation;
+        let supervisor = Arc::new(Mutex::new(Supervisor::new(SupervisorConfig {
+            policy: r.policy,
+            max_recreations: r.max_recreations,
+            window_ms: r.window_secs * 1000,
+            backoff_initial_ms: r.backoff_initial_ms,
+            backoff_max_ms: r.backoff_max_ms,
+        })));
+        let mut kafka = job.kafka.clone();
+        kafka
+            .entry("group.id".into())
+            .or_insert_with(|| job.group_id());
+        for i in 0..job.workers {
+            let setup = WorkerSetup {
+                job: job.name.clone(),
+                topic: job.topic.clone(),
+                worker: format!("{prefix}-{i}"),
+                kafka: kafka.clone(),
+                snapshot: prepared.snapshot.clone(),
+                codec: prepared.codec.clone(),
+                open_store: prepared.open_store.clone(),
+                local_checkpoint: LocalCheckpointPolicy {
+                    max_rows: job.local_checkpoint.max_rows,
+                    max_interval_ms: job.local_checkpoint.interval_ms,
+                },
+                supervisor: supervisor.clone(),
+                shutdown: shutdown.clone(),
+                board: board.clone(),
+            };
+            let name = format!("{}/{}", job.name, setup.worker);
+            let h = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || run_worker(setup))?;
+            handles.push((name, h));
+            expected += 1;
+        }
+        info!(job = %job.name, topic = %job.topic, workers = job.workers, "job started");
+    }
+    let mut result = Ok(());
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(i) = handles.iter().position(|(_, h)| h.is_finished()) {
+            let (name, h) = handles.remove(i);
+            let r = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("worker {name} panicked"))
+                .and_then(|r| r);
+            if let Err(e) = r {
+                error!(worker = %name, error = %format!("{e:#}"), "worker failed; stopping");
+                result = Err(e);
+                shutdown.store(true, Ordering::SeqCst);
+            }
+        }
+        if opts.exit_when_caught_up {
+            let b = board.lock().unwrap();
+            let reports: Vec<bool> = b
+                .values()
+                .flat_map(|w| w.values().map(|r| r.caught_up))
+                .collect();
+            if reports.len() == expected && reports.iter().all(|c| *c) {
+                info!("every worker has caught up; stopping");
+                shutdown.store(true, Ordering::SeqCst);
+            }
+        }
+        if shutdown.load(Ordering::SeqCst) {
+            for (name, h) in handles.drain(..) {
+                match h.join() {
+                    Ok(Err(e)) if result.is_ok() => result = Err(e),
+                    Err(_) => error!(worker = %name, "worker panicked"),
+                    _ => {}
+                }
+            }
+            return result;
+        }
+    }
+}
+
+/// A fresh, empty status board.
+pub fn new_board() -> StatusBoard {
+    Arc::new(Mutex::new(BTreeMap::new()))
+}

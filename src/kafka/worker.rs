@@ -1,0 +1,741 @@
+//! One consumer-group member driving one [`Executor`]: the thin driver of the core.
+//!
+//! The loop polls the consumer, feeds records, snapshot rows, ticks and watermarks to the executor and
+//! carries out its decisions. Rebalance callbacks run inside `poll` on this same thread: a revocation
+//! is fed to the executor (which commits what is complete and rolls back the rest) *before* the
+//! partitions are unassigned; an assignment is claimed in the store first, so the partitions start at
+//! their committed offsets. Failures go to the job's supervisor; a restart keeps the consumer (and so
+//! the group membership and assignment) and rebuilds the executor from the store.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tracing::{debug, error, info, warn};
+
+use crate::codec::LogCodec;
+use crate::core::{
+    CoreError, Decision, Event, Executor, JobSpec, LocalCheckpointPolicy, PartitionId,
+    PartitionMap, Phase, Row, ScanId, ScanStart, Supervisor, Verdict, Vnode, WorkerFailure,
+    WorkerStatus,
+};
+use crate::kafka::admin::{cached_high_watermark, client_config};
+use crate::metrics::metrics;
+use crate::ports::{SnapshotSource, StateStore, StoreError};
+use crate::snapshot_files::SnapshotFiles;
+
+/// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
+const MAX_MESSAGES_PER_ROUND: usize = 10_000;
+
+/// Alignment back-pressure: how many barriers a partition may run ahead of the others before it is
+/// paused (librdkafka drops a paused partition's prefetched messages, so pausing often is costly).
+const MAX_EPOCHS_AHEAD: usize = 16;
+
+/// Opens a state store handle for one worker.
+pub type StoreFactory = Arc<dyn Fn() -> Result<Box<dyn StateStore>, StoreError> + Send + Sync>;
+
+/// What the status page and the job runner see of a worker.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerReport {
+    pub status: Option<WorkerStatus>,
+    pub caught_up: bool,
+    pub last_error: Option<String>,
+    pub recreations: u64,
+}
+
+/// Shared between the workers of a process and the HTTP endpoints.
+pub type StatusBoard = Arc<Mutex<BTreeMap<String, BTreeMap<String, WorkerReport>>>>;
+
+/// Everything a worker thread needs.
+#[derive(Clone)]
+pub struct WorkerSetup {
+    pub job: String,
+    pub topic: String,
+    pub worker: String,
+    pub kafka: BTreeMap<String, String>,
+    pub snapshot: Arc<SnapshotFiles>,
+    pub codec: Arc<LogCodec>,
+    pub open_store: StoreFactory,
+    pub local_checkpoint: LocalCheckpointPolicy,
+    pub supervisor: Arc<Mutex<Supervisor>>,
+    pub shutdown: Arc<AtomicBool>,
+    pub board: StatusBoard,
+}
+
+struct Scan {
+    id: ScanId,
+    queue: VecDeque<ScanStart>,
+    current: Option<Vnode>,
+    rows: VecDeque<Row>,
+}
+
+struct Inner {
+    setup: WorkerSetup,
+    map: PartitionMap,
+    exec: Option<Executor>,
+    store: Box<dyn StateStore>,
+    scan: Option<Scan>,
+    failure: Option<WorkerFailure>,
+    /// Next offset the consumer will deliver per partition, when known.
+    position: HashMap<PartitionId, u64>,
+    paused_at: HashMap<PartitionId, Instant>,
+    last_error: Option<String>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+type Kc = BaseConsumer<Ctx>;
+
+impl Inner {
+    fn label(&self) -> [&str; 2] {
+        [self.setup.job.as_str(), self.setup.worker.as_str()]
+    }
+
+    fn start_executor(&mut self) -> Result<(), WorkerFailure> {
+        let info = self.setup.snapshot.info().clone();
+        let row = self.store.ensure_job(&self.setup.job, &info).map_err(|e| {
+            WorkerFailure::Fatal(format!(
+                "snapshot {}: {e}",
+                self.setup.snapshot.dir().display()
+            ))
+        })?;
+        let spec = JobSpec {
+            topic: self.setup.topic.clone(),
+            snapshot_epoch: info.snapshot_epoch,
+            map: self.map,
+            generation: row.generation,
+            worker: self.setup.worker.clone(),
+            local_checkpoint: self.setup.local_checkpoint,
+            max_epochs_ahead: MAX_EPOCHS_AHEAD,
+        };
+        metrics()
+            .generation
+            .with_label_values(&self.label())
+            .set(row.generation as i64);
+        self.exec = Some(Executor::new(spec, now_ms()));
+        self.scan = None;
+        self.paused_at.clear();
+        Ok(())
+    }
+
+    /// Claims partitions in the store; returns the claims or records the failure.
+    fn claim(&mut self, parts: &[PartitionId]) -> Option<Vec<crate::core::ClaimedPartition>> {
+        let exec = self.exec.as_ref()?;
+        let generation = exec.spec().generation;
+        let info = self.setup.snapshot.info().clone();
+        match self.store.claim(
+            &self.setup.job,
+            generation,
+            &self.setup.worker,
+            parts,
+            &info,
+        ) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                self.fail(WorkerFailure::Fenced(e.to_string()));
+                None
+            }
+        }
+    }
+
+    fn fail(&mut self, f: WorkerFailure) {
+        if self.failure.is_none() {
+            self.failure = Some(f);
+        }
+        self.exec = None;
+        self.scan = None;
+    }
+
+    fn feed(&mut self, consumer: &Kc, event: Event) {
+        let Some(exec) = self.exec.as_mut() else {
+            return;
+        };
+        let phase = exec.phase();
+        let update =
+            matches!(event, Event::Assigned(_) | Event::Revoked(_)) && phase != Phase::Unassigned;
+        match exec.handle(event) {
+            Ok(ds) => {
+                if update {
+                    let outcome = if ds.iter().any(|d| matches!(d, Decision::Fail(_))) {
+                        "invariant_error"
+                    } else {
+                        "applied"
+                    };
+                    metrics()
+                        .bitmap_updates
+                        .with_label_values(&[&self.setup.job, phase.as_str(), outcome])
+                        .inc();
+                }
+                self.execute(consumer, ds);
+            }
+            Err(e) => {
+                error!(job = %self.setup.job, worker = %self.setup.worker, error = %e, "worker stopped on bad input");
+                self.fail(WorkerFailure::Core(e));
+            }
+        }
+    }
+
+    fn tpl(&self, p: PartitionId, offset: Option<u64>) -> TopicPartitionList {
+        let mut t = TopicPartitionList::new();
+        match offset {
+            Some(o) => {
+                t.add_partition_offset(&self.setup.topic, p as i32, Offset::Offset(o as i64))
+                    .expect("offset");
+            }
+            None => {
+                t.add_partition(&self.setup.topic, p as i32);
+            }
+        }
+        t
+    }
+
+    fn execute(&mut self, consumer: &Kc, decisions: Vec<Decision>) {
+        let job = self.setup.job.clone();
+        for d in decisions {
+            match d {
+                Decision::Commit(cp) => {
+                    let t = Instant::now();
+                    match self.store.commit(&job, &cp) {
+                        Ok(()) => {
+                            let m = metrics();
+                            m.commit_seconds
+                                .with_label_values(&[&job])
+                                .observe(t.elapsed().as_secs_f64());
+                            m.checkpoints
+                                .with_label_values(&[
+                                    &job,
+                                    &format!("{:?}", cp.cause).to_lowercase(),
+                                ])
+                                .inc();
+                            debug!(job = %job, worker = %self.setup.worker, cause = ?cp.cause, epoch = ?cp.epoch, rows = cp.rows.len(), "committed");
+                            if !cp.partitions.is_empty() {
+                                let mut tpl = TopicPartitionList::new();
+                                for p in &cp.partitions {
+                                    tpl.add_partition_offset(
+                                        &self.setup.topic,
+                                        p.partition as i32,
+                                        Offset::Offset(p.next_offset as i64),
+                                    )
+                                    .expect("offset");
+                                    if let Some(mut e) =
+                                        tpl.find_partition(&self.setup.topic, p.partition as i32)
+                                    {
+                                        e.set_metadata(format!("epoch={}", p.epoch));
+                                    }
+                                }
+                                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                                    debug!(error = %e, "group offset commit failed (best effort)");
+                                }
+                            }
+                        }
+                        Err(e) if e.is_fenced() => {
+                            warn!(job = %job, worker = %self.setup.worker, error = %e, "commit fenced");
+                            return self.fail(WorkerFailure::Fenced(e.to_string()));
+                        }
+                        Err(StoreError::Backend(e)) => {
+                            warn!(job = %job, worker = %self.setup.worker, error = %e, "store unavailable; restarting from the last commit");
+                            return self.fail(WorkerFailure::Fenced(e));
+                        }
+                        Err(e) => return self.fail(WorkerFailure::Fatal(e.to_string())),
+                    }
+                }
+                Decision::Scan { scan, vnodes } => {
+                    self.scan = if vnodes.is_empty() {
+                        None
+                    } else {
+                        Some(Scan {
+                            id: scan,
+                            queue: vnodes.into(),
+                            current: None,
+                            rows: VecDeque::new(),
+                        })
+                    };
+                }
+                Decision::Fetch { partition, offset } => {
+                    debug!(worker = %self.setup.worker, partition, offset, position = ?self.position.get(&partition), "fetch");
+                    if self.position.get(&partition) != Some(&offset) {
+                        if let Err(e) = seek(consumer, &self.setup.topic, partition, offset) {
+                            return self.fail(WorkerFailure::Fenced(format!(
+                                "seek partition {partition} to {offset}: {e}"
+                            )));
+                        }
+                        self.position.insert(partition, offset);
+                    }
+                    let _ = consumer.resume(&self.tpl(partition, None));
+                    self.paused_at.remove(&partition);
+                }
+                Decision::Pause(p) => {
+                    debug!(worker = %self.setup.worker, partition = p, "pause");
+                    let _ = consumer.pause(&self.tpl(p, None));
+                    self.paused_at.insert(p, Instant::now());
+                }
+                Decision::Resume(p) => {
+                    debug!(worker = %self.setup.worker, partition = p, "resume");
+                    let _ = consumer.resume(&self.tpl(p, None));
+                    if let Some(t) = self.paused_at.remove(&p) {
+                        metrics()
+                            .alignment_seconds
+                            .with_label_values(&[&job])
+                            .observe(t.elapsed().as_secs_f64());
+                    }
+                }
+                Decision::PhaseChanged { from, to } => {
+                    info!(job = %job, worker = %self.setup.worker, from = from.as_str(), to = to.as_str(), "phase changed");
+                    for p in Phase::ALL {
+                        metrics()
+                            .phase
+                            .with_label_values(&[&job, &self.setup.worker, p.as_str()])
+                            .set((p == to) as i64);
+                    }
+                }
+                Decision::Fail(e) => {
+                    metrics().invariant_errors.with_label_values(&[&job]).inc();
+                    error!(job = %job, worker = %self.setup.worker, "{e}");
+                    return self.fail(WorkerFailure::Core(e));
+                }
+            }
+        }
+    }
+
+    fn on_message(&mut self, consumer: &Kc, m: &BorrowedMessage<'_>) {
+        let p = m.partition() as PartitionId;
+        let offset = m.offset() as u64;
+        tracing::trace!(worker = %self.setup.worker, partition = p, offset, "message");
+        self.position.insert(p, offset + 1);
+        let Some(exec) = &self.exec else { return };
+        if !matches!(exec.phase(), Phase::LogStore | Phase::Streaming) {
+            return; // fetched before the pause took effect: read again at Fetch
+        }
+        match self.setup.codec.decode(m.payload().unwrap_or(&[]), m.key()) {
+            Ok(record) => self.feed(
+                consumer,
+                Event::Record {
+                    partition: p,
+                    offset,
+                    record,
+                },
+            ),
+            Err(e) => {
+                metrics()
+                    .decode_errors
+                    .with_label_values(&[&self.setup.job])
+                    .inc();
+                let e = CoreError::Undecodable {
+                    topic: self.setup.topic.clone(),
+                    partition: p,
+                    offset,
+                    reason: e.to_string(),
+                };
+                error!(job = %self.setup.job, worker = %self.setup.worker, "{e}");
+                self.fail(WorkerFailure::Core(e));
+            }
+        }
+    }
+
+    /// Feeds up to `max` snapshot rows; returns whether a scan is active.
+    fn scan_batch(&mut self, consumer: &Kc, max: usize) -> bool {
+        for _ in 0..max {
+            let Some(scan) = self.scan.as_mut() else {
+                return false;
+            };
+            let id = scan.id;
+            if scan.current.is_none() {
+                let Some(start) = scan.queue.pop_front() else {
+                    self.scan = None;
+                    return false;
+                };
+                let rows = self
+                    .setup
+                    .snapshot
+                    .scan(start.vnode, start.after.as_deref())
+                    .and_then(|it| it.collect::<Result<VecDeque<Row>, _>>());
+                let scan = self.scan.as_mut().expect("scan");
+                match rows {
+                    Ok(rows) => {
+                        scan.current = Some(start.vnode);
+                        scan.rows = rows;
+                    }
+                    Err(e) => {
+                        self.fail(WorkerFailure::Fatal(e.to_string()));
+                        return false;
+                    }
+                }
+            }
+            let scan = self.scan.as_mut().expect("scan");
+            let vnode = scan.current.expect("current");
+            let event = match scan.rows.pop_front() {
+                Some(row) => {
+                    metrics()
+                        .snapshot_rows
+                        .with_label_values(&[&self.setup.job])
+                        .inc();
+                    Event::SnapshotRow {
+                        scan: id,
+                        vnode,
+                        row,
+                    }
+                }
+                None => {
+                    scan.current = None;
+                    Event::SnapshotVnodeDone { scan: id, vnode }
+                }
+            };
+            self.feed(consumer, event);
+            if self.failure.is_some() {
+                return false;
+            }
+        }
+        self.scan.is_some()
+    }
+
+    /// Watermarks, the generation check and the status report.
+    fn housekeeping(&mut self, consumer: &Kc, watermarks: bool) {
+        let Some(exec) = &self.exec else { return };
+        let generation = exec.spec().generation;
+        let owned = exec.owned_partitions();
+        let log_phase = matches!(exec.phase(), Phase::LogStore | Phase::Streaming);
+        if watermarks {
+            match self.store.job(&self.setup.job) {
+                Ok(Some(row)) if row.generation != generation => {
+                    info!(job = %self.setup.job, worker = %self.setup.worker, from = generation, to = row.generation, "job was recreated; restarting");
+                    return self.fail(WorkerFailure::Fenced(format!(
+                        "job recreated: generation {generation} -> {}",
+                        row.generation
+                    )));
+                }
+                _ => {}
+            }
+            if log_phase {
+                for p in owned {
+                    // The watermark of the last fetch response; a partition not fetched yet (paused
+                    // from the start) is asked over the network.
+                    let high =
+                        cached_high_watermark(consumer.client(), &self.setup.topic, p as i32)
+                            .or_else(|| {
+                                consumer
+                                    .fetch_watermarks(
+                                        &self.setup.topic,
+                                        p as i32,
+                                        Duration::from_secs(2),
+                                    )
+                                    .ok()
+                                    .map(|(_, h)| h as u64)
+                            });
+                    if let Some(high) = high {
+                        self.feed(consumer, Event::Watermark { partition: p, high });
+                    }
+                }
+            }
+            self.publish();
+        }
+        self.feed(consumer, Event::Tick { now_ms: now_ms() });
+    }
+
+    fn publish(&self) {
+        let status = self.exec.as_ref().map(|e| e.status());
+        let m = metrics();
+        if let Some(s) = &status {
+            m.epoch_lag_seconds
+                .with_label_values(&self.label())
+                .set(s.epoch_lag_seconds);
+            for p in &s.partitions {
+                if let Some(h) = p.high_watermark {
+                    m.partition_lag
+                        .with_label_values(&[&self.setup.job, &p.partition.to_string()])
+                        .set(h.saturating_sub(p.committed_offset) as i64);
+                }
+            }
+        }
+        let caught_up = status.as_ref().is_some_and(|s| {
+            s.phase == Phase::Streaming
+                && s.partitions
+                    .iter()
+                    .all(|p| p.high_watermark.is_some_and(|h| p.committed_offset >= h))
+        });
+        let recreations = self.setup.supervisor.lock().unwrap().recreations();
+        let mut board = self.setup.board.lock().unwrap();
+        board.entry(self.setup.job.clone()).or_default().insert(
+            self.setup.worker.clone(),
+            WorkerReport {
+                status,
+                caught_up,
+                last_error: self.last_error.clone(),
+                recreations,
+            },
+        );
+    }
+}
+
+fn seek(consumer: &Kc, topic: &str, p: PartitionId, offset: u64) -> KafkaResult<()> {
+    let mut last = None;
+    for _ in 0..50 {
+        match consumer.seek(
+            topic,
+            p as i32,
+            Offset::Offset(offset as i64),
+            Duration::from_secs(5),
+        ) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Err(last.expect("error"))
+}
+
+/// The consumer context: turns rebalance callbacks into core events, in the callback.
+pub struct Ctx {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let mut inner = self.inner.lock().unwrap();
+        let topic = inner.setup.topic.clone();
+        let parts: Vec<PartitionId> = tpl
+            .elements_for_topic(&topic)
+            .iter()
+            .map(|e| e.partition() as PartitionId)
+            .collect();
+        let ranges = inner.map.bitmap_of(parts.iter().copied()).ranges();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                info!(job = %inner.setup.job, worker = %inner.setup.worker, partitions = ?parts, vnodes = ?ranges, "partitions assigned");
+                let claims = inner.claim(&parts);
+                if let Some(claims) = &claims {
+                    for c in claims {
+                        let _ = tpl.set_partition_offset(
+                            &topic,
+                            c.partition as i32,
+                            Offset::Offset(c.progress.next_offset as i64),
+                        );
+                        inner.position.insert(c.partition, c.progress.next_offset);
+                    }
+                } else {
+                    for p in &parts {
+                        inner.position.remove(p);
+                    }
+                }
+                if let Err(e) = consumer.incremental_assign(tpl) {
+                    error!(error = %e, "incremental_assign failed");
+                }
+                if let Some(claims) = claims {
+                    inner.feed(consumer, Event::Assigned(claims));
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let lost = consumer.assignment_lost();
+                info!(job = %inner.setup.job, worker = %inner.setup.worker, partitions = ?parts, vnodes = ?ranges, lost, "partitions revoked");
+                inner.feed(consumer, Event::Revoked(parts.clone()));
+                for p in &parts {
+                    inner.position.remove(p);
+                    inner.paused_at.remove(p);
+                }
+                if let Err(e) = consumer.incremental_unassign(tpl) {
+                    error!(error = %e, "incremental_unassign failed");
+                }
+            }
+            other => error!(error = ?other, "rebalance error"),
+        }
+    }
+}
+
+/// Runs one worker until shutdown or a failure the supervisor will not retry.
+pub fn run_worker(setup: WorkerSetup) -> Result<()> {
+    let map = PartitionMap::new(
+        setup.snapshot.info().vnode_count,
+        setup.snapshot.info().partition_count,
+    )?;
+    let store = (setup.open_store)()
+        .with_context(|| format!("opening the state store of job {}", setup.job))?;
+    let inner = Arc::new(Mutex::new(Inner {
+        setup: setup.clone(),
+        map,
+        exec: None,
+        store,
+        scan: None,
+        failure: None,
+        position: HashMap::new(),
+        paused_at: HashMap::new(),
+        last_error: None,
+    }));
+    if let Err(f) = inner.lock().unwrap().start_executor() {
+        return Err(anyhow!("{f:?}"));
+    }
+    let mut config = client_config(&setup.kafka);
+    config
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "100");
+    if !setup.kafka.contains_key("group.id") {
+        config.set("group.id", format!("kafka-backfill-{}", setup.job));
+    }
+    let consumer: Kc = config
+        .create_with_context(Ctx {
+            inner: inner.clone(),
+        })
+        .with_context(|| format!("creating the consumer of job {}", setup.job))?;
+    consumer
+        .subscribe(&[&setup.topic])
+        .with_context(|| format!("subscribing to {}", setup.topic))?;
+    info!(job = %setup.job, worker = %setup.worker, topic = %setup.topic, "worker started");
+    let mut last_house = Instant::now() - Duration::from_secs(10);
+    loop {
+        if setup.shutdown.load(Ordering::SeqCst) {
+            let mut g = inner.lock().unwrap();
+            g.feed(&consumer, Event::Shutdown);
+            g.exec = None;
+            drop(g);
+            consumer.unsubscribe();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                let _ = consumer.poll(Duration::from_millis(50));
+            }
+            info!(job = %setup.job, worker = %setup.worker, "worker stopped");
+            return Ok(());
+        }
+        let scanning = inner.lock().unwrap().scan.is_some();
+        // Drain what librdkafka has fetched (the first poll may wait a little when idle).
+        let mut timeout = if scanning {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(50)
+        };
+        for _ in 0..MAX_MESSAGES_PER_ROUND {
+            let Some(msg) = consumer.poll(timeout) else {
+                break;
+            };
+            timeout = Duration::ZERO;
+            let mut g = inner.lock().unwrap();
+            match msg {
+                Ok(m) => g.on_message(&consumer, &m),
+                Err(e) => {
+                    warn!(job = %setup.job, worker = %setup.worker, error = %e, "consumer error")
+                }
+            }
+            if g.failure.is_some() {
+                break;
+            }
+        }
+        let mut g = inner.lock().unwrap();
+        if g.failure.is_none() {
+            g.scan_batch(&consumer, 1_000);
+        }
+        let due = last_house.elapsed() >= Duration::from_millis(500);
+        if due {
+            last_house = Instant::now();
+        }
+        g.housekeeping(&consumer, due);
+        if let Some(f) = g.failure.take() {
+            let generation = g
+                .store
+                .job(&setup.job)
+                .ok()
+                .flatten()
+                .map_or(0, |r| r.generation);
+            g.last_error = Some(format!("{f:?}"));
+            g.publish();
+            drop(g);
+            handle_failure(&setup, &inner, &consumer, f, generation)?;
+        }
+    }
+}
+
+fn handle_failure(
+    setup: &WorkerSetup,
+    inner: &Arc<Mutex<Inner>>,
+    consumer: &Kc,
+    f: WorkerFailure,
+    generation: u64,
+) -> Result<()> {
+    let verdict = setup
+        .supervisor
+        .lock()
+        .unwrap()
+        .on_failure(&f, generation, now_ms());
+    match verdict {
+        Verdict::Stop { reason } => {
+            error!(job = %setup.job, worker = %setup.worker, %reason, "job stopped");
+            Err(anyhow!("job {} stopped: {reason}", setup.job))
+        }
+        Verdict::Recreate {
+            from_generation,
+            backoff_ms,
+        } => {
+            let row = inner
+                .lock()
+                .unwrap()
+                .store
+                .recreate(&setup.job, from_generation)?;
+            if row.generation == from_generation + 1 {
+                metrics()
+                    .recreations
+                    .with_label_values(&[&setup.job, "vnode_bitmap_update_in_log_store"])
+                    .inc();
+            }
+            info!(job = %setup.job, worker = %setup.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
+            pause_then_restart(setup, inner, consumer, Duration::from_millis(backoff_ms))
+        }
+        Verdict::Restart => {
+            info!(job = %setup.job, worker = %setup.worker, reason = ?f, "restarting the worker from the store");
+            pause_then_restart(setup, inner, consumer, Duration::from_millis(200))
+        }
+    }
+}
+
+fn pause_then_restart(
+    setup: &WorkerSetup,
+    inner: &Arc<Mutex<Inner>>,
+    consumer: &Kc,
+    backoff: Duration,
+) -> Result<()> {
+    let until = Instant::now() + backoff;
+    while Instant::now() < until && !setup.shutdown.load(Ordering::SeqCst) {
+        // Keep serving the group (heartbeats, callbacks) while backing off; the executor is gone, so
+        // callbacks only (un)assign.
+        let _ = consumer.poll(Duration::from_millis(20));
+    }
+    let mut g = inner.lock().unwrap();
+    if let Err(f) = g.start_executor() {
+        return Err(anyhow!("{f:?}"));
+    }
+    let assigned: Vec<PartitionId> = consumer
+        .assignment()
+        .map(|t| {
+            t.elements_for_topic(&setup.topic)
+                .iter()
+                .map(|e| e.partition() as PartitionId)
+                .collect()
+        })
+        .unwrap_or_default();
+    g.position.clear();
+    if !assigned.is_empty() {
+        if let Some(claims) = g.claim(&assigned) {
+            g.feed(consumer, Event::Assigned(claims));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Every metric the service exports, defined in one place (Prometheus naming, bounded label sets:
+//! `job` and `worker` come from the configuration, `phase`, `op`, `cause`, `outcome` and `reason` from
+//! closed enums, `partition` from the topic's fixed partition count).
+
+use std::sync::OnceLock;
+
+use prometheus::{
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// 1 for the phase each worker is in, 0 for the others.
+    pub phase: IntGaugeVec,
+    pub snapshot_rows: IntCounterVec,
+    pub log_records: IntCounterVec,
+    pub checkpoints: IntCounterVec,
+    pub commit_seconds: HistogramVec,
+    pub alignment_seconds: HistogramVec,
+    pub epoch_lag_seconds: GaugeVec,
+    pub partition_lag: IntGaugeVec,
+    pub bitmap_updates: IntCounterVec,
+    pub invariant_errors: IntCounterVec,
+    pub recreations: IntCounterVec,
+    pub decode_errors: IntCounterVec,
+    pub generation: IntGaugeVec,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric");
+    r.register(Box::new(c.clone())).expect("register");
+    c
+}
+
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("metric");
+    r.register(Box::new(g.clone())).expect("register");
+    g
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help)
+            .buckets(exponential_buckets(0.0005, 2.0, 16).expect("buckets")),
+        labels,
+    )
+    .expect("metric");
+    r.register(Box::new(h.clone())).expect("register");
+    h
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let r = Registry::new();
+        let epoch_lag = GaugeVec::new(
+            Opts::new(
+                "kafka_backfill_epoch_lag_seconds",
+                "Newest epoch seen minus the last committed epoch, in seconds.",
+            ),
+            &["job", "worker"],
+        )
+        .expect("metric");
+        r.register(Box::new(epoch_lag.clone())).expect("register");
+        Metrics {
+            phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job", "worker", "phase"]),
+            snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job"]),
+            log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store changes applied, by op.", &["job", "op"]),
+            checkpoints: counter(&r, "kafka_backfill_checkpoints_total", "Checkpoints committed, by cause.", &["job", "cause"]),
+            commit_seconds: histogram(&r, "kafka_backfill_checkpoint_commit_seconds", "Store commit duration of one checkpoint.", &["job"]),
+            alignment_seconds: histogram(
+                &r,
+                "kafka_backfill_barrier_alignment_seconds",
+                "How long a partition that was ahead stayed paused waiting for the others.",
+                &["job"],
+            ),
+            epoch_lag_seconds: epoch_lag,
+            partition_lag: gauge(&r, "kafka_backfill_partition_lag", "High watermark minus committed offset.", &["job", "partition"]),
+            bitmap_updates: counter(
+                &r,
+                "kafka_backfill_vnode_bitmap_updates_total",
+                "Vnode bitmap updates (rebalances), by phase and outcome (applied, invariant_error).",
+                &["job", "phase", "outcome"],
+            ),
+            invariant_errors: counter(
+                &r,
+                "kafka_backfill_invariant_errors_total",
+                "`should not update vnode bitmap during consuming log store` raised.",
+                &["job"],
+            ),
+            recreations: counter(&r, "kafka_backfill_recreations_total", "Job recreations, by reason.", &["job", "reason"]),
+            decode_errors: counter(&r, "kafka_backfill_decode_errors_total", "Log records that did not decode.", &["job"]),
+            generation: gauge(&r, "kafka_backfill_generation", "The job generation a worker runs.", &["job", "worker"]),
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("encode");
+        String::from_utf8(buf).expect("utf-8")
+    }
+}
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
+}

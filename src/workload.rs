@@ -1,0 +1,366 @@
+//! The upstream writer: generates a table workload, writes the snapshot at `Es` (Avro container files
+//! plus manifest), then streams changes and barriers into the log topic with an idempotent producer,
+//! and finally records the expected table at its last checkpoint (for `verify`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use apache_avro::types::Value;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, ClientContext};
+
+use crate::codec::{LogCodec, TableSchema};
+use crate::core::{
+    vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap, PartitionProgress, Vnode,
+};
+use crate::sim::SimRng;
+use crate::snapshot_files::{write_files, write_manifest, Manifest};
+
+/// The example table's row schema.
+pub const EXAMPLE_ROW_SCHEMA: &str = include_str!("../schemas/example_row.avsc");
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub bootstrap: String,
+    pub topic: String,
+    pub partitions: u32,
+    pub vnode_count: u32,
+    /// Rows in the snapshot.
+    pub rows: u64,
+    /// Ids are drawn from `0..key_space` (≥ rows).
+    pub key_space: u64,
+    /// Changes after the snapshot.
+    pub changes: u64,
+    pub changes_per_epoch: u64,
+    /// Every n-th barrier is a checkpoint (the last one always is).
+    pub checkpoint_every: u64,
+    /// Percent of changes to an existing row that are updates (the rest are deletes).
+    pub update_percent: u64,
+    /// Approximate row size in bytes.
+    pub row_size: usize,
+    /// Changes per second; 0 = as fast as possible.
+    pub rate: u64,
+    pub out: PathBuf,
+    pub seed: u64,
+    pub progress: bool,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WorkloadReport {
+    pub snapshot_epoch: Epoch,
+    pub final_epoch: Epoch,
+    pub snapshot_rows: u64,
+    pub changes: u64,
+    pub barriers: u64,
+    pub final_rows: u64,
+    pub seconds: f64,
+}
+
+struct Ctx {
+    failed: Arc<AtomicU64>,
+    first_error: std::sync::Mutex<Option<String>>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            self.first_error
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The example table's row with id `id` at `version`.
+pub fn example_row(id: i64, version: i64, row_size: usize, rng: &mut SimRng) -> Value {
+    let filler = row_size.saturating_sub(40).max(1);
+    let c = (b'a' + (rng.below(26) as u8)) as char;
+    Value::Record(vec![
+        ("id".into(), Value::Long(id)),
+        (
+            "owner".into(),
+            Value::String(format!("owner-{}", id % 9973)),
+        ),
+        ("balance".into(), Value::Long(rng.below(1_000_000) as i64)),
+        ("version".into(), Value::Long(version)),
+        (
+            "payload".into(),
+            Value::String(std::iter::repeat_n(c, filler).collect()),
+        ),
+    ])
+}
+
+struct Writer<'a> {
+    producer: BaseProducer<Ctx>,
+    codec: &'a LogCodec,
+    topic: &'a str,
+    map: PartitionMap,
+}
+
+impl Writer<'_> {
+    fn send(&self, partition: u32, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut record = BaseRecord::to(self.topic)
+            .partition(partition as i32)
+            .key(key)
+            .payload(value);
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => bail!("producing to {}: {e}", self.topic),
+            }
+        }
+    }
+
+    fn barrier(&self, b: Barrier) -> Result<()> {
+        let value = self.codec.encode_barrier(&b);
+        for p in 0..self.map.partition_count() {
+            self.send(p, &[], &value)?;
+        }
+        Ok(())
+    }
+
+    fn change(&self, epoch: Epoch, op: Op, key: &[u8], datum: &[u8]) -> Result<()> {
+        let vnode = vnode_of(key, self.map.vnode_count());
+        let value = self.codec.encode_change(epoch, op, vnode, datum);
+        self.send(self.map.partition_of(vnode), key, &value)
+    }
+}
+
+/// Writes a table's rows as a snapshot-format folder (files + manifest) at `epoch`.
+fn write_table(
+    dir: &std::path::Path,
+    table: &TableSchema,
+    map: PartitionMap,
+    topic: &str,
+    epoch: Epoch,
+    rows: &HashMap<i64, (Vec<u8>, Vec<u8>)>,
+    start: Vec<PartitionProgress>,
+) -> Result<()> {
+    let mut by_vnode: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    for (key, datum) in rows.values() {
+        by_vnode
+            .entry(vnode_of(key, map.vnode_count()))
+            .or_default()
+            .insert(key.clone(), datum.clone());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    let files = write_files(dir, table, by_vnode)?;
+    write_manifest(
+        dir,
+        &Manifest {
+            snapshot_epoch: epoch,
+            vnode_count: map.vnode_count(),
+            partition_count: map.partition_count(),
+            topic: topic.to_string(),
+            row_schema: table.json.clone(),
+            primary_key: table.primary_key.clone(),
+            files,
+            start,
+        },
+    )?;
+    Ok(())
+}
+
+/// Runs the workload: snapshot, then changes and barriers, then the expected final table.
+pub fn produce(w: &Workload) -> Result<WorkloadReport> {
+    let started = Instant::now();
+    if w.key_space < w.rows {
+        bail!(
+            "key space {} is smaller than the snapshot's {} rows",
+            w.key_space,
+            w.rows
+        );
+    }
+    let map = PartitionMap::new(w.vnode_count, w.partitions)?;
+    crate::kafka::admin::ensure_topic(&w.bootstrap, &w.topic, w.partitions)?;
+    let table = TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".to_string()])?;
+    let codec = LogCodec::new(table.clone())?;
+    let ctx = Ctx {
+        failed: Arc::new(AtomicU64::new(0)),
+        first_error: Default::default(),
+    };
+    let producer: BaseProducer<Ctx> = ClientConfig::new()
+        .set("bootstrap.servers", &w.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .create_with_context(ctx)
+        .context("creating the producer")?;
+    let writer = Writer {
+        producer,
+        codec: &codec,
+        topic: &w.topic,
+        map,
+    };
+    let mut rng = SimRng::new(w.seed);
+
+    // The table at Es.
+    let mut rows: HashMap<i64, (Vec<u8>, Vec<u8>)> = HashMap::with_capacity(w.rows as usize);
+    let mut versions: HashMap<i64, i64> = HashMap::new();
+    for id in 0..w.rows as i64 {
+        let datum = table.encode_row(&example_row(id, 0, w.row_size, &mut rng))?;
+        let key = table.key_of_datum(&datum)?;
+        rows.insert(id, (key, datum));
+    }
+    let es = Epoch::from_unix_millis(unix_ms());
+    let mut epoch = es.next_at(unix_ms());
+    writer.barrier(Barrier {
+        prev: es,
+        curr: epoch,
+        kind: BarrierKind::Initial,
+    })?;
+    writer.producer.flush(Duration::from_secs(60))?;
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &w.bootstrap)
+        .create()?;
+    let mut start = Vec::new();
+    for p in 0..w.partitions {
+        let (_, high) = probe.fetch_watermarks(&w.topic, p as i32, Duration::from_secs(10))?;
+        start.push(PartitionProgress {
+            partition: p,
+            next_offset: high as u64,
+            epoch,
+            streaming: false,
+        });
+    }
+    let snapshot_dir = w.out.join("snapshot");
+    write_table(&snapshot_dir, &table, map, &w.topic, es, &rows, start)?;
+    let snapshot_rows = rows.len() as u64;
+
+    // Changes and barriers.
+    let tty = w.progress && std::io::stderr().is_terminal();
+    let mut barriers = 0u64;
+    let mut in_epoch = 0u64;
+    let mut last_checkpoint = es;
+    let mut checkpoint_rows = rows.clone();
+    for i in 0..w.changes {
+        if w.rate > 0 {
+            let due = started + Duration::from_secs_f64(i as f64 / w.rate as f64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+        let id = rng.below(w.key_space) as i64;
+        match rows.get(&id).cloned() {
+            Some((key, old)) => {
+                if rng.below(100) < w.update_percent {
+                    let v = versions.entry(id).or_default();
+                    *v += 1;
+                    let new = table.encode_row(&example_row(id, *v, w.row_size, &mut rng))?;
+                    writer.change(epoch, Op::UpdateDelete, &key, &old)?;
+                    writer.change(epoch, Op::UpdateInsert, &key, &new)?;
+                    rows.insert(id, (key, new));
+                } else {
+                    writer.change(epoch, Op::Delete, &key, &old)?;
+                    rows.remove(&id);
+                }
+            }
+            None => {
+                let new = table.encode_row(&example_row(id, 0, w.row_size, &mut rng))?;
+                let key = table.key_of_datum(&new)?;
+                writer.change(epoch, Op::Insert, &key, &new)?;
+                rows.insert(id, (key, new));
+            }
+        }
+        in_epoch += 1;
+        let last = i + 1 == w.changes;
+        if in_epoch >= w.changes_per_epoch || last {
+            barriers += 1;
+            let kind = if last || barriers % w.checkpoint_every == 0 {
+                BarrierKind::Checkpoint
+            } else {
+                BarrierKind::Barrier
+            };
+            let next = epoch.next_at(unix_ms());
+            writer.barrier(Barrier {
+                prev: epoch,
+                curr: next,
+                kind,
+            })?;
+            if kind == BarrierKind::Checkpoint {
+                last_checkpoint = epoch;
+                checkpoint_rows = rows.clone();
+            }
+            epoch = next;
+            in_epoch = 0;
+            writer.producer.poll(Duration::ZERO);
+        }
+        if tty && i % 10_000 == 0 {
+            let pct = (i + 1) * 100 / w.changes.max(1);
+            eprint!(
+                "\r[{:<40}] {pct:>3}% {} changes",
+                "#".repeat((pct * 40 / 100) as usize),
+                i + 1
+            );
+        }
+    }
+    writer.producer.flush(Duration::from_secs(120))?;
+    if tty {
+        eprintln!();
+    }
+    let failed = writer.producer.context().failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        let first = writer
+            .producer
+            .context()
+            .first_error
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_default();
+        bail!(
+            "{failed} messages were not delivered to {}: {first}",
+            w.topic
+        );
+    }
+    let final_rows = checkpoint_rows.len() as u64;
+    write_table(
+        &w.out.join("expected"),
+        &table,
+        map,
+        &w.topic,
+        last_checkpoint,
+        &checkpoint_rows,
+        Vec::new(),
+    )?;
+    std::io::stderr().flush().ok();
+    Ok(WorkloadReport {
+        snapshot_epoch: es,
+        final_epoch: last_checkpoint,
+        snapshot_rows,
+        changes: w.changes,
+        barriers,
+        final_rows,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
