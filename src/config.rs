@@ -94,6 +94,11 @@ pub struct JobConfig {
     /// What to do on the log-store invariant error.
     #[serde(default)]
     pub recreation: RecreationConfig,
+    /// Throttle: at most about this many snapshot rows plus log records per second per worker
+    /// (0 = unlimited). Limits the load on the snapshot source and the store; demos use it to make
+    /// the phases visible.
+    #[serde(default)]
+    pub max_rows_per_second: u64,
 }
 
 fn one() -> u32 {

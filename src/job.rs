@@ -134,6 +134,7 @@ pub fn run(
                 supervisor: supervisor.clone(),
                 shutdown: shutdown.clone(),
                 board: board.clone(),
+                max_rows_per_second: job.max_rows_per_second,
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

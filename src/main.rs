@@ -73,6 +73,9 @@ enum Command {
         out: PathBuf,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Continue the log written earlier into --out (same topic): more changes, no new snapshot.
+        #[arg(long)]
+        append: bool,
     },
     /// Compare a job's materialised table with the writer's expected table.
     Verify {
@@ -177,6 +180,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             rate,
             out,
             seed,
+            append,
         } => {
             init_logs(LogFormat::Text, None);
             let w = Workload {
@@ -195,6 +199,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 out: out.clone(),
                 seed,
                 progress: true,
+                append,
             };
             let r = workload::produce(&w)?;
             println!(

@@ -52,7 +52,20 @@ pub struct Workload {
     pub out: PathBuf,
     pub seed: u64,
     pub progress: bool,
+    /// Continue the log of an earlier run into the same folder (no new snapshot).
+    pub append: bool,
 }
+
+/// Where an earlier run left the log, for `--append`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WriterState {
+    topic: String,
+    snapshot_epoch: Epoch,
+    /// The `curr` of the last barrier written: the epoch the next change belongs to.
+    next_epoch: Epoch,
+}
+
+const WRITER_STATE: &str = "writer.json";
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct WorkloadReport {
@@ -191,7 +204,7 @@ fn write_table(
 /// Runs the workload: snapshot, then changes and barriers, then the expected final table.
 pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     let started = Instant::now();
-    if w.key_space < w.rows {
+    if !w.append && w.key_space < w.rows {
         bail!(
             "key space {} is smaller than the snapshot's {} rows",
             w.key_space,
@@ -224,43 +237,74 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     let mut rng = SimRng::new(w.seed);
 
     // The table at Es.
-    let mut rows: HashMap<i64, (Vec<u8>, Vec<u8>)> = HashMap::with_capacity(w.rows as usize);
     let mut versions: HashMap<i64, i64> = HashMap::new();
-    for id in 0..w.rows as i64 {
-        let datum = table.encode_row(&example_row(id, 0, w.row_size, &mut rng))?;
-        let key = table.key_of_datum(&datum)?;
-        rows.insert(id, (key, datum));
-    }
-    let es = Epoch::from_unix_millis(unix_ms());
-    let mut epoch = es.next_at(unix_ms());
-    writer.barrier(Barrier {
-        prev: es,
-        curr: epoch,
-        kind: BarrierKind::Initial,
-    })?;
-    writer.producer.flush(Duration::from_secs(60))?;
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &w.bootstrap)
-        .create()?;
-    let mut start = Vec::new();
-    for p in 0..w.partitions {
-        let (_, high) = probe.fetch_watermarks(&w.topic, p as i32, Duration::from_secs(10))?;
-        start.push(PartitionProgress {
-            partition: p,
-            next_offset: high as u64,
-            epoch,
-            streaming: false,
-        });
-    }
-    let snapshot_dir = w.out.join("snapshot");
-    write_table(&snapshot_dir, &table, map, &w.topic, es, &rows, start)?;
-    let snapshot_rows = rows.len() as u64;
+    let (mut rows, es, mut epoch, snapshot_rows) = if w.append {
+        // Continue the chain of an earlier run: its expected table is the table now, and the open
+        // epoch is the `curr` of its last barrier.
+        let state: WriterState =
+            serde_json::from_slice(&std::fs::read(w.out.join(WRITER_STATE)).with_context(
+                || format!("--append needs {}", w.out.join(WRITER_STATE).display()),
+            )?)?;
+        if state.topic != w.topic {
+            bail!(
+                "--append: {} was written for topic {}, not {}",
+                w.out.display(),
+                state.topic,
+                w.topic
+            );
+        }
+        let expected = crate::snapshot_files::SnapshotFiles::open(&w.out.join("expected"))?;
+        let mut rows = HashMap::new();
+        for v in 0..w.vnode_count as Vnode {
+            use crate::ports::SnapshotSource;
+            for row in expected.scan(v, None)? {
+                let row = row?;
+                let Value::Long(id) = table.decode_row(&row.value)?[0] else {
+                    bail!("id is not a long")
+                };
+                rows.insert(id, (row.key, row.value));
+            }
+        }
+        (rows, state.snapshot_epoch, state.next_epoch, 0)
+    } else {
+        let mut rows: HashMap<i64, (Vec<u8>, Vec<u8>)> = HashMap::with_capacity(w.rows as usize);
+        for id in 0..w.rows as i64 {
+            let datum = table.encode_row(&example_row(id, 0, w.row_size, &mut rng))?;
+            let key = table.key_of_datum(&datum)?;
+            rows.insert(id, (key, datum));
+        }
+        let es = Epoch::from_unix_millis(unix_ms());
+        let epoch = es.next_at(unix_ms());
+        writer.barrier(Barrier {
+            prev: es,
+            curr: epoch,
+            kind: BarrierKind::Initial,
+        })?;
+        writer.producer.flush(Duration::from_secs(60))?;
+        let probe: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &w.bootstrap)
+            .create()?;
+        let mut start = Vec::new();
+        for p in 0..w.partitions {
+            let (_, high) = probe.fetch_watermarks(&w.topic, p as i32, Duration::from_secs(10))?;
+            start.push(PartitionProgress {
+                partition: p,
+                next_offset: high as u64,
+                epoch,
+                streaming: false,
+            });
+        }
+        let snapshot_dir = w.out.join("snapshot");
+        write_table(&snapshot_dir, &table, map, &w.topic, es, &rows, start)?;
+        let n = rows.len() as u64;
+        (rows, es, epoch, n)
+    };
 
     // Changes and barriers.
     let tty = w.progress && std::io::stderr().is_terminal();
     let mut barriers = 0u64;
     let mut in_epoch = 0u64;
-    let mut last_checkpoint = es;
+    let mut last_checkpoint = epoch; // overwritten by the first checkpoint barrier
     let mut checkpoint_rows = rows.clone();
     for i in 0..w.changes {
         if w.rate > 0 {
@@ -353,6 +397,12 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         &checkpoint_rows,
         Vec::new(),
     )?;
+    let state = WriterState {
+        topic: w.topic.clone(),
+        snapshot_epoch: es,
+        next_epoch: epoch,
+    };
+    std::fs::write(w.out.join(WRITER_STATE), serde_json::to_vec_pretty(&state)?)?;
     std::io::stderr().flush().ok();
     Ok(WorkloadReport {
         snapshot_epoch: es,

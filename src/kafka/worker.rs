@@ -67,6 +67,8 @@ pub struct WorkerSetup {
     pub supervisor: Arc<Mutex<Supervisor>>,
     pub shutdown: Arc<AtomicBool>,
     pub board: StatusBoard,
+    /// Snapshot rows plus log records per second; 0 = unlimited.
+    pub max_rows_per_second: u64,
 }
 
 struct Scan {
@@ -305,6 +307,30 @@ impl Inner {
                     error!(job = %job, worker = %self.setup.worker, "{e}");
                     return self.fail(WorkerFailure::Core(e));
                 }
+            }
+        }
+    }
+
+    /// At shutdown: the store's offsets of the owned partitions, committed to the group and waited
+    /// for (the per-checkpoint commits are asynchronous and may be lost to a rebalance).
+    fn commit_group_offsets_sync(&self, consumer: &Kc) {
+        let Some(exec) = &self.exec else { return };
+        let mut tpl = TopicPartitionList::new();
+        for p in exec.status().partitions {
+            if p.committed_epoch.0 > 0 {
+                let _ = tpl.add_partition_offset(
+                    &self.setup.topic,
+                    p.partition as i32,
+                    Offset::Offset(p.committed_offset as i64),
+                );
+                if let Some(mut e) = tpl.find_partition(&self.setup.topic, p.partition as i32) {
+                    e.set_metadata(format!("epoch={}", p.committed_epoch));
+                }
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+                warn!(job = %self.setup.job, worker = %self.setup.worker, error = %e, "final group offset commit failed");
             }
         }
     }
@@ -607,6 +633,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         if setup.shutdown.load(Ordering::SeqCst) {
             let mut g = inner.lock().unwrap();
             g.feed(&consumer, Event::Shutdown);
+            g.commit_group_offsets_sync(&consumer);
             g.exec = None;
             drop(g);
             consumer.unsubscribe();
@@ -624,7 +651,14 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         } else {
             Duration::from_millis(50)
         };
-        for _ in 0..MAX_MESSAGES_PER_ROUND {
+        let budget = match setup.max_rows_per_second {
+            0 => MAX_MESSAGES_PER_ROUND,
+            r => (r as usize / 20).max(1),
+        };
+        if setup.max_rows_per_second > 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for _ in 0..budget {
             let Some(msg) = consumer.poll(timeout) else {
                 break;
             };
@@ -642,7 +676,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         }
         let mut g = inner.lock().unwrap();
         if g.failure.is_none() {
-            g.scan_batch(&consumer, 1_000);
+            g.scan_batch(&consumer, budget.min(1_000));
         }
         let due = last_house.elapsed() >= Duration::from_millis(500);
         if due {

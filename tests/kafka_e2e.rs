@@ -1,0 +1,287 @@
+//! End to end through the real binary against the real Apache Kafka broker (`scripts/kafka.sh`).
+
+mod support;
+
+use std::time::Duration;
+
+use support::{serial, Fixture};
+
+const MIN: Duration = Duration::from_secs(60);
+
+#[test]
+fn snapshot_log_streaming_on_a_multi_partition_topic_then_verify_is_clean() {
+    let _g = serial();
+    let f = Fixture::new("basic", 2, "");
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "3000",
+        "--changes",
+        "15000",
+        "--epoch-changes",
+        "300",
+    ]);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    let log = run.log_text();
+    for phase in ["to=\"snapshot\"", "to=\"log_store\"", "to=\"streaming\""] {
+        assert!(log.contains(phase), "no {phase} in the log");
+    }
+    let out = f.verify();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+
+    // The group's committed offsets, read back with Kafka's own tool, match the store.
+    let described = f.kafka_tool(&[
+        "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+        "--bootstrap-server",
+        &f.bootstrap,
+        "--describe",
+        "--group",
+        &f.group,
+        "--offsets",
+    ]);
+    let stored: Vec<Vec<i64>> =
+        f.sql("SELECT partition, next_offset FROM kb_partition_progress ORDER BY partition");
+    assert_eq!(stored.len(), 4);
+    for row in stored {
+        let (p, off) = (row[0], row[1]);
+        let line = described
+            .lines()
+            .find(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.len() > 3 && c[1] == f.topic && c[2] == p.to_string()
+            })
+            .unwrap_or_else(|| panic!("partition {p} missing from:\n{described}"));
+        let current: i64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        assert_eq!(
+            current, off,
+            "partition {p}: group offset {current} vs store {off}\n{described}"
+        );
+    }
+    // The materialised table is a real SQL table.
+    let n: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM accounts WHERE balance >= 0 AND id >= 0");
+    assert!(n[0][0] > 0);
+}
+
+#[test]
+fn a_second_consumer_joining_during_the_snapshot_replans_without_loss() {
+    let _g = serial();
+    let f = Fixture::new("snapjoin", 1, "max_rows_per_second = 4000");
+    f.produce(&["--partitions", "4", "--rows", "12000", "--changes", "2000"]);
+    let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
+    a.wait_for("cause=Local", MIN);
+    let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
+    b.wait_for("partitions assigned", MIN);
+    assert!(
+        a.wait_exit(3 * MIN).success(),
+        "{}",
+        support::tail(&a.log_text())
+    );
+    assert!(
+        b.wait_exit(3 * MIN).success(),
+        "{}",
+        support::tail(&b.log_text())
+    );
+    let log = a.log_text();
+    assert!(
+        log.contains("partitions revoked"),
+        "a never gave partitions away"
+    );
+    assert!(
+        !log.contains("should not update vnode bitmap"),
+        "the snapshot phase must allow rebalances"
+    );
+    let recreations: Vec<Vec<i64>> = f.sql("SELECT recreations FROM kb_jobs");
+    assert_eq!(recreations[0][0], 0);
+    f.verify_eventually(MIN);
+}
+
+#[test]
+fn a_second_consumer_joining_during_the_log_store_recreates_the_job() {
+    let _g = serial();
+    let f = Fixture::new("logjoin", 1, "max_rows_per_second = 3000");
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "500",
+        "--changes",
+        "20000",
+        "--epoch-changes",
+        "200",
+    ]);
+    let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
+    a.wait_for("to=\"log_store\"", MIN);
+    a.wait_for("cause=Barrier", MIN);
+    let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
+    a.wait_for(
+        "should not update vnode bitmap during consuming log store",
+        MIN,
+    );
+    a.wait_for("recreating the job", MIN);
+    assert!(
+        a.wait_exit(4 * MIN).success(),
+        "{}",
+        support::tail(&a.log_text())
+    );
+    assert!(
+        b.wait_exit(4 * MIN).success(),
+        "{}",
+        support::tail(&b.log_text())
+    );
+    let jobs: Vec<Vec<i64>> = f.sql("SELECT generation, recreations FROM kb_jobs");
+    assert!(
+        jobs[0][0] >= 1 && jobs[0][1] >= 1,
+        "generation/recreations {:?}",
+        jobs[0]
+    );
+    f.verify_eventually(MIN);
+}
+
+#[test]
+fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
+    let _g = serial();
+    let f = Fixture::new("streamjoin", 1, "");
+    f.produce(&["--partitions", "4", "--rows", "1000", "--changes", "1000"]);
+    let mut a = f.spawn_run("a", &[]);
+    a.wait_for("to=\"streaming\"", MIN);
+    // More changes arrive, continuing the same log, while a second consumer joins and then leaves.
+    let writer = {
+        let (bootstrap, topic, out) = (f.bootstrap.clone(), f.topic.clone(), f.dir.join("out"));
+        std::thread::spawn(move || {
+            let out = std::process::Command::new(support::BIN)
+                .args([
+                    "produce",
+                    "--append",
+                    "--bootstrap",
+                    &bootstrap,
+                    "--topic",
+                    &topic,
+                    "--partitions",
+                    "4",
+                ])
+                .args([
+                    "--changes",
+                    "6000",
+                    "--rate",
+                    "1500",
+                    "--seed",
+                    "9",
+                    "--key-space",
+                    "2000",
+                    "--out",
+                ])
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let mut b = f.spawn_run("b", &[]);
+    b.wait_for("partitions assigned", MIN);
+    std::thread::sleep(Duration::from_secs(2));
+    b.signal("TERM");
+    assert!(
+        b.wait_exit(MIN).success(),
+        "SIGTERM exits 0:\n{}",
+        support::tail(&b.log_text())
+    );
+    writer.join().unwrap();
+    let text = f.verify_eventually(MIN);
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    a.signal("TERM");
+    assert!(
+        a.wait_exit(MIN).success(),
+        "{}",
+        support::tail(&a.log_text())
+    );
+    let log = a.log_text();
+    assert!(log.contains("partitions revoked") && log.contains("partitions assigned"));
+    assert!(
+        !log.contains("should not update vnode bitmap"),
+        "streaming allows rebalances"
+    );
+}
+
+#[test]
+fn a_poison_message_stops_the_job_naming_the_offset_and_nothing_after_it_is_committed() {
+    let _g = serial();
+    let f = Fixture::new("poison", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "200",
+        "--changes",
+        "2000",
+        "--epoch-changes",
+        "100",
+    ]);
+    // A message that is not a log record, appended to partition 1.
+    let out = std::process::Command::new("kcat")
+        .args([
+            "-b",
+            &f.bootstrap,
+            "-t",
+            &f.topic,
+            "-p",
+            "1",
+            "-P",
+            "-K",
+            ":",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"k:this is not avro\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success());
+    let hw = f.kafka_tool(&[
+        "org.apache.kafka.tools.GetOffsetShell",
+        "--bootstrap-server",
+        &f.bootstrap,
+        "--topic",
+        &f.topic,
+        "--partitions",
+        "1",
+    ]);
+    let poison: i64 = hw
+        .trim()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse::<i64>()
+        .unwrap()
+        - 1;
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(!status.success(), "the job must stop on a poison message");
+    let log = run.log_text();
+    let expected = format!(
+        "record at topic {} partition 1 offset {poison} does not decode",
+        f.topic
+    );
+    assert!(
+        log.contains(&expected),
+        "expected {expected:?} in:\n{}",
+        support::tail(&log)
+    );
+    let committed: Vec<Vec<i64>> =
+        f.sql("SELECT next_offset FROM kb_partition_progress WHERE partition = 1");
+    assert!(
+        committed.is_empty() || committed[0][0] <= poison,
+        "committed past the poison message: {committed:?}"
+    );
+}

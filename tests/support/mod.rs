@@ -1,0 +1,268 @@
+//! Helpers for tests that run the real binary against the real broker (`scripts/kafka.sh`).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kafka-backfill");
+
+/// The broker's bootstrap address: `KAFKA_BOOTSTRAP`, else `scripts/kafka.sh start` (idempotent).
+pub fn bootstrap() -> String {
+    static B: OnceLock<String> = OnceLock::new();
+    B.get_or_init(|| {
+        if let Ok(b) = std::env::var("KAFKA_BOOTSTRAP") {
+            return b;
+        }
+        let out = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh"))
+            .arg("start")
+            .output()
+            .expect("running scripts/kafka.sh start");
+        assert!(
+            out.status.success(),
+            "scripts/kafka.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+    .clone()
+}
+
+/// Broker tests run one at a time: the machine has two cores and each test runs several processes.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One test's topic, folder and configuration.
+pub struct Fixture {
+    pub name: String,
+    pub topic: String,
+    pub group: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub bootstrap: String,
+}
+
+impl Fixture {
+    pub fn new(name: &str, workers: u32, extra_job_toml: &str) -> Fixture {
+        let bootstrap = bootstrap();
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let topic = format!("e2e-{name}-{stamp}");
+        let group = format!("kb-{name}-{stamp}");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("e2e-{name}-{stamp}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("job.toml");
+        let toml = format!(
+            r#"[http]
+listen = ""
+[[jobs]]
+name = "{name}"
+topic = "{topic}"
+workers = {workers}
+{extra_job_toml}
+[jobs.kafka]
+"bootstrap.servers" = "{bootstrap}"
+"group.id" = "{group}"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+[jobs.snapshot]
+kind = "files"
+dir = "{snap}"
+[jobs.store]
+kind = "sqlite"
+path = "{db}"
+table = "accounts"
+[jobs.local_checkpoint]
+max_rows = 500
+interval_ms = 200
+[jobs.recreation]
+backoff_initial_ms = 100
+backoff_max_ms = 1000
+"#,
+            snap = dir.join("out/snapshot").display(),
+            db = dir.join("state.sqlite").display(),
+        );
+        std::fs::write(&config, toml).unwrap();
+        Fixture {
+            name: name.to_string(),
+            topic,
+            group,
+            dir,
+            config,
+            bootstrap,
+        }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.join("state.sqlite")
+    }
+
+    /// `kafka-backfill produce` into this fixture's topic and folder.
+    pub fn produce(&self, args: &[&str]) {
+        let out = Command::new(BIN)
+            .args([
+                "produce",
+                "--bootstrap",
+                &self.bootstrap,
+                "--topic",
+                &self.topic,
+                "--out",
+            ])
+            .arg(self.dir.join("out"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "produce failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts `kafka-backfill run`, logging to `<dir>/<prefix>.log`.
+    pub fn spawn_run(&self, prefix: &str, args: &[&str]) -> Runner {
+        let log = self.dir.join(format!("{prefix}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .args(["--worker-prefix", prefix])
+            .args(args)
+            .env("RUST_LOG", "kafka_backfill=debug,librdkafka=warn")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Runner { child, log }
+    }
+
+    pub fn verify(&self) -> Output {
+        Command::new(BIN)
+            .args(["verify", "--config"])
+            .arg(&self.config)
+            .arg("--expected")
+            .arg(self.dir.join("out/expected"))
+            .output()
+            .unwrap()
+    }
+
+    /// Verifies until clean or the deadline.
+    pub fn verify_eventually(&self, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let out = self.verify();
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            if out.status.success() {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "verify never became clean: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    pub fn sql<T: rusqlite::types::FromSql>(&self, query: &str) -> Vec<Vec<T>> {
+        let conn = rusqlite::Connection::open(self.db()).unwrap();
+        let mut stmt = conn.prepare(query).unwrap();
+        let n = stmt.column_count();
+        stmt.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    }
+
+    /// Runs a Kafka tool class with the broker's classpath.
+    pub fn kafka_tool(&self, args: &[&str]) -> String {
+        let out = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh"))
+            .arg("tool")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kafka tool failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+}
+
+/// A running `kafka-backfill run`.
+pub struct Runner {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Runner {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_for(&mut self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.log_text().contains(needle) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "process exited ({status}) before logging {needle:?}:\n{}",
+                    tail(&self.log_text())
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} within {within:?}:\n{}",
+                tail(&self.log_text())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for exit; returns the status.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "process did not exit within {within:?}:\n{}",
+                    tail(&self.log_text())
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
