@@ -90,6 +90,14 @@ enum Command {
     },
     /// Validate a configuration file without running it.
     CheckConfig { file: PathBuf },
+    /// Print a running service's /status for a person.
+    Status {
+        #[arg(long, default_value = "http://127.0.0.1:9464")]
+        url: String,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn init_logs(format: LogFormat, level: Option<&str>) {
@@ -124,6 +132,17 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
+        Command::Status { url, json } => {
+            let (code, body) =
+                kafka_backfill::http::get(&format!("{}/status", url.trim_end_matches('/')))?;
+            anyhow::ensure!(code == 200, "{url}/status answered {code}");
+            if json {
+                println!("{body}");
+            } else {
+                print_status(&serde_json::from_str(&body)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::CheckConfig { file } => {
             let config = match load(&file) {
                 Ok(c) => c,
@@ -154,6 +173,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let shutdown = Arc::new(AtomicBool::new(false));
             install_signals(shutdown.clone())?;
             let board = job::new_board();
+            if !config.http.listen.is_empty() {
+                let addr = kafka_backfill::http::spawn(&config.http.listen, board.clone())?;
+                tracing::info!(%addr, "serving /metrics /livez /readyz /status");
+            }
             job::run(
                 &config,
                 &RunOptions {
@@ -278,4 +301,32 @@ fn install_signals(shutdown: Arc<AtomicBool>) -> Result<()> {
             })
         })?;
     Ok(())
+}
+
+/// `/status` for a person: one block per job, one line per worker and partition.
+fn print_status(v: &serde_json::Value) {
+    for job in v["jobs"].as_array().into_iter().flatten() {
+        println!("job {}", job["job"].as_str().unwrap_or("?"));
+        for w in job["workers"].as_array().into_iter().flatten() {
+            println!(
+                "  worker {:<12} phase {:<10} generation {} vnodes {:<4} snapshot rows {:<9} log changes {:<9} epoch lag {:.1}s lag {} records{}{}",
+                w["worker"].as_str().unwrap_or("?"),
+                w["phase"].as_str().unwrap_or("?"),
+                w["generation"],
+                w["owned_vnodes"],
+                w["rows"]["snapshot"],
+                w["rows"]["log_store_changes"],
+                w["epoch_lag_seconds"].as_f64().unwrap_or(0.0),
+                w["lag_records"],
+                if w["caught_up"].as_bool() == Some(true) { ", caught up" } else { "" },
+                w["last_error"].as_str().map(|e| format!(", last error: {e}")).unwrap_or_default(),
+            );
+            for p in w["partitions"].as_array().into_iter().flatten() {
+                println!(
+                    "    partition {:<3} committed {:<10} high watermark {:<10} lag {}",
+                    p["partition"], p["committed_offset"], p["high_watermark"], p["lag"]
+                );
+            }
+        }
+    }
 }

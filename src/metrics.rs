@@ -58,39 +58,39 @@ impl Metrics {
                 "kafka_backfill_epoch_lag_seconds",
                 "Newest epoch seen minus the last committed epoch, in seconds.",
             ),
-            &["job", "worker"],
+            &["job_name", "worker"],
         )
         .expect("metric");
         r.register(Box::new(epoch_lag.clone())).expect("register");
         Metrics {
-            phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job", "worker", "phase"]),
-            snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job"]),
-            log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store changes applied, by op.", &["job", "op"]),
-            checkpoints: counter(&r, "kafka_backfill_checkpoints_total", "Checkpoints committed, by cause.", &["job", "cause"]),
-            commit_seconds: histogram(&r, "kafka_backfill_checkpoint_commit_seconds", "Store commit duration of one checkpoint.", &["job"]),
+            phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job_name", "worker", "phase"]),
+            snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job_name"]),
+            log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store changes applied, by op.", &["job_name", "op"]),
+            checkpoints: counter(&r, "kafka_backfill_checkpoints_total", "Checkpoints committed, by cause.", &["job_name", "cause"]),
+            commit_seconds: histogram(&r, "kafka_backfill_checkpoint_commit_seconds", "Store commit duration of one checkpoint.", &["job_name"]),
             alignment_seconds: histogram(
                 &r,
                 "kafka_backfill_barrier_alignment_seconds",
                 "How long a partition that was ahead stayed paused waiting for the others.",
-                &["job"],
+                &["job_name"],
             ),
             epoch_lag_seconds: epoch_lag,
-            partition_lag: gauge(&r, "kafka_backfill_partition_lag", "High watermark minus committed offset.", &["job", "partition"]),
+            partition_lag: gauge(&r, "kafka_backfill_partition_lag", "High watermark minus committed offset.", &["job_name", "partition"]),
             bitmap_updates: counter(
                 &r,
                 "kafka_backfill_vnode_bitmap_updates_total",
                 "Vnode bitmap updates (rebalances), by phase and outcome (applied, invariant_error).",
-                &["job", "phase", "outcome"],
+                &["job_name", "phase", "outcome"],
             ),
             invariant_errors: counter(
                 &r,
                 "kafka_backfill_invariant_errors_total",
                 "`should not update vnode bitmap during consuming log store` raised.",
-                &["job"],
+                &["job_name"],
             ),
-            recreations: counter(&r, "kafka_backfill_recreations_total", "Job recreations, by reason.", &["job", "reason"]),
-            decode_errors: counter(&r, "kafka_backfill_decode_errors_total", "Log records that did not decode.", &["job"]),
-            generation: gauge(&r, "kafka_backfill_generation", "The job generation a worker runs.", &["job", "worker"]),
+            recreations: counter(&r, "kafka_backfill_recreations_total", "Job recreations, by reason.", &["job_name", "reason"]),
+            decode_errors: counter(&r, "kafka_backfill_decode_errors_total", "Log records that did not decode.", &["job_name"]),
+            generation: gauge(&r, "kafka_backfill_generation", "The job generation a worker runs.", &["job_name", "worker"]),
             registry: r,
         }
     }

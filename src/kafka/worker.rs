@@ -345,14 +345,22 @@ impl Inner {
             return; // fetched before the pause took effect: read again at Fetch
         }
         match self.setup.codec.decode(m.payload().unwrap_or(&[]), m.key()) {
-            Ok(record) => self.feed(
-                consumer,
-                Event::Record {
-                    partition: p,
-                    offset,
-                    record,
-                },
-            ),
+            Ok(record) => {
+                if let crate::core::LogRecord::Change(c) = &record {
+                    metrics()
+                        .log_records
+                        .with_label_values(&[&self.setup.job, c.op.as_str()])
+                        .inc();
+                }
+                self.feed(
+                    consumer,
+                    Event::Record {
+                        partition: p,
+                        offset,
+                        record,
+                    },
+                )
+            }
             Err(e) => {
                 metrics()
                     .decode_errors

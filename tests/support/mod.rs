@@ -266,3 +266,29 @@ pub fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Fixture {
+    /// Serves HTTP on `addr` (rewrites the configuration).
+    pub fn set_http(&self, addr: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(
+            &self.config,
+            text.replacen("listen = \"\"", &format!("listen = \"{addr}\""), 1),
+        )
+        .unwrap();
+    }
+}
+
+/// GET over HTTP/1.1: (status, body).
+pub fn http_get(url: &str) -> (u16, String) {
+    kafka_backfill::http::get(url).unwrap_or((0, String::new()))
+}
