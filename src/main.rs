@@ -90,6 +90,24 @@ enum Command {
     },
     /// Validate a configuration file without running it.
     CheckConfig { file: PathBuf },
+    /// Run the whole job on embedded defaults: an in-process mock Kafka, a generated snapshot and log,
+    /// a SQLite store, live progress, then verify.
+    Demo {
+        /// Add a second worker during the log-store phase: see the invariant error and the recreation.
+        #[arg(long)]
+        rescale: bool,
+        #[arg(long, default_value = ".run/demo")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        partitions: u32,
+        #[arg(long, default_value_t = 20_000)]
+        rows: u64,
+        #[arg(long, default_value_t = 60_000)]
+        changes: u64,
+        /// Snapshot rows plus log records per second per worker (0 = unlimited).
+        #[arg(long, default_value_t = 20_000)]
+        throttle: u64,
+    },
     /// Print a running service's /status for a person.
     Status {
         #[arg(long, default_value = "http://127.0.0.1:9464")]
@@ -132,6 +150,32 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
+        Command::Demo {
+            rescale,
+            dir,
+            partitions,
+            rows,
+            changes,
+            throttle,
+        } => {
+            init_logs(
+                LogFormat::Text,
+                Some("kafka_backfill=info,librdkafka=error"),
+            );
+            let clean = kafka_backfill::demo::run(&kafka_backfill::demo::DemoOptions {
+                dir,
+                partitions,
+                rows,
+                changes,
+                throttle,
+                rescale,
+            })?;
+            Ok(if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Status { url, json } => {
             let (code, body) =
                 kafka_backfill::http::get(&format!("{}/status", url.trim_end_matches('/')))?;
