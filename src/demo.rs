@@ -149,6 +149,19 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         "snapshot at epoch {} ({} rows) and log written; the table at the last checkpoint has {} rows",
         report.snapshot_epoch, report.snapshot_rows, report.final_rows
     );
+    // With --rescale the log-store phase must outlast the second consumer's group join (seconds).
+    let mut o = o.clone();
+    if o.rescale {
+        o.throttle = match o.throttle {
+            0 => (o.changes / 6).max(500),
+            t => t.min((o.changes / 6).max(500)),
+        };
+    }
+    let o = &o;
+    println!(
+        "throttle: {} rows and records per second per worker",
+        o.throttle
+    );
     let config = Config {
         http: HttpConfig {
             listen: String::new(),

@@ -188,3 +188,38 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
     assert!(t.elapsed() < Duration::from_secs(15));
     assert!(run.log_text().contains("worker stopped"));
 }
+
+#[test]
+fn demo_runs_on_embedded_defaults_and_shows_the_recreation() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("demo-{}", std::process::id()));
+    let out = Command::new(BIN)
+        .args([
+            "demo",
+            "--rescale",
+            "--rows",
+            "4000",
+            "--changes",
+            "12000",
+            "--throttle",
+            "6000",
+            "--dir",
+        ])
+        .arg(&dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("should not update vnode bitmap during consuming log store"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("0 missing, 0 extra, 0 different") && stdout.contains("clean"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("recreations: 1"), "{stdout}");
+    assert!(dir.join("state.sqlite").is_file());
+}
