@@ -1,0 +1,203 @@
+//! In-process fault injection on librdkafka's mock cluster (cheaper than the real broker for faults
+//! the broker would have to be coaxed into): the broker going down, group offset commits failing, and
+//! the group losing the consumer's membership. The store is the source of truth, so each run must still
+//! verify clean.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kafka_backfill::config::{
+    Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
+    SnapshotConfig, StoreConfig,
+};
+use kafka_backfill::job::{self, RunOptions};
+use kafka_backfill::sqlite_store::SqliteStore;
+use kafka_backfill::workload::{self, Workload};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+struct Setup {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+    dir: PathBuf,
+    config: Config,
+}
+
+fn setup(name: &str, throttle: u64) -> Setup {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("log", 4, 1).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mock-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    workload::produce(&Workload {
+        bootstrap: cluster.bootstrap_servers(),
+        topic: "log".into(),
+        partitions: 4,
+        vnode_count: 64,
+        rows: 2_000,
+        key_space: 4_000,
+        changes: 8_000,
+        changes_per_epoch: 200,
+        checkpoint_every: 2,
+        update_percent: 70,
+        row_size: 60,
+        rate: 0,
+        out: dir.clone(),
+        seed: 3,
+        progress: false,
+        append: false,
+    })
+    .unwrap();
+    let mut kafka = BTreeMap::new();
+    kafka.insert("bootstrap.servers".to_string(), cluster.bootstrap_servers());
+    kafka.insert("group.id".to_string(), format!("g-{name}"));
+    kafka.insert("session.timeout.ms".to_string(), "6000".to_string());
+    kafka.insert("heartbeat.interval.ms".to_string(), "300".to_string());
+    let config = Config {
+        http: HttpConfig {
+            listen: String::new(),
+        },
+        log: LogConfig::default(),
+        jobs: vec![JobConfig {
+            name: name.into(),
+            topic: "log".into(),
+            workers: 1,
+            vnode_count: 64,
+            kafka,
+            snapshot: SnapshotConfig::Files {
+                dir: dir.join("snapshot"),
+            },
+            store: StoreConfig::Sqlite {
+                path: dir.join("state.sqlite"),
+                table: "accounts".into(),
+            },
+            local_checkpoint: LocalCheckpointConfig {
+                max_rows: 300,
+                interval_ms: 100,
+            },
+            recreation: RecreationConfig {
+                backoff_initial_ms: 100,
+                ..RecreationConfig::default()
+            },
+            max_rows_per_second: throttle,
+        }],
+    };
+    Setup {
+        cluster,
+        dir,
+        config,
+    }
+}
+
+fn verify(s: &Setup) -> kafka_backfill::verify::VerifyReport {
+    let prepared = job::prepare(&s.config.jobs[0], false).unwrap();
+    let mut store = SqliteStore::open(
+        &s.dir.join("state.sqlite"),
+        "accounts",
+        prepared.snapshot.table.clone(),
+    )
+    .unwrap();
+    kafka_backfill::verify::verify(&mut store, &s.config.jobs[0].name, &s.dir.join("expected"))
+        .unwrap()
+}
+
+/// Runs the job in a thread until it has caught up, calling `during` once it is in the log store.
+fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
+    let board = job::new_board();
+    let stop = Arc::new(AtomicBool::new(false));
+    let config = s.config.clone();
+    let (b, st) = (board.clone(), stop.clone());
+    let h = std::thread::spawn(move || {
+        job::run(
+            &config,
+            &RunOptions {
+                exit_when_caught_up: true,
+                worker_prefix: Some("m".into()),
+            },
+            st,
+            b,
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !board
+        .lock()
+        .unwrap()
+        .values()
+        .flat_map(|w| w.values())
+        .any(|r| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| s.phase == kafka_backfill::core::Phase::LogStore)
+        })
+    {
+        assert!(
+            Instant::now() < deadline && !h.is_finished(),
+            "never reached the log store"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    during(s);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !h.is_finished() {
+        if Instant::now() > deadline {
+            stop.store(true, Ordering::SeqCst);
+            panic!("did not catch up: {:?}", board.lock().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    h.join().unwrap().unwrap();
+}
+
+#[test]
+fn broker_down_mid_log_store_then_up_loses_nothing() {
+    let s = setup("down", 4_000);
+    run_with(&s, |s| {
+        s.cluster.broker_down(1).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        s.cluster.broker_up(1).unwrap();
+    });
+    let r = verify(&s);
+    assert!(r.clean(), "{r}");
+}
+
+#[test]
+fn failing_group_offset_commits_do_not_stop_the_job() {
+    let s = setup("commitfail", 4_000);
+    run_with(&s, |s| {
+        let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 50];
+        s.cluster
+            .request_errors(RDKafkaApiKey::OffsetCommit, &errors);
+    });
+    let r = verify(&s);
+    assert!(r.clean(), "{r}");
+}
+
+#[test]
+fn a_lost_assignment_in_the_log_store_recreates_and_verifies() {
+    let s = setup("lost", 3_000);
+    run_with(&s, |s| {
+        // The coordinator forgets the member: its assignment is lost and it rejoins.
+        s.cluster.request_errors(
+            RDKafkaApiKey::Heartbeat,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID; 3],
+        );
+    });
+    let r = verify(&s);
+    assert!(r.clean(), "{r}");
+    let prepared = job::prepare(&s.config.jobs[0], false).unwrap();
+    let mut store = SqliteStore::open(
+        &s.dir.join("state.sqlite"),
+        "accounts",
+        prepared.snapshot.table.clone(),
+    )
+    .unwrap();
+    use kafka_backfill::ports::StateStore;
+    let row = store.job("lost").unwrap().unwrap();
+    assert!(
+        row.recreations >= 1,
+        "losing the assignment in the log store is a bitmap update: {row:?}"
+    );
+}
