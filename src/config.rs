@@ -129,6 +129,36 @@ pub enum StoreConfig {
         /// The SQL table that receives the rows.
         table: String,
     },
+    /// PostgreSQL, so that workers on several machines share one job.
+    Postgres {
+        /// `postgresql://user:password@host:port/database` (write the password as `${ENV}`).
+        url: String,
+        /// The SQL table that receives the rows.
+        table: String,
+    },
+}
+
+impl StoreConfig {
+    pub fn table(&self) -> &str {
+        match self {
+            StoreConfig::Sqlite { table, .. } | StoreConfig::Postgres { table, .. } => table,
+        }
+    }
+
+    /// Where the store is, with any password masked.
+    pub fn describe(&self) -> String {
+        match self {
+            StoreConfig::Sqlite { path, table } => {
+                format!("sqlite {} table {table}", path.display())
+            }
+            StoreConfig::Postgres { url, table } => {
+                format!(
+                    "postgres {} table {table}",
+                    crate::postgres_store::redact_url(url)
+                )
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -292,17 +322,23 @@ impl Config {
                     ));
                 }
             }
+            let table = job.store.table();
+            if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(err(at("store.table"), "use letters, digits and _"));
+            }
             match &job.store {
-                StoreConfig::Sqlite { table, path } => {
-                    if table.is_empty()
-                        || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    {
-                        return Err(err(at("store.table"), "use letters, digits and _"));
-                    }
-                    if path.as_os_str().is_empty() {
-                        return Err(err(at("store.path"), "empty"));
-                    }
+                StoreConfig::Sqlite { path, .. } if path.as_os_str().is_empty() => {
+                    return Err(err(at("store.path"), "empty"));
                 }
+                StoreConfig::Postgres { url, .. }
+                    if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) =>
+                {
+                    return Err(err(
+                        at("store.url"),
+                        "a PostgreSQL store needs a postgresql:// URL",
+                    ));
+                }
+                _ => {}
             }
             if job.local_checkpoint.max_rows == 0 {
                 return Err(err(at("local_checkpoint.max_rows"), "must be at least 1"));

@@ -224,12 +224,10 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         b.join()
             .map_err(|_| anyhow::anyhow!("worker b panicked"))??;
     }
-    let StoreConfig::Sqlite { path, table } = &config.jobs[0].store;
+    let (path, table) = (o.dir.join("state.sqlite"), "accounts");
     let prepared = job::prepare(&config.jobs[0], false)?;
-    let mut store =
-        crate::sqlite_store::SqliteStore::open(path, table, prepared.snapshot.table.clone())?;
-    let verdict = crate::verify::verify(&mut store, "demo", &o.dir.join("expected"))?;
-    use crate::ports::StateStore;
+    let mut store = (prepared.open_store)()?;
+    let verdict = crate::verify::verify(store.as_mut(), "demo", &o.dir.join("expected"))?;
     let job = store.job("demo")?.context("job row")?;
     println!("verify: {verdict}");
     println!(

@@ -67,17 +67,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         }
     }
     let codec = Arc::new(LogCodec::new(snapshot.table.clone())?);
-    let StoreConfig::Sqlite { path, table } = job.store.clone();
-    if let Some(parent) = path.parent() {
-        if !parent.as_os_str().is_empty() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-    }
-    let schema = snapshot.table.clone();
-    let open_store: StoreFactory = Arc::new(move || {
-        SqliteStore::open(&path, &table, schema.clone()).map(|s| Box::new(s) as Box<dyn StateStore>)
-    });
+    let open_store = store_factory(&job.store, snapshot.table.clone())?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
     store
@@ -88,6 +78,31 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         snapshot: Arc::new(snapshot),
         codec,
         open_store,
+    })
+}
+
+/// Opens state stores of the configured kind (one handle per worker).
+pub fn store_factory(
+    store: &StoreConfig,
+    schema: crate::codec::TableSchema,
+) -> Result<StoreFactory> {
+    Ok(match store.clone() {
+        StoreConfig::Sqlite { path, table } => {
+            if let Some(parent) = path.parent() {
+                if !parent.as_os_str().is_empty() {
+                    std::fs::create_dir_all(parent)
+                        .with_context(|| format!("creating {}", parent.display()))?;
+                }
+            }
+            Arc::new(move || {
+                SqliteStore::open(&path, &table, schema.clone())
+                    .map(|s| Box::new(s) as Box<dyn StateStore>)
+            })
+        }
+        StoreConfig::Postgres { url, table } => Arc::new(move || {
+            crate::postgres_store::PostgresStore::open(&url, &table, schema.clone())
+                .map(|s| Box::new(s) as Box<dyn StateStore>)
+        }),
     })
 }
 

@@ -1,4 +1,4 @@
-//! The `kafka-backfill` command line: `run`, `produce`, `verify`, `check-config`.
+//! The `kafka-backfill` command line: `run`, `produce`, `verify`, `status`, `check-config`, `demo`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +10,6 @@ use clap::{Parser, Subcommand};
 
 use kafka_backfill::config::{Config, LogFormat};
 use kafka_backfill::job::{self, RunOptions};
-use kafka_backfill::sqlite_store::SqliteStore;
 use kafka_backfill::workload::{self, Workload};
 
 #[derive(Parser)]
@@ -194,10 +193,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             for j in &config.jobs {
                 println!(
-                    "job {}: topic {}, {} worker(s), kafka {:?}",
+                    "job {}: topic {}, {} worker(s), store {}, kafka {:?}",
                     j.name,
                     j.topic,
                     j.workers,
+                    j.store.describe(),
                     j.kafka_redacted()
                 );
             }
@@ -269,6 +269,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 append,
             };
             let r = workload::produce(&w)?;
+            if append {
+                println!("appended {} changes and {} barriers to {}; expected table: {} rows at epoch {} in {}", r.changes, r.barriers, w.topic, r.final_rows, r.final_epoch, out.join("expected").display());
+                return Ok(ExitCode::SUCCESS);
+            }
             println!(
                 "wrote {} snapshot rows at epoch {} to {}, then {} changes and {} barriers to {}; expected table: {} rows at epoch {} in {}",
                 r.snapshot_rows,
@@ -301,14 +305,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 None => config.jobs.first().expect("validated: at least one job"),
             };
             let prepared = job::prepare(j, false)?;
-            let kafka_backfill::config::StoreConfig::Sqlite { path, table } = &j.store;
-            let mut store = SqliteStore::open(path, table, prepared.snapshot.table.clone())?;
-            let report = kafka_backfill::verify::verify(&mut store, &j.name, &expected)?;
+            let mut store = (prepared.open_store)()?;
+            let report = kafka_backfill::verify::verify(store.as_mut(), &j.name, &expected)?;
             println!("verify {}: {report}", j.name);
-            println!(
-                "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",
-                path.display()
-            );
+            if let kafka_backfill::config::StoreConfig::Sqlite { path, table } = &j.store {
+                println!(
+                    "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",
+                    path.display()
+                );
+            }
             Ok(if report.clean() {
                 ExitCode::SUCCESS
             } else {

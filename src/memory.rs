@@ -367,6 +367,13 @@ impl StateStore for MemoryStore {
         Ok(state.row.clone())
     }
 
+    fn committed_vnodes(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        Ok(self.vnode_progress(job))
+    }
+
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
         Ok(self
             .jobs

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, LogRecord, PartitionId, PartitionProgress, Row, Vnode,
+    VnodeProgress,
 };
 
 /// What a snapshot says about itself (DESIGN.md §3).
@@ -130,4 +131,7 @@ pub trait StateStore: Send {
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError>;
     /// The materialised rows: key bytes → row datum bytes.
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError>;
+    /// Committed progress of every vnode that has some.
+    fn committed_vnodes(&mut self, job: &str)
+        -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError>;
 }

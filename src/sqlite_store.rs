@@ -461,6 +461,23 @@ impl StateStore for SqliteStore {
         Ok(row)
     }
 
+    fn committed_vnodes(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        let n: u32 = self
+            .conn
+            .query_row(
+                "SELECT vnode_count FROM kb_jobs WHERE job = ?1",
+                [job],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(backend)?
+            .unwrap_or(0);
+        self.vnode_progress(job, n)
+    }
+
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
         let mut stmt = self
             .conn

@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 
 use crate::core::{Epoch, Vnode};
 use crate::ports::SnapshotSource;
+use crate::ports::StateStore;
 use crate::snapshot_files::SnapshotFiles;
-use crate::sqlite_store::SqliteStore;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct VerifyReport {
@@ -48,7 +48,7 @@ impl std::fmt::Display for VerifyReport {
 }
 
 /// Compares `store`'s rows and progress with the expected table in `expected_dir`.
-pub fn verify(store: &mut SqliteStore, job: &str, expected_dir: &Path) -> Result<VerifyReport> {
+pub fn verify(store: &mut dyn StateStore, job: &str, expected_dir: &Path) -> Result<VerifyReport> {
     let expected = SnapshotFiles::open(expected_dir)
         .with_context(|| format!("opening {}", expected_dir.display()))?;
     let info = expected.info().clone();
@@ -59,9 +59,8 @@ pub fn verify(store: &mut SqliteStore, job: &str, expected_dir: &Path) -> Result
             want.insert(row.key, row.value);
         }
     }
-    use crate::ports::StateStore;
     let have = store.rows(job)?;
-    let progress = store.vnode_progress(job, info.vnode_count)?;
+    let progress = store.committed_vnodes(job)?;
     let committed_epoch = if progress.len() == info.vnode_count as usize {
         progress.values().map(|p| p.epoch).min()
     } else {

@@ -287,46 +287,11 @@ fn a_poison_message_stops_the_job_naming_the_offset_and_nothing_after_it_is_comm
 }
 
 /// `kill -9` at moments spread over every phase (and so, sometimes, in the middle of a commit), restart,
-/// and the result verifies: exactly once across crashes.
+/// and the result verifies: exactly once across crashes (SQLite; `tests/postgres_store.rs` does the same
+/// on PostgreSQL).
 #[test]
 fn kill_9_in_every_phase_then_restart_verifies_clean() {
     let _g = serial();
     let f = Fixture::new("kill9", 2, "max_rows_per_second = 5000");
-    f.produce(&["--partitions", "4", "--rows", "15000", "--changes", "30000", "--epoch-changes", "250"]);
-    let mut kills = Vec::new();
-    // snapshot: kill after a few local checkpoints
-    let mut run = f.spawn_run("k1", &[]);
-    run.wait_for("cause=Local", MIN);
-    std::thread::sleep(Duration::from_millis(700));
-    run.signal("KILL");
-    run.wait_exit(MIN);
-    kills.push("snapshot");
-    // log store: kill mid-replay, twice, at different moments
-    for (i, delay) in [300u64, 1100].into_iter().enumerate() {
-        let mut run = f.spawn_run(&format!("k2{i}"), &[]);
-        run.wait_for("to=\"log_store\"", MIN);
-        std::thread::sleep(Duration::from_millis(delay));
-        run.signal("KILL");
-        run.wait_exit(MIN);
-        kills.push("log_store");
-    }
-    // streaming: kill while more changes arrive
-    let mut run = f.spawn_run("k3", &[]);
-    run.wait_for("to=\"streaming\"", 2 * MIN);
-    let out = std::process::Command::new(support::BIN)
-        .args(["produce", "--append", "--bootstrap", &f.bootstrap, "--topic", &f.topic, "--partitions", "4"])
-        .args(["--changes", "5000", "--rate", "5000", "--seed", "11", "--key-space", "30000", "--out"])
-        .arg(f.dir.join("out"))
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(600));
-    run.signal("KILL");
-    run.wait_exit(MIN);
-    kills.push("streaming");
-    assert!(out.wait_with_output().unwrap().status.success());
-    // Recover and check.
-    let mut run = f.spawn_run("final", &["--exit-when-caught-up"]);
-    assert!(run.wait_exit(3 * MIN).success(), "{}", support::tail(&run.log_text()));
-    let text = f.verify_eventually(MIN);
-    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "after kills in {kills:?}: {text}");
+    support::kill_9_in_every_phase(&f);
 }

@@ -229,6 +229,19 @@ impl Runner {
         }
     }
 
+    /// Waits until the log contains `needle` at least `n` times.
+    pub fn wait_for_count(&mut self, needle: &str, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.log_text().matches(needle).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {n} {needle:?} within {within:?}:\n{}",
+                tail(&self.log_text())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Waits for exit; returns the status.
     pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + within;
@@ -291,4 +304,78 @@ impl Fixture {
 /// GET over HTTP/1.1: (status, body).
 pub fn http_get(url: &str) -> (u16, String) {
     kafka_backfill::http::get(url).unwrap_or((0, String::new()))
+}
+
+/// Produces a workload, then `kill -9`s the service in the snapshot, twice in the log store and once in
+/// streaming (while more changes arrive), restarting each time; the final run must verify clean.
+pub fn kill_9_in_every_phase(f: &Fixture) {
+    let min = Duration::from_secs(60);
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "15000",
+        "--changes",
+        "30000",
+        "--epoch-changes",
+        "250",
+    ]);
+    let mut kills = Vec::new();
+    let mut run = f.spawn_run("k1", &[]);
+    run.wait_for("cause=Local", min);
+    std::thread::sleep(Duration::from_millis(700));
+    run.signal("KILL");
+    run.wait_exit(min);
+    kills.push("snapshot");
+    for (i, delay) in [300u64, 1100].into_iter().enumerate() {
+        let mut run = f.spawn_run(&format!("k2{i}"), &[]);
+        run.wait_for("to=\"log_store\"", min);
+        std::thread::sleep(Duration::from_millis(delay));
+        run.signal("KILL");
+        run.wait_exit(min);
+        kills.push("log_store");
+    }
+    let mut run = f.spawn_run("k3", &[]);
+    run.wait_for("to=\"streaming\"", 2 * min);
+    let writer = Command::new(BIN)
+        .args([
+            "produce",
+            "--append",
+            "--bootstrap",
+            &f.bootstrap,
+            "--topic",
+            &f.topic,
+            "--partitions",
+            "4",
+        ])
+        .args([
+            "--changes",
+            "5000",
+            "--rate",
+            "5000",
+            "--seed",
+            "11",
+            "--key-space",
+            "30000",
+            "--out",
+        ])
+        .arg(f.dir.join("out"))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    run.signal("KILL");
+    run.wait_exit(min);
+    kills.push("streaming");
+    assert!(writer.wait_with_output().unwrap().status.success());
+    let mut run = f.spawn_run("final", &["--exit-when-caught-up"]);
+    assert!(
+        run.wait_exit(3 * min).success(),
+        "{}",
+        tail(&run.log_text())
+    );
+    let text = f.verify_eventually(min);
+    assert!(
+        text.contains(" 0 missing, 0 extra, 0 different"),
+        "after kills in {kills:?}: {text}"
+    );
 }

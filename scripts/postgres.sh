@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A real PostgreSQL (Debian package) for tests, CI and benchmarks, run as the `postgres` user.
+#
+#   scripts/postgres.sh start   start (idempotent), create database kafka_backfill, print its URL
+#   scripts/postgres.sh stop    stop it
+#   scripts/postgres.sh url     print the URL of the running server
+#
+# Data lives in $KB_PG_DIR (default /tmp/kafka-backfill-pg); the port is $KB_PG_PORT (default 15432).
+set -euo pipefail
+port="${KB_PG_PORT:-15432}"
+dir="${KB_PG_DIR:-/tmp/kafka-backfill-pg}"
+bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+url="postgresql://postgres@127.0.0.1:$port/kafka_backfill"
+[ -n "$bin" ] || { echo "PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }
+
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+ready() { as_pg "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"; }
+
+start() {
+  if ready; then echo "$url"; return 0; fi
+  if [ ! -f "$dir/PG_VERSION" ]; then
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
+    as_pg "$bin/initdb" -D "$dir" -A trust -U postgres >/dev/null
+  fi
+  as_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
+    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=200" start >/dev/null
+  as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='kafka_backfill'" | grep -q 1 \
+    || as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U postgres kafka_backfill
+  echo "$url"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) as_pg "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true ;;
+  url) ready && echo "$url" ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
+esac

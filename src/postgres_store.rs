@@ -1,0 +1,504 @@
+//! The PostgreSQL state store: the same tables as the SQLite store, so several workers on several
+//! machines share one job. A checkpoint is one transaction that locks the job row (`FOR UPDATE`),
+//! checks the generation and every partition lease, then applies rows and progress; a zombie's or a
+//! stale generation's commit changes nothing. On a lost connection the store reconnects with backoff
+//! and retries the whole transaction: it is idempotent (upserts, deletes and progress at fixed values,
+//! guarded by the same leases), so a retry after an unknown outcome cannot apply anything twice.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use apache_avro::types::Value as Avro;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Transaction};
+
+use crate::codec::{ColumnType, TableSchema};
+use crate::core::{
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
+    Vnode, VnodeProgress,
+};
+use crate::memory::{check_checkpoint, check_job_matches};
+use crate::ports::{JobRow, SnapshotInfo, StateStore, StoreError};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS kb_jobs (
+  job TEXT PRIMARY KEY, snapshot_epoch BIGINT NOT NULL, vnode_count INT NOT NULL, partition_count INT NOT NULL,
+  generation BIGINT NOT NULL, phase TEXT NOT NULL, recreations BIGINT NOT NULL, next_lease BIGINT NOT NULL,
+  table_name TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kb_vnode_progress (
+  job TEXT NOT NULL, vnode INT NOT NULL, epoch BIGINT NOT NULL, row_count BIGINT NOT NULL,
+  finished BOOLEAN NOT NULL, cursor BYTEA, PRIMARY KEY (job, vnode));
+CREATE TABLE IF NOT EXISTS kb_partition_progress (
+  job TEXT NOT NULL, partition INT NOT NULL, next_offset BIGINT NOT NULL, epoch BIGINT NOT NULL,
+  streaming BOOLEAN NOT NULL, PRIMARY KEY (job, partition));
+CREATE TABLE IF NOT EXISTS kb_leases (
+  job TEXT NOT NULL, partition INT NOT NULL, owner TEXT NOT NULL, lease BIGINT NOT NULL, PRIMARY KEY (job, partition));
+";
+
+const RETRIES: u32 = 8;
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+/// `postgresql://user:secret@host/db` → `postgresql://user:***@host/db`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// A PostgreSQL state store for one job's table.
+pub struct PostgresStore {
+    url: String,
+    client: Client,
+    table: TableSchema,
+    table_name: String,
+}
+
+fn pg_type(t: ColumnType) -> &'static str {
+    match t {
+        ColumnType::Integer => "BIGINT",
+        ColumnType::Real => "DOUBLE PRECISION",
+        ColumnType::Text => "TEXT",
+        ColumnType::Blob => "BYTEA",
+    }
+}
+
+/// A column value bound as its PostgreSQL type.
+enum PgValue {
+    Int(Option<i64>),
+    Real(Option<f64>),
+    Text(Option<String>),
+    Bytes(Option<Vec<u8>>),
+}
+
+impl PgValue {
+    fn of(ty: ColumnType, v: Avro) -> PgValue {
+        let v = match v {
+            Avro::Union(_, inner) => *inner,
+            v => v,
+        };
+        match (ty, v) {
+            (ColumnType::Integer, Avro::Null) => PgValue::Int(None),
+            (ColumnType::Real, Avro::Null) => PgValue::Real(None),
+            (ColumnType::Text, Avro::Null) => PgValue::Text(None),
+            (ColumnType::Blob, Avro::Null) => PgValue::Bytes(None),
+            (_, Avro::Boolean(b)) => PgValue::Int(Some(b as i64)),
+            (_, Avro::Int(i) | Avro::Date(i) | Avro::TimeMillis(i)) => PgValue::Int(Some(i as i64)),
+            (
+                _,
+                Avro::Long(i)
+                | Avro::TimeMicros(i)
+                | Avro::TimestampMillis(i)
+                | Avro::TimestampMicros(i)
+                | Avro::TimestampNanos(i)
+                | Avro::LocalTimestampMillis(i)
+                | Avro::LocalTimestampMicros(i)
+                | Avro::LocalTimestampNanos(i),
+            ) => PgValue::Int(Some(i)),
+            (_, Avro::Float(f)) => PgValue::Real(Some(f as f64)),
+            (_, Avro::Double(f)) => PgValue::Real(Some(f)),
+            (_, Avro::String(s) | Avro::Enum(_, s)) => PgValue::Text(Some(s)),
+            (_, Avro::Uuid(u)) => PgValue::Text(Some(u.to_string())),
+            (_, Avro::Bytes(b) | Avro::Fixed(_, b)) => PgValue::Bytes(Some(b)),
+            (_, other) => PgValue::Text(Some(format!("{other:?}"))),
+        }
+    }
+
+    fn sql(&self) -> &(dyn ToSql + Sync) {
+        match self {
+            PgValue::Int(v) => v,
+            PgValue::Real(v) => v,
+            PgValue::Text(v) => v,
+            PgValue::Bytes(v) => v,
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Connects (retrying with backoff) and creates the tables.
+    pub fn open(url: &str, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
+        if !table_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || table_name.is_empty()
+        {
+            return Err(backend(format!(
+                "table name {table_name:?}: use letters, digits and _"
+            )));
+        }
+        let mut client = connect(url)?;
+        let cols: Vec<String> = table
+            .columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "\"{}\" {}{}",
+                    c.name,
+                    pg_type(c.ty),
+                    if c.nullable { "" } else { " NOT NULL" }
+                )
+            })
+            .collect();
+        let ddl = format!(
+            "{SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL);",
+            cols.join(", ")
+        );
+        // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
+        if client.batch_execute(&ddl).is_err() {
+            client.batch_execute(&ddl).map_err(backend)?;
+        }
+        Ok(PostgresStore {
+            url: url.to_string(),
+            client,
+            table,
+            table_name: table_name.to_string(),
+        })
+    }
+
+    /// Runs `f` in a transaction, reconnecting and retrying on connection loss.
+    fn with_tx<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Transaction<'_>, &TableSchema, &str) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut delay = Duration::from_millis(100);
+        for attempt in 0..=RETRIES {
+            let result = (|| {
+                let mut tx = self.client.transaction().map_err(PgFail::Conn)?;
+                let out = f(&mut tx, &self.table, &self.table_name).map_err(PgFail::Store)?;
+                tx.commit().map_err(PgFail::Conn)?;
+                Ok(out)
+            })();
+            match result {
+                Ok(v) => return Ok(v),
+                Err(PgFail::Store(StoreError::Backend(e)))
+                    if self.client.is_closed() && attempt < RETRIES =>
+                {
+                    tracing::warn!(url = %redact_url(&self.url), error = %e, "PostgreSQL connection lost; retrying");
+                }
+                Err(PgFail::Store(e)) => return Err(e),
+                Err(PgFail::Conn(e))
+                    if (self.client.is_closed() || e.is_closed()) && attempt < RETRIES =>
+                {
+                    tracing::warn!(url = %redact_url(&self.url), error = %e, "PostgreSQL connection lost; retrying");
+                }
+                Err(PgFail::Conn(e)) => return Err(backend(e)),
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_secs(5));
+            if let Ok(c) = connect(&self.url) {
+                self.client = c;
+            }
+        }
+        Err(backend(format!(
+            "PostgreSQL at {} unreachable",
+            redact_url(&self.url)
+        )))
+    }
+
+    /// Committed vnode progress.
+    pub fn vnode_progress(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| vnode_rows(tx, &job, None))
+    }
+}
+
+enum PgFail {
+    Conn(postgres::Error),
+    Store(StoreError),
+}
+
+fn connect(url: &str) -> Result<Client, StoreError> {
+    let mut delay = Duration::from_millis(100);
+    let mut last = None;
+    for _ in 0..RETRIES {
+        match Client::connect(url, NoTls) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+    Err(backend(format!(
+        "connecting to PostgreSQL at {}: {}",
+        redact_url(url),
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}
+
+fn job_row(tx: &mut Transaction<'_>, job: &str, lock: bool) -> Result<Option<JobRow>, StoreError> {
+    let q = format!(
+        "SELECT snapshot_epoch, vnode_count, partition_count, generation, phase, recreations FROM kb_jobs WHERE job = $1{}",
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    let row = tx.query_opt(&q, &[&job]).map_err(backend)?;
+    Ok(row.map(|r| JobRow {
+        job: job.to_string(),
+        snapshot_epoch: Epoch(r.get::<_, i64>(0) as u64),
+        vnode_count: r.get::<_, i32>(1) as u32,
+        partition_count: r.get::<_, i32>(2) as u32,
+        generation: r.get::<_, i64>(3) as u64,
+        phase: r.get(4),
+        recreations: r.get::<_, i64>(5) as u64,
+    }))
+}
+
+fn vnode_rows(
+    tx: &mut Transaction<'_>,
+    job: &str,
+    only: Option<&[i32]>,
+) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+    let rows = match only {
+        Some(vs) => tx.query(
+            "SELECT vnode, epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = $1 AND vnode = ANY($2)",
+            &[&job, &vs],
+        ),
+        None => tx.query("SELECT vnode, epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = $1", &[&job]),
+    }
+    .map_err(backend)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let v = r.get::<_, i32>(0) as Vnode;
+            (
+                v,
+                VnodeProgress {
+                    vnode: v,
+                    epoch: Epoch(r.get::<_, i64>(1) as u64),
+                    row_count: r.get::<_, i64>(2) as u64,
+                    finished: r.get(3),
+                    cursor: r.get(4),
+                },
+            )
+        })
+        .collect())
+}
+
+impl StateStore for PostgresStore {
+    fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
+        let table_name = self.table_name.clone();
+        let row = self.with_tx(|tx, _, _| {
+            tx.execute(
+                "INSERT INTO kb_jobs VALUES ($1, $2, $3, $4, 0, 'snapshot', 0, 1, $5) ON CONFLICT (job) DO NOTHING",
+                &[&job, &(info.snapshot_epoch.0 as i64), &(info.vnode_count as i32), &(info.partition_count as i32), &table_name],
+            )
+            .map_err(backend)?;
+            job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })
+        })?;
+        check_job_matches(&row, info)?;
+        Ok(row)
+    }
+
+    fn job(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
+        self.with_tx(|tx, _, _| job_row(tx, job, false))
+    }
+
+    fn claim(
+        &mut self,
+        job: &str,
+        generation: u64,
+        worker: &str,
+        partitions: &[PartitionId],
+        info: &SnapshotInfo,
+    ) -> Result<Vec<ClaimedPartition>, StoreError> {
+        let map = PartitionMap::new(info.vnode_count, info.partition_count).map_err(backend)?;
+        self.with_tx(|tx, _, _| {
+            let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+            if row.generation != generation {
+                return Err(StoreError::StaleGeneration { job: job.into(), attempted: generation, current: row.generation });
+            }
+            let mut out = Vec::new();
+            for &p in partitions {
+                let lease: i64 = tx
+                    .query_one("UPDATE kb_jobs SET next_lease = next_lease + 1 WHERE job = $1 RETURNING next_lease - 1", &[&job])
+                    .map_err(backend)?
+                    .get(0);
+                tx.execute(
+                    "INSERT INTO kb_leases VALUES ($1, $2, $3, $4) ON CONFLICT (job, partition) DO UPDATE SET owner = EXCLUDED.owner, lease = EXCLUDED.lease",
+                    &[&job, &(p as i32), &worker, &lease],
+                )
+                .map_err(backend)?;
+                let progress = tx
+                    .query_opt(
+                        "SELECT next_offset, epoch, streaming FROM kb_partition_progress WHERE job = $1 AND partition = $2",
+                        &[&job, &(p as i32)],
+                    )
+                    .map_err(backend)?
+                    .map(|r| PartitionProgress {
+                        partition: p,
+                        next_offset: r.get::<_, i64>(0) as u64,
+                        epoch: Epoch(r.get::<_, i64>(1) as u64),
+                        streaming: r.get(2),
+                    });
+                let progress = match progress {
+                    Some(pp) => pp,
+                    None => info
+                        .start_of(p)
+                        .cloned()
+                        .ok_or_else(|| backend(format!("the snapshot has no start offset for partition {p}")))?,
+                };
+                let vs: Vec<i32> = map.vnodes_of(p).map(|v| v as i32).collect();
+                let stored = vnode_rows(tx, job, Some(&vs))?;
+                let vnodes = map
+                    .vnodes_of(p)
+                    .map(|v| stored.get(&v).cloned().unwrap_or_else(|| VnodeProgress::fresh(v, info.snapshot_epoch)))
+                    .collect();
+                out.push(ClaimedPartition { partition: p, lease: lease as u64, progress, vnodes });
+            }
+            Ok(out)
+        })
+    }
+
+    fn commit(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+        self.with_tx(|tx, table, table_name| {
+            let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+            if row.generation != cp.generation {
+                return Err(StoreError::StaleGeneration { job: job.into(), attempted: cp.generation, current: row.generation });
+            }
+            let ps: Vec<i32> = cp.leases.iter().map(|(p, _)| *p as i32).collect();
+            let current: BTreeMap<i32, (String, i64)> = tx
+                .query("SELECT partition, owner, lease FROM kb_leases WHERE job = $1 AND partition = ANY($2)", &[&job, &ps])
+                .map_err(backend)?
+                .into_iter()
+                .map(|r| (r.get(0), (r.get(1), r.get(2))))
+                .collect();
+            for (p, lease) in &cp.leases {
+                match current.get(&(*p as i32)) {
+                    Some((_, l)) if *l as u64 == *lease => {}
+                    other => {
+                        return Err(StoreError::NotOwner {
+                            job: job.into(),
+                            partition: *p,
+                            attempted: *lease,
+                            current: other.map_or(0, |o| o.1 as u64),
+                            owner: other.map_or("nobody".into(), |o| o.0.clone()),
+                        })
+                    }
+                }
+            }
+            let map = PartitionMap::new(row.vnode_count, row.partition_count).map_err(backend)?;
+            let vs: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
+            let committed = vnode_rows(tx, job, Some(&vs))?;
+            check_checkpoint(job, &map, &committed, cp)?;
+            let cols: Vec<String> = table.columns.iter().map(|c| format!("\"{}\"", c.name)).collect();
+            let marks: Vec<String> = (0..cols.len()).map(|i| format!("${}", i + 4)).collect();
+            let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
+            let upsert = tx
+                .prepare(&format!(
+                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES ($1, $2, $3, {}) ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+                    cols.join(", "),
+                    marks.join(", "),
+                    sets.join(", ")
+                ))
+                .map_err(backend)?;
+            let delete = tx.prepare(&format!("DELETE FROM \"{table_name}\" WHERE _kb_key = $1")).map_err(backend)?;
+            for m in &cp.rows {
+                match m {
+                    RowMutation::Upsert { vnode, row } => {
+                        let fields = table
+                            .decode_row(&row.value)
+                            .map_err(|e| backend(format!("row with key {:?} does not decode: {e}", row.key)))?;
+                        let values: Vec<PgValue> =
+                            fields.into_iter().zip(&table.columns).map(|(v, c)| PgValue::of(c.ty, v)).collect();
+                        let vnode = *vnode as i32;
+                        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&row.key, &vnode, &row.value];
+                        params.extend(values.iter().map(|v| v.sql()));
+                        tx.execute(&upsert, &params).map_err(backend)?;
+                    }
+                    RowMutation::Delete { key, .. } => {
+                        tx.execute(&delete, &[key]).map_err(backend)?;
+                    }
+                }
+            }
+            for v in &cp.vnodes {
+                tx.execute(
+                    "INSERT INTO kb_vnode_progress VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
+                    &[&job, &(v.vnode as i32), &(v.epoch.0 as i64), &(v.row_count as i64), &v.finished, &v.cursor],
+                )
+                .map_err(backend)?;
+            }
+            for p in &cp.partitions {
+                tx.execute(
+                    "INSERT INTO kb_partition_progress VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = EXCLUDED.epoch, streaming = EXCLUDED.streaming",
+                    &[&job, &(p.partition as i32), &(p.next_offset as i64), &(p.epoch.0 as i64), &p.streaming],
+                )
+                .map_err(backend)?;
+            }
+            let phase = if cp.partitions.iter().any(|p| p.streaming) {
+                Some("streaming")
+            } else if !cp.partitions.is_empty() {
+                Some("log_store")
+            } else {
+                None
+            };
+            if let Some(phase) = phase {
+                tx.execute("UPDATE kb_jobs SET phase = $2 WHERE job = $1", &[&job, &phase]).map_err(backend)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+        self.with_tx(|tx, _, table_name| {
+            let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+            if row.generation == from_generation {
+                tx.execute(
+                    "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = $1",
+                    &[&job],
+                )
+                .map_err(backend)?;
+                for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
+                    tx.execute(&format!("DELETE FROM {t} WHERE job = $1"), &[&job]).map_err(backend)?;
+                }
+                tx.execute(&format!("DELETE FROM \"{table_name}\""), &[]).map_err(backend)?;
+            }
+            job_row(tx, job, false).map(|r| r.expect("job row"))
+        })
+    }
+
+    fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        self.with_tx(|tx, _, table_name| {
+            Ok(tx
+                .query(
+                    &format!("SELECT _kb_key, _kb_row FROM \"{table_name}\""),
+                    &[],
+                )
+                .map_err(backend)?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+    }
+
+    fn committed_vnodes(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        self.vnode_progress(job)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgresql://kb:hunter2@db:5432/x"),
+            "postgresql://kb:***@db:5432/x"
+        );
+        assert_eq!(redact_url("postgresql://kb@db/x"), "postgresql://kb@db/x");
+    }
+}
