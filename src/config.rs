@@ -117,6 +117,13 @@ pub enum SnapshotConfig {
         /// The folder holding `manifest.json`.
         dir: PathBuf,
     },
+    /// A PostgreSQL table recorded in `kb_snapshots` (see `kafka-backfill export-snapshot`).
+    Postgres {
+        /// `postgresql://user:password@host:port/database`.
+        url: String,
+        /// The snapshot's name in `kb_snapshots`.
+        name: String,
+    },
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -11,10 +11,12 @@ use anyhow::{bail, Context, Result};
 use tracing::{error, info};
 
 use crate::codec::LogCodec;
+use crate::codec::TableSchema;
 use crate::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
 use crate::core::{LocalCheckpointPolicy, PartitionMap, Supervisor, SupervisorConfig};
 use crate::kafka::worker::{run_worker, StatusBoard, StoreFactory, WorkerSetup};
 use crate::ports::{SnapshotSource, StateStore};
+use crate::postgres_snapshot::PostgresSnapshot;
 use crate::snapshot_files::SnapshotFiles;
 use crate::sqlite_store::SqliteStore;
 
@@ -30,29 +32,52 @@ pub struct RunOptions {
 /// A job's checked inputs.
 pub struct PreparedJob {
     pub config: JobConfig,
-    pub snapshot: Arc<SnapshotFiles>,
+    pub snapshot: Arc<dyn SnapshotSource>,
+    pub table: TableSchema,
     pub codec: Arc<LogCodec>,
     pub open_store: StoreFactory,
 }
 
 /// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
 pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
-    let SnapshotConfig::Files { dir } = &job.snapshot;
-    let snapshot = SnapshotFiles::open(dir)
-        .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+    let (snapshot, table, manifest): (Arc<dyn SnapshotSource>, TableSchema, String) =
+        match &job.snapshot {
+            SnapshotConfig::Files { dir } => {
+                let s = SnapshotFiles::open(dir)
+                    .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+                let table = s.table.clone();
+                (
+                    Arc::new(s),
+                    table,
+                    dir.join("manifest.json").display().to_string(),
+                )
+            }
+            SnapshotConfig::Postgres { url, name } => {
+                let s = PostgresSnapshot::open(url, name)
+                    .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+                let table = s.table().clone();
+                (
+                    Arc::new(s),
+                    table,
+                    format!(
+                        "snapshot {name} in {}",
+                        crate::postgres_store::redact_url(url)
+                    ),
+                )
+            }
+        };
     let info = snapshot.info().clone();
-    let manifest = dir.join("manifest.json");
     if info.vnode_count != job.vnode_count {
         bail!(
             "job {}: vnode_count is {} in the configuration but {} in {}",
             job.name,
             job.vnode_count,
             info.vnode_count,
-            manifest.display()
+            manifest
         );
     }
     let map = PartitionMap::new(info.vnode_count, info.partition_count)
-        .with_context(|| format!("{}", manifest.display()))?;
+        .with_context(|| manifest.clone())?;
     if check_topic {
         let bootstrap = &job.kafka["bootstrap.servers"];
         match crate::kafka::admin::partition_count(bootstrap, &job.topic)? {
@@ -63,11 +88,11 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
             ),
             Some(n) => map
                 .check_partition_count(n, &format!("topic {}", job.topic))
-                .with_context(|| format!("job {} (snapshot {})", job.name, manifest.display()))?,
+                .with_context(|| format!("job {} (snapshot {manifest})", job.name))?,
         }
     }
-    let codec = Arc::new(LogCodec::new(snapshot.table.clone())?);
-    let open_store = store_factory(&job.store, snapshot.table.clone())?;
+    let codec = Arc::new(LogCodec::new(table.clone())?);
+    let open_store = store_factory(&job.store, table.clone())?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
     store
@@ -75,7 +100,8 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         .with_context(|| format!("job {}", job.name))?;
     Ok(PreparedJob {
         config: job.clone(),
-        snapshot: Arc::new(snapshot),
+        snapshot,
+        table,
         codec,
         open_store,
     })

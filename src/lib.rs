@@ -12,6 +12,7 @@ pub mod kafka;
 pub mod memory;
 pub mod metrics;
 pub mod ports;
+pub mod postgres_snapshot;
 pub mod postgres_store;
 pub mod sim;
 pub mod snapshot_files;

@@ -87,6 +87,21 @@ enum Command {
         #[arg(long)]
         expected: PathBuf,
     },
+    /// Copy a file snapshot (a folder with manifest.json) into PostgreSQL, as a snapshot source.
+    ExportSnapshot {
+        /// The folder holding manifest.json.
+        #[arg(long)]
+        from: PathBuf,
+        /// postgresql://user:password@host:port/database
+        #[arg(long)]
+        to_postgres: String,
+        /// The snapshot's name in kb_snapshots (what `[jobs.snapshot] name` refers to).
+        #[arg(long)]
+        name: String,
+        /// The table that receives the rows.
+        #[arg(long)]
+        table: String,
+    },
     /// Validate a configuration file without running it.
     CheckConfig { file: PathBuf },
     /// Run the whole job on embedded defaults: an in-process mock Kafka, a generated snapshot and log,
@@ -174,6 +189,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::ExportSnapshot {
+            from,
+            to_postgres,
+            name,
+            table,
+        } => {
+            let files = kafka_backfill::snapshot_files::SnapshotFiles::open(&from)?;
+            let n = kafka_backfill::postgres_snapshot::PostgresSnapshot::export(
+                &files,
+                &to_postgres,
+                &name,
+                &table,
+            )?;
+            println!(
+                "exported {n} rows of {} as snapshot {name} (table {table}) to {}",
+                from.display(),
+                kafka_backfill::postgres_store::redact_url(&to_postgres)
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Status { url, json } => {
             let (code, body) =

@@ -39,7 +39,7 @@ pub enum SourceError {
 pub type RowIter<'a> = Box<dyn Iterator<Item = Result<Row, SourceError>> + Send + 'a>;
 
 /// A table snapshot at `Es`, scannable per vnode from a cursor.
-pub trait SnapshotSource: Send {
+pub trait SnapshotSource: Send + Sync {
     fn info(&self) -> &SnapshotInfo;
     /// Rows of `vnode` whose key is strictly greater than `after`, in key order.
     fn scan(&self, vnode: Vnode, after: Option<&[u8]>) -> Result<RowIter<'_>, SourceError>;

@@ -97,7 +97,7 @@ fn verify(s: &Setup) -> kafka_backfill::verify::VerifyReport {
     let mut store = SqliteStore::open(
         &s.dir.join("state.sqlite"),
         "accounts",
-        prepared.snapshot.table.clone(),
+        prepared.table.clone(),
     )
     .unwrap();
     kafka_backfill::verify::verify(&mut store, &s.config.jobs[0].name, &s.dir.join("expected"))
@@ -191,7 +191,7 @@ fn a_lost_assignment_in_the_log_store_recreates_and_verifies() {
     let mut store = SqliteStore::open(
         &s.dir.join("state.sqlite"),
         "accounts",
-        prepared.snapshot.table.clone(),
+        prepared.table.clone(),
     )
     .unwrap();
     use kafka_backfill::ports::StateStore;

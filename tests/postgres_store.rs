@@ -222,3 +222,69 @@ fn kill_9_in_every_phase_on_postgres_then_restart_verifies_clean() {
     use_postgres(&f, &url);
     support::kill_9_in_every_phase(&f);
 }
+
+#[test]
+fn a_postgres_table_as_the_snapshot_source() {
+    let _g = serial();
+    let url = pg_url();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let f = Fixture::new(&format!("pgsnap{stamp}"), 2, "");
+    f.produce(&["--partitions", "4", "--rows", "5000", "--changes", "5000"]);
+    let snap = format!("snap_{stamp}");
+    let out = Command::new(support::BIN)
+        .args(["export-snapshot", "--from"])
+        .arg(f.dir.join("out/snapshot"))
+        .args(["--to-postgres", &url, "--name", &snap, "--table", &snap])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("exported 5000 rows"));
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let start = text.find("[jobs.snapshot]").unwrap();
+    let end = text[start..].find("[jobs.store]").unwrap() + start;
+    let source =
+        format!("[jobs.snapshot]\nkind = \"postgres\"\nurl = \"{url}\"\nname = \"{snap}\"\n");
+    std::fs::write(
+        &f.config,
+        format!("{}{}{}", &text[..start], source, &text[end..]),
+    )
+    .unwrap();
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    assert!(
+        run.wait_exit(Duration::from_secs(120)).success(),
+        "{}",
+        support::tail(&run.log_text())
+    );
+    let out = f.verify();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A snapshot name that does not exist is a clear error.
+    std::fs::write(
+        &f.config,
+        std::fs::read_to_string(&f.config)
+            .unwrap()
+            .replace(&format!("name = \"{snap}\""), "name = \"nope\""),
+    )
+    .unwrap();
+    let out = Command::new(support::BIN)
+        .args(["run", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no snapshot named nope in kb_snapshots"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -29,7 +29,6 @@ use crate::core::{
 use crate::kafka::admin::{cached_high_watermark, client_config};
 use crate::metrics::metrics;
 use crate::ports::{SnapshotSource, StateStore, StoreError};
-use crate::snapshot_files::SnapshotFiles;
 
 /// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
 const MAX_MESSAGES_PER_ROUND: usize = 10_000;
@@ -60,7 +59,7 @@ pub struct WorkerSetup {
     pub topic: String,
     pub worker: String,
     pub kafka: BTreeMap<String, String>,
-    pub snapshot: Arc<SnapshotFiles>,
+    pub snapshot: Arc<dyn SnapshotSource>,
     pub codec: Arc<LogCodec>,
     pub open_store: StoreFactory,
     pub local_checkpoint: LocalCheckpointPolicy,
@@ -107,12 +106,10 @@ impl Inner {
 
     fn start_executor(&mut self) -> Result<(), WorkerFailure> {
         let info = self.setup.snapshot.info().clone();
-        let row = self.store.ensure_job(&self.setup.job, &info).map_err(|e| {
-            WorkerFailure::Fatal(format!(
-                "snapshot {}: {e}",
-                self.setup.snapshot.dir().display()
-            ))
-        })?;
+        let row = self
+            .store
+            .ensure_job(&self.setup.job, &info)
+            .map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
         let spec = JobSpec {
             topic: self.setup.topic.clone(),
             snapshot_epoch: info.snapshot_epoch,
