@@ -99,6 +99,14 @@ pub struct JobConfig {
     /// the phases visible.
     #[serde(default)]
     pub max_rows_per_second: u64,
+    /// Barrier alignment buffer: how many barriers a partition may run ahead of the slowest owned
+    /// partition before it is paused. More uses memory for fewer pauses.
+    #[serde(default = "default_ahead")]
+    pub max_epochs_ahead: usize,
+}
+
+fn default_ahead() -> usize {
+    16
 }
 
 fn one() -> u32 {
@@ -272,14 +280,40 @@ impl Config {
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let overrides: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .collect();
+        Self::parse_with(text, origin, &overrides)
+    }
+
+    /// Parses with explicit `KAFKA_BACKFILL__…` overrides (the environment's, in [`Config::parse`]).
+    pub fn parse_with(
+        text: &str,
+        origin: &str,
+        overrides: &[(String, String)],
+    ) -> Result<Config, ConfigError> {
         let text = substitute_env(text).map_err(|m| err(origin, m))?;
-        let config: Config = toml::from_str(&text).map_err(|e| {
+        let located = |e: toml::de::Error| {
             let span = e
                 .span()
                 .map(|s| line_of(&text, s.start))
                 .unwrap_or_default();
             err(format!("{origin}{span}"), e.message().to_string())
-        })?;
+        };
+        let mut doc: toml::Table = toml::from_str(&text).map_err(located)?;
+        for (k, v) in overrides {
+            apply_override(&mut doc, k, v)?;
+        }
+        let config: Config = if overrides.is_empty() {
+            toml::from_str(&text).map_err(located)?
+        } else {
+            Config::deserialize(toml::Value::Table(doc)).map_err(|e| {
+                err(
+                    format!("{origin} (with environment overrides)"),
+                    e.message().to_string(),
+                )
+            })?
+        };
         config.validate()?;
         Ok(config)
     }
@@ -388,6 +422,69 @@ impl JobConfig {
     }
 }
 
+/// Environment overrides: `KAFKA_BACKFILL__HTTP__LISTEN=0.0.0.0:9464`,
+/// `KAFKA_BACKFILL__JOBS__0__WORKERS=4`, `KAFKA_BACKFILL__JOBS__0__KAFKA__bootstrap.servers=…`: the path
+/// after the prefix, `__`-separated (table keys lower-cased, except under `kafka`), array items by index.
+/// Values are read as TOML scalars when they parse as one, else as strings.
+pub const ENV_PREFIX: &str = "KAFKA_BACKFILL__";
+
+fn apply_override(doc: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
+    let path: Vec<&str> = key[ENV_PREFIX.len()..].split("__").collect();
+    let parsed: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let mut node = doc;
+    let mut in_kafka = false;
+    for (i, seg) in path.iter().enumerate() {
+        let name = if in_kafka {
+            seg.to_string()
+        } else {
+            seg.to_lowercase()
+        };
+        let last = i + 1 == path.len();
+        if last {
+            node.insert(name, parsed);
+            return Ok(());
+        }
+        in_kafka = name == "kafka";
+        let entry = node
+            .entry(name.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = match entry {
+            toml::Value::Table(t) => t,
+            toml::Value::Array(items) => {
+                let idx: usize = path[i + 1].parse().map_err(|_| {
+                    err(
+                        key,
+                        format!("{name} is a list: the next segment must be an index"),
+                    )
+                })?;
+                let item = items
+                    .get_mut(idx)
+                    .ok_or_else(|| err(key, format!("{name} has no item {idx}")))?;
+                if i + 2 == path.len() {
+                    *item = parsed;
+                    return Ok(());
+                }
+                // Skip the index segment.
+                match item {
+                    toml::Value::Table(t) => {
+                        return apply_override(
+                            t,
+                            &format!("{ENV_PREFIX}{}", path[i + 2..].join("__")),
+                            value,
+                        );
+                    }
+                    _ => return Err(err(key, format!("{name}[{idx}] is not a table"))),
+                }
+            }
+            _ => return Err(err(key, format!("{name} is not a table"))),
+        };
+    }
+    Ok(())
+}
+
 fn line_of(text: &str, offset: usize) -> String {
     let line = text[..offset.min(text.len())].matches('\n').count() + 1;
     format!(":{line}")
@@ -490,6 +587,28 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
             e.to_string(),
             "jobs[0].kafka.\"enable.auto.commit\": is managed by kafka-backfill; remove it"
         );
+    }
+
+    #[test]
+    fn environment_overrides_set_nested_keys_and_are_validated() {
+        let o = |k: &str, v: &str| (format!("KAFKA_BACKFILL__{k}"), v.to_string());
+        let c = Config::parse_with(
+            GOOD,
+            "t.toml",
+            &[
+                o("HTTP__LISTEN", "0.0.0.0:1234"),
+                o("JOBS__0__WORKERS", "3"),
+                o("JOBS__0__KAFKA__group.id", "g1"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.http.listen, "0.0.0.0:1234");
+        assert_eq!(c.jobs[0].workers, 3);
+        assert_eq!(c.jobs[0].kafka["group.id"], "g1");
+        let e = Config::parse_with(GOOD, "t.toml", &[o("JOBS__0__WORKERS", "0")]).unwrap_err();
+        assert_eq!(e.to_string(), "jobs[0].workers: must be 1..=64");
+        let e = Config::parse_with(GOOD, "t.toml", &[o("JOBS__0__WORKERZ", "2")]).unwrap_err();
+        assert!(e.to_string().contains("unknown field `workerz`"), "{e}");
     }
 
     #[test]

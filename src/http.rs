@@ -63,6 +63,8 @@ pub fn status_json(board: &StatusBoard) -> Value {
                         "committed_epoch": s.and_then(|s| s.committed_epoch).map(|e| e.0),
                         "epoch_lag_seconds": s.map_or(0.0, |s| s.epoch_lag_seconds),
                         "lag_records": lag_records,
+                        "records_per_second": r.records_per_second,
+                        "estimated_catch_up_seconds": r.estimated_catch_up_seconds,
                         "caught_up": r.caught_up,
                         "recreations": r.recreations,
                         "last_error": r.last_error,

@@ -176,6 +176,7 @@ pub fn run(
                 shutdown: shutdown.clone(),
                 board: board.clone(),
                 max_rows_per_second: job.max_rows_per_second,
+                max_epochs_ahead: job.max_epochs_ahead,
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

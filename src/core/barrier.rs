@@ -28,15 +28,15 @@ impl Barrier {
     }
 }
 
-/// The operation a change applies to its row.
+/// The operation a change applies to its row (`as usize` is its index in `Op::ALL` and in the Avro enum).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    Insert,
-    Delete,
+    Insert = 0,
+    Delete = 1,
     /// The old image of an update; the next record of the partition is its `UpdateInsert`.
-    UpdateDelete,
+    UpdateDelete = 2,
     /// The new image of an update.
-    UpdateInsert,
+    UpdateInsert = 3,
 }
 
 impl Op {

@@ -4,6 +4,32 @@
 //! so staging keeps epochs apart; within one commit the buckets merge, later epochs winning.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FxHash (rustc's hasher): keys are primary-key bytes chosen by the upstream, not by an attacker
+/// of this process, and SipHash was a visible share of the replay profile.
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(K);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 use super::barrier::{Change, Op, Row};
 use super::epoch::Epoch;
@@ -12,7 +38,7 @@ use super::vnode::Vnode;
 
 #[derive(Default, Debug)]
 struct EpochBucket {
-    rows: HashMap<Vec<u8>, RowMutation>,
+    rows: FxMap<Vec<u8>, RowMutation>,
     /// Changes applied per vnode (before coalescing): the `row_count` of vnode progress.
     counts: HashMap<Vnode, u64>,
 }
@@ -65,7 +91,7 @@ impl Staging {
     pub fn take_through(&mut self, through: Epoch) -> Taken {
         let later = self.epochs.split_off(&Epoch(through.0 + 1));
         let taken = std::mem::replace(&mut self.epochs, later);
-        let mut merged: HashMap<Vec<u8>, RowMutation> = HashMap::new();
+        let mut merged: FxMap<Vec<u8>, RowMutation> = FxMap::default();
         let mut counts: HashMap<Vnode, u64> = HashMap::new();
         for (_, bucket) in taken {
             for (v, c) in bucket.counts {

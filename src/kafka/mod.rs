@@ -5,4 +5,5 @@
 //! librdkafka calls are synchronous here and run on dedicated threads, never on a tokio worker.
 
 pub mod admin;
+pub mod committer;
 pub mod worker;

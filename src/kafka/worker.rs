@@ -33,10 +33,6 @@ use crate::ports::{SnapshotSource, StateStore, StoreError};
 /// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
 const MAX_MESSAGES_PER_ROUND: usize = 10_000;
 
-/// Alignment back-pressure: how many barriers a partition may run ahead of the others before it is
-/// paused (librdkafka drops a paused partition's prefetched messages, so pausing often is costly).
-const MAX_EPOCHS_AHEAD: usize = 16;
-
 /// Opens a state store handle for one worker.
 pub type StoreFactory = Arc<dyn Fn() -> Result<Box<dyn StateStore>, StoreError> + Send + Sync>;
 
@@ -44,6 +40,10 @@ pub type StoreFactory = Arc<dyn Fn() -> Result<Box<dyn StateStore>, StoreError> 
 #[derive(Clone, Debug, Default)]
 pub struct WorkerReport {
     pub status: Option<WorkerStatus>,
+    /// Snapshot rows plus log records handled per second (smoothed).
+    pub records_per_second: f64,
+    /// Partition lag divided by the rate, while the log is being replayed.
+    pub estimated_catch_up_seconds: Option<f64>,
     pub caught_up: bool,
     pub last_error: Option<String>,
     pub recreations: u64,
@@ -68,6 +68,9 @@ pub struct WorkerSetup {
     pub board: StatusBoard,
     /// Snapshot rows plus log records per second; 0 = unlimited.
     pub max_rows_per_second: u64,
+    /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
+    /// often is costly).
+    pub max_epochs_ahead: usize,
 }
 
 struct Scan {
@@ -88,6 +91,30 @@ struct Inner {
     position: HashMap<PartitionId, u64>,
     paused_at: HashMap<PartitionId, Instant>,
     last_error: Option<String>,
+    /// (when, records handled so far, smoothed rate) for the status report.
+    rate: (Instant, u64, f64),
+    /// Per-record counters, resolved once (label lookups are too slow for the hot path).
+    counters: HotCounters,
+    committer: crate::kafka::committer::Committer,
+}
+
+struct HotCounters {
+    /// Indexed by `Op as usize`.
+    log_records: Vec<prometheus::IntCounter>,
+    snapshot_rows: prometheus::IntCounter,
+}
+
+impl HotCounters {
+    fn new(job: &str) -> Self {
+        let m = metrics();
+        HotCounters {
+            log_records: crate::core::Op::ALL
+                .iter()
+                .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
+                .collect(),
+            snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
+        }
+    }
 }
 
 fn now_ms() -> u64 {
@@ -105,6 +132,10 @@ impl Inner {
     }
 
     fn start_executor(&mut self) -> Result<(), WorkerFailure> {
+        // A fresh committer: the old one may hold checkpoints of the failed executor.
+        let _ = self.committer.drain();
+        let store = (self.setup.open_store)().map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
+        self.committer = crate::kafka::committer::Committer::start(self.setup.job.clone(), store);
         let info = self.setup.snapshot.info().clone();
         let row = self
             .store
@@ -117,7 +148,7 @@ impl Inner {
             generation: row.generation,
             worker: self.setup.worker.clone(),
             local_checkpoint: self.setup.local_checkpoint,
-            max_epochs_ahead: MAX_EPOCHS_AHEAD,
+            max_epochs_ahead: self.setup.max_epochs_ahead,
         };
         metrics()
             .generation
@@ -205,49 +236,10 @@ impl Inner {
         for d in decisions {
             match d {
                 Decision::Commit(cp) => {
-                    let t = Instant::now();
-                    match self.store.commit(&job, &cp) {
-                        Ok(()) => {
-                            let m = metrics();
-                            m.commit_seconds
-                                .with_label_values(&[&job])
-                                .observe(t.elapsed().as_secs_f64());
-                            m.checkpoints
-                                .with_label_values(&[
-                                    &job,
-                                    &format!("{:?}", cp.cause).to_lowercase(),
-                                ])
-                                .inc();
-                            debug!(job = %job, worker = %self.setup.worker, cause = ?cp.cause, epoch = ?cp.epoch, rows = cp.rows.len(), "committed");
-                            if !cp.partitions.is_empty() {
-                                let mut tpl = TopicPartitionList::new();
-                                for p in &cp.partitions {
-                                    tpl.add_partition_offset(
-                                        &self.setup.topic,
-                                        p.partition as i32,
-                                        Offset::Offset(p.next_offset as i64),
-                                    )
-                                    .expect("offset");
-                                    if let Some(mut e) =
-                                        tpl.find_partition(&self.setup.topic, p.partition as i32)
-                                    {
-                                        e.set_metadata(format!("epoch={}", p.epoch));
-                                    }
-                                }
-                                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                                    debug!(error = %e, "group offset commit failed (best effort)");
-                                }
-                            }
-                        }
-                        Err(e) if e.is_fenced() => {
-                            warn!(job = %job, worker = %self.setup.worker, error = %e, "commit fenced");
-                            return self.fail(WorkerFailure::Fenced(e.to_string()));
-                        }
-                        Err(StoreError::Backend(e)) => {
-                            warn!(job = %job, worker = %self.setup.worker, error = %e, "store unavailable; restarting from the last commit");
-                            return self.fail(WorkerFailure::Fenced(e));
-                        }
-                        Err(e) => return self.fail(WorkerFailure::Fatal(e.to_string())),
+                    // Pipelined: the committer applies it while this thread goes on fetching.
+                    self.committer.submit(cp);
+                    if !self.settle(consumer, false) {
+                        return;
                     }
                 }
                 Decision::Scan { scan, vnodes } => {
@@ -300,12 +292,74 @@ impl Inner {
                     }
                 }
                 Decision::Fail(e) => {
+                    // Invariant 4: the error is raised only after the checkpoint before it is durable.
+                    if !self.settle(consumer, true) {
+                        return;
+                    }
                     metrics().invariant_errors.with_label_values(&[&job]).inc();
                     error!(job = %job, worker = %self.setup.worker, "{e}");
                     return self.fail(WorkerFailure::Core(e));
                 }
             }
         }
+    }
+
+    /// Takes in finished commits (all pending ones when `wait`): metrics and group offsets for each
+    /// success; the first failure fails the worker. Returns whether all were successes.
+    fn settle(&mut self, consumer: &Kc, wait: bool) -> bool {
+        let done = if wait {
+            self.committer.drain()
+        } else {
+            self.committer.finished()
+        };
+        let job = self.setup.job.clone();
+        for d in done {
+            let cp = d.checkpoint;
+            match d.result {
+                Ok(()) => {
+                    let m = metrics();
+                    m.commit_seconds
+                        .with_label_values(&[&job])
+                        .observe(d.elapsed.as_secs_f64());
+                    m.checkpoints
+                        .with_label_values(&[&job, &format!("{:?}", cp.cause).to_lowercase()])
+                        .inc();
+                    debug!(job = %job, worker = %self.setup.worker, cause = ?cp.cause, epoch = ?cp.epoch, rows = cp.rows.len(), ms = d.elapsed.as_millis() as u64, "committed");
+                    if !cp.partitions.is_empty() {
+                        let mut tpl = TopicPartitionList::new();
+                        for p in &cp.partitions {
+                            tpl.add_partition_offset(
+                                &self.setup.topic,
+                                p.partition as i32,
+                                Offset::Offset(p.next_offset as i64),
+                            )
+                            .expect("offset");
+                            if let Some(mut e) =
+                                tpl.find_partition(&self.setup.topic, p.partition as i32)
+                            {
+                                e.set_metadata(format!("epoch={}", p.epoch));
+                            }
+                        }
+                        if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                            debug!(error = %e, "group offset commit failed (best effort)");
+                        }
+                    }
+                }
+                Err(e) if self.failure.is_some() => {
+                    debug!(job = %job, worker = %self.setup.worker, error = %e, "later checkpoint not applied");
+                }
+                Err(e) if e.is_fenced() => {
+                    warn!(job = %job, worker = %self.setup.worker, error = %e, "commit fenced");
+                    self.fail(WorkerFailure::Fenced(e.to_string()));
+                }
+                Err(StoreError::Backend(e)) => {
+                    warn!(job = %job, worker = %self.setup.worker, error = %e, "store unavailable; restarting from the last commit");
+                    self.fail(WorkerFailure::Fenced(e));
+                }
+                Err(e) => self.fail(WorkerFailure::Fatal(e.to_string())),
+            }
+        }
+        self.failure.is_none()
     }
 
     /// At shutdown: the store's offsets of the owned partitions, committed to the group and waited
@@ -344,10 +398,7 @@ impl Inner {
         match self.setup.codec.decode(m.payload().unwrap_or(&[]), m.key()) {
             Ok(record) => {
                 if let crate::core::LogRecord::Change(c) = &record {
-                    metrics()
-                        .log_records
-                        .with_label_values(&[&self.setup.job, c.op.as_str()])
-                        .inc();
+                    self.counters.log_records[c.op as usize].inc();
                 }
                 self.feed(
                     consumer,
@@ -408,10 +459,7 @@ impl Inner {
             let vnode = scan.current.expect("current");
             let event = match scan.rows.pop_front() {
                 Some(row) => {
-                    metrics()
-                        .snapshot_rows
-                        .with_label_values(&[&self.setup.job])
-                        .inc();
+                    self.counters.snapshot_rows.inc();
                     Event::SnapshotRow {
                         scan: id,
                         vnode,
@@ -474,8 +522,42 @@ impl Inner {
         self.feed(consumer, Event::Tick { now_ms: now_ms() });
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let status = self.exec.as_ref().map(|e| e.status());
+        let handled = status.as_ref().map_or(0, |s| {
+            s.counters.snapshot_rows + s.counters.changes.iter().sum::<u64>() + s.counters.barriers
+        });
+        let (then, before, ewma) = self.rate;
+        let dt = then.elapsed().as_secs_f64();
+        if dt >= 0.5 {
+            let now_rate = handled.saturating_sub(before) as f64 / dt;
+            self.rate = (
+                Instant::now(),
+                handled,
+                if ewma == 0.0 {
+                    now_rate
+                } else {
+                    0.7 * ewma + 0.3 * now_rate
+                },
+            );
+        }
+        let records_per_second = self.rate.2;
+        let lag: u64 = status.as_ref().map_or(0, |s| {
+            s.partitions
+                .iter()
+                .filter_map(|p| {
+                    p.high_watermark
+                        .map(|h| h.saturating_sub(p.committed_offset))
+                })
+                .sum()
+        });
+        let estimated_catch_up_seconds = match status.as_ref().map(|s| s.phase) {
+            Some(Phase::LogStore | Phase::Streaming) if records_per_second > 0.0 => {
+                Some(lag as f64 / records_per_second)
+            }
+            Some(Phase::Streaming) => Some(0.0),
+            _ => None,
+        };
         let m = metrics();
         if let Some(s) = &status {
             m.epoch_lag_seconds
@@ -501,6 +583,8 @@ impl Inner {
             self.setup.worker.clone(),
             WorkerReport {
                 status,
+                records_per_second,
+                estimated_catch_up_seconds,
                 caught_up,
                 last_error: self.last_error.clone(),
                 recreations,
@@ -573,12 +657,15 @@ impl ConsumerContext for Ctx {
                 }
                 if let Some(claims) = claims {
                     inner.feed(consumer, Event::Assigned(claims));
+                    inner.settle(consumer, true);
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
                 info!(job = %inner.setup.job, worker = %inner.setup.worker, partitions = ?parts, vnodes = ?ranges, lost, "partitions revoked");
                 inner.feed(consumer, Event::Revoked(parts.clone()));
+                // Commit → acknowledge: what the revocation committed is durable before unassigning.
+                inner.settle(consumer, true);
                 for p in &parts {
                     inner.position.remove(p);
                     inner.paused_at.remove(p);
@@ -610,6 +697,13 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         position: HashMap::new(),
         paused_at: HashMap::new(),
         last_error: None,
+        rate: (Instant::now(), 0, 0.0),
+        counters: HotCounters::new(&setup.job),
+        committer: crate::kafka::committer::Committer::start(
+            setup.job.clone(),
+            (setup.open_store)()
+                .with_context(|| format!("opening the state store of job {}", setup.job))?,
+        ),
     }));
     if let Err(f) = inner.lock().unwrap().start_executor() {
         return Err(anyhow!("{f:?}"));
@@ -638,6 +732,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         if setup.shutdown.load(Ordering::SeqCst) {
             let mut g = inner.lock().unwrap();
             g.feed(&consumer, Event::Shutdown);
+            g.settle(&consumer, true);
             g.commit_group_offsets_sync(&consumer);
             g.exec = None;
             drop(g);
@@ -680,6 +775,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
             }
         }
         let mut g = inner.lock().unwrap();
+        g.settle(&consumer, false);
         if g.failure.is_none() {
             g.scan_batch(&consumer, budget.min(1_000));
         }
