@@ -217,7 +217,7 @@ fn job_config(
             local_checkpoint: LocalCheckpointConfig::default(),
             recreation: RecreationConfig::default(),
             max_rows_per_second: 0,
-            max_epochs_ahead: 16,
+            max_epochs_ahead: 256,
         }],
     }
 }
@@ -523,7 +523,7 @@ fn main() {
     let (records, bare) = bare_consume(&bootstrap, &topic, a.partitions);
     let perf = consumer_performance(&bootstrap, &topic, records);
     let (_, log_sqlite_s) = timed_run(&job_config(
-        "logsqlite",
+        &format!("logsqlite{pid}"),
         &topic,
         &bootstrap,
         &d.join("snapshot"),
@@ -534,7 +534,7 @@ fn main() {
     ));
     let table = format!("bench_log_{pid}");
     let (_, log_pg_s) = timed_run(&job_config(
-        "logpg",
+        &format!("logpg{pid}"),
         &topic,
         &bootstrap,
         &d.join("snapshot"),
@@ -560,7 +560,7 @@ fn main() {
     produce(&bootstrap, &topic, a.partitions, a.snapshot_rows, 1_000, &d);
     let (snap_rows, decode) = bare_decode(&d.join("snapshot"));
     let (snap_s, _) = timed_run(&job_config(
-        "snapsqlite",
+        &format!("snapsqlite{pid}"),
         &topic,
         &bootstrap,
         &d.join("snapshot"),

@@ -106,7 +106,7 @@ pub struct JobConfig {
 }
 
 fn default_ahead() -> usize {
-    16
+    256
 }
 
 fn one() -> u32 {

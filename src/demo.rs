@@ -61,7 +61,7 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
             ..RecreationConfig::default()
         },
         max_rows_per_second: o.throttle,
-        max_epochs_ahead: 16,
+        max_epochs_ahead: 256,
     }
 }
 

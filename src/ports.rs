@@ -135,3 +135,24 @@ pub trait StateStore: Send {
     fn committed_vnodes(&mut self, job: &str)
         -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError>;
 }
+
+/// A SQL table name the stores accept (it is quoted into statements): letters, digits and `_`.
+pub fn check_table_name(name: &str) -> Result<(), StoreError> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(StoreError::Backend(format!(
+            "table name {name:?}: use letters, digits and _"
+        )));
+    }
+    Ok(())
+}
+
+/// The job-row phase a committed checkpoint implies, if it says anything about it.
+pub fn phase_after(cp: &Checkpoint) -> Option<&'static str> {
+    if cp.partitions.iter().any(|p| p.streaming) {
+        Some("streaming")
+    } else if !cp.partitions.is_empty() {
+        Some("log_store")
+    } else {
+        None
+    }
+}

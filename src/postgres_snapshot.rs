@@ -67,15 +67,7 @@ impl PostgresSnapshot {
         name: &str,
         table_name: &str,
     ) -> Result<u64, SourceError> {
-        if !table_name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            || table_name.is_empty()
-        {
-            return Err(err(format!(
-                "table name {table_name:?}: use letters, digits and _"
-            )));
-        }
+        crate::ports::check_table_name(table_name).map_err(err)?;
         let mut client = Client::connect(url, NoTls)
             .map_err(|e| err(format!("connecting to {}: {e}", redact_url(url))))?;
         let table = &files.table;

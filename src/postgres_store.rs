@@ -126,15 +126,7 @@ impl PgValue {
 impl PostgresStore {
     /// Connects (retrying with backoff) and creates the tables.
     pub fn open(url: &str, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
-        if !table_name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            || table_name.is_empty()
-        {
-            return Err(backend(format!(
-                "table name {table_name:?}: use letters, digits and _"
-            )));
-        }
+        crate::ports::check_table_name(table_name)?;
         let mut client = connect(url)?;
         let cols: Vec<String> = table
             .columns
@@ -435,13 +427,7 @@ impl StateStore for PostgresStore {
                 )
                 .map_err(backend)?;
             }
-            let phase = if cp.partitions.iter().any(|p| p.streaming) {
-                Some("streaming")
-            } else if !cp.partitions.is_empty() {
-                Some("log_store")
-            } else {
-                None
-            };
+            let phase = crate::ports::phase_after(cp);
             if let Some(phase) = phase {
                 tx.execute("UPDATE kb_jobs SET phase = $2 WHERE job = $1", &[&job, &phase]).map_err(backend)?;
             }

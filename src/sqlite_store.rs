@@ -61,15 +61,7 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating) the file and the materialised table `table_name` with the row's columns.
     pub fn open(path: &Path, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
-        if !table_name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            || table_name.is_empty()
-        {
-            return Err(backend(format!(
-                "table name {table_name:?}: use letters, digits and _"
-            )));
-        }
+        crate::ports::check_table_name(table_name)?;
         let conn =
             Connection::open(path).map_err(|e| backend(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
@@ -420,13 +412,7 @@ impl StateStore for SqliteStore {
                 .map_err(backend)?;
             }
         }
-        let phase = if cp.partitions.iter().any(|p| p.streaming) {
-            Some("streaming")
-        } else if !cp.partitions.is_empty() {
-            Some("log_store")
-        } else {
-            None
-        };
+        let phase = crate::ports::phase_after(cp);
         if let Some(phase) = phase {
             tx.execute(
                 "UPDATE kb_jobs SET phase = ?2 WHERE job = ?1",

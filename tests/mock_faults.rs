@@ -83,7 +83,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
                 ..RecreationConfig::default()
             },
             max_rows_per_second: throttle,
-            max_epochs_ahead: 16,
+            max_epochs_ahead: 256,
         }],
     };
     Setup {
