@@ -204,6 +204,7 @@ fn job_config(
             listen: String::new(),
         },
         log: LogConfig::default(),
+        shutdown_grace_secs: 30,
         jobs: vec![JobConfig {
             name: name.into(),
             topic: topic.into(),

@@ -23,8 +23,16 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// After SIGTERM/SIGINT, how long workers may take to commit and leave the group before the
+    /// process exits anyway (in-flight work is then abandoned; the store holds the last checkpoint).
+    #[serde(default = "default_grace")]
+    pub shutdown_grace_secs: u64,
     /// The jobs this process runs.
     pub jobs: Vec<JobConfig>,
+}
+
+fn default_grace() -> u64 {
+    30
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -168,6 +168,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
             listen: String::new(),
         },
         log: LogConfig::default(),
+        shutdown_grace_secs: 30,
         jobs: vec![job_config(o, &bootstrap)],
     };
     let board_a = job::new_board();

@@ -250,7 +250,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             init_logs(config.log.format, config.log.level.as_deref());
             let shutdown = Arc::new(AtomicBool::new(false));
-            install_signals(shutdown.clone())?;
+            install_signals(
+                shutdown.clone(),
+                std::time::Duration::from_secs(config.shutdown_grace_secs),
+            )?;
             let board = job::new_board();
             if !config.http.listen.is_empty() {
                 let addr = kafka_backfill::http::spawn(&config.http.listen, board.clone())?;
@@ -358,8 +361,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-/// SIGTERM or SIGINT sets `shutdown` (graceful); a second one exits at once.
-fn install_signals(shutdown: Arc<AtomicBool>) -> Result<()> {
+/// SIGTERM or SIGINT sets `shutdown` (graceful: commit what is complete, leave the group); a second one
+/// exits at once (130); past the grace period the process exits 0 abandoning in-flight work.
+fn install_signals(shutdown: Arc<AtomicBool>, grace: std::time::Duration) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -379,8 +383,13 @@ fn install_signals(shutdown: Arc<AtomicBool>) -> Result<()> {
                         eprintln!("second signal: exiting now");
                         std::process::exit(130);
                     }
-                    tracing::info!("signal received: stopping (send again to exit at once)");
+                    tracing::info!(grace_secs = grace.as_secs(), "signal received: stopping (send again to exit at once)");
                     shutdown.store(true, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(grace).await;
+                        tracing::warn!("shutdown grace period over: abandoning in-flight work (the store holds the last checkpoint)");
+                        std::process::exit(0);
+                    });
                 }
             })
         })?;

@@ -61,6 +61,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
             listen: String::new(),
         },
         log: LogConfig::default(),
+        shutdown_grace_secs: 30,
         jobs: vec![JobConfig {
             name: name.into(),
             topic: "log".into(),

@@ -223,3 +223,21 @@ fn demo_runs_on_embedded_defaults_and_shows_the_recreation() {
     assert!(stdout.contains("recreations: 1"), "{stdout}");
     assert!(dir.join("state.sqlite").is_file());
 }
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let _g = serial();
+    let f = Fixture::new("twosignals", 1, "");
+    f.produce(&["--partitions", "2", "--rows", "100", "--changes", "100"]);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("partitions assigned", Duration::from_secs(60));
+    run.signal("INT");
+    run.signal("INT");
+    let status = run.wait_exit(Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{}",
+        support::tail(&run.log_text())
+    );
+}
