@@ -7,5 +7,5 @@ KAFKA_BOOTSTRAP="$(scripts/kafka.sh start)"
 export KAFKA_BOOTSTRAP
 scripts/postgres.sh start >/dev/null
 export SIM_SEEDS="${SIM_SEEDS:-1000}"
-cargo test --all-targets -- --nocapture 2>&1 | grep -vE '^test .* \.\.\. ok$'
+cargo test --lib --bins --tests -- --nocapture 2>&1 | grep -vE '^test .* \.\.\. ok$'
 exit "${PIPESTATUS[0]}"
