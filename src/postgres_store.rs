@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS kb_leases (
 ";
 
 const RETRIES: u32 = 8;
+/// Rows per multi-row upsert, at most; wide rows get fewer (a statement takes 65,535 parameters).
+const ROWS_PER_STATEMENT: usize = 500;
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -383,40 +385,60 @@ impl StateStore for PostgresStore {
             let vs: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
             let committed = vnode_rows(tx, job, Some(&vs))?;
             check_checkpoint(job, &map, &committed, cp)?;
+            // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
+            // within a checkpoint (coalesced), so one statement never touches a row twice.
+            let ncols = 3 + table.columns.len();
             let cols: Vec<String> = table.columns.iter().map(|c| format!("\"{}\"", c.name)).collect();
-            let marks: Vec<String> = (0..cols.len()).map(|i| format!("${}", i + 4)).collect();
             let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
-            let upsert = tx
-                .prepare(&format!(
-                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES ($1, $2, $3, {}) ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
-                    cols.join(", "),
-                    marks.join(", "),
-                    sets.join(", ")
-                ))
-                .map_err(backend)?;
-            let delete = tx.prepare(&format!("DELETE FROM \"{table_name}\" WHERE _kb_key = $1")).map_err(backend)?;
+            let mut upserts: Vec<(Vec<u8>, i32, Vec<u8>, Vec<PgValue>)> = Vec::new();
+            let mut deletes: Vec<Vec<u8>> = Vec::new();
             for m in &cp.rows {
                 match m {
                     RowMutation::Upsert { vnode, row } => {
                         let fields = table
                             .decode_row(&row.value)
                             .map_err(|e| backend(format!("row with key {:?} does not decode: {e}", row.key)))?;
-                        let values: Vec<PgValue> =
-                            fields.into_iter().zip(&table.columns).map(|(v, c)| PgValue::of(c.ty, v)).collect();
-                        let vnode = *vnode as i32;
-                        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&row.key, &vnode, &row.value];
-                        params.extend(values.iter().map(|v| v.sql()));
-                        tx.execute(&upsert, &params).map_err(backend)?;
+                        let values = fields.into_iter().zip(&table.columns).map(|(v, c)| PgValue::of(c.ty, v)).collect();
+                        upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
                     }
-                    RowMutation::Delete { key, .. } => {
-                        tx.execute(&delete, &[key]).map_err(backend)?;
-                    }
+                    RowMutation::Delete { key, .. } => deletes.push(key.clone()),
                 }
             }
-            for v in &cp.vnodes {
+            let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
+            for chunk in upserts.chunks(per_statement) {
+                let tuples: Vec<String> = (0..chunk.len())
+                    .map(|r| {
+                        let marks: Vec<String> = (1..=ncols).map(|c| format!("${}", r * ncols + c)).collect();
+                        format!("({})", marks.join(", "))
+                    })
+                    .collect();
+                let sql = format!(
+                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+                    cols.join(", "),
+                    tuples.join(", "),
+                    sets.join(", ")
+                );
+                let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
+                for (key, vnode, value, values) in chunk {
+                    params.push(key);
+                    params.push(vnode);
+                    params.push(value);
+                    params.extend(values.iter().map(|v| v.sql()));
+                }
+                tx.execute(&sql, &params).map_err(backend)?;
+            }
+            if !deletes.is_empty() {
+                tx.execute(&format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"), &[&deletes]).map_err(backend)?;
+            }
+            if !cp.vnodes.is_empty() {
+                let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
+                let epochs: Vec<i64> = cp.vnodes.iter().map(|v| v.epoch.0 as i64).collect();
+                let counts: Vec<i64> = cp.vnodes.iter().map(|v| v.row_count as i64).collect();
+                let finished: Vec<bool> = cp.vnodes.iter().map(|v| v.finished).collect();
+                let cursors: Vec<Option<Vec<u8>>> = cp.vnodes.iter().map(|v| v.cursor.clone()).collect();
                 tx.execute(
-                    "INSERT INTO kb_vnode_progress VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
-                    &[&job, &(v.vnode as i32), &(v.epoch.0 as i64), &(v.row_count as i64), &v.finished, &v.cursor],
+                    "INSERT INTO kb_vnode_progress SELECT $1::text, * FROM UNNEST($2::int[], $3::bigint[], $4::bigint[], $5::bool[], $6::bytea[]) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
+                    &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
                 )
                 .map_err(backend)?;
             }
