@@ -208,6 +208,9 @@ impl PostgresStore {
     }
 }
 
+/// One row to upsert: key bytes, vnode, datum, column values.
+type UpsertRow = (Vec<u8>, i32, Vec<u8>, Vec<PgValue>);
+
 enum PgFail {
     Conn(postgres::Error),
     Store(StoreError),
@@ -390,7 +393,7 @@ impl StateStore for PostgresStore {
             let ncols = 3 + table.columns.len();
             let cols: Vec<String> = table.columns.iter().map(|c| format!("\"{}\"", c.name)).collect();
             let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
-            let mut upserts: Vec<(Vec<u8>, i32, Vec<u8>, Vec<PgValue>)> = Vec::new();
+            let mut upserts: Vec<UpsertRow> = Vec::new();
             let mut deletes: Vec<Vec<u8>> = Vec::new();
             for m in &cp.rows {
                 match m {
