@@ -259,15 +259,28 @@ fn timed_run(config: &Config) -> (f64, f64) {
             b,
         )
     });
+    // Start of the snapshot: the phase gauge. End of the snapshot and of the log store: when the
+    // `snapshotdone` and `caughtup` checkpoints are *committed* (commits are pipelined, so the phase
+    // gauge runs ahead of the store).
     let (mut t_snap, mut t_log, mut t_stream) = (None, None, None);
     let job = config.jobs[0].name.clone();
+    let committed = |cause: &str| {
+        kafka_backfill::metrics::metrics()
+            .checkpoints
+            .with_label_values(&[&job, cause])
+            .get()
+            > 0
+    };
     while !h.is_finished() {
         let now = Instant::now();
-        match gauge_phase(&job) {
-            Some(Phase::Snapshot) if t_snap.is_none() => t_snap = Some(now),
-            Some(Phase::LogStore) if t_log.is_none() => t_log = Some(now),
-            Some(Phase::Streaming) if t_stream.is_none() => t_stream = Some(now),
-            _ => {}
+        if t_snap.is_none() && gauge_phase(&job).is_some_and(|p| p != Phase::Unassigned) {
+            t_snap = Some(now);
+        }
+        if t_log.is_none() && committed("snapshotdone") {
+            t_log = Some(now);
+        }
+        if t_stream.is_none() && committed("caughtup") {
+            t_stream = Some(now);
         }
         std::thread::sleep(Duration::from_micros(500));
     }
