@@ -150,41 +150,16 @@ fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
     let mut a = f.spawn_run("a", &[]);
     a.wait_for("to=\"streaming\"", MIN);
     // More changes arrive, continuing the same log, while a second consumer joins and then leaves.
-    let writer = {
-        let (bootstrap, topic, out) = (f.bootstrap.clone(), f.topic.clone(), f.dir.join("out"));
-        std::thread::spawn(move || {
-            let out = std::process::Command::new(support::BIN)
-                .args([
-                    "produce",
-                    "--append",
-                    "--bootstrap",
-                    &bootstrap,
-                    "--topic",
-                    &topic,
-                    "--partitions",
-                    "4",
-                ])
-                .args([
-                    "--changes",
-                    "6000",
-                    "--rate",
-                    "1500",
-                    "--seed",
-                    "9",
-                    "--key-space",
-                    "2000",
-                    "--out",
-                ])
-                .arg(&out)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        })
-    };
+    let writer = f.append(&[
+        "--changes",
+        "6000",
+        "--rate",
+        "1500",
+        "--seed",
+        "9",
+        "--key-space",
+        "2000",
+    ]);
     std::thread::sleep(Duration::from_secs(1));
     let mut b = f.spawn_run("b", &[]);
     b.wait_for("partitions assigned", MIN);
@@ -195,7 +170,12 @@ fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
         "SIGTERM exits 0:\n{}",
         support::tail(&b.log_text())
     );
-    writer.join().unwrap();
+    let out = writer.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = f.verify_eventually(MIN);
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
     a.signal("TERM");

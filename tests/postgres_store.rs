@@ -167,33 +167,20 @@ fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
     a.wait_for("to=\"streaming\"", Duration::from_secs(120));
     b.wait_for("to=\"streaming\"", Duration::from_secs(120));
     // More changes with rare checkpoints, so that a holds complete but uncommitted epochs...
-    let writer = Command::new(support::BIN)
-        .args([
-            "produce",
-            "--append",
-            "--bootstrap",
-            &f.bootstrap,
-            "--topic",
-            &f.topic,
-            "--partitions",
-            "4",
-        ])
-        .args([
-            "--changes",
-            "6000",
-            "--rate",
-            "1000",
-            "--seed",
-            "5",
-            "--key-space",
-            "4000",
-            "--epoch-changes",
-            "40",
-        ])
-        .args(["--checkpoint-every", "50", "--out"])
-        .arg(f.dir.join("out"))
-        .spawn()
-        .unwrap();
+    let writer = f.append(&[
+        "--changes",
+        "6000",
+        "--rate",
+        "1000",
+        "--seed",
+        "5",
+        "--key-space",
+        "4000",
+        "--epoch-changes",
+        "40",
+        "--checkpoint-every",
+        "50",
+    ]);
     std::thread::sleep(Duration::from_millis(1500));
     // ...when it freezes past its session timeout (6 s): the group gives its partitions to b.
     a.signal("STOP");

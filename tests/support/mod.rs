@@ -126,6 +126,29 @@ backoff_max_ms = 1000
         );
     }
 
+    /// Starts `kafka-backfill produce --append` (more changes continuing this fixture's log chain) with
+    /// extra flags; the caller waits for it.
+    pub fn append(&self, args: &[&str]) -> Child {
+        Command::new(BIN)
+            .args([
+                "produce",
+                "--append",
+                "--bootstrap",
+                &self.bootstrap,
+                "--topic",
+                &self.topic,
+                "--partitions",
+                "4",
+            ])
+            .args(args)
+            .arg("--out")
+            .arg(self.dir.join("out"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
     /// Starts `kafka-backfill run`, logging to `<dir>/<prefix>.log`.
     pub fn spawn_run(&self, prefix: &str, args: &[&str]) -> Runner {
         let log = self.dir.join(format!("{prefix}.log"));
@@ -337,31 +360,16 @@ pub fn kill_9_in_every_phase(f: &Fixture) {
     }
     let mut run = f.spawn_run("k3", &[]);
     run.wait_for("to=\"streaming\"", 2 * min);
-    let writer = Command::new(BIN)
-        .args([
-            "produce",
-            "--append",
-            "--bootstrap",
-            &f.bootstrap,
-            "--topic",
-            &f.topic,
-            "--partitions",
-            "4",
-        ])
-        .args([
-            "--changes",
-            "5000",
-            "--rate",
-            "5000",
-            "--seed",
-            "11",
-            "--key-space",
-            "30000",
-            "--out",
-        ])
-        .arg(f.dir.join("out"))
-        .spawn()
-        .unwrap();
+    let writer = f.append(&[
+        "--changes",
+        "5000",
+        "--rate",
+        "5000",
+        "--seed",
+        "11",
+        "--key-space",
+        "30000",
+    ]);
     std::thread::sleep(Duration::from_millis(600));
     run.signal("KILL");
     run.wait_exit(min);
