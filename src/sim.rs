@@ -667,15 +667,7 @@ impl Sim {
                 if self.workers[i].frozen {
                     return Ok(());
                 }
-                let owned: Vec<PartitionId> = self.workers[i].owned.iter().copied().collect();
-                if !owned.is_empty() && self.workers[i].exec.is_some() {
-                    self.note_update(i);
-                    self.workers[i].owned.clear();
-                    self.workers[i].fetch.clear();
-                    self.feed(i, Event::Revoked(owned))?;
-                }
-                self.retire(i);
-                self.rebalance()
+                self.leave(i)
             }
             2 if n > 0 => {
                 // Crash: the worker disappears mid-flight; the group notices.
