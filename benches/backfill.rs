@@ -254,6 +254,7 @@ fn timed_run(config: &Config) -> (f64, f64) {
             &RunOptions {
                 exit_when_caught_up: true,
                 worker_prefix: Some("bench".into()),
+                ..Default::default()
             },
             s,
             b,
@@ -340,6 +341,7 @@ fn commit_latency(n: usize, repeats: usize) -> (f64, f64) {
                 RowMutation::Upsert {
                     vnode,
                     row: Row { key, value: datum },
+                    offset: None,
                 }
             })
             .collect();
@@ -455,6 +457,7 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> f64 {
                 &RunOptions {
                     exit_when_caught_up: false,
                     worker_prefix: Some(p),
+                    ..Default::default()
                 },
                 s,
                 board,

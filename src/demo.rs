@@ -181,6 +181,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         let opts = RunOptions {
             exit_when_caught_up: false,
             worker_prefix: Some(prefix.to_string()),
+            ..Default::default()
         };
         std::thread::spawn(move || job::run(&config, &opts, stop, board))
     };

@@ -20,13 +20,39 @@ use crate::postgres_snapshot::PostgresSnapshot;
 use crate::snapshot_files::SnapshotFiles;
 use crate::sqlite_store::SqliteStore;
 
+/// `run --exit-when-caught-up` gave up: this process's workers caught up, but the rest of the job
+/// made no progress for [`RunOptions::job_wait`] (its vnodes are unowned or their owners stalled).
+/// `main` exits with code 3 on it.
+#[derive(Debug, thiserror::Error)]
+#[error("job {job}: this process has caught up, but the job has not: partitions {partitions:?} have not reached the streaming phase ({vnodes_snapshot} vnodes in the snapshot, {vnodes_log_store} in the log store) and made no progress for {waited_secs} s; start workers for them or check their owners")]
+pub struct JobIncomplete {
+    pub job: String,
+    pub partitions: Vec<crate::core::PartitionId>,
+    pub vnodes_snapshot: u32,
+    pub vnodes_log_store: u32,
+    pub waited_secs: u64,
+}
+
 /// How `run` behaves.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RunOptions {
     /// Stop (exit 0) once every worker of every job is streaming with no lag.
     pub exit_when_caught_up: bool,
     /// Prefix of worker names (default: `<pid>`), so that processes do not collide.
     pub worker_prefix: Option<String>,
+    /// With `exit_when_caught_up`: how long to wait without any progress of the job's other vnodes
+    /// once this process's workers have caught up, before giving up with [`JobIncomplete`].
+    pub job_wait: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            exit_when_caught_up: false,
+            worker_prefix: None,
+            job_wait: Duration::from_secs(60),
+        }
+    }
 }
 
 /// A job's checked inputs.
@@ -145,8 +171,15 @@ pub fn run(
         .unwrap_or_else(|| format!("p{}", std::process::id()));
     let mut handles: Vec<(String, JoinHandle<Result<()>>)> = Vec::new();
     let mut expected = 0usize;
+    let mut stores = Vec::new();
     for job in &config.jobs {
         let prepared = prepare(job, true)?;
+        let info = prepared.snapshot.info();
+        stores.push((
+            job.name.clone(),
+            PartitionMap::new(info.vnode_count, info.partition_count)?,
+            prepared.open_store.clone(),
+        ));
         let r = &job.recreation;
         let supervisor = Arc::new(Mutex::new(Supervisor::new(SupervisorConfig {
             policy: r.policy,
@@ -188,6 +221,7 @@ pub fn run(
         info!(job = %job.name, topic = %job.topic, workers = job.workers, "job started");
     }
     let mut result = Ok(());
+    let mut waiting = JobWait::default();
     loop {
         std::thread::sleep(Duration::from_millis(100));
         if let Some(i) = handles.iter().position(|(_, h)| h.is_finished()) {
@@ -209,8 +243,19 @@ pub fn run(
                 .flat_map(|w| w.values().map(|r| r.caught_up))
                 .collect();
             if reports.len() == expected && reports.iter().all(|c| *c) {
-                info!("every worker has caught up; stopping");
-                shutdown.store(true, Ordering::SeqCst);
+                drop(b);
+                match waiting.check(&stores, opts.job_wait) {
+                    Ok(true) => {
+                        info!("every vnode of every job has caught up; stopping");
+                        shutdown.store(true, Ordering::SeqCst);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        error!(error = %format!("{e:#}"), "stopping");
+                        result = Err(e);
+                        shutdown.store(true, Ordering::SeqCst);
+                    }
+                }
             }
         }
         if shutdown.load(Ordering::SeqCst) {
@@ -223,6 +268,79 @@ pub fn run(
             }
             return result;
         }
+    }
+}
+
+/// The job-level completion check of `--exit-when-caught-up`, once a second.
+#[derive(Default)]
+struct JobWait {
+    last_check: Option<std::time::Instant>,
+    last_log: Option<std::time::Instant>,
+    /// The progress last seen and since when it has not changed.
+    seen: Option<(Vec<crate::core::JobProgress>, std::time::Instant)>,
+}
+
+impl JobWait {
+    /// Whether every job has caught up (from the store); an error once the rest of a job made no
+    /// progress for `wait`.
+    fn check(
+        &mut self,
+        stores: &[(String, PartitionMap, StoreFactory)],
+        wait: Duration,
+    ) -> Result<bool> {
+        let now = std::time::Instant::now();
+        if self
+            .last_check
+            .is_some_and(|t| now - t < Duration::from_secs(1))
+        {
+            return Ok(false);
+        }
+        self.last_check = Some(now);
+        let mut all = Vec::new();
+        for (job, map, open) in stores {
+            let mut store = open().with_context(|| format!("job {job}: opening the store"))?;
+            let vnodes = store
+                .committed_vnodes(job)
+                .with_context(|| format!("job {job}: reading progress"))?;
+            let partitions = store
+                .committed_partitions(job)
+                .with_context(|| format!("job {job}: reading progress"))?;
+            all.push(crate::core::JobProgress::of(*map, &vnodes, &partitions));
+        }
+        if all.iter().all(|p| p.caught_up) {
+            return Ok(true);
+        }
+        let since = match &self.seen {
+            Some((p, t)) if *p == all => *t,
+            _ => now,
+        };
+        self.seen = Some((all.clone(), since));
+        if self
+            .last_log
+            .is_none_or(|t| now - t >= Duration::from_secs(10))
+        {
+            self.last_log = Some(now);
+            for ((job, _, _), p) in stores.iter().zip(&all).filter(|(_, p)| !p.caught_up) {
+                info!(job = %job, partitions_behind = ?p.partitions_behind, vnodes_snapshot = p.vnodes_snapshot, vnodes_log_store = p.vnodes_log_store, "this process has caught up; waiting for the rest of the job");
+            }
+        }
+        if now - since >= wait {
+            let (job, p) = stores
+                .iter()
+                .zip(&all)
+                .find(|(_, p)| !p.caught_up)
+                .map(|((j, _, _), p)| (j.clone(), p.clone()))
+                .expect("one job behind");
+            return Err(JobIncomplete {
+                job,
+                partitions: p.partitions_behind,
+                vnodes_snapshot: p.vnodes_snapshot,
+                vnodes_log_store: p.vnodes_log_store,
+                waited_secs: wait.as_secs(),
+            }
+            .into());
+        }
+        Ok(false)
     }
 }
 

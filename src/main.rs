@@ -29,9 +29,14 @@ enum Command {
     Run {
         #[arg(long, short)]
         config: PathBuf,
-        /// Exit 0 once every worker streams with no lag (for scripts and tests).
+        /// Exit 0 once every vnode of every job has caught up (read from the store, so a process
+        /// that owns part of a job waits for the rest); exit 3 if the rest makes no progress for
+        /// --job-wait-secs.
         #[arg(long)]
         exit_when_caught_up: bool,
+        /// With --exit-when-caught-up: seconds to wait for progress of the job's other vnodes.
+        #[arg(long, default_value_t = 60)]
+        job_wait_secs: u64,
         /// Prefix of this process's worker names (default p<pid>).
         #[arg(long)]
         worker_prefix: Option<String>,
@@ -242,6 +247,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run {
             config,
             exit_when_caught_up,
+            job_wait_secs,
             worker_prefix,
         } => {
             let config = match load(&config) {
@@ -259,16 +265,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 let addr = kafka_backfill::http::spawn(&config.http.listen, board.clone())?;
                 tracing::info!(%addr, "serving /metrics /livez /readyz /status");
             }
-            job::run(
+            let r = job::run(
                 &config,
                 &RunOptions {
                     exit_when_caught_up,
                     worker_prefix,
+                    job_wait: std::time::Duration::from_secs(job_wait_secs),
                 },
                 shutdown,
                 board,
-            )?;
-            Ok(ExitCode::SUCCESS)
+            );
+            match r {
+                Err(e) if e.downcast_ref::<job::JobIncomplete>().is_some() => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::from(3))
+                }
+                r => r.map(|()| ExitCode::SUCCESS),
+            }
         }
         Command::Produce {
             bootstrap,

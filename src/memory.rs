@@ -374,6 +374,13 @@ impl StateStore for MemoryStore {
         Ok(self.vnode_progress(job))
     }
 
+    fn committed_partitions(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
+        Ok(self.partition_progress(job))
+    }
+
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
         Ok(self
             .jobs

@@ -95,8 +95,22 @@ pub enum StoreError {
     Invariant { job: String, detail: String },
     #[error("job {job} does not exist in the store")]
     NoJob { job: String },
-    #[error("state store: {0}")]
+    /// Transient: the store is unreachable or busy (connection lost, locked, serialization
+    /// failure). Retrying the same transaction can succeed.
+    #[error("state store unavailable: {0}")]
     Backend(String),
+    /// Permanent: the store refused the data or the statement (a constraint, a type, a value it
+    /// cannot hold). Retrying cannot succeed; the job stops.
+    #[error("state store refused the checkpoint: {0}")]
+    Rejected(String),
+    /// A row value that the store cannot hold, named by column and key.
+    #[error("state store cannot hold column {column} of the row with key {key}: {reason}")]
+    Value {
+        column: String,
+        /// Key bytes, hex.
+        key: String,
+        reason: String,
+    },
 }
 
 impl StoreError {
@@ -107,6 +121,20 @@ impl StoreError {
             StoreError::StaleGeneration { .. } | StoreError::NotOwner { .. }
         )
     }
+
+    /// Whether retrying the same operation can succeed (the store was unavailable or busy).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Backend(_))
+    }
+}
+
+/// Key bytes as hex for errors, cut after 32 bytes.
+pub fn key_hex(key: &[u8]) -> String {
+    let mut s: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
+    if key.len() > 32 {
+        s.push_str(&format!("… ({} bytes)", key.len()));
+    }
+    s
 }
 
 /// Durable state of jobs.
@@ -134,25 +162,30 @@ pub trait StateStore: Send {
     /// Committed progress of every vnode that has some.
     fn committed_vnodes(&mut self, job: &str)
         -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError>;
+    /// Committed progress of every partition that has some.
+    fn committed_partitions(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError>;
 }
 
 /// A SQL table name the stores accept (it is quoted into statements): letters, digits and `_`.
 pub fn check_table_name(name: &str) -> Result<(), StoreError> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::Rejected(format!(
             "table name {name:?}: use letters, digits and _"
         )));
     }
     Ok(())
 }
 
-/// The job-row phase a committed checkpoint implies, if it says anything about it.
-pub fn phase_after(cp: &Checkpoint) -> Option<&'static str> {
-    if cp.partitions.iter().any(|p| p.streaming) {
-        Some("streaming")
-    } else if !cp.partitions.is_empty() {
-        Some("log_store")
-    } else {
-        None
-    }
+/// The job-row phase after a checkpoint that carries partition progress: `streaming` once every
+/// partition of the job has committed in the streaming phase, else `log_store` (README "Where state
+/// lives"). `{streaming}` is the SQL test of a streaming partition-progress row.
+pub fn job_phase_sql(streaming: &str, placeholder: &str) -> String {
+    format!(
+        "UPDATE kb_jobs SET phase = CASE WHEN (SELECT COUNT(*) FROM kb_partition_progress \
+         WHERE job = {placeholder} AND {streaming}) = partition_count THEN 'streaming' \
+         ELSE 'log_store' END WHERE job = {placeholder}"
+    )
 }

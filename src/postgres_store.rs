@@ -8,11 +8,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use apache_avro::types::Value as Avro;
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Transaction};
 
-use crate::codec::{ColumnType, TableSchema};
+use crate::codec::{ColumnType, ColumnValue, TableSchema};
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
     Vnode, VnodeProgress,
@@ -65,63 +64,90 @@ pub struct PostgresStore {
     table_name: String,
 }
 
-fn pg_type(t: ColumnType) -> &'static str {
-    match t {
-        ColumnType::Integer => "BIGINT",
-        ColumnType::Real => "DOUBLE PRECISION",
-        ColumnType::Text => "TEXT",
-        ColumnType::Blob => "BYTEA",
-    }
-}
-
-/// A column value bound as its PostgreSQL type.
+/// A column value bound as its PostgreSQL type (decimals and JSON go as text and are cast in the
+/// statement).
 enum PgValue {
     Int(Option<i64>),
+    Bool(Option<bool>),
     Real(Option<f64>),
     Text(Option<String>),
     Bytes(Option<Vec<u8>>),
 }
 
 impl PgValue {
-    fn of(ty: ColumnType, v: Avro) -> PgValue {
-        let v = match v {
-            Avro::Union(_, inner) => *inner,
-            v => v,
-        };
-        match (ty, v) {
-            (ColumnType::Integer, Avro::Null) => PgValue::Int(None),
-            (ColumnType::Real, Avro::Null) => PgValue::Real(None),
-            (ColumnType::Text, Avro::Null) => PgValue::Text(None),
-            (ColumnType::Blob, Avro::Null) => PgValue::Bytes(None),
-            (_, Avro::Boolean(b)) => PgValue::Int(Some(b as i64)),
-            (_, Avro::Int(i) | Avro::Date(i) | Avro::TimeMillis(i)) => PgValue::Int(Some(i as i64)),
-            (
-                _,
-                Avro::Long(i)
-                | Avro::TimeMicros(i)
-                | Avro::TimestampMillis(i)
-                | Avro::TimestampMicros(i)
-                | Avro::TimestampNanos(i)
-                | Avro::LocalTimestampMillis(i)
-                | Avro::LocalTimestampMicros(i)
-                | Avro::LocalTimestampNanos(i),
-            ) => PgValue::Int(Some(i)),
-            (_, Avro::Float(f)) => PgValue::Real(Some(f as f64)),
-            (_, Avro::Double(f)) => PgValue::Real(Some(f)),
-            (_, Avro::String(s) | Avro::Enum(_, s)) => PgValue::Text(Some(s)),
-            (_, Avro::Uuid(u)) => PgValue::Text(Some(u.to_string())),
-            (_, Avro::Bytes(b) | Avro::Fixed(_, b)) => PgValue::Bytes(Some(b)),
-            (_, other) => PgValue::Text(Some(format!("{other:?}"))),
-        }
+    /// PostgreSQL's text and JSONB cannot hold U+0000: such a value is refused, naming the column.
+    fn of(ty: ColumnType, v: ColumnValue, column: &str, key: &[u8]) -> Result<PgValue, StoreError> {
+        Ok(match v {
+            ColumnValue::Null => match ty {
+                ColumnType::Integer => PgValue::Int(None),
+                ColumnType::Boolean => PgValue::Bool(None),
+                ColumnType::Real => PgValue::Real(None),
+                ColumnType::Blob => PgValue::Bytes(None),
+                ColumnType::Text | ColumnType::Decimal | ColumnType::Json => PgValue::Text(None),
+            },
+            ColumnValue::Integer(i) => PgValue::Int(Some(i)),
+            ColumnValue::Boolean(b) => PgValue::Bool(Some(b)),
+            ColumnValue::Real(f) => PgValue::Real(Some(f)),
+            ColumnValue::Blob(b) => PgValue::Bytes(Some(b)),
+            ColumnValue::Text(t) | ColumnValue::Decimal(t) | ColumnValue::Json(t) => {
+                if t.contains('\0') || (ty == ColumnType::Json && t.contains("\\u0000")) {
+                    return Err(StoreError::Value {
+                        column: column.to_string(),
+                        key: crate::ports::key_hex(key),
+                        reason: "PostgreSQL text cannot hold the character U+0000".into(),
+                    });
+                }
+                PgValue::Text(Some(t))
+            }
+        })
     }
 
     fn sql(&self) -> &(dyn ToSql + Sync) {
         match self {
             PgValue::Int(v) => v,
+            PgValue::Bool(v) => v,
             PgValue::Real(v) => v,
             PgValue::Text(v) => v,
             PgValue::Bytes(v) => v,
         }
+    }
+}
+
+/// The placeholder for a column: decimals and JSON are bound as text and cast.
+fn placeholder(ty: ColumnType, n: usize) -> String {
+    match ty {
+        ColumnType::Decimal => format!("${n}::text::numeric"),
+        ColumnType::Json => format!("${n}::text::jsonb"),
+        _ => format!("${n}"),
+    }
+}
+
+/// Sorts a PostgreSQL error into transient (connection lost, serialization failure, deadlock, the
+/// server shutting down or out of resources: a retry can succeed) and permanent (a constraint, a
+/// type, a value: it cannot).
+fn classify(e: postgres::Error) -> StoreError {
+    let transient = match e.code() {
+        None => true,
+        Some(c) => {
+            let c = c.code();
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c == "40001"
+                || c == "40P01"
+                || c == "55P03"
+        }
+    };
+    if transient || e.is_closed() {
+        StoreError::Backend(e.to_string())
+    } else {
+        StoreError::Rejected(match e.as_db_error() {
+            Some(db) => match db.column() {
+                Some(col) => format!("{} (column {col})", db.message()),
+                None => db.message().to_string(),
+            },
+            None => e.to_string(),
+        })
     }
 }
 
@@ -137,7 +163,7 @@ impl PostgresStore {
                 format!(
                     "\"{}\" {}{}",
                     c.name,
-                    pg_type(c.ty),
+                    c.ty.postgres(),
                     if c.nullable { "" } else { " NOT NULL" }
                 )
             })
@@ -148,7 +174,7 @@ impl PostgresStore {
         );
         // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
         if client.batch_execute(&ddl).is_err() {
-            client.batch_execute(&ddl).map_err(backend)?;
+            client.batch_execute(&ddl).map_err(classify)?;
         }
         Ok(PostgresStore {
             url: url.to_string(),
@@ -184,7 +210,7 @@ impl PostgresStore {
                 {
                     tracing::warn!(url = %redact_url(&self.url), error = %e, "PostgreSQL connection lost; retrying");
                 }
-                Err(PgFail::Conn(e)) => return Err(backend(e)),
+                Err(PgFail::Conn(e)) => return Err(classify(e)),
             }
             std::thread::sleep(delay);
             delay = (delay * 2).min(Duration::from_secs(5));
@@ -239,7 +265,7 @@ fn job_row(tx: &mut Transaction<'_>, job: &str, lock: bool) -> Result<Option<Job
         "SELECT snapshot_epoch, vnode_count, partition_count, generation, phase, recreations FROM kb_jobs WHERE job = $1{}",
         if lock { " FOR UPDATE" } else { "" }
     );
-    let row = tx.query_opt(&q, &[&job]).map_err(backend)?;
+    let row = tx.query_opt(&q, &[&job]).map_err(classify)?;
     Ok(row.map(|r| JobRow {
         job: job.to_string(),
         snapshot_epoch: Epoch(r.get::<_, i64>(0) as u64),
@@ -263,7 +289,7 @@ fn vnode_rows(
         ),
         None => tx.query("SELECT vnode, epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = $1", &[&job]),
     }
-    .map_err(backend)?;
+    .map_err(classify)?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -290,7 +316,7 @@ impl StateStore for PostgresStore {
                 "INSERT INTO kb_jobs VALUES ($1, $2, $3, $4, 0, 'snapshot', 0, 1, $5) ON CONFLICT (job) DO NOTHING",
                 &[&job, &(info.snapshot_epoch.0 as i64), &(info.vnode_count as i32), &(info.partition_count as i32), &table_name],
             )
-            .map_err(backend)?;
+            .map_err(classify)?;
             job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })
         })?;
         check_job_matches(&row, info)?;
@@ -309,7 +335,8 @@ impl StateStore for PostgresStore {
         partitions: &[PartitionId],
         info: &SnapshotInfo,
     ) -> Result<Vec<ClaimedPartition>, StoreError> {
-        let map = PartitionMap::new(info.vnode_count, info.partition_count).map_err(backend)?;
+        let map = PartitionMap::new(info.vnode_count, info.partition_count)
+            .map_err(|e| StoreError::Rejected(e.to_string()))?;
         self.with_tx(|tx, _, _| {
             let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             if row.generation != generation {
@@ -319,19 +346,19 @@ impl StateStore for PostgresStore {
             for &p in partitions {
                 let lease: i64 = tx
                     .query_one("UPDATE kb_jobs SET next_lease = next_lease + 1 WHERE job = $1 RETURNING next_lease - 1", &[&job])
-                    .map_err(backend)?
+                    .map_err(classify)?
                     .get(0);
                 tx.execute(
                     "INSERT INTO kb_leases VALUES ($1, $2, $3, $4) ON CONFLICT (job, partition) DO UPDATE SET owner = EXCLUDED.owner, lease = EXCLUDED.lease",
                     &[&job, &(p as i32), &worker, &lease],
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
                 let progress = tx
                     .query_opt(
                         "SELECT next_offset, epoch, streaming FROM kb_partition_progress WHERE job = $1 AND partition = $2",
                         &[&job, &(p as i32)],
                     )
-                    .map_err(backend)?
+                    .map_err(classify)?
                     .map(|r| PartitionProgress {
                         partition: p,
                         next_offset: r.get::<_, i64>(0) as u64,
@@ -343,7 +370,7 @@ impl StateStore for PostgresStore {
                     None => info
                         .start_of(p)
                         .cloned()
-                        .ok_or_else(|| backend(format!("the snapshot has no start offset for partition {p}")))?,
+                        .ok_or_else(|| StoreError::Rejected(format!("the snapshot has no start offset for partition {p}")))?,
                 };
                 let vs: Vec<i32> = map.vnodes_of(p).map(|v| v as i32).collect();
                 let stored = vnode_rows(tx, job, Some(&vs))?;
@@ -366,7 +393,7 @@ impl StateStore for PostgresStore {
             let ps: Vec<i32> = cp.leases.iter().map(|(p, _)| *p as i32).collect();
             let current: BTreeMap<i32, (String, i64)> = tx
                 .query("SELECT partition, owner, lease FROM kb_leases WHERE job = $1 AND partition = ANY($2)", &[&job, &ps])
-                .map_err(backend)?
+                .map_err(classify)?
                 .into_iter()
                 .map(|r| (r.get(0), (r.get(1), r.get(2))))
                 .collect();
@@ -384,7 +411,7 @@ impl StateStore for PostgresStore {
                     }
                 }
             }
-            let map = PartitionMap::new(row.vnode_count, row.partition_count).map_err(backend)?;
+            let map = PartitionMap::new(row.vnode_count, row.partition_count).map_err(|e| StoreError::Rejected(e.to_string()))?;
             let vs: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
             let committed = vnode_rows(tx, job, Some(&vs))?;
             check_checkpoint(job, &map, &committed, cp)?;
@@ -397,11 +424,15 @@ impl StateStore for PostgresStore {
             let mut deletes: Vec<Vec<u8>> = Vec::new();
             for m in &cp.rows {
                 match m {
-                    RowMutation::Upsert { vnode, row } => {
-                        let fields = table
-                            .decode_row(&row.value)
-                            .map_err(|e| backend(format!("row with key {:?} does not decode: {e}", row.key)))?;
-                        let values = fields.into_iter().zip(&table.columns).map(|(v, c)| PgValue::of(c.ty, v)).collect();
+                    RowMutation::Upsert { vnode, row, .. } => {
+                        let fields = table.column_values(&row.value).map_err(|e| {
+                            StoreError::Rejected(format!("row with key {} does not decode: {e}", crate::ports::key_hex(&row.key)))
+                        })?;
+                        let values = fields
+                            .into_iter()
+                            .zip(&table.columns)
+                            .map(|(v, c)| PgValue::of(c.ty, v, &c.name, &row.key))
+                            .collect::<Result<_, _>>()?;
                         upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
                     }
                     RowMutation::Delete { key, .. } => deletes.push(key.clone()),
@@ -411,7 +442,8 @@ impl StateStore for PostgresStore {
             for chunk in upserts.chunks(per_statement) {
                 let tuples: Vec<String> = (0..chunk.len())
                     .map(|r| {
-                        let marks: Vec<String> = (1..=ncols).map(|c| format!("${}", r * ncols + c)).collect();
+                        let mut marks: Vec<String> = (1..=3).map(|c| format!("${}", r * ncols + c)).collect();
+                        marks.extend(table.columns.iter().enumerate().map(|(i, col)| placeholder(col.ty, r * ncols + 4 + i)));
                         format!("({})", marks.join(", "))
                     })
                     .collect();
@@ -428,10 +460,10 @@ impl StateStore for PostgresStore {
                     params.push(value);
                     params.extend(values.iter().map(|v| v.sql()));
                 }
-                tx.execute(&sql, &params).map_err(backend)?;
+                tx.execute(&sql, &params).map_err(classify)?;
             }
             if !deletes.is_empty() {
-                tx.execute(&format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"), &[&deletes]).map_err(backend)?;
+                tx.execute(&format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"), &[&deletes]).map_err(classify)?;
             }
             if !cp.vnodes.is_empty() {
                 let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
@@ -443,18 +475,17 @@ impl StateStore for PostgresStore {
                     "INSERT INTO kb_vnode_progress SELECT $1::text, * FROM UNNEST($2::int[], $3::bigint[], $4::bigint[], $5::bool[], $6::bytea[]) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
                     &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
             }
             for p in &cp.partitions {
                 tx.execute(
                     "INSERT INTO kb_partition_progress VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = EXCLUDED.epoch, streaming = EXCLUDED.streaming",
                     &[&job, &(p.partition as i32), &(p.next_offset as i64), &(p.epoch.0 as i64), &p.streaming],
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
             }
-            let phase = crate::ports::phase_after(cp);
-            if let Some(phase) = phase {
-                tx.execute("UPDATE kb_jobs SET phase = $2 WHERE job = $1", &[&job, &phase]).map_err(backend)?;
+            if !cp.partitions.is_empty() {
+                tx.execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job]).map_err(classify)?;
             }
             Ok(())
         })
@@ -468,11 +499,11 @@ impl StateStore for PostgresStore {
                     "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = $1",
                     &[&job],
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
                 for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
-                    tx.execute(&format!("DELETE FROM {t} WHERE job = $1"), &[&job]).map_err(backend)?;
+                    tx.execute(&format!("DELETE FROM {t} WHERE job = $1"), &[&job]).map_err(classify)?;
                 }
-                tx.execute(&format!("DELETE FROM \"{table_name}\""), &[]).map_err(backend)?;
+                tx.execute(&format!("DELETE FROM \"{table_name}\""), &[]).map_err(classify)?;
             }
             job_row(tx, job, false).map(|r| r.expect("job row"))
         })
@@ -485,7 +516,7 @@ impl StateStore for PostgresStore {
                     &format!("SELECT _kb_key, _kb_row FROM \"{table_name}\""),
                     &[],
                 )
-                .map_err(backend)?
+                .map_err(classify)?
                 .into_iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect())
@@ -497,6 +528,33 @@ impl StateStore for PostgresStore {
         job: &str,
     ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
         self.vnode_progress(job)
+    }
+
+    fn committed_partitions(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| {
+            let rows = tx
+                .query(
+                    "SELECT partition, next_offset, epoch, streaming FROM kb_partition_progress WHERE job = $1",
+                    &[&job],
+                )
+                .map_err(classify)?;
+            Ok(rows
+                .into_iter()
+                .map(|r| {
+                    let p = PartitionProgress {
+                        partition: r.get::<_, i32>(0) as PartitionId,
+                        next_offset: r.get::<_, i64>(1) as u64,
+                        epoch: Epoch(r.get::<_, i64>(2) as u64),
+                        streaming: r.get(3),
+                    };
+                    (p.partition, p)
+                })
+                .collect())
+        })
     }
 }
 

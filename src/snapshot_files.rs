@@ -1,8 +1,16 @@
-//! The snapshot as Avro object container files plus `manifest.json` (DESIGN.md §3): one file per
-//! vnode, rows sorted by key bytes, so a vnode's scan resumes from a cursor by skipping.
+//! The snapshot as Avro object container files plus `manifest.json` (DESIGN.md §3).
 //!
-//! Files are written and read block by block here (codec `null`), so a row's datum is handed on as
-//! bytes without building values; any Avro tool reads them (`tests` reads one with apache-avro).
+//! The writer (`produce`) writes one file per vnode, rows sorted by key bytes, codec `null`. The
+//! reader takes any layout `schemas/snapshot_manifest.schema.json` allows: a file may hold many
+//! vnodes (rows grouped or interleaved, in any order), a vnode may be spread over several files, the
+//! files may be listed in any order, and blocks may use the codecs `null`, `deflate`, `snappy` or
+//! `zstandard`. A vnode's scan gathers its rows from every file that lists it, sorts them by key
+//! bytes and resumes strictly after the cursor, so resuming is exact in every layout. Each file's
+//! header schema must be the manifest's `row_schema` (compared in Avro's Parsing Canonical Form).
+//!
+//! Rows are handed on as datum bytes without building values; any Avro tool reads the files
+//! (`tests` reads one with apache-avro). A file that holds several vnodes is decoded once and kept
+//! (at most [`FILE_CACHE`] such files) while its vnodes are scanned.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -11,27 +19,34 @@ use std::path::{Path, PathBuf};
 
 use crate::codec::varint::{get_long, put_long};
 use crate::codec::{CodecError, TableSchema};
-use crate::core::{Epoch, PartitionProgress, Row, Vnode};
+use crate::core::{vnode_of, Epoch, PartitionProgress, Row, Vnode};
 use crate::ports::{RowIter, SnapshotInfo, SnapshotSource, SourceError};
 
 const MAGIC: &[u8; 4] = b"Obj\x01";
 const ROWS_PER_BLOCK: usize = 4096;
+/// Multi-vnode files kept decoded at once.
+pub const FILE_CACHE: usize = 2;
 
-/// `manifest.json`.
+/// `manifest.json`, exactly as `schemas/snapshot_manifest.schema.json` describes it (the tests
+/// validate both ways).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// `Es`, RisingWave's epoch layout.
     pub snapshot_epoch: Epoch,
     pub vnode_count: u32,
     pub partition_count: u32,
-    /// The log topic the snapshot belongs to.
-    pub topic: String,
+    /// The log topic the snapshot belongs to: informational (the job's `topic` is what is read);
+    /// absent = not stated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
     /// The row schema (the container files' schema).
     pub row_schema: serde_json::Value,
+    /// The primary-key fields, in key order (the key bytes concatenate their encodings).
     pub primary_key: Vec<String>,
     pub files: Vec<ManifestFile>,
     /// Per partition: the offset just after the barrier with `prev = Es`, and that barrier's `curr`.
-    pub start: Vec<PartitionProgress>,
+    pub start: Vec<ManifestStart>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,8 +54,41 @@ pub struct Manifest {
 pub struct ManifestFile {
     /// Relative to the manifest's folder.
     pub path: String,
+    /// The vnodes whose rows the file holds (any order; a vnode may be listed by several files).
     pub vnodes: Vec<Vnode>,
+    /// Rows in the file (informational).
     pub rows: u64,
+}
+
+/// Where a partition's log starts: the offset just after the barrier with `prev = Es`, and that
+/// barrier's `curr`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestStart {
+    pub partition: crate::core::PartitionId,
+    pub next_offset: u64,
+    pub epoch: Epoch,
+}
+
+impl From<&PartitionProgress> for ManifestStart {
+    fn from(p: &PartitionProgress) -> Self {
+        ManifestStart {
+            partition: p.partition,
+            next_offset: p.next_offset,
+            epoch: p.epoch,
+        }
+    }
+}
+
+impl From<&ManifestStart> for PartitionProgress {
+    fn from(s: &ManifestStart) -> Self {
+        PartitionProgress {
+            partition: s.partition,
+            next_offset: s.next_offset,
+            epoch: s.epoch,
+            streaming: false,
+        }
+    }
 }
 
 /// Writes the snapshot's files: `rows` is (vnode, key, datum); the manifest is written by
@@ -129,11 +177,15 @@ pub struct SnapshotFiles {
     pub manifest: Manifest,
     pub table: TableSchema,
     info: SnapshotInfo,
-    by_vnode: BTreeMap<Vnode, PathBuf>,
+    /// The files of each vnode, as indexes into `manifest.files`.
+    by_vnode: BTreeMap<Vnode, Vec<usize>>,
+    /// Decoded multi-vnode files, rows bucketed by vnode, most recently used last.
+    cache: std::sync::Mutex<Vec<(usize, std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>)>>,
 }
 
 impl SnapshotFiles {
-    /// Opens `dir/manifest.json` and checks that every file it names exists.
+    /// Opens `dir/manifest.json`, checks that every file it names exists, lists only vnodes below
+    /// `vnode_count`, and has the manifest's row schema in its header.
     pub fn open(dir: &Path) -> Result<Self, SourceError> {
         let mpath = dir.join("manifest.json");
         let text = fs::read_to_string(&mpath).map_err(|e| file_err(&mpath, e))?;
@@ -141,11 +193,24 @@ impl SnapshotFiles {
             .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?;
         let table = TableSchema::parse(&manifest.row_schema.to_string(), &manifest.primary_key)
             .map_err(|e: CodecError| file_err(&mpath, e))?;
-        let mut by_vnode = BTreeMap::new();
-        for f in &manifest.files {
+        let canonical = table.schema.canonical_form();
+        let mut by_vnode: BTreeMap<Vnode, Vec<usize>> = BTreeMap::new();
+        for (i, f) in manifest.files.iter().enumerate() {
             let p = dir.join(&f.path);
             if !p.is_file() {
                 return Err(file_err(&p, "missing (listed in manifest.json)"));
+            }
+            let header = read_header(&p)?;
+            let schema = apache_avro::Schema::parse_str(&header.schema)
+                .map_err(|e| file_err(&p, format!("header schema does not parse: {e}")))?;
+            if schema.canonical_form() != canonical {
+                return Err(file_err(
+                    &p,
+                    format!(
+                        "header schema {} is not the manifest's row_schema {canonical}",
+                        schema.canonical_form()
+                    ),
+                ));
             }
             for v in &f.vnodes {
                 if *v as u32 >= manifest.vnode_count {
@@ -157,14 +222,17 @@ impl SnapshotFiles {
                         ),
                     ));
                 }
-                by_vnode.insert(*v, p.clone());
+                let files = by_vnode.entry(*v).or_default();
+                if !files.contains(&i) {
+                    files.push(i);
+                }
             }
         }
         let info = SnapshotInfo {
             snapshot_epoch: manifest.snapshot_epoch,
             vnode_count: manifest.vnode_count,
             partition_count: manifest.partition_count,
-            start: manifest.start.clone(),
+            start: manifest.start.iter().map(PartitionProgress::from).collect(),
         };
         Ok(SnapshotFiles {
             dir: dir.to_path_buf(),
@@ -172,6 +240,7 @@ impl SnapshotFiles {
             table,
             info,
             by_vnode,
+            cache: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -183,29 +252,82 @@ impl SnapshotFiles {
     pub fn read_file(&self, path: &Path) -> Result<Vec<Vec<u8>>, SourceError> {
         read_container(path, &self.table)
     }
+
+    /// The rows of file `index`, bucketed by vnode; a row of a vnode the file does not list is an
+    /// error naming the file.
+    fn file_rows(
+        &self,
+        index: usize,
+    ) -> Result<std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>, SourceError> {
+        {
+            let mut cache = self.cache.lock().unwrap();
+            if let Some(pos) = cache.iter().position(|(i, _)| *i == index) {
+                let entry = cache.remove(pos);
+                let rows = entry.1.clone();
+                cache.push(entry);
+                return Ok(rows);
+            }
+        }
+        let f = &self.manifest.files[index];
+        let path = self.dir.join(&f.path);
+        let mut buckets: BTreeMap<Vnode, Vec<Row>> = BTreeMap::new();
+        for (n, value) in read_container(&path, &self.table)?.into_iter().enumerate() {
+            let key = self
+                .table
+                .key_of_datum(&value)
+                .map_err(|e| file_err(&path, format!("row {n}: {e}")))?;
+            let vnode = vnode_of(&key, self.manifest.vnode_count);
+            if !f.vnodes.contains(&vnode) {
+                return Err(file_err(
+                    &path,
+                    format!(
+                        "row {n} has a key that hashes to vnode {vnode}, which manifest.json does not list for this file"
+                    ),
+                ));
+            }
+            buckets.entry(vnode).or_default().push(Row { key, value });
+        }
+        let rows = std::sync::Arc::new(buckets);
+        if f.vnodes.len() > 1 {
+            let mut cache = self.cache.lock().unwrap();
+            if cache.len() >= FILE_CACHE {
+                cache.remove(0);
+            }
+            cache.push((index, rows.clone()));
+        }
+        Ok(rows)
+    }
 }
 
-/// Reads one container file written by [`write_files`] (codec `null`), checking every datum.
-fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, SourceError> {
-    let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
-    let corrupt = |what: String| file_err(path, format!("corrupt container file: {what}"));
-    let mut buf = &bytes[..];
+/// What a container file's header says.
+struct Header {
+    schema: String,
+    codec: apache_avro::Codec,
+    sync: [u8; 16],
+    /// Bytes the header takes.
+    len: usize,
+}
+
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, SourceError> {
+    let corrupt = |what: &str| file_err(path, format!("corrupt container file: {what}"));
+    let mut buf = bytes;
     if buf.len() < 4 || &buf[..4] != MAGIC {
-        return Err(corrupt("no Avro magic".into()));
+        return Err(corrupt("no Avro magic"));
     }
     buf = &buf[4..];
     let mut codec = b"null".to_vec();
+    let mut schema = None;
     loop {
-        let n = get_long(&mut buf).ok_or_else(|| corrupt("truncated header".into()))?;
+        let n = get_long(&mut buf).ok_or_else(|| corrupt("truncated header"))?;
         if n == 0 {
             break;
         }
         if n < 0 {
-            get_long(&mut buf).ok_or_else(|| corrupt("truncated header".into()))?;
+            get_long(&mut buf).ok_or_else(|| corrupt("truncated header"))?;
         }
         for _ in 0..n.unsigned_abs() {
             let mut field = || -> Option<Vec<u8>> {
-                let l = get_long(&mut buf)? as usize;
+                let l = usize::try_from(get_long(&mut buf)?).ok()?;
                 if buf.len() < l {
                     return None;
                 }
@@ -213,45 +335,88 @@ fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, Sour
                 buf = rest;
                 Some(v.to_vec())
             };
-            let k = field().ok_or_else(|| corrupt("truncated header".into()))?;
-            let v = field().ok_or_else(|| corrupt("truncated header".into()))?;
-            if k == b"avro.codec" {
-                codec = v;
+            let k = field().ok_or_else(|| corrupt("truncated header"))?;
+            let v = field().ok_or_else(|| corrupt("truncated header"))?;
+            match k.as_slice() {
+                b"avro.codec" => codec = v,
+                b"avro.schema" => schema = Some(String::from_utf8_lossy(&v).into_owned()),
+                _ => {}
             }
         }
     }
-    if codec != b"null" {
-        return Err(file_err(
-            path,
-            format!(
-                "codec {} is not supported (write with codec null)",
-                String::from_utf8_lossy(&codec)
-            ),
-        ));
-    }
+    let codec_name = String::from_utf8_lossy(&codec).into_owned();
+    let codec = match codec_name.as_str() {
+        "null" | "deflate" | "snappy" | "zstandard" => {
+            <apache_avro::Codec as std::str::FromStr>::from_str(&codec_name)
+                .map_err(|_| file_err(path, format!("codec {codec_name} is not built in")))?
+        }
+        other => {
+            return Err(file_err(
+                path,
+                format!("codec {other} is not supported (use null, deflate, snappy or zstandard)"),
+            ))
+        }
+    };
+    let schema = schema.ok_or_else(|| corrupt("no avro.schema in the header"))?;
     if buf.len() < 16 {
-        return Err(corrupt("truncated header".into()));
+        return Err(corrupt("truncated header"));
     }
-    let (sync, rest) = buf.split_at(16);
-    let sync = sync.to_vec();
-    buf = rest;
+    let mut sync = [0u8; 16];
+    sync.copy_from_slice(&buf[..16]);
+    Ok(Header {
+        schema,
+        codec,
+        sync,
+        len: bytes.len() - buf.len() + 16,
+    })
+}
+
+/// Reads only the header of a container file.
+fn read_header(path: &Path) -> Result<Header, SourceError> {
+    use std::io::Read;
+    let mut f = fs::File::open(path).map_err(|e| file_err(path, e))?;
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut chunk).map_err(|e| file_err(path, e))?;
+        bytes.extend_from_slice(&chunk[..n]);
+        match parse_header(path, &bytes) {
+            Ok(h) => return Ok(h),
+            Err(e) if n == 0 || bytes.len() > 16 << 20 => return Err(e),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Reads one container file (any supported codec), checking every datum.
+fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, SourceError> {
+    let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
+    let corrupt = |what: String| file_err(path, format!("corrupt container file: {what}"));
+    let header = parse_header(path, &bytes)?;
+    let mut buf = &bytes[header.len..];
     let mut rows = Vec::new();
     let mut block_no = 0;
     while !buf.is_empty() {
         let count = get_long(&mut buf)
             .ok_or_else(|| corrupt(format!("block {block_no}: truncated count")))?;
         let size = get_long(&mut buf)
-            .ok_or_else(|| corrupt(format!("block {block_no}: truncated size")))?
-            as usize;
-        if count < 0 || buf.len() < size + 16 {
+            .ok_or_else(|| corrupt(format!("block {block_no}: truncated size")))?;
+        let size = usize::try_from(size)
+            .map_err(|_| corrupt(format!("block {block_no}: negative size")))?;
+        if count < 0 || buf.len() < size.saturating_add(16) {
             return Err(corrupt(format!("block {block_no}: truncated")));
         }
         let (data, rest) = buf.split_at(size);
-        if rest[..16] != sync[..] {
+        if rest[..16] != header.sync[..] {
             return Err(corrupt(format!("block {block_no}: sync marker mismatch")));
         }
         buf = &rest[16..];
-        let mut d = data;
+        let mut block = data.to_vec();
+        header
+            .codec
+            .decompress(&mut block)
+            .map_err(|e| corrupt(format!("block {block_no}: does not decompress: {e}")))?;
+        let mut d = &block[..];
         for i in 0..count {
             let before = d;
             let mut probe = d;
@@ -278,30 +443,42 @@ impl SnapshotSource for SnapshotFiles {
     }
 
     fn scan(&self, vnode: Vnode, after: Option<&[u8]>) -> Result<RowIter<'_>, SourceError> {
-        let Some(path) = self.by_vnode.get(&vnode) else {
+        let Some(files) = self.by_vnode.get(&vnode) else {
             return Ok(Box::new(std::iter::empty()));
         };
-        let datums = read_container(path, &self.table)?;
-        let after = after.map(|a| a.to_vec());
-        let table = &self.table;
-        let path = path.clone();
-        Ok(Box::new(datums.into_iter().filter_map(move |value| {
-            let key = match table.key_of_datum(&value) {
-                Ok(k) => k,
-                Err(e) => return Some(Err(file_err(&path, e))),
-            };
-            if after.as_ref().is_some_and(|a| key <= *a) {
-                return None;
+        let mut rows: Vec<Row> = Vec::new();
+        for &i in files {
+            let buckets = self.file_rows(i)?;
+            if let Some(r) = buckets.get(&vnode) {
+                rows.extend(r.iter().cloned());
             }
-            Some(Ok(Row { key, value }))
-        })))
+        }
+        rows.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        if let Some(w) = rows.windows(2).find(|w| w[0].key == w[1].key) {
+            return Err(file_err(
+                &self.dir.join("manifest.json"),
+                format!(
+                    "vnode {vnode} holds the key {} twice (in its files {})",
+                    crate::ports::key_hex(&w[0].key),
+                    files
+                        .iter()
+                        .map(|&i| self.manifest.files[i].path.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        if let Some(a) = after {
+            let start = rows.partition_point(|r| r.key.as_slice() <= a);
+            rows.drain(..start);
+        }
+        Ok(Box::new(rows.into_iter().map(Ok)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::vnode_of;
     use apache_avro::types::Value;
 
     fn table() -> TableSchema {
@@ -332,7 +509,7 @@ mod tests {
             snapshot_epoch: Epoch(1 << 16),
             vnode_count: 16,
             partition_count: 2,
-            topic: "t".into(),
+            topic: Some("t".into()),
             row_schema: t.json.clone(),
             primary_key: t.primary_key.clone(),
             files,

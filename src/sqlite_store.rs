@@ -9,11 +9,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use apache_avro::types::Value as Avro;
 use rusqlite::types::Value as Sql;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::codec::TableSchema;
+use crate::codec::{ColumnValue, TableSchema};
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
     Vnode, VnodeProgress,
@@ -51,6 +50,62 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// Sorts a SQLite error into transient (busy, locked, I/O, full disk: a retry can succeed) and
+/// permanent (a constraint, a type, a malformed statement: it cannot).
+fn classify(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode as C;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(
+                f.code,
+                C::DatabaseBusy
+                    | C::DatabaseLocked
+                    | C::SystemIoFailure
+                    | C::DiskFull
+                    | C::CannotOpen
+                    | C::OutOfMemory
+                    | C::FileLockingProtocolFailed
+            ) =>
+        {
+            StoreError::Backend(e.to_string())
+        }
+        _ => StoreError::Rejected(e.to_string()),
+    }
+}
+
+/// A column value as SQLite binds it. SQLite has no NaN (it would store NULL): NaN is stored as the
+/// text `NaN`; ±Inf are REALs; −0.0 reads back as 0.0 (the exact value stays in `_kb_row`).
+fn sqlite_value(v: ColumnValue) -> Sql {
+    match v {
+        ColumnValue::Null => Sql::Null,
+        ColumnValue::Integer(i) => Sql::Integer(i),
+        ColumnValue::Boolean(b) => Sql::Integer(b as i64),
+        ColumnValue::Real(f) if f.is_nan() => Sql::Text("NaN".into()),
+        ColumnValue::Real(f) => Sql::Real(f),
+        ColumnValue::Text(s) | ColumnValue::Decimal(s) | ColumnValue::Json(s) => Sql::Text(s),
+        ColumnValue::Blob(b) => Sql::Blob(b),
+    }
+}
+
+/// A failed row write: a constraint names its column where SQLite says which.
+fn row_error(e: rusqlite::Error, table: &TableSchema, key: &[u8]) -> StoreError {
+    match classify(e) {
+        StoreError::Rejected(reason) => {
+            let column = table
+                .columns
+                .iter()
+                .find(|c| reason.contains(&format!(".{}", c.name)))
+                .map_or_else(|| "?".to_string(), |c| c.name.clone());
+            StoreError::Value {
+                column,
+                key: crate::ports::key_hex(key),
+                reason,
+            }
+        }
+        other => other,
+    }
+}
+
 /// A SQLite state store for one job's table.
 pub struct SqliteStore {
     conn: Connection,
@@ -65,12 +120,12 @@ impl SqliteStore {
         let conn =
             Connection::open(path).map_err(|e| backend(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
-            .map_err(backend)?;
+            .map_err(classify)?;
         conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(backend)?;
+            .map_err(classify)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(backend)?;
-        conn.execute_batch(SCHEMA).map_err(backend)?;
+            .map_err(classify)?;
+        conn.execute_batch(SCHEMA).map_err(classify)?;
         let cols: Vec<String> = table
             .columns
             .iter()
@@ -78,7 +133,7 @@ impl SqliteStore {
                 format!(
                     "\"{}\" {}{}",
                     c.name,
-                    c.ty.sql(),
+                    c.ty.sqlite(),
                     if c.nullable { "" } else { " NOT NULL" }
                 )
             })
@@ -87,7 +142,7 @@ impl SqliteStore {
             "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB PRIMARY KEY, _kb_vnode INTEGER NOT NULL, {}, _kb_row BLOB NOT NULL);",
             cols.join(", ")
         ))
-        .map_err(backend)?;
+        .map_err(classify)?;
         Ok(SqliteStore {
             conn,
             table,
@@ -112,7 +167,7 @@ impl SqliteStore {
             },
         )
         .optional()
-        .map_err(backend)
+        .map_err(classify)
     }
 
     fn vnode_rows(
@@ -122,7 +177,7 @@ impl SqliteStore {
     ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
         let mut stmt = conn
             .prepare_cached("SELECT epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = ?1 AND vnode = ?2")
-            .map_err(backend)?;
+            .map_err(classify)?;
         let mut out = BTreeMap::new();
         for v in vnodes {
             let row = stmt
@@ -136,7 +191,7 @@ impl SqliteStore {
                     })
                 })
                 .optional()
-                .map_err(backend)?;
+                .map_err(classify)?;
             if let Some(p) = row {
                 out.insert(v, p);
             }
@@ -161,7 +216,7 @@ impl SqliteStore {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT partition, next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1")
-            .map_err(backend)?;
+            .map_err(classify)?;
         let rows = stmt
             .query_map([job], |r| {
                 Ok(PartitionProgress {
@@ -171,32 +226,9 @@ impl SqliteStore {
                     streaming: r.get::<_, i64>(3)? != 0,
                 })
             })
-            .map_err(backend)?;
-        rows.map(|r| r.map(|p| (p.partition, p)).map_err(backend))
+            .map_err(classify)?;
+        rows.map(|r| r.map(|p| (p.partition, p)).map_err(classify))
             .collect()
-    }
-
-    fn sql_value(v: Avro) -> Sql {
-        match v {
-            Avro::Null => Sql::Null,
-            Avro::Boolean(b) => Sql::Integer(b as i64),
-            Avro::Int(i) | Avro::Date(i) | Avro::TimeMillis(i) => Sql::Integer(i as i64),
-            Avro::Long(i)
-            | Avro::TimeMicros(i)
-            | Avro::TimestampMillis(i)
-            | Avro::TimestampMicros(i)
-            | Avro::TimestampNanos(i)
-            | Avro::LocalTimestampMillis(i)
-            | Avro::LocalTimestampMicros(i)
-            | Avro::LocalTimestampNanos(i) => Sql::Integer(i),
-            Avro::Float(f) => Sql::Real(f as f64),
-            Avro::Double(f) => Sql::Real(f),
-            Avro::String(s) | Avro::Enum(_, s) => Sql::Text(s),
-            Avro::Uuid(u) => Sql::Text(u.to_string()),
-            Avro::Bytes(b) | Avro::Fixed(_, b) => Sql::Blob(b),
-            Avro::Union(_, inner) => Self::sql_value(*inner),
-            other => Sql::Text(format!("{other:?}")),
-        }
     }
 }
 
@@ -213,7 +245,7 @@ impl StateStore for SqliteStore {
                     self.table_name
                 ],
             )
-            .map_err(backend)?;
+            .map_err(classify)?;
         let row =
             Self::job_row(&self.conn, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         check_job_matches(&row, info)?;
@@ -232,11 +264,12 @@ impl StateStore for SqliteStore {
         partitions: &[PartitionId],
         info: &SnapshotInfo,
     ) -> Result<Vec<ClaimedPartition>, StoreError> {
-        let map = PartitionMap::new(info.vnode_count, info.partition_count).map_err(backend)?;
+        let map = PartitionMap::new(info.vnode_count, info.partition_count)
+            .map_err(|e| StoreError::Rejected(e.to_string()))?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(backend)?;
+            .map_err(classify)?;
         let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         if row.generation != generation {
             return Err(StoreError::StaleGeneration {
@@ -249,12 +282,12 @@ impl StateStore for SqliteStore {
         for &p in partitions {
             let lease: i64 = tx
                 .query_row("UPDATE kb_jobs SET next_lease = next_lease + 1 WHERE job = ?1 RETURNING next_lease - 1", [job], |r| r.get(0))
-                .map_err(backend)?;
+                .map_err(classify)?;
             tx.execute(
                 "INSERT OR REPLACE INTO kb_leases VALUES (?1, ?2, ?3, ?4)",
                 params![job, p, worker, lease],
             )
-            .map_err(backend)?;
+            .map_err(classify)?;
             let progress = tx
                 .query_row(
                     "SELECT next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1 AND partition = ?2",
@@ -269,11 +302,11 @@ impl StateStore for SqliteStore {
                     },
                 )
                 .optional()
-                .map_err(backend)?;
+                .map_err(classify)?;
             let progress = match progress {
                 Some(pp) => pp,
                 None => info.start_of(p).cloned().ok_or_else(|| {
-                    backend(format!(
+                    StoreError::Rejected(format!(
                         "the snapshot has no start offset for partition {p}"
                     ))
                 })?,
@@ -295,7 +328,7 @@ impl StateStore for SqliteStore {
                 vnodes,
             });
         }
-        tx.commit().map_err(backend)?;
+        tx.commit().map_err(classify)?;
         Ok(out)
     }
 
@@ -303,7 +336,7 @@ impl StateStore for SqliteStore {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(backend)?;
+            .map_err(classify)?;
         let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         if row.generation != cp.generation {
             return Err(StoreError::StaleGeneration {
@@ -317,12 +350,12 @@ impl StateStore for SqliteStore {
                 .prepare_cached(
                     "SELECT owner, lease FROM kb_leases WHERE job = ?1 AND partition = ?2",
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
             for (p, lease) in &cp.leases {
                 let current: Option<(String, i64)> = lease_q
                     .query_row(params![job, p], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()
-                    .map_err(backend)?;
+                    .map_err(classify)?;
                 match current {
                     Some((_, l)) if l as u64 == *lease => {}
                     other => {
@@ -337,7 +370,8 @@ impl StateStore for SqliteStore {
                 }
             }
         }
-        let map = PartitionMap::new(row.vnode_count, row.partition_count).map_err(backend)?;
+        let map = PartitionMap::new(row.vnode_count, row.partition_count)
+            .map_err(|e| StoreError::Rejected(e.to_string()))?;
         let committed = Self::vnode_rows(&tx, job, cp.vnodes.iter().map(|v| v.vnode))?;
         check_checkpoint(job, &map, &committed, cp)?;
         {
@@ -355,28 +389,31 @@ impl StateStore for SqliteStore {
                     cols.join(", "),
                     marks.join(", ")
                 ))
-                .map_err(backend)?;
+                .map_err(classify)?;
             let mut delete = tx
                 .prepare_cached(&format!("DELETE FROM \"{t}\" WHERE _kb_key = ?1"))
-                .map_err(backend)?;
+                .map_err(classify)?;
             for m in &cp.rows {
                 match m {
-                    RowMutation::Upsert { vnode, row } => {
-                        let fields = self.table.decode_row(&row.value).map_err(|e| {
-                            backend(format!("row with key {:?} does not decode: {e}", row.key))
+                    RowMutation::Upsert { vnode, row, .. } => {
+                        let fields = self.table.column_values(&row.value).map_err(|e| {
+                            StoreError::Rejected(format!(
+                                "row with key {} does not decode: {e}",
+                                crate::ports::key_hex(&row.key)
+                            ))
                         })?;
                         let mut values: Vec<Sql> = vec![
                             Sql::Blob(row.key.clone()),
                             Sql::Integer(*vnode as i64),
                             Sql::Blob(row.value.clone()),
                         ];
-                        values.extend(fields.into_iter().map(Self::sql_value));
+                        values.extend(fields.into_iter().map(sqlite_value));
                         upsert
                             .execute(rusqlite::params_from_iter(values))
-                            .map_err(backend)?;
+                            .map_err(|e| row_error(e, &self.table, &row.key))?;
                     }
                     RowMutation::Delete { key, .. } => {
-                        delete.execute([key]).map_err(backend)?;
+                        delete.execute([key]).map_err(classify)?;
                     }
                 }
             }
@@ -384,7 +421,7 @@ impl StateStore for SqliteStore {
                 .prepare_cached(
                     "INSERT OR REPLACE INTO kb_vnode_progress VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
             for v in &cp.vnodes {
                 vq.execute(params![
                     job,
@@ -394,13 +431,13 @@ impl StateStore for SqliteStore {
                     v.finished as i64,
                     v.cursor
                 ])
-                .map_err(backend)?;
+                .map_err(classify)?;
             }
             let mut pq = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO kb_partition_progress VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
-                .map_err(backend)?;
+                .map_err(classify)?;
             for p in &cp.partitions {
                 pq.execute(params![
                     job,
@@ -409,41 +446,37 @@ impl StateStore for SqliteStore {
                     p.epoch.0 as i64,
                     p.streaming as i64
                 ])
-                .map_err(backend)?;
+                .map_err(classify)?;
             }
         }
-        let phase = crate::ports::phase_after(cp);
-        if let Some(phase) = phase {
-            tx.execute(
-                "UPDATE kb_jobs SET phase = ?2 WHERE job = ?1",
-                params![job, phase],
-            )
-            .map_err(backend)?;
+        if !cp.partitions.is_empty() {
+            tx.execute(&crate::ports::job_phase_sql("streaming = 1", "?1"), [job])
+                .map_err(classify)?;
         }
-        tx.commit().map_err(backend)
+        tx.commit().map_err(classify)
     }
 
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(backend)?;
+            .map_err(classify)?;
         let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         if row.generation == from_generation {
             tx.execute(
                 "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = ?1",
                 [job],
             )
-            .map_err(backend)?;
+            .map_err(classify)?;
             for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
                 tx.execute(&format!("DELETE FROM {t} WHERE job = ?1"), [job])
-                    .map_err(backend)?;
+                    .map_err(classify)?;
             }
             tx.execute(&format!("DELETE FROM \"{}\"", self.table_name), [])
-                .map_err(backend)?;
+                .map_err(classify)?;
         }
         let row = Self::job_row(&tx, job)?.expect("job row");
-        tx.commit().map_err(backend)?;
+        tx.commit().map_err(classify)?;
         Ok(row)
     }
 
@@ -459,9 +492,16 @@ impl StateStore for SqliteStore {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(backend)?
+            .map_err(classify)?
             .unwrap_or(0);
         self.vnode_progress(job, n)
+    }
+
+    fn committed_partitions(
+        &mut self,
+        job: &str,
+    ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
+        self.partition_progress(job)
     }
 
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
@@ -471,11 +511,11 @@ impl StateStore for SqliteStore {
                 "SELECT _kb_key, _kb_row FROM \"{}\"",
                 self.table_name
             ))
-            .map_err(backend)?;
+            .map_err(classify)?;
         let rows = stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .map_err(backend)?;
-        rows.map(|r| r.map_err(backend)).collect()
+            .map_err(classify)?;
+        rows.map(|r| r.map_err(classify)).collect()
     }
 }
 
@@ -483,6 +523,7 @@ impl StateStore for SqliteStore {
 mod tests {
     use super::*;
     use crate::core::{CheckpointCause, Row};
+    use apache_avro::types::Value as Avro;
 
     fn table() -> TableSchema {
         TableSchema::parse(
@@ -547,6 +588,7 @@ mod tests {
                     key: key.clone(),
                     value: datum.clone(),
                 },
+                offset: None,
             }],
             vnodes: vec![VnodeProgress {
                 cursor: Some(key.clone()),

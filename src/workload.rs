@@ -191,11 +191,11 @@ fn write_table(
             snapshot_epoch: epoch,
             vnode_count: map.vnode_count(),
             partition_count: map.partition_count(),
-            topic: topic.to_string(),
+            topic: Some(topic.to_string()),
             row_schema: table.json.clone(),
             primary_key: table.primary_key.clone(),
             files,
-            start,
+            start: start.iter().map(Into::into).collect(),
         },
     )?;
     Ok(())

@@ -118,6 +118,7 @@ fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
             &RunOptions {
                 exit_when_caught_up: true,
                 worker_prefix: Some("m".into()),
+                ..Default::default()
             },
             st,
             b,

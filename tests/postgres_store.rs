@@ -91,6 +91,7 @@ fn fencing_recreation_and_partition_count_checks_in_postgres() {
                 key: key.clone(),
                 value: datum.clone(),
             },
+            offset: None,
         }],
         vnodes: vec![VnodeProgress {
             cursor: Some(key.clone()),

@@ -6,24 +6,63 @@ use apache_avro::Schema;
 use super::skip::skip;
 use super::wire::CodecError;
 
-/// How a column is stored downstream (SQLite affinity).
+/// How a column is stored downstream: one kind per Avro type (README "Column types").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ColumnType {
+    /// int, long, date, time-*, timestamp-*, local-timestamp-*: the Avro number as it is.
     Integer,
+    /// boolean.
+    Boolean,
+    /// float, double.
     Real,
+    /// string, enum, uuid.
     Text,
+    /// bytes, fixed, duration.
     Blob,
+    /// decimal, big-decimal: the exact decimal number as text.
+    Decimal,
+    /// array, map, record, a union of several non-null branches: JSON.
+    Json,
 }
 
 impl ColumnType {
-    pub fn sql(self) -> &'static str {
+    /// The SQLite column type.
+    pub fn sqlite(self) -> &'static str {
         match self {
-            ColumnType::Integer => "INTEGER",
+            ColumnType::Integer | ColumnType::Boolean => "INTEGER",
             ColumnType::Real => "REAL",
-            ColumnType::Text => "TEXT",
+            ColumnType::Text | ColumnType::Decimal | ColumnType::Json => "TEXT",
             ColumnType::Blob => "BLOB",
         }
     }
+
+    /// The PostgreSQL column type.
+    pub fn postgres(self) -> &'static str {
+        match self {
+            ColumnType::Integer => "BIGINT",
+            ColumnType::Boolean => "BOOLEAN",
+            ColumnType::Real => "DOUBLE PRECISION",
+            ColumnType::Text => "TEXT",
+            ColumnType::Blob => "BYTEA",
+            ColumnType::Decimal => "NUMERIC",
+            ColumnType::Json => "JSONB",
+        }
+    }
+}
+
+/// One column's value of one row, as the stores bind it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ColumnValue {
+    Null,
+    Integer(i64),
+    Boolean(bool),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+    /// The exact decimal number, e.g. `-12.340`.
+    Decimal(String),
+    /// A JSON document (see [`to_json`]).
+    Json(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +151,23 @@ impl TableSchema {
         }
     }
 
+    /// The typed column values of a row datum, in field order; an error names the column.
+    pub fn column_values(&self, datum: &[u8]) -> Result<Vec<ColumnValue>, CodecError> {
+        let Schema::Record(record) = &self.schema else {
+            unreachable!("checked in parse")
+        };
+        let fields = self.decode_row(datum)?;
+        fields
+            .into_iter()
+            .zip(&self.columns)
+            .zip(&record.fields)
+            .map(|((v, c), f)| {
+                column_value(c.ty, &f.schema, v)
+                    .map_err(|e| CodecError::Decode(format!("column {}: {e}", c.name)))
+            })
+            .collect()
+    }
+
     /// The key bytes of a row: the Avro binary encoding of its primary-key fields, in order (the
     /// encoding of a record of those fields).
     pub fn key_of(&self, fields: &[Value]) -> Result<Vec<u8>, CodecError> {
@@ -161,18 +217,27 @@ fn column_of(name: &str, schema: &Schema) -> Result<Column, CodecError> {
                 .expect("non-null"),
             true,
         ),
+        Schema::Union(u) => (schema, u.variants().contains(&Schema::Null)),
         s => (s, false),
     };
     let ty = match schema {
-        Schema::Boolean | Schema::Int | Schema::Long | Schema::Date | Schema::TimeMillis | Schema::TimeMicros
+        Schema::Int | Schema::Long | Schema::Date | Schema::TimeMillis | Schema::TimeMicros
         | Schema::TimestampMillis | Schema::TimestampMicros | Schema::TimestampNanos
         | Schema::LocalTimestampMillis | Schema::LocalTimestampMicros | Schema::LocalTimestampNanos => ColumnType::Integer,
+        Schema::Boolean => ColumnType::Boolean,
         Schema::Float | Schema::Double => ColumnType::Real,
         Schema::String | Schema::Uuid | Schema::Enum(_) => ColumnType::Text,
-        Schema::Bytes | Schema::Fixed(_) | Schema::Decimal(_) | Schema::BigDecimal | Schema::Duration => ColumnType::Blob,
+        Schema::Bytes | Schema::Fixed(_) | Schema::Duration => ColumnType::Blob,
+        Schema::Decimal(_) | Schema::BigDecimal => ColumnType::Decimal,
+        Schema::Array(_) | Schema::Map(_) | Schema::Record(_) | Schema::Union(_) => ColumnType::Json,
+        Schema::Null => {
+            return Err(CodecError::Schema(format!(
+                "field {name}: a field of type null has no column (drop it or make it a nullable union)"
+            )))
+        }
         other => {
             return Err(CodecError::Schema(format!(
-                "field {name}: type {other:?} has no column mapping (use a primitive, enum, fixed or a nullable one)"
+                "field {name}: type {other:?} has no column mapping"
             )))
         }
     };
@@ -180,5 +245,207 @@ fn column_of(name: &str, schema: &Schema) -> Result<Column, CodecError> {
         name: name.to_string(),
         ty,
         nullable,
+    })
+}
+
+/// Converts one decoded field to its column value.
+fn column_value(ty: ColumnType, schema: &Schema, v: Value) -> Result<ColumnValue, String> {
+    let (v, schema) = match (v, schema) {
+        (Value::Union(i, inner), Schema::Union(u)) if ty != ColumnType::Json => {
+            (*inner, u.variants().get(i as usize))
+        }
+        (v, s) => (v, Some(s)),
+    };
+    Ok(match (ty, v) {
+        (_, Value::Null) => ColumnValue::Null,
+        (ColumnType::Json, v) => ColumnValue::Json(to_json(v, schema)?.to_string()),
+        (_, Value::Boolean(b)) => ColumnValue::Boolean(b),
+        (_, Value::Int(i) | Value::Date(i) | Value::TimeMillis(i)) => {
+            ColumnValue::Integer(i as i64)
+        }
+        (
+            _,
+            Value::Long(i)
+            | Value::TimeMicros(i)
+            | Value::TimestampMillis(i)
+            | Value::TimestampMicros(i)
+            | Value::TimestampNanos(i)
+            | Value::LocalTimestampMillis(i)
+            | Value::LocalTimestampMicros(i)
+            | Value::LocalTimestampNanos(i),
+        ) => ColumnValue::Integer(i),
+        (_, Value::Float(f)) => ColumnValue::Real(f as f64),
+        (_, Value::Double(f)) => ColumnValue::Real(f),
+        (_, Value::String(s) | Value::Enum(_, s)) => ColumnValue::Text(s),
+        (_, Value::Uuid(u)) => ColumnValue::Text(u.to_string()),
+        (_, Value::Bytes(b) | Value::Fixed(_, b)) => ColumnValue::Blob(b),
+        (_, Value::Duration(d)) => {
+            let mut b = Vec::with_capacity(12);
+            b.extend_from_slice(&u32::from(d.months()).to_le_bytes());
+            b.extend_from_slice(&u32::from(d.days()).to_le_bytes());
+            b.extend_from_slice(&u32::from(d.millis()).to_le_bytes());
+            ColumnValue::Blob(b)
+        }
+        (_, v @ (Value::Decimal(_) | Value::BigDecimal(_))) => {
+            ColumnValue::Decimal(decimal_text(v, schema)?)
+        }
+        (ty, other) => return Err(format!("value {other:?} does not fit a {ty:?} column")),
+    })
+}
+
+/// A decimal value as its exact text, e.g. `-12.340` (the scale comes from its schema).
+fn decimal_text(v: Value, schema: Option<&Schema>) -> Result<String, String> {
+    match v {
+        Value::BigDecimal(d) => Ok(d.to_string()),
+        Value::Decimal(d) => {
+            let bytes: Vec<u8> = Vec::try_from(&d).map_err(|e| e.to_string())?;
+            let scale = match schema {
+                Some(Schema::Decimal(d)) => d.scale,
+                _ => 0,
+            };
+            Ok(scale_decimal(&signed_be_to_decimal(&bytes), scale))
+        }
+        other => Err(format!("not a decimal: {other:?}")),
+    }
+}
+
+/// Two's-complement big-endian bytes as a base-10 integer string.
+pub fn signed_be_to_decimal(bytes: &[u8]) -> String {
+    let negative = bytes.first().is_some_and(|b| b & 0x80 != 0);
+    // Magnitude: negate two's complement if negative.
+    let mut mag: Vec<u8> = bytes.to_vec();
+    if negative {
+        for b in mag.iter_mut() {
+            *b = !*b;
+        }
+        for b in mag.iter_mut().rev() {
+            let (v, carry) = b.overflowing_add(1);
+            *b = v;
+            if !carry {
+                break;
+            }
+        }
+    }
+    let mut digits = Vec::new();
+    while mag.iter().any(|&b| b != 0) {
+        let mut rem = 0u32;
+        for b in mag.iter_mut() {
+            let cur = (rem << 8) | *b as u32;
+            *b = (cur / 10) as u8;
+            rem = cur % 10;
+        }
+        digits.push(b'0' + rem as u8);
+    }
+    if digits.is_empty() {
+        digits.push(b'0');
+    }
+    if negative {
+        digits.push(b'-');
+    }
+    digits.reverse();
+    String::from_utf8(digits).expect("ascii")
+}
+
+/// Inserts a decimal point `scale` digits from the right of an integer string.
+pub fn scale_decimal(int: &str, scale: usize) -> String {
+    if scale == 0 {
+        return int.to_string();
+    }
+    let (sign, digits) = match int.strip_prefix('-') {
+        Some(d) => ("-", d),
+        None => ("", int),
+    };
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (i, f) = padded.split_at(padded.len() - scale);
+    format!("{sign}{i}.{f}")
+}
+
+/// A value as JSON for a JSON column: numbers as numbers (NaN and ±Inf as the strings `"NaN"`,
+/// `"Infinity"`, `"-Infinity"`), bytes and fixed as lowercase hex strings, decimals as exact strings,
+/// enums and uuids as strings, unions as their branch's value, records and maps as objects.
+/// `schema` is the value's schema where known (it gives a decimal its scale).
+pub fn to_json(v: Value, schema: Option<&Schema>) -> Result<serde_json::Value, String> {
+    use serde_json::Value as J;
+    let float = |f: f64| {
+        serde_json::Number::from_f64(f)
+            .map(J::Number)
+            .unwrap_or_else(|| {
+                J::String(
+                    if f.is_nan() {
+                        "NaN"
+                    } else if f > 0.0 {
+                        "Infinity"
+                    } else {
+                        "-Infinity"
+                    }
+                    .into(),
+                )
+            })
+    };
+    let hex = |b: &[u8]| J::String(b.iter().map(|x| format!("{x:02x}")).collect());
+    Ok(match v {
+        Value::Null => J::Null,
+        Value::Boolean(b) => J::Bool(b),
+        Value::Int(i) | Value::Date(i) | Value::TimeMillis(i) => J::from(i),
+        Value::Long(i)
+        | Value::TimeMicros(i)
+        | Value::TimestampMillis(i)
+        | Value::TimestampMicros(i)
+        | Value::TimestampNanos(i)
+        | Value::LocalTimestampMillis(i)
+        | Value::LocalTimestampMicros(i)
+        | Value::LocalTimestampNanos(i) => J::from(i),
+        Value::Float(f) => float(f as f64),
+        Value::Double(f) => float(f),
+        Value::String(s) | Value::Enum(_, s) => J::String(s),
+        Value::Uuid(u) => J::String(u.to_string()),
+        Value::Bytes(b) | Value::Fixed(_, b) => hex(&b),
+        v @ (Value::Decimal(_) | Value::BigDecimal(_)) => J::String(decimal_text(v, schema)?),
+        Value::Duration(d) => serde_json::json!({
+            "months": u32::from(d.months()), "days": u32::from(d.days()), "millis": u32::from(d.millis())
+        }),
+        Value::Union(i, inner) => {
+            let s = match schema {
+                Some(Schema::Union(u)) => u.variants().get(i as usize),
+                _ => None,
+            };
+            to_json(*inner, s)?
+        }
+        Value::Array(items) => {
+            let s = match schema {
+                Some(Schema::Array(a)) => Some(&*a.items),
+                _ => None,
+            };
+            J::Array(
+                items
+                    .into_iter()
+                    .map(|v| to_json(v, s))
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        Value::Map(m) => {
+            let s = match schema {
+                Some(Schema::Map(m)) => Some(&*m.types),
+                _ => None,
+            };
+            J::Object(
+                m.into_iter()
+                    .map(|(k, v)| Ok((k, to_json(v, s)?)))
+                    .collect::<Result<_, String>>()?,
+            )
+        }
+        Value::Record(fields) => {
+            let schemas: Vec<&Schema> = match schema {
+                Some(Schema::Record(r)) => r.fields.iter().map(|f| &f.schema).collect(),
+                _ => Vec::new(),
+            };
+            J::Object(
+                fields
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (k, v))| Ok((k, to_json(v, schemas.get(i).copied())?)))
+                    .collect::<Result<_, String>>()?,
+            )
+        }
     })
 }

@@ -118,3 +118,21 @@ pub enum CoreError {
         to: Epoch,
     },
 }
+
+impl CoreError {
+    /// A record in the log that breaks the wire contract (it does not decode, its vnode or epoch is
+    /// wrong, the barrier chain breaks): the job stops at it, after committing what is complete
+    /// before it.
+    pub fn is_bad_record(&self) -> bool {
+        matches!(
+            self,
+            CoreError::BarrierChainBroken { .. }
+                | CoreError::BarrierMismatch { .. }
+                | CoreError::EpochMismatch { .. }
+                | CoreError::VnodeNotOwnedByPartition { .. }
+                | CoreError::VnodeMismatch { .. }
+                | CoreError::UnpairedUpdate { .. }
+                | CoreError::Undecodable { .. }
+        )
+    }
+}

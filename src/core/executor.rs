@@ -64,6 +64,9 @@ struct PartitionState {
     pending_update_delete: Option<u64>,
     high_watermark: Option<u64>,
     paused: bool,
+    /// At the last watermark refresh, the partition had been read up to the high watermark of the
+    /// refresh before it (see [`WorkerStatus::caught_up`]).
+    caught_up: bool,
 }
 
 impl PartitionState {
@@ -77,6 +80,7 @@ impl PartitionState {
             pending_update_delete: None,
             high_watermark: None,
             paused: false,
+            caught_up: false,
         }
     }
 
@@ -128,11 +132,18 @@ pub struct WorkerStatus {
     pub owned_vnodes: u32,
     pub snapshot_vnodes_left: u32,
     pub partitions: Vec<PartitionStatus>,
-    /// The smallest epoch committed on an owned partition, if the log store was started.
+    /// The last committed checkpoint epoch (the smallest vnode-progress epoch of the owned vnodes, as
+    /// in the store), once the log store was started.
     pub committed_epoch: Option<Epoch>,
     pub newest_epoch: Option<Epoch>,
     pub epoch_lag_seconds: f64,
     pub counters: ExecutorCounters,
+    /// Streaming, and at the last watermark refresh every owned partition had been read up to the
+    /// high watermark of the refresh before it: the worker trails the log's end by at most one
+    /// refresh interval of reading, and its committed state by at most the open checkpoint interval.
+    /// Holds under continuous upstream writes as long as consumption outpaces production. A worker
+    /// that owns no partition is caught up (the job's completion is decided over all its vnodes).
+    pub caught_up: bool,
 }
 
 /// The state machine of one worker of one job generation.
@@ -155,7 +166,22 @@ pub struct Executor {
     newest_epoch: Option<Epoch>,
     failed: bool,
     counters: ExecutorCounters,
+    /// A bad record stopped its partition: the others are read on until every checkpoint complete
+    /// before it is committed, then the executor fails with the record's error (README "Bad input").
+    poison: Option<Poison>,
 }
+
+/// A partition stopped at a bad record.
+#[derive(Debug)]
+struct Poison {
+    partition: PartitionId,
+    error: CoreError,
+    since_ms: u64,
+}
+
+/// How long the other partitions are read on after a bad record, at most, to complete the
+/// checkpoints before it.
+pub const POISON_DRAIN_MS: u64 = 10_000;
 
 impl Executor {
     pub fn new(spec: JobSpec, now_ms: u64) -> Self {
@@ -176,6 +202,7 @@ impl Executor {
             newest_epoch: None,
             failed: false,
             counters: ExecutorCounters::default(),
+            poison: None,
         }
     }
 
@@ -215,9 +242,37 @@ impl Executor {
                 partition,
                 offset,
                 record,
-            } => self.on_record(partition, offset, record, &mut out),
+            } => match self.on_record(partition, offset, record, &mut out) {
+                Err(e) if e.is_bad_record() => {
+                    self.on_bad_record(partition, e, &mut out);
+                    Ok(())
+                }
+                other => other,
+            },
+            Event::Undecodable {
+                partition,
+                offset,
+                reason,
+            } => {
+                let fetching = matches!(self.phase, Phase::LogStore | Phase::Streaming);
+                let fresh = self
+                    .partitions
+                    .get(&partition)
+                    .is_some_and(|p| offset >= p.next_offset);
+                if fetching && fresh {
+                    let e = CoreError::Undecodable {
+                        topic: self.spec.topic.clone(),
+                        partition,
+                        offset,
+                        reason,
+                    };
+                    self.on_bad_record(partition, e, &mut out);
+                }
+                Ok(())
+            }
             Event::Watermark { partition, high } => {
                 if let Some(p) = self.partitions.get_mut(&partition) {
+                    p.caught_up = p.next_offset >= p.high_watermark.unwrap_or(high);
                     p.high_watermark = Some(p.high_watermark.map_or(high, |h| h.max(high)));
                 }
                 Ok(())
@@ -247,11 +302,16 @@ impl Executor {
             self.failed = true;
             return Err(e);
         }
+        if self.poison.is_some() && self.poison_drained() {
+            let poison = self.poison.take().expect("poison");
+            // Every checkpoint complete before the bad record has been committed by `advance`.
+            out.push(Decision::Fail(poison.error));
+        }
         if out.iter().any(|d| matches!(d, Decision::Fail(_))) {
             self.failed = true;
             return Ok(out);
         }
-        if self.phase == Phase::LogStore {
+        if self.phase == Phase::LogStore && self.poison.is_none() {
             self.evaluate_probe(&mut out);
         }
         Ok(out)
@@ -558,6 +618,44 @@ impl Executor {
 
     // ----- log store and streaming ------------------------------------------------------------
 
+    /// A record that does not decode or breaks the contract: its partition stops before it (paused,
+    /// later records ignored) while the others are read on, so that every checkpoint complete
+    /// before it is committed; then [`Self::poison_drained`] ends the executor with `error`.
+    fn on_bad_record(&mut self, partition: PartitionId, error: CoreError, out: &mut Vec<Decision>) {
+        if self.poison.is_some() {
+            return; // the first bad record is the one reported
+        }
+        self.poison = Some(Poison {
+            partition,
+            error,
+            since_ms: self.now_ms,
+        });
+        if let Some(p) = self.partitions.get_mut(&partition) {
+            p.paused = true;
+            out.push(Decision::Pause(partition));
+        }
+    }
+
+    /// Whether nothing more can complete before the bad record: every other owned partition has
+    /// reached the stopped partition's open epoch or read all it holds, or the drain timed out, or
+    /// the stopped partition is no longer owned.
+    fn poison_drained(&self) -> bool {
+        let Some(poison) = &self.poison else {
+            return false;
+        };
+        let Some(stopped) = self.partitions.get(&poison.partition) else {
+            return true;
+        };
+        if self.now_ms.saturating_sub(poison.since_ms) >= POISON_DRAIN_MS {
+            return true;
+        }
+        self.partitions.iter().all(|(id, p)| {
+            *id == poison.partition
+                || p.open_epoch >= stopped.open_epoch
+                || p.high_watermark.is_some_and(|h| p.next_offset >= h)
+        })
+    }
+
     fn on_record(
         &mut self,
         partition: PartitionId,
@@ -570,6 +668,13 @@ impl Executor {
         }
         let topic = &self.spec.topic;
         let map = self.spec.map;
+        if self
+            .poison
+            .as_ref()
+            .is_some_and(|x| x.partition == partition)
+        {
+            return Ok(()); // stopped at a bad record
+        }
         let Some(p) = self.partitions.get_mut(&partition) else {
             return Ok(()); // revoked: its new owner reads it
         };
@@ -612,7 +717,7 @@ impl Executor {
                 p.next_offset = offset + 1;
                 self.counters.changes[op_index(change.op)] += 1;
                 self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
-                self.staging.stage(change);
+                self.staging.stage(change, offset);
                 Ok(())
             }
             LogRecord::Barrier(barrier) => {
@@ -763,8 +868,11 @@ impl Executor {
                 (*p, s.open_epoch > frontier && ahead >= limit)
             })
             .collect();
+        let stopped = self.poison.as_ref().map(|x| x.partition);
         for (p, ahead) in ps {
-            self.set_paused(p, ahead, out);
+            if Some(p) != stopped {
+                self.set_paused(p, ahead, out);
+            }
         }
     }
 
@@ -841,8 +949,9 @@ impl Executor {
 
     pub fn status(&self) -> WorkerStatus {
         let log_started = matches!(self.phase, Phase::LogStore | Phase::Streaming);
+        // The checkpoint epoch the store and `verify` use: every owned vnode is complete up to it.
         let committed_epoch = if log_started {
-            self.partitions.values().map(|p| p.committed.epoch).min()
+            self.vnodes.values().map(|v| v.epoch).min()
         } else {
             None
         };
@@ -872,6 +981,9 @@ impl Executor {
             newest_epoch: self.newest_epoch,
             epoch_lag_seconds,
             counters: self.counters.clone(),
+            caught_up: self.partitions.is_empty()
+                || (self.phase == Phase::Streaming
+                    && self.partitions.values().all(|p| p.caught_up)),
         }
     }
 }

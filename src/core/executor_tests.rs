@@ -92,6 +92,23 @@ fn commits(ds: &[Decision]) -> Vec<&Checkpoint> {
         .collect()
 }
 
+/// Feeds a bad record to an executor whose partitions hold nothing more to read, and returns the
+/// error it fails with (after pausing the partition).
+fn bad_record(x: &mut Executor, event: Event) -> CoreError {
+    for p in x.owned_partitions() {
+        x.handle(Event::Watermark {
+            partition: p,
+            high: 1,
+        })
+        .unwrap();
+    }
+    let ds = x.handle(event).unwrap();
+    match ds.last() {
+        Some(Decision::Fail(e)) => e.clone(),
+        other => panic!("expected a failure, got {other:?} in {ds:?}"),
+    }
+}
+
 /// An executor in the log-store phase over two partitions.
 fn in_log_store() -> Executor {
     let s = spec(2);
@@ -228,9 +245,7 @@ fn assignment_in_log_store_also_fails_after_committing() {
 #[test]
 fn a_barrier_that_breaks_the_chain_names_topic_partition_offset_and_epochs() {
     let mut x = in_log_store();
-    let err = x
-        .handle(rec(1, 7, barrier(5, 6, BarrierKind::Checkpoint)))
-        .unwrap_err();
+    let err = bad_record(&mut x, rec(1, 7, barrier(5, 6, BarrierKind::Checkpoint)));
     assert_eq!(
         err.to_string(),
         format!(
@@ -246,9 +261,7 @@ fn a_barrier_that_breaks_the_chain_names_topic_partition_offset_and_epochs() {
 fn a_change_for_a_vnode_its_partition_does_not_own_is_rejected() {
     let mut x = in_log_store();
     let map = x.spec().map;
-    let err = x
-        .handle(rec(0, 1, change(map, e(1), 6, Op::Insert)))
-        .unwrap_err();
+    let err = bad_record(&mut x, rec(0, 1, change(map, e(1), 6, Op::Insert)));
     assert_eq!(
         err.to_string(),
         "change at topic log partition 0 offset 1 is for vnode 6, which partition 0 does not own (it owns vnodes 0..4)"
@@ -261,9 +274,7 @@ fn an_update_delete_must_be_followed_by_its_update_insert() {
     let map = x.spec().map;
     x.handle(rec(0, 1, change(map, e(1), 1, Op::UpdateDelete)))
         .unwrap();
-    let err = x
-        .handle(rec(0, 2, change(map, e(1), 2, Op::Insert)))
-        .unwrap_err();
+    let err = bad_record(&mut x, rec(0, 2, change(map, e(1), 2, Op::Insert)));
     assert!(
         matches!(
             err,
@@ -425,4 +436,160 @@ fn catch_up_waits_for_a_checkpoint_beyond_the_probe() {
         .unwrap();
     assert_eq!(commits(&ds)[0].cause, CheckpointCause::Barrier);
     assert_eq!(x.phase(), Phase::Streaming);
+}
+
+/// A bad record deep in partition 0's backlog: partition 0 stops there while partition 1 is read on,
+/// every checkpoint complete before the bad record is committed, and only then the executor fails.
+#[test]
+fn a_bad_record_commits_every_checkpoint_complete_before_it_then_fails() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    // Partition 0 runs ahead: epoch 1 (checkpoint), epoch 2 (checkpoint), then garbage in epoch 3.
+    x.handle(rec(0, 1, change(map, e(1), 0, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    x.handle(rec(0, 3, barrier(2, 3, BarrierKind::Checkpoint)))
+        .unwrap();
+    let ds = x
+        .handle(Event::Undecodable {
+            partition: 0,
+            offset: 4,
+            reason: "garbage".into(),
+        })
+        .unwrap();
+    assert_eq!(
+        ds,
+        vec![Decision::Pause(0)],
+        "stops partition 0, not the job"
+    );
+    // A later record of the stopped partition is ignored.
+    assert!(x
+        .handle(rec(0, 5, barrier(3, 4, BarrierKind::Checkpoint)))
+        .unwrap()
+        .is_empty());
+    // Partition 1 delivers epoch 1's checkpoint: epoch 1 commits, the job goes on.
+    x.handle(rec(1, 1, change(map, e(1), 4, Op::Insert)))
+        .unwrap();
+    let ds = x
+        .handle(rec(1, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cps = commits(&ds);
+    assert_eq!(cps.len(), 1);
+    assert_eq!(cps[0].epoch, Some(e(1)));
+    assert_eq!(cps[0].rows.len(), 2);
+    assert!(!ds.iter().any(|d| matches!(d, Decision::Fail(_))));
+    // Partition 1 reaches epoch 3, where partition 0 stopped: epoch 2 commits, then the failure.
+    let ds = x
+        .handle(rec(1, 3, barrier(2, 3, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cps = commits(&ds);
+    assert_eq!(cps.len(), 1);
+    assert_eq!(cps[0].epoch, Some(e(2)));
+    let offsets: Vec<u64> = cps[0].partitions.iter().map(|p| p.next_offset).collect();
+    assert_eq!(offsets, vec![4, 4], "nothing at or after the bad record");
+    match ds.last() {
+        Some(Decision::Fail(CoreError::Undecodable {
+            partition, offset, ..
+        })) => assert_eq!((*partition, *offset), (0, 4)),
+        other => panic!("expected the bad record's error last, got {other:?}"),
+    }
+}
+
+/// The drain is bounded: a partition that stays behind (and not at its high watermark) does not
+/// hold the failure back past the drain time.
+#[test]
+fn a_bad_record_fails_after_the_drain_time_when_others_stay_behind() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    x.handle(rec(0, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let ds = x
+        .handle(rec(0, 2, change(map, e(2), 5, Op::Insert)))
+        .unwrap();
+    // vnode 5 belongs to partition 1: a routing error on partition 0.
+    assert_eq!(ds, vec![Decision::Pause(0)]);
+    x.handle(Event::Watermark {
+        partition: 1,
+        high: 100,
+    })
+    .unwrap();
+    assert!(x.handle(Event::Tick { now_ms: 5_000 }).unwrap().is_empty());
+    let ds = x
+        .handle(Event::Tick {
+            now_ms: POISON_DRAIN_MS,
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            ds.last(),
+            Some(Decision::Fail(CoreError::VnodeNotOwnedByPartition { .. }))
+        ),
+        "{ds:?}"
+    );
+}
+
+/// A partition already read to its high watermark cannot complete anything more: the failure comes
+/// at once.
+#[test]
+fn a_bad_record_fails_at_once_when_the_others_have_nothing_more() {
+    let mut x = in_log_store();
+    x.handle(Event::Watermark {
+        partition: 1,
+        high: 1,
+    })
+    .unwrap();
+    let ds = x
+        .handle(Event::Undecodable {
+            partition: 0,
+            offset: 1,
+            reason: "garbage".into(),
+        })
+        .unwrap();
+    assert!(matches!(ds.last(), Some(Decision::Fail(_))), "{ds:?}");
+}
+
+/// `caught_up` holds while upstream keeps writing, as long as each refresh finds the partitions read
+/// up to the previous refresh's high watermark; it drops when reading falls behind.
+#[test]
+fn caught_up_holds_under_continuous_writes_and_drops_when_reading_falls_behind() {
+    let s = spec(1);
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    let mut claim = claimed(map, 0, true);
+    claim.progress.streaming = true;
+    x.handle(Event::Assigned(vec![claim])).unwrap();
+    assert_eq!(x.phase(), Phase::Streaming);
+    assert!(!x.status().caught_up, "no watermark seen yet");
+    let wm = |x: &mut Executor, high| {
+        x.handle(Event::Watermark { partition: 0, high }).unwrap();
+    };
+    wm(&mut x, 1);
+    assert!(x.status().caught_up, "read to the end");
+    // Upstream writes 3 records per refresh; the worker reads them before the next refresh.
+    let mut offset = 1;
+    let mut epoch = 1;
+    for _ in 0..5 {
+        wm(&mut x, offset + 3); // the end moved on while the worker read
+        for _ in 0..3 {
+            let r = if offset % 3 == 0 {
+                epoch += 1;
+                barrier(epoch - 1, epoch, BarrierKind::Checkpoint)
+            } else {
+                change(map, e(epoch), 1, Op::Insert)
+            };
+            x.handle(rec(0, offset, r)).unwrap();
+            offset += 1;
+        }
+        let before = x.status().caught_up;
+        wm(&mut x, offset + 3);
+        assert!(
+            x.status().caught_up,
+            "caught up at offset {offset} (was {before})"
+        );
+    }
+    // Reading stops: two refreshes later the worker is behind.
+    wm(&mut x, offset + 10);
+    wm(&mut x, offset + 20);
+    assert!(!x.status().caught_up);
 }

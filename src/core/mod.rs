@@ -21,7 +21,7 @@ pub use error::{CoreError, VNODE_BITMAP_UPDATE_IN_LOG_STORE};
 pub use executor::{Executor, JobSpec, LocalCheckpointPolicy, WorkerStatus};
 pub use phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};
 pub use progress::{
-    Checkpoint, CheckpointCause, Lease, PartitionProgress, RowMutation, VnodeProgress,
+    Checkpoint, CheckpointCause, JobProgress, Lease, PartitionProgress, RowMutation, VnodeProgress,
 };
 pub use supervisor::{RecreationPolicy, Supervisor, SupervisorConfig, Verdict, WorkerFailure};
 pub use vnode::{vnode_of, PartitionId, PartitionMap, Vnode, VnodeBitmap};

@@ -83,6 +83,12 @@ pub enum Event {
         offset: u64,
         record: LogRecord,
     },
+    /// A record that did not decode: handled like any bad record (README "Bad input").
+    Undecodable {
+        partition: PartitionId,
+        offset: u64,
+        reason: String,
+    },
     /// The partition's high watermark (offset after its last message), as last seen by the driver.
     Watermark { partition: PartitionId, high: u64 },
     /// Wall-clock time, for local checkpoints.

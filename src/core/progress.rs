@@ -59,8 +59,17 @@ pub type Lease = u64;
 /// A row change as the store applies it: the net effect per key within one checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RowMutation {
-    Upsert { vnode: Vnode, row: Row },
-    Delete { vnode: Vnode, key: Vec<u8> },
+    /// `offset`: where the change came from in its partition's log (None for snapshot rows), so a
+    /// store that refuses a value can name it.
+    Upsert {
+        vnode: Vnode,
+        row: Row,
+        offset: Option<u64>,
+    },
+    Delete {
+        vnode: Vnode,
+        key: Vec<u8>,
+    },
 }
 
 impl RowMutation {
@@ -113,5 +122,105 @@ pub struct Checkpoint {
 impl Checkpoint {
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.vnodes.is_empty() && self.partitions.is_empty()
+    }
+}
+
+/// A job's progress over all its vnodes, from what the store has committed (DESIGN.md §6
+/// "Job-level completion"): a job is caught up only when every partition has committed in the
+/// streaming phase, so no process reports the job done on the strength of its own part.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JobProgress {
+    /// Vnodes whose snapshot is unfinished (or not started).
+    pub vnodes_snapshot: u32,
+    /// Vnodes past their snapshot whose partition has not caught up yet.
+    pub vnodes_log_store: u32,
+    /// Vnodes whose partition has committed in the streaming phase.
+    pub vnodes_streaming: u32,
+    /// Partitions not yet committed in the streaming phase, in order.
+    pub partitions_behind: Vec<super::vnode::PartitionId>,
+    /// Every vnode streams.
+    pub caught_up: bool,
+}
+
+impl JobProgress {
+    pub fn of(
+        map: super::vnode::PartitionMap,
+        vnodes: &std::collections::BTreeMap<Vnode, VnodeProgress>,
+        partitions: &std::collections::BTreeMap<super::vnode::PartitionId, PartitionProgress>,
+    ) -> JobProgress {
+        let mut out = JobProgress::default();
+        for p in 0..map.partition_count() {
+            let streaming = partitions.get(&p).is_some_and(|pp| pp.streaming);
+            if !streaming {
+                out.partitions_behind.push(p);
+            }
+            for v in map.vnodes_of(p) {
+                let finished = vnodes.get(&v).is_some_and(|vp| vp.finished);
+                if !finished {
+                    out.vnodes_snapshot += 1;
+                } else if streaming {
+                    out.vnodes_streaming += 1;
+                } else {
+                    out.vnodes_log_store += 1;
+                }
+            }
+        }
+        out.caught_up = out.partitions_behind.is_empty() && out.vnodes_snapshot == 0;
+        out
+    }
+}
+
+#[cfg(test)]
+mod job_progress_tests {
+    use super::*;
+    use crate::core::vnode::PartitionMap;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_job_is_caught_up_only_when_every_partition_streams() {
+        let map = PartitionMap::new(8, 2).unwrap();
+        let es = Epoch(1 << 16);
+        let mut vnodes: BTreeMap<Vnode, VnodeProgress> = (0..8)
+            .map(|v| {
+                (
+                    v,
+                    VnodeProgress {
+                        finished: true,
+                        ..VnodeProgress::fresh(v, es)
+                    },
+                )
+            })
+            .collect();
+        vnodes.get_mut(&6).unwrap().finished = false;
+        let mut partitions = BTreeMap::new();
+        partitions.insert(
+            0,
+            PartitionProgress {
+                partition: 0,
+                next_offset: 9,
+                epoch: es,
+                streaming: true,
+            },
+        );
+        let p = JobProgress::of(map, &vnodes, &partitions);
+        assert_eq!(
+            (p.vnodes_snapshot, p.vnodes_log_store, p.vnodes_streaming),
+            (1, 3, 4)
+        );
+        assert_eq!(p.partitions_behind, vec![1]);
+        assert!(!p.caught_up, "half the job streams");
+        vnodes.get_mut(&6).unwrap().finished = true;
+        partitions.insert(
+            1,
+            PartitionProgress {
+                partition: 1,
+                next_offset: 9,
+                epoch: es,
+                streaming: true,
+            },
+        );
+        let p = JobProgress::of(map, &vnodes, &partitions);
+        assert!(p.caught_up);
+        assert_eq!(p.vnodes_streaming, 8);
     }
 }

@@ -60,7 +60,7 @@ pub struct Taken {
 
 impl Staging {
     /// Records one change. `UpdateDelete` stages a delete that its `UpdateInsert` then overwrites.
-    pub fn stage(&mut self, change: Change) {
+    pub fn stage(&mut self, change: Change, offset: u64) {
         let bucket = self.epochs.entry(change.epoch).or_default();
         *bucket.counts.entry(change.vnode).or_default() += 1;
         self.changes += 1;
@@ -69,6 +69,7 @@ impl Staging {
             Op::Insert | Op::UpdateInsert => RowMutation::Upsert {
                 vnode,
                 row: change.row,
+                offset: Some(offset),
             },
             Op::Delete | Op::UpdateDelete => RowMutation::Delete {
                 vnode,
@@ -131,7 +132,11 @@ impl Staging {
 
 /// A snapshot row as a mutation (snapshot rows are inserts).
 pub fn snapshot_upsert(vnode: Vnode, row: Row) -> RowMutation {
-    RowMutation::Upsert { vnode, row }
+    RowMutation::Upsert {
+        vnode,
+        row,
+        offset: None,
+    }
 }
 
 #[cfg(test)]
@@ -153,12 +158,12 @@ mod tests {
     #[test]
     fn coalesces_to_net_effect_per_key_with_later_epochs_winning() {
         let mut s = Staging::default();
-        s.stage(change(1, Op::Insert, 0, "a", "1"));
-        s.stage(change(1, Op::UpdateDelete, 0, "a", "1"));
-        s.stage(change(1, Op::UpdateInsert, 0, "a", "2"));
-        s.stage(change(2, Op::Delete, 1, "b", "x"));
-        s.stage(change(2, Op::Insert, 0, "a", "3"));
-        s.stage(change(3, Op::Delete, 0, "a", "3"));
+        s.stage(change(1, Op::Insert, 0, "a", "1"), 0);
+        s.stage(change(1, Op::UpdateDelete, 0, "a", "1"), 1);
+        s.stage(change(1, Op::UpdateInsert, 0, "a", "2"), 2);
+        s.stage(change(2, Op::Delete, 1, "b", "x"), 3);
+        s.stage(change(2, Op::Insert, 0, "a", "3"), 4);
+        s.stage(change(3, Op::Delete, 0, "a", "3"), 5);
         assert_eq!(s.len(), 6);
         let t = s.take_through(Epoch(2));
         assert_eq!(
@@ -169,7 +174,8 @@ mod tests {
                     row: Row {
                         key: b"a".to_vec(),
                         value: b"3".to_vec()
-                    }
+                    },
+                    offset: Some(4),
                 },
                 RowMutation::Delete {
                     vnode: 1,
@@ -188,9 +194,9 @@ mod tests {
     #[test]
     fn discard_drops_only_revoked_vnodes() {
         let mut s = Staging::default();
-        s.stage(change(1, Op::Insert, 0, "a", "1"));
-        s.stage(change(1, Op::Insert, 5, "b", "1"));
-        s.stage(change(2, Op::Insert, 5, "c", "1"));
+        s.stage(change(1, Op::Insert, 0, "a", "1"), 6);
+        s.stage(change(1, Op::Insert, 5, "b", "1"), 7);
+        s.stage(change(2, Op::Insert, 5, "c", "1"), 8);
         s.discard(|v| v == 5);
         assert_eq!(s.len(), 1);
         let t = s.take_through(Epoch(9));

@@ -45,11 +45,25 @@ impl Default for SupervisorConfig {
 pub enum WorkerFailure {
     /// The core raised an error (the bitmap-update invariant or bad input).
     Core(CoreError),
-    /// The store rejected a commit: stale generation or a partition claimed by someone else (or the
-    /// store was briefly unavailable): restart from what is committed.
+    /// The store rejected a commit: stale generation or a partition claimed by someone else: restart
+    /// from what is committed.
     Fenced(String),
-    /// Anything else that cannot be retried (a corrupt snapshot file, a broken store invariant).
+    /// The store was unavailable or busy (transient): restart from what is committed.
+    Unavailable(String),
+    /// Anything else that cannot be retried (a corrupt snapshot file, a value the store refuses, a
+    /// broken store invariant): the job stops.
     Fatal(String),
+}
+
+impl std::fmt::Display for WorkerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerFailure::Core(e) => write!(f, "{e}"),
+            WorkerFailure::Fenced(e) => write!(f, "fenced, restarting from the store: {e}"),
+            WorkerFailure::Unavailable(e) => write!(f, "{e}; restarting from the last commit"),
+            WorkerFailure::Fatal(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 /// The supervisor's answer.
@@ -90,7 +104,7 @@ impl Supervisor {
 
     pub fn on_failure(&mut self, failure: &WorkerFailure, generation: u64, now_ms: u64) -> Verdict {
         match failure {
-            WorkerFailure::Fenced(_) => Verdict::Restart,
+            WorkerFailure::Fenced(_) | WorkerFailure::Unavailable(_) => Verdict::Restart,
             WorkerFailure::Core(CoreError::VnodeBitmapUpdateDuringLogStore) => {
                 if self.config.policy == RecreationPolicy::Fail {
                     return Verdict::Stop {

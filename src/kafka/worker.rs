@@ -173,8 +173,16 @@ impl Inner {
             &info,
         ) {
             Ok(c) => Some(c),
-            Err(e) => {
+            Err(e) if e.is_transient() => {
+                self.fail(WorkerFailure::Unavailable(e.to_string()));
+                None
+            }
+            Err(e) if e.is_fenced() => {
                 self.fail(WorkerFailure::Fenced(e.to_string()));
+                None
+            }
+            Err(e) => {
+                self.fail(WorkerFailure::Fatal(e.to_string()));
                 None
             }
         }
@@ -296,7 +304,9 @@ impl Inner {
                     if !self.settle(consumer, true) {
                         return;
                     }
-                    metrics().invariant_errors.with_label_values(&[&job]).inc();
+                    if e == CoreError::VnodeBitmapUpdateDuringLogStore {
+                        metrics().invariant_errors.with_label_values(&[&job]).inc();
+                    }
                     error!(job = %job, worker = %self.setup.worker, "{e}");
                     return self.fail(WorkerFailure::Core(e));
                 }
@@ -352,14 +362,47 @@ impl Inner {
                     warn!(job = %job, worker = %self.setup.worker, error = %e, "commit fenced");
                     self.fail(WorkerFailure::Fenced(e.to_string()));
                 }
-                Err(StoreError::Backend(e)) => {
+                Err(e) if e.is_transient() => {
                     warn!(job = %job, worker = %self.setup.worker, error = %e, "store unavailable; restarting from the last commit");
-                    self.fail(WorkerFailure::Fenced(e));
+                    self.fail(WorkerFailure::Unavailable(e.to_string()));
                 }
-                Err(e) => self.fail(WorkerFailure::Fatal(e.to_string())),
+                Err(e) => {
+                    let e = self.describe_rejection(&cp, e);
+                    error!(job = %job, worker = %self.setup.worker, error = %e, "checkpoint refused by the store; stopping");
+                    self.fail(WorkerFailure::Fatal(e));
+                }
             }
         }
         self.failure.is_none()
+    }
+
+    /// A store's refusal, with the topic, partition and offset of the row it names (or its snapshot
+    /// vnode), so an operator can find the record.
+    fn describe_rejection(&self, cp: &crate::core::Checkpoint, e: StoreError) -> String {
+        if let StoreError::Value {
+            column,
+            key,
+            reason,
+        } = &e
+        {
+            let row = cp
+                .rows
+                .iter()
+                .find(|m| crate::ports::key_hex(m.key()) == *key);
+            if let Some(crate::core::RowMutation::Upsert { vnode, offset, .. }) = row {
+                let partition = self.map.partition_of(*vnode);
+                return match offset {
+                    Some(o) => format!(
+                        "topic {}, partition {partition}, offset {o}: the store cannot hold column {column} (key {key}): {reason}",
+                        self.setup.topic
+                    ),
+                    None => format!(
+                        "snapshot row of vnode {vnode} (key {key}): the store cannot hold column {column}: {reason}"
+                    ),
+                };
+            }
+        }
+        e.to_string()
     }
 
     /// At shutdown: the store's offsets of the owned partitions, committed to the group and waited
@@ -414,14 +457,14 @@ impl Inner {
                     .decode_errors
                     .with_label_values(&[&self.setup.job])
                     .inc();
-                let e = CoreError::Undecodable {
-                    topic: self.setup.topic.clone(),
-                    partition: p,
-                    offset,
-                    reason: e.to_string(),
-                };
-                error!(job = %self.setup.job, worker = %self.setup.worker, "{e}");
-                self.fail(WorkerFailure::Core(e));
+                self.feed(
+                    consumer,
+                    Event::Undecodable {
+                        partition: p,
+                        offset,
+                        reason: e.to_string(),
+                    },
+                );
             }
         }
     }
@@ -571,12 +614,7 @@ impl Inner {
                 }
             }
         }
-        let caught_up = status.as_ref().is_some_and(|s| {
-            s.phase == Phase::Streaming
-                && s.partitions
-                    .iter()
-                    .all(|p| p.high_watermark.is_some_and(|h| p.committed_offset >= h))
-        });
+        let caught_up = status.as_ref().is_some_and(|s| s.caught_up);
         let recreations = self.setup.supervisor.lock().unwrap().recreations();
         let mut board = self.setup.board.lock().unwrap();
         board.entry(self.setup.job.clone()).or_default().insert(
@@ -706,7 +744,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         ),
     }));
     if let Err(f) = inner.lock().unwrap().start_executor() {
-        return Err(anyhow!("{f:?}"));
+        return Err(anyhow!("{f}"));
     }
     let mut config = client_config(&setup.kafka);
     config
@@ -791,7 +829,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
                 .ok()
                 .flatten()
                 .map_or(0, |r| r.generation);
-            g.last_error = Some(format!("{f:?}"));
+            g.last_error = Some(f.to_string());
             g.publish();
             drop(g);
             handle_failure(&setup, &inner, &consumer, f, generation)?;
@@ -835,7 +873,7 @@ fn handle_failure(
             pause_then_restart(setup, inner, consumer, Duration::from_millis(backoff_ms))
         }
         Verdict::Restart => {
-            info!(job = %setup.job, worker = %setup.worker, reason = ?f, "restarting the worker from the store");
+            info!(job = %setup.job, worker = %setup.worker, reason = %f, "restarting the worker from the store");
             pause_then_restart(setup, inner, consumer, Duration::from_millis(200))
         }
     }
@@ -855,7 +893,7 @@ fn pause_then_restart(
     }
     let mut g = inner.lock().unwrap();
     if let Err(f) = g.start_executor() {
-        return Err(anyhow!("{f:?}"));
+        return Err(anyhow!("{f}"));
     }
     let assigned: Vec<PartitionId> = consumer
         .assignment()
