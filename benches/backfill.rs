@@ -113,6 +113,7 @@ fn produce(
         seed: 42,
         progress: false,
         append: false,
+        table: Default::default(),
     })
     .unwrap()
 }

@@ -300,28 +300,26 @@ impl Config {
         origin: &str,
         overrides: &[(String, String)],
     ) -> Result<Config, ConfigError> {
-        let text = substitute_env(text).map_err(|m| err(origin, m))?;
-        let located = |e: toml::de::Error| {
-            let span = e
-                .span()
-                .map(|s| line_of(&text, s.start))
-                .unwrap_or_default();
-            err(format!("{origin}{span}"), e.message().to_string())
-        };
-        let mut doc: toml::Table = toml::from_str(&text).map_err(located)?;
+        // Parse first, then substitute `${ENV}` inside string values only: a value can never change
+        // the file's structure, whatever characters it holds.
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e: toml::de::Error| {
+            let span = e.span().map(|s| line_of(text, s.start)).unwrap_or_default();
+            err(format!("{origin}{span}"), e.message().trim().to_string())
+        })?;
+        substitute_env_values(&mut doc, "")?;
         for (k, v) in overrides {
             apply_override(&mut doc, k, v)?;
         }
-        let config: Config = if overrides.is_empty() {
-            toml::from_str(&text).map_err(located)?
-        } else {
-            Config::deserialize(toml::Value::Table(doc)).map_err(|e| {
-                err(
-                    format!("{origin} (with environment overrides)"),
-                    e.message().to_string(),
-                )
-            })?
-        };
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
+                let path = e.path().to_string();
+                let path = if path == "." {
+                    origin.to_string()
+                } else {
+                    path
+                };
+                err(path, e.inner().message().trim().to_string())
+            })?;
         config.validate()?;
         Ok(config)
     }
@@ -498,18 +496,38 @@ fn line_of(text: &str, offset: usize) -> String {
     format!(":{line}")
 }
 
-/// Replaces `${NAME}` by the environment variable NAME outside comment lines; an unset variable is
-/// an error.
-fn substitute_env(text: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        if line.trim_start().starts_with('#') {
-            out.push_str(line);
-        } else {
-            out.push_str(&substitute_line(line)?);
+/// Replaces `${NAME}` by the environment variable NAME in every string value of the parsed file
+/// (keys and comments are left alone); an unset variable is an error naming the key.
+fn substitute_env_values(table: &mut toml::Table, at: &str) -> Result<(), ConfigError> {
+    fn walk(v: &mut toml::Value, at: &str) -> Result<(), ConfigError> {
+        match v {
+            toml::Value::String(s) if s.contains("${") => {
+                *s = substitute_line(s).map_err(|m| err(at, m))?;
+            }
+            toml::Value::Array(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    walk(item, &format!("{at}[{i}]"))?;
+                }
+            }
+            toml::Value::Table(t) => substitute_env_values(t, at)?,
+            _ => {}
         }
+        Ok(())
     }
-    Ok(out)
+    for (k, v) in table.iter_mut() {
+        let key = if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            k.clone()
+        } else {
+            format!("{k:?}")
+        };
+        let path = if at.is_empty() {
+            key
+        } else {
+            format!("{at}.{key}")
+        };
+        walk(v, &path)?;
+    }
+    Ok(())
 }
 
 fn substitute_line(text: &str) -> Result<String, String> {
@@ -520,7 +538,7 @@ fn substitute_line(text: &str) -> Result<String, String> {
         let after = &rest[i + 2..];
         let j = after
             .find('}')
-            .ok_or_else(|| "unterminated ${ in the file".to_string())?;
+            .ok_or_else(|| "unterminated ${ in the value".to_string())?;
         let name = &after[..j];
         let value = std::env::var(name)
             .map_err(|_| format!("environment variable {name} is not set (used as ${{{name}}})"))?;
@@ -562,7 +580,8 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         let e = Config::parse(&GOOD.replace("topic =", "topik = \"x\"\ntopic ="), "t.toml")
             .unwrap_err();
         assert!(
-            e.to_string().starts_with("t.toml:4: unknown field `topik`"),
+            e.to_string()
+                .starts_with("jobs[0].topik: unknown field `topik`"),
             "{e}"
         );
         let e = Config::parse(
@@ -573,7 +592,15 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
             "t.toml",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("invalid type"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "jobs[0].workers: invalid type: string \"two\", expected u32"
+        );
+        let e = Config::parse(&GOOD.replace("[[jobs]]", "[[jobs]\n"), "t.toml").unwrap_err();
+        assert!(
+            e.to_string().starts_with("t.toml:2: "),
+            "a syntax error names the line: {e}"
+        );
         let e = Config::parse(
             &GOOD.replace(
                 "name = \"accounts\"",
@@ -635,5 +662,26 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         )
         .unwrap_err();
         assert!(e.to_string().contains("KB_TEST_UNSET_VAR is not set"));
+        assert!(
+            e.to_string()
+                .starts_with("jobs[0].kafka.\"sasl.password\": "),
+            "{e}"
+        );
+    }
+
+    /// A secret holding quotes, backslashes, a newline, `#` and unicode is taken as it is, and
+    /// cannot add keys to the file.
+    #[test]
+    fn env_values_with_any_characters_round_trip_and_cannot_inject_keys() {
+        let secret = "p\"a\\s#s\nworkers = 9\n[http]\nlisten = \"0.0.0.0:1\" ünï ${NOT}";
+        std::env::set_var("KB_TEST_NASTY_SECRET", secret);
+        let text = GOOD.replace(
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\"",
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\", \"sasl.password\" = \"${KB_TEST_NASTY_SECRET}\"",
+        );
+        let c = Config::parse(&text, "t.toml").unwrap();
+        assert_eq!(c.jobs[0].kafka["sasl.password"], secret);
+        assert_eq!(c.jobs[0].workers, 1);
+        assert_eq!(c.http.listen, "127.0.0.1:9464");
     }
 }

@@ -145,6 +145,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         seed: 7,
         progress: false,
         append: false,
+        table: Default::default(),
     })?;
     println!(
         "snapshot at epoch {} ({} rows) and log written; the table at the last checkpoint has {} rows",

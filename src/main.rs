@@ -80,6 +80,10 @@ enum Command {
         /// Continue the log written earlier into --out (same topic): more changes, no new snapshot.
         #[arg(long)]
         append: bool,
+        /// The table to generate: `accounts` (schemas/example_row.avsc) or `typed`
+        /// (schemas/typed_row.avsc: every Avro type, primary key [region, id]).
+        #[arg(long, value_enum, default_value_t)]
+        table: kafka_backfill::workload::TableKind,
     },
     /// Compare a job's materialised table with the writer's expected table.
     Verify {
@@ -140,8 +144,10 @@ enum Command {
 fn init_logs(format: LogFormat, level: Option<&str>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
+    // Colour only for a person at a terminal: no escape codes in files, pipes and log collectors.
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => b.json().init(),
@@ -299,6 +305,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             out,
             seed,
             append,
+            table,
         } => {
             init_logs(LogFormat::Text, None);
             let w = Workload {
@@ -318,6 +325,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 seed,
                 progress: true,
                 append,
+                table,
             };
             let r = workload::produce(&w)?;
             if append {

@@ -26,6 +26,149 @@ use crate::snapshot_files::{write_files, write_manifest, Manifest};
 
 /// The example table's row schema.
 pub const EXAMPLE_ROW_SCHEMA: &str = include_str!("../schemas/example_row.avsc");
+/// The typed table's row schema: every Avro type a row may use.
+pub const TYPED_ROW_SCHEMA: &str = include_str!("../schemas/typed_row.avsc");
+
+/// Which table `produce` generates.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TableKind {
+    /// `schemas/example_row.avsc`, primary key `id`.
+    #[default]
+    Accounts,
+    /// `schemas/typed_row.avsc`: every Avro type (NaN, ±Inf and −0.0 doubles among them), primary
+    /// key `[region, id]` (not in field order).
+    Typed,
+}
+
+impl TableKind {
+    pub fn schema(self) -> Result<TableSchema> {
+        Ok(match self {
+            TableKind::Accounts => TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".to_string()])?,
+            TableKind::Typed => {
+                TableSchema::parse(TYPED_ROW_SCHEMA, &["region".to_string(), "id".to_string()])?
+            }
+        })
+    }
+
+    /// The row with id `id` at `version`.
+    pub fn row(self, id: i64, version: i64, row_size: usize, rng: &mut SimRng) -> Value {
+        match self {
+            TableKind::Accounts => example_row(id, version, row_size, rng),
+            TableKind::Typed => typed_row(id, version, row_size, rng),
+        }
+    }
+}
+
+/// The typed table's row: every column exercised, special doubles by `id % 5`, nulls by parity.
+pub fn typed_row(id: i64, version: i64, row_size: usize, rng: &mut SimRng) -> Value {
+    let amount = match id % 5 {
+        0 => f64::NAN,
+        1 => f64::INFINITY,
+        2 => f64::NEG_INFINITY,
+        3 => -0.0,
+        _ => id as f64 * 1.5 + version as f64,
+    };
+    let unscaled = (id * 1000 + version) * if id % 2 == 0 { 1 } else { -1 };
+    let filler = row_size.saturating_sub(120).max(1);
+    let mut attrs = std::collections::HashMap::new();
+    attrs.insert("v".to_string(), Value::Long(version));
+    attrs.insert("r".to_string(), Value::Long(rng.below(1000) as i64));
+    Value::Record(vec![
+        ("id".into(), Value::Long(id)),
+        ("region".into(), Value::String(format!("région-{}", id % 7))),
+        (
+            "label".into(),
+            if id % 2 == 0 {
+                Value::Union(0, Box::new(Value::Null))
+            } else {
+                Value::Union(1, Box::new(Value::String(format!("\"label\" {id}"))))
+            },
+        ),
+        (
+            "score".into(),
+            if id % 3 == 0 {
+                Value::Union(1, Box::new(Value::Null))
+            } else {
+                Value::Union(0, Box::new(Value::Double(version as f64 / 3.0)))
+            },
+        ),
+        ("ratio".into(), Value::Float(id as f32 / 7.0)),
+        ("amount".into(), Value::Double(amount)),
+        ("active".into(), Value::Boolean(version % 2 == 0)),
+        ("count".into(), Value::Int((id % 1000) as i32 - 500)),
+        ("blob".into(), Value::Bytes(id.to_be_bytes().to_vec())),
+        (
+            "tag".into(),
+            Value::Fixed(4, (id as u32).to_be_bytes().to_vec()),
+        ),
+        (
+            "color".into(),
+            Value::Enum(
+                (id % 3) as u32,
+                ["RED", "GREEN", "BLUE"][(id % 3) as usize].into(),
+            ),
+        ),
+        (
+            "price".into(),
+            Value::Decimal(apache_avro::Decimal::from(unscaled.to_be_bytes())),
+        ),
+        (
+            "uid".into(),
+            Value::Uuid(apache_avro::Uuid::from_u128(
+                (id as u128) << 64 | version as u128,
+            )),
+        ),
+        ("day".into(), Value::Date(19_000 + (id % 365) as i32)),
+        ("tod".into(), Value::TimeMicros(id % 86_400 * 1_000_000)),
+        (
+            "ts_ms".into(),
+            Value::TimestampMillis(1_700_000_000_000 + id),
+        ),
+        (
+            "ts_us".into(),
+            Value::TimestampMicros(1_700_000_000_000_000 + id),
+        ),
+        (
+            "local_ts".into(),
+            Value::LocalTimestampMicros(1_700_000_000_000_000 - id),
+        ),
+        (
+            "tags".into(),
+            Value::Array(
+                (0..id % 3)
+                    .map(|i| Value::String(format!("t{i}")))
+                    .collect(),
+            ),
+        ),
+        ("attrs".into(), Value::Map(attrs)),
+        (
+            "address".into(),
+            Value::Record(vec![
+                ("street".into(), Value::String(format!("{id} Main St"))),
+                (
+                    "zip".into(),
+                    if id % 4 == 0 {
+                        Value::Union(0, Box::new(Value::Null))
+                    } else {
+                        Value::Union(1, Box::new(Value::Int(10_000 + (id % 90_000) as i32)))
+                    },
+                ),
+            ]),
+        ),
+        ("payload".into(), Value::String("x".repeat(filler))),
+    ])
+}
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -54,6 +197,8 @@ pub struct Workload {
     pub progress: bool,
     /// Continue the log of an earlier run into the same folder (no new snapshot).
     pub append: bool,
+    /// Which table to generate.
+    pub table: TableKind,
 }
 
 /// Where an earlier run left the log, for `--append`.
@@ -63,6 +208,8 @@ struct WriterState {
     snapshot_epoch: Epoch,
     /// The `curr` of the last barrier written: the epoch the next change belongs to.
     next_epoch: Epoch,
+    #[serde(default)]
+    table: TableKind,
 }
 
 const WRITER_STATE: &str = "writer.json";
@@ -213,7 +360,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     }
     let map = PartitionMap::new(w.vnode_count, w.partitions)?;
     crate::kafka::admin::ensure_topic(&w.bootstrap, &w.topic, w.partitions)?;
-    let table = TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".to_string()])?;
+    let table = w.table.schema()?;
     let codec = LogCodec::new(table.clone())?;
     let ctx = Ctx {
         failed: Arc::new(AtomicU64::new(0)),
@@ -245,6 +392,14 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             serde_json::from_slice(&std::fs::read(w.out.join(WRITER_STATE)).with_context(
                 || format!("--append needs {}", w.out.join(WRITER_STATE).display()),
             )?)?;
+        if state.table != w.table {
+            bail!(
+                "--append: {} holds the {:?} table, not {:?} (pass --table)",
+                w.out.display(),
+                state.table,
+                w.table
+            );
+        }
         if state.topic != w.topic {
             bail!(
                 "--append: {} was written for topic {}, not {}",
@@ -259,6 +414,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             use crate::ports::SnapshotSource;
             for row in expected.scan(v, None)? {
                 let row = row?;
+                // Both tables have `id` (a long) as their first field.
                 let Value::Long(id) = table.decode_row(&row.value)?[0] else {
                     bail!("id is not a long")
                 };
@@ -269,7 +425,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     } else {
         let mut rows: HashMap<i64, (Vec<u8>, Vec<u8>)> = HashMap::with_capacity(w.rows as usize);
         for id in 0..w.rows as i64 {
-            let datum = table.encode_row(&example_row(id, 0, w.row_size, &mut rng))?;
+            let datum = table.encode_row(&w.table.row(id, 0, w.row_size, &mut rng))?;
             let key = table.key_of_datum(&datum)?;
             rows.insert(id, (key, datum));
         }
@@ -320,7 +476,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 if rng.below(100) < w.update_percent {
                     let v = versions.entry(id).or_default();
                     *v += 1;
-                    let new = table.encode_row(&example_row(id, *v, w.row_size, &mut rng))?;
+                    let new = table.encode_row(&w.table.row(id, *v, w.row_size, &mut rng))?;
                     writer.change(epoch, Op::UpdateDelete, &key, &old)?;
                     writer.change(epoch, Op::UpdateInsert, &key, &new)?;
                     rows.insert(id, (key, new));
@@ -330,7 +486,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 }
             }
             None => {
-                let new = table.encode_row(&example_row(id, 0, w.row_size, &mut rng))?;
+                let new = table.encode_row(&w.table.row(id, 0, w.row_size, &mut rng))?;
                 let key = table.key_of_datum(&new)?;
                 writer.change(epoch, Op::Insert, &key, &new)?;
                 rows.insert(id, (key, new));
@@ -401,6 +557,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         topic: w.topic.clone(),
         snapshot_epoch: es,
         next_epoch: epoch,
+        table: w.table,
     };
     std::fs::write(w.out.join(WRITER_STATE), serde_json::to_vec_pretty(&state)?)?;
     std::io::stderr().flush().ok();

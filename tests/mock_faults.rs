@@ -49,6 +49,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         seed: 3,
         progress: false,
         append: false,
+        table: Default::default(),
     })
     .unwrap();
     let mut kafka = BTreeMap::new();
