@@ -584,4 +584,205 @@ mod tests {
             )
         );
     }
+
+    /// Rows of the example table by vnode (16 vnodes), as (key, datum).
+    fn rows_by_vnode(n: i64) -> BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>> {
+        let t = table();
+        let mut out: BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>> = BTreeMap::new();
+        for id in 0..n {
+            let datum = t
+                .encode_row(&Value::Record(vec![
+                    ("id".into(), Value::Long(id)),
+                    ("owner".into(), Value::String(format!("o{id}"))),
+                    ("balance".into(), Value::Long(id)),
+                    ("version".into(), Value::Long(0)),
+                    ("payload".into(), Value::String("y".repeat(30))),
+                ]))
+                .unwrap();
+            let key = t.key_of_datum(&datum).unwrap();
+            out.entry(vnode_of(&key, 16)).or_default().push((key, datum));
+        }
+        out
+    }
+
+    /// Writes `rows` (datums, in the given order) with apache-avro's writer and `codec`.
+    fn write_avro(path: &Path, schema_json: &str, datums: &[&[u8]], codec: apache_avro::Codec) {
+        let schema = apache_avro::Schema::parse_str(schema_json).unwrap();
+        let f = std::fs::File::create(path).unwrap();
+        let mut w = apache_avro::Writer::builder()
+            .schema(&schema)
+            .writer(f)
+            .codec(codec)
+            .block_size(512)
+            .build();
+        for d in datums {
+            let v = apache_avro::from_avro_datum(&schema, &mut &d[..], None).unwrap();
+            w.append(v).unwrap();
+        }
+        w.flush().unwrap();
+    }
+
+    fn manifest_with(files: Vec<ManifestFile>) -> Manifest {
+        let t = table();
+        Manifest {
+            snapshot_epoch: Epoch(1 << 16),
+            vnode_count: 16,
+            partition_count: 2,
+            topic: None,
+            row_schema: t.json.clone(),
+            primary_key: t.primary_key.clone(),
+            files,
+            start: vec![],
+        }
+    }
+
+    /// Every row of every vnode, scanned (and resumed from a cursor) the same in every layout.
+    fn check_layout(dir: &Path, expected: &BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>>) {
+        let s = SnapshotFiles::open(dir).unwrap();
+        for v in 0..16 {
+            let mut want: Vec<Row> = expected
+                .get(&v)
+                .map(|rs| {
+                    rs.iter()
+                        .map(|(k, d)| Row {
+                            key: k.clone(),
+                            value: d.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            want.sort_by(|a, b| a.key.cmp(&b.key));
+            let got: Vec<Row> = s.scan(v, None).unwrap().map(|r| r.unwrap()).collect();
+            assert_eq!(got, want, "vnode {v}");
+            for cut in [0, want.len() / 2, want.len().saturating_sub(1)] {
+                if let Some(c) = want.get(cut) {
+                    let rest: Vec<Row> = s
+                        .scan(v, Some(&c.key))
+                        .unwrap()
+                        .map(|r| r.unwrap())
+                        .collect();
+                    assert_eq!(rest, want[cut + 1..].to_vec(), "vnode {v} after row {cut}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reads_every_layout_the_manifest_allows_in_every_codec() {
+        let t = table();
+        let schema = t.json.to_string();
+        let rows = rows_by_vnode(400);
+        let all_vnodes: Vec<Vnode> = (0..16).collect();
+        for codec in [
+            apache_avro::Codec::Null,
+            apache_avro::Codec::Deflate(Default::default()),
+            apache_avro::Codec::Snappy,
+            apache_avro::Codec::Zstandard(Default::default()),
+        ] {
+            let name: &str = codec.into();
+            // (a) one file holding every vnode, rows interleaved (id order, not key order).
+            let dir = tmp(&format!("one-{name}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut interleaved: Vec<(i64, &[u8])> = Vec::new();
+            for rs in rows.values() {
+                for (k, d) in rs {
+                    let id = t.decode_row(d).unwrap()[0].clone();
+                    let Value::Long(id) = id else { panic!() };
+                    interleaved.push((id, d.as_slice()));
+                    let _ = k;
+                }
+            }
+            interleaved.sort_by_key(|(id, _)| *id);
+            let datums: Vec<&[u8]> = interleaved.iter().map(|(_, d)| *d).collect();
+            write_avro(&dir.join("all.avro"), &schema, &datums, codec);
+            write_manifest(
+                &dir,
+                &manifest_with(vec![ManifestFile {
+                    path: "all.avro".into(),
+                    vnodes: all_vnodes.iter().rev().copied().collect(),
+                    rows: datums.len() as u64,
+                }]),
+            )
+            .unwrap();
+            check_layout(&dir, &rows);
+
+            // (b) each vnode split over two files, vnodes grouped, files listed in reverse order.
+            let dir = tmp(&format!("split-{name}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let (mut first, mut second) = (Vec::new(), Vec::new());
+            for rs in rows.values() {
+                for (i, (_, d)) in rs.iter().enumerate() {
+                    if i % 2 == 0 {
+                        first.push(d.as_slice());
+                    } else {
+                        second.push(d.as_slice());
+                    }
+                }
+            }
+            write_avro(&dir.join("a.avro"), &schema, &first, codec);
+            write_avro(&dir.join("b.avro"), &schema, &second, codec);
+            write_manifest(
+                &dir,
+                &manifest_with(vec![
+                    ManifestFile {
+                        path: "b.avro".into(),
+                        vnodes: all_vnodes.clone(),
+                        rows: second.len() as u64,
+                    },
+                    ManifestFile {
+                        path: "a.avro".into(),
+                        vnodes: all_vnodes.clone(),
+                        rows: first.len() as u64,
+                    },
+                ]),
+            )
+            .unwrap();
+            check_layout(&dir, &rows);
+        }
+    }
+
+    #[test]
+    fn a_header_schema_other_than_the_manifests_or_a_row_of_an_unlisted_vnode_is_an_error_naming_the_file(
+    ) {
+        let t = table();
+        let rows = rows_by_vnode(100);
+        let datums: Vec<&[u8]> = rows.values().flatten().map(|(_, d)| d.as_slice()).collect();
+        let dir = tmp("mismatch");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let other = t.json.to_string().replace("\"balance\"", "\"saldo\"");
+        write_avro(&dir.join("x.avro"), &other, &datums, apache_avro::Codec::Null);
+        let all: Vec<Vnode> = (0..16).collect();
+        write_manifest(
+            &dir,
+            &manifest_with(vec![ManifestFile {
+                path: "x.avro".into(),
+                vnodes: all,
+                rows: 0,
+            }]),
+        )
+        .unwrap();
+        let e = SnapshotFiles::open(&dir).err().expect("mismatch").to_string();
+        assert!(
+            e.starts_with(&format!("snapshot file {}", dir.join("x.avro").display()))
+                && e.contains("is not the manifest's row_schema"),
+            "{e}"
+        );
+        // The right schema, but the file lists only vnode 3 while holding others.
+        write_avro(&dir.join("x.avro"), &t.json.to_string(), &datums, apache_avro::Codec::Null);
+        write_manifest(
+            &dir,
+            &manifest_with(vec![ManifestFile {
+                path: "x.avro".into(),
+                vnodes: vec![3],
+                rows: 0,
+            }]),
+        )
+        .unwrap();
+        let s = SnapshotFiles::open(&dir).unwrap();
+        let e = s.scan(3, None).err().expect("unlisted vnode").to_string();
+        assert!(e.contains("which manifest.json does not list for this file"), "{e}");
+    }
 }

@@ -1,0 +1,160 @@
+//! `schemas/snapshot_manifest.schema.json` is the reader's schema: what it accepts the reader reads,
+//! what it refuses the reader refuses, and what the writer writes it accepts (validated with a JSON
+//! Schema validator, both ways).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kafka_backfill::codec::TableSchema;
+use kafka_backfill::core::{vnode_of, Epoch, Vnode};
+use kafka_backfill::snapshot_files::{
+    write_files, write_manifest, Manifest, ManifestStart, SnapshotFiles,
+};
+use kafka_backfill::workload::{TableKind, EXAMPLE_ROW_SCHEMA};
+
+fn validator() -> (boon::Schemas, boon::SchemaIndex) {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../schemas/snapshot_manifest.schema.json")).unwrap();
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler
+        .add_resource("snapshot_manifest.schema.json", schema)
+        .unwrap();
+    let idx = compiler
+        .compile("snapshot_manifest.schema.json", &mut schemas)
+        .unwrap();
+    (schemas, idx)
+}
+
+fn valid(doc: &serde_json::Value) -> Result<(), String> {
+    let (schemas, idx) = validator();
+    schemas.validate(doc, idx).map_err(|e| e.to_string())
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kb-manifest-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A snapshot folder written by the writer's own functions (what `produce` calls).
+fn written(d: &Path) -> Manifest {
+    let table = TableKind::Accounts.schema().unwrap();
+    let mut rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    let mut rng = kafka_backfill::sim::SimRng::new(7);
+    for id in 0..50 {
+        let datum = table
+            .encode_row(&kafka_backfill::workload::example_row(id, 0, 60, &mut rng))
+            .unwrap();
+        let key = table.key_of_datum(&datum).unwrap();
+        rows.entry(vnode_of(&key, 8)).or_default().insert(key, datum);
+    }
+    let files = write_files(d, &table, rows).unwrap();
+    let m = Manifest {
+        snapshot_epoch: Epoch(5 << 16),
+        vnode_count: 8,
+        partition_count: 2,
+        topic: Some("log".into()),
+        row_schema: table.json.clone(),
+        primary_key: table.primary_key.clone(),
+        files,
+        start: (0..2)
+            .map(|p| ManifestStart {
+                partition: p,
+                next_offset: 1,
+                epoch: Epoch(6 << 16),
+            })
+            .collect(),
+    };
+    write_manifest(d, &m).unwrap();
+    m
+}
+
+fn read_json(d: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(d.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn write_json(d: &Path, v: &serde_json::Value) {
+    std::fs::write(d.join("manifest.json"), serde_json::to_vec(v).unwrap()).unwrap();
+}
+
+#[test]
+fn what_the_writer_writes_the_schema_accepts_and_the_reader_reads() {
+    let d = dir("writer");
+    written(&d);
+    valid(&read_json(&d)).unwrap();
+    SnapshotFiles::open(&d).unwrap();
+}
+
+#[test]
+fn a_manifest_with_only_the_required_keys_is_accepted_by_both() {
+    let d = dir("minimal");
+    written(&d);
+    let mut v = read_json(&d);
+    v.as_object_mut().unwrap().remove("topic");
+    valid(&v).unwrap();
+    write_json(&d, &v);
+    let s = SnapshotFiles::open(&d).unwrap();
+    assert_eq!(s.manifest.topic, None);
+}
+
+/// Documents that the schema refuses, the reader refuses too: an unknown key, a missing required
+/// key, a wrong type, an extra key in `start[]` (the old reader's `streaming`).
+#[test]
+fn what_the_schema_refuses_the_reader_refuses() {
+    let d = dir("refused");
+    written(&d);
+    let base = read_json(&d);
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+        (
+            "unknown key",
+            Box::new(|v| {
+                v["extra"] = serde_json::json!(1);
+            }),
+        ),
+        (
+            "missing start",
+            Box::new(|v| {
+                v.as_object_mut().unwrap().remove("start");
+            }),
+        ),
+        (
+            "vnode_count as a string",
+            Box::new(|v| {
+                v["vnode_count"] = serde_json::json!("8");
+            }),
+        ),
+        (
+            "start[].streaming",
+            Box::new(|v| {
+                v["start"][0]["streaming"] = serde_json::json!(false);
+            }),
+        ),
+        (
+            "files[] without rows",
+            Box::new(|v| {
+                v["files"][0].as_object_mut().unwrap().remove("rows");
+            }),
+        ),
+    ];
+    for (what, change) in cases {
+        let mut v = base.clone();
+        change(&mut v);
+        assert!(valid(&v).is_err(), "the schema accepts {what}");
+        write_json(&d, &v);
+        let e = SnapshotFiles::open(&d).err();
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.to_string().contains("invalid manifest")),
+            "the reader accepts {what}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn the_typed_table_schema_is_a_row_schema() {
+    let t = TableKind::Typed.schema().unwrap();
+    assert_eq!(t.primary_key, vec!["region".to_string(), "id".to_string()]);
+    TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".to_string()]).unwrap();
+}
