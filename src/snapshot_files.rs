@@ -600,7 +600,9 @@ mod tests {
                 ]))
                 .unwrap();
             let key = t.key_of_datum(&datum).unwrap();
-            out.entry(vnode_of(&key, 16)).or_default().push((key, datum));
+            out.entry(vnode_of(&key, 16))
+                .or_default()
+                .push((key, datum));
         }
         out
     }
@@ -753,7 +755,12 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let other = t.json.to_string().replace("\"balance\"", "\"saldo\"");
-        write_avro(&dir.join("x.avro"), &other, &datums, apache_avro::Codec::Null);
+        write_avro(
+            &dir.join("x.avro"),
+            &other,
+            &datums,
+            apache_avro::Codec::Null,
+        );
         let all: Vec<Vnode> = (0..16).collect();
         write_manifest(
             &dir,
@@ -764,14 +771,22 @@ mod tests {
             }]),
         )
         .unwrap();
-        let e = SnapshotFiles::open(&dir).err().expect("mismatch").to_string();
+        let e = SnapshotFiles::open(&dir)
+            .err()
+            .expect("mismatch")
+            .to_string();
         assert!(
             e.starts_with(&format!("snapshot file {}", dir.join("x.avro").display()))
                 && e.contains("is not the manifest's row_schema"),
             "{e}"
         );
         // The right schema, but the file lists only vnode 3 while holding others.
-        write_avro(&dir.join("x.avro"), &t.json.to_string(), &datums, apache_avro::Codec::Null);
+        write_avro(
+            &dir.join("x.avro"),
+            &t.json.to_string(),
+            &datums,
+            apache_avro::Codec::Null,
+        );
         write_manifest(
             &dir,
             &manifest_with(vec![ManifestFile {
@@ -783,6 +798,9 @@ mod tests {
         .unwrap();
         let s = SnapshotFiles::open(&dir).unwrap();
         let e = s.scan(3, None).err().expect("unlisted vnode").to_string();
-        assert!(e.contains("which manifest.json does not list for this file"), "{e}");
+        assert!(
+            e.contains("which manifest.json does not list for this file"),
+            "{e}"
+        );
     }
 }

@@ -635,4 +635,38 @@ mod tests {
             Err(StoreError::JobMismatch { .. })
         ));
     }
+
+    #[test]
+    fn busy_and_io_errors_are_transient_constraint_and_type_errors_are_permanent() {
+        use rusqlite::ffi;
+        let err = |code, msg: &str| {
+            rusqlite::Error::SqliteFailure(ffi::Error::new(code), Some(msg.to_string()))
+        };
+        assert!(classify(err(ffi::SQLITE_BUSY, "database is locked")).is_transient());
+        assert!(classify(err(ffi::SQLITE_IOERR, "disk I/O error")).is_transient());
+        assert!(classify(err(ffi::SQLITE_FULL, "database or disk is full")).is_transient());
+        let e = classify(err(
+            ffi::SQLITE_CONSTRAINT_NOTNULL,
+            "NOT NULL constraint failed: t.amount",
+        ));
+        assert!(
+            !e.is_transient() && matches!(e, StoreError::Rejected(_)),
+            "{e}"
+        );
+        assert!(!classify(err(ffi::SQLITE_MISMATCH, "datatype mismatch")).is_transient());
+        // A constraint on a row names the column.
+        let t = table();
+        let e = row_error(
+            err(
+                ffi::SQLITE_CONSTRAINT_NOTNULL,
+                "NOT NULL constraint failed: accounts.balance",
+            ),
+            &t,
+            b"k",
+        );
+        assert!(
+            matches!(&e, StoreError::Value { column, key, .. } if column == "balance" && key == "6b"),
+            "{e}"
+        );
+    }
 }

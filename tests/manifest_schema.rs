@@ -48,7 +48,9 @@ fn written(d: &Path) -> Manifest {
             .encode_row(&kafka_backfill::workload::example_row(id, 0, 60, &mut rng))
             .unwrap();
         let key = table.key_of_datum(&datum).unwrap();
-        rows.entry(vnode_of(&key, 8)).or_default().insert(key, datum);
+        rows.entry(vnode_of(&key, 8))
+            .or_default()
+            .insert(key, datum);
     }
     let files = write_files(d, &table, rows).unwrap();
     let m = Manifest {
