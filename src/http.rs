@@ -71,7 +71,8 @@ pub fn status_json(board: &StatusBoard) -> Value {
                     })
                 })
                 .collect();
-            json!({ "job": job, "workers": ws })
+            let progress = crate::job::job_progress().lock().unwrap().get(job).cloned();
+            json!({ "job": job, "progress": progress, "workers": ws })
         })
         .collect();
     json!({ "jobs": jobs })

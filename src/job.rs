@@ -222,8 +222,16 @@ pub fn run(
     }
     let mut result = Ok(());
     let mut waiting = JobWait::default();
+    let mut last_progress = std::time::Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(100));
+        if last_progress.elapsed() >= Duration::from_secs(2) {
+            last_progress = std::time::Instant::now();
+            if let Err(e) = read_progress(&stores) {
+                // Shown in /status by the workers' own errors; the next read retries.
+                tracing::debug!(error = %format!("{e:#}"), "reading job progress");
+            }
+        }
         if let Some(i) = handles.iter().position(|(_, h)| h.is_finished()) {
             let (name, h) = handles.remove(i);
             let r = h
@@ -271,6 +279,36 @@ pub fn run(
     }
 }
 
+/// Every job's progress over all its vnodes, as committed in its store.
+fn read_progress(
+    stores: &[(String, PartitionMap, StoreFactory)],
+) -> Result<Vec<crate::core::JobProgress>> {
+    let mut all = Vec::new();
+    for (job, map, open) in stores {
+        let mut store = open().with_context(|| format!("job {job}: opening the store"))?;
+        let vnodes = store
+            .committed_vnodes(job)
+            .with_context(|| format!("job {job}: reading progress"))?;
+        let partitions = store
+            .committed_partitions(job)
+            .with_context(|| format!("job {job}: reading progress"))?;
+        let progress = crate::core::JobProgress::of(*map, &vnodes, &partitions);
+        job_progress()
+            .lock()
+            .unwrap()
+            .insert(job.clone(), progress.clone());
+        all.push(progress);
+    }
+    Ok(all)
+}
+
+/// The last job-level progress read by this process's runner, per job, for `/status`.
+pub fn job_progress() -> &'static Mutex<BTreeMap<String, crate::core::JobProgress>> {
+    static P: std::sync::OnceLock<Mutex<BTreeMap<String, crate::core::JobProgress>>> =
+        std::sync::OnceLock::new();
+    P.get_or_init(Default::default)
+}
+
 /// The job-level completion check of `--exit-when-caught-up`, once a second.
 #[derive(Default)]
 struct JobWait {
@@ -296,17 +334,7 @@ impl JobWait {
             return Ok(false);
         }
         self.last_check = Some(now);
-        let mut all = Vec::new();
-        for (job, map, open) in stores {
-            let mut store = open().with_context(|| format!("job {job}: opening the store"))?;
-            let vnodes = store
-                .committed_vnodes(job)
-                .with_context(|| format!("job {job}: reading progress"))?;
-            let partitions = store
-                .committed_partitions(job)
-                .with_context(|| format!("job {job}: reading progress"))?;
-            all.push(crate::core::JobProgress::of(*map, &vnodes, &partitions));
-        }
+        let all = read_progress(stores)?;
         if all.iter().all(|p| p.caught_up) {
             return Ok(true);
         }

@@ -171,6 +171,9 @@ fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
     }
 }
 
+/// One decoded file's rows, by vnode.
+type FileRows = std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>;
+
 /// A snapshot on disk, opened through its manifest.
 pub struct SnapshotFiles {
     dir: PathBuf,
@@ -180,7 +183,7 @@ pub struct SnapshotFiles {
     /// The files of each vnode, as indexes into `manifest.files`.
     by_vnode: BTreeMap<Vnode, Vec<usize>>,
     /// Decoded multi-vnode files, rows bucketed by vnode, most recently used last.
-    cache: std::sync::Mutex<Vec<(usize, std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>)>>,
+    cache: std::sync::Mutex<Vec<(usize, FileRows)>>,
 }
 
 impl SnapshotFiles {
@@ -255,10 +258,7 @@ impl SnapshotFiles {
 
     /// The rows of file `index`, bucketed by vnode; a row of a vnode the file does not list is an
     /// error naming the file.
-    fn file_rows(
-        &self,
-        index: usize,
-    ) -> Result<std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>, SourceError> {
+    fn file_rows(&self, index: usize) -> Result<FileRows, SourceError> {
         {
             let mut cache = self.cache.lock().unwrap();
             if let Some(pos) = cache.iter().position(|(i, _)| *i == index) {
@@ -585,10 +585,13 @@ mod tests {
         );
     }
 
-    /// Rows of the example table by vnode (16 vnodes), as (key, datum).
-    fn rows_by_vnode(n: i64) -> BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>> {
+    /// (key, datum) rows by vnode.
+    type ByVnode = BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>>;
+
+    /// Rows of the example table by vnode (16 vnodes).
+    fn rows_by_vnode(n: i64) -> ByVnode {
         let t = table();
-        let mut out: BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>> = BTreeMap::new();
+        let mut out: ByVnode = BTreeMap::new();
         for id in 0..n {
             let datum = t
                 .encode_row(&Value::Record(vec![
@@ -639,7 +642,7 @@ mod tests {
     }
 
     /// Every row of every vnode, scanned (and resumed from a cursor) the same in every layout.
-    fn check_layout(dir: &Path, expected: &BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>>) {
+    fn check_layout(dir: &Path, expected: &ByVnode) {
         let s = SnapshotFiles::open(dir).unwrap();
         for v in 0..16 {
             let mut want: Vec<Row> = expected

@@ -108,7 +108,8 @@ fn what_the_schema_refuses_the_reader_refuses() {
     let d = dir("refused");
     written(&d);
     let base = read_json(&d);
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    type Change = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Change)> = vec![
         (
             "unknown key",
             Box::new(|v| {

@@ -12,21 +12,7 @@ use kafka_backfill::core::{
 };
 use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
 use kafka_backfill::postgres_store::PostgresStore;
-use support::{serial, Fixture};
-
-fn pg_url() -> String {
-    let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres.sh"))
-        .arg("start")
-        .output()
-        .expect("scripts/postgres.sh");
-    assert!(
-        out.status.success(),
-        "scripts/postgres.sh start failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
+use support::{pg_url, serial, Fixture};
 
 fn table() -> TableSchema {
     TableSchema::parse(
@@ -138,20 +124,6 @@ fn fencing_recreation_and_partition_count_checks_in_postgres() {
     ));
 }
 
-fn use_postgres(f: &Fixture, url: &str) {
-    let text = std::fs::read_to_string(&f.config).unwrap();
-    let start = text.find("[jobs.store]").unwrap();
-    let end = text[start..].find("[jobs.local_checkpoint]").unwrap() + start;
-    let table = format!("accounts_{}", f.name);
-    let store =
-        format!("[jobs.store]\nkind = \"postgres\"\nurl = \"{url}\"\ntable = \"{table}\"\n");
-    std::fs::write(
-        &f.config,
-        format!("{}{}{}", &text[..start], store, &text[end..]),
-    )
-    .unwrap();
-}
-
 #[test]
 fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
     let _g = serial();
@@ -161,7 +133,7 @@ fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
         .unwrap()
         .as_millis();
     let f = Fixture::new(&format!("zombie{stamp}"), 1, "");
-    use_postgres(&f, &url);
+    f.use_postgres(&url);
     f.produce(&["--partitions", "4", "--rows", "2000", "--changes", "3000"]);
     let mut a = f.spawn_run("a", &[]);
     let mut b = f.spawn_run("b", &[]);
@@ -207,7 +179,7 @@ fn kill_9_in_every_phase_on_postgres_then_restart_verifies_clean() {
         .unwrap()
         .as_millis();
     let f = Fixture::new(&format!("pgkill{stamp}"), 2, "max_rows_per_second = 5000");
-    use_postgres(&f, &url);
+    f.use_postgres(&url);
     support::kill_9_in_every_phase(&f);
 }
 

@@ -2,7 +2,7 @@
 //! "Column types" table says, and a value a store cannot hold (or a table it cannot write) is a
 //! permanent error naming the column, never one to retry.
 
-use std::process::Command;
+mod support;
 
 use apache_avro::types::Value;
 use kafka_backfill::codec::TableSchema;
@@ -13,6 +13,7 @@ use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
 use kafka_backfill::postgres_store::PostgresStore;
 use kafka_backfill::sqlite_store::SqliteStore;
 use kafka_backfill::workload::{typed_row, TableKind};
+use support::pg_url;
 
 const V: u32 = 8;
 
@@ -28,16 +29,6 @@ fn info() -> SnapshotInfo {
             streaming: false,
         }],
     }
-}
-
-fn pg_url() -> String {
-    let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres.sh"))
-        .arg("start")
-        .output()
-        .expect("scripts/postgres.sh");
-    assert!(out.status.success(), "scripts/postgres.sh start failed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// Commits `rows` (row values of the typed table) in one checkpoint, as job `job`.

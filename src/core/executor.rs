@@ -142,7 +142,8 @@ pub struct WorkerStatus {
     /// high watermark of the refresh before it: the worker trails the log's end by at most one
     /// refresh interval of reading, and its committed state by at most the open checkpoint interval.
     /// Holds under continuous upstream writes as long as consumption outpaces production. A worker
-    /// that owns no partition is caught up (the job's completion is decided over all its vnodes).
+    /// that joined the group and owns no partition is caught up (the job's completion is decided
+    /// over all its vnodes).
     pub caught_up: bool,
 }
 
@@ -169,6 +170,8 @@ pub struct Executor {
     /// A bad record stopped its partition: the others are read on until every checkpoint complete
     /// before it is committed, then the executor fails with the record's error (README "Bad input").
     poison: Option<Poison>,
+    /// The group has answered at least once (an assignment, possibly empty).
+    joined: bool,
 }
 
 /// A partition stopped at a bad record.
@@ -203,6 +206,7 @@ impl Executor {
             failed: false,
             counters: ExecutorCounters::default(),
             poison: None,
+            joined: false,
         }
     }
 
@@ -224,6 +228,7 @@ impl Executor {
         let mut out = Vec::new();
         let result = match event {
             Event::Assigned(claims) => {
+                self.joined = true;
                 self.on_assigned(claims, &mut out);
                 Ok(())
             }
@@ -981,7 +986,7 @@ impl Executor {
             newest_epoch: self.newest_epoch,
             epoch_lag_seconds,
             counters: self.counters.clone(),
-            caught_up: self.partitions.is_empty()
+            caught_up: self.joined && self.partitions.is_empty()
                 || (self.phase == Phase::Streaming
                     && self.partitions.values().all(|p| p.caught_up)),
         }

@@ -556,6 +556,12 @@ fn caught_up_holds_under_continuous_writes_and_drops_when_reading_falls_behind()
     let s = spec(1);
     let map = s.map;
     let mut x = Executor::new(s, 0);
+    assert!(!x.status().caught_up, "not before the group answered");
+    x.handle(Event::Assigned(vec![])).unwrap();
+    assert!(
+        x.status().caught_up,
+        "a member that owns nothing is caught up"
+    );
     let mut claim = claimed(map, 0, true);
     claim.progress.streaming = true;
     x.handle(Event::Assigned(vec![claim])).unwrap();

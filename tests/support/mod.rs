@@ -324,6 +324,42 @@ impl Fixture {
     }
 }
 
+/// The test PostgreSQL's URL (`scripts/postgres.sh start`, idempotent).
+pub fn pg_url() -> String {
+    static U: OnceLock<String> = OnceLock::new();
+    U.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres.sh"))
+            .arg("start")
+            .output()
+            .expect("scripts/postgres.sh");
+        assert!(
+            out.status.success(),
+            "scripts/postgres.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+    .clone()
+}
+
+impl Fixture {
+    /// Points the job's store at PostgreSQL (table `accounts_<name>`).
+    pub fn use_postgres(&self, url: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let start = text.find("[jobs.store]").unwrap();
+        let end = text[start..].find("[jobs.local_checkpoint]").unwrap() + start;
+        let table = format!("accounts_{}", self.name.replace('-', "_"));
+        let store =
+            format!("[jobs.store]\nkind = \"postgres\"\nurl = \"{url}\"\ntable = \"{table}\"\n");
+        std::fs::write(
+            &self.config,
+            format!("{}{}{}", &text[..start], store, &text[end..]),
+        )
+        .unwrap();
+    }
+}
+
 /// GET over HTTP/1.1: (status, body).
 pub fn http_get(url: &str) -> (u16, String) {
     kafka_backfill::http::get(url).unwrap_or((0, String::new()))

@@ -1,0 +1,393 @@
+//! The contract as a producer in another language would meet it, end to end through the binary on
+//! the real broker: every Avro type into SQLite and PostgreSQL, a value a store cannot hold, a bad
+//! record deep in a backlog, job-level completion and `caught_up` under continuous writes.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use apache_avro::types::Value;
+use kafka_backfill::codec::LogCodec;
+use kafka_backfill::core::{vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap};
+use kafka_backfill::workload::{typed_row, TableKind};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::ClientConfig;
+use support::{pg_url, serial, Fixture, BIN};
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn verify_clean(f: &Fixture, expected: &str) -> String {
+    let out = Command::new(BIN)
+        .args(["verify", "--config"])
+        .arg(&f.config)
+        .arg("--expected")
+        .arg(f.dir.join(expected))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && text.contains(" 0 missing, 0 extra, 0 different"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The epoch `verify` reports as committed.
+fn committed_epoch(verify_text: &str) -> u64 {
+    let at = verify_text
+        .find("committed epoch ")
+        .expect("committed epoch")
+        + 16;
+    verify_text[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The open epoch the writer left in `out/writer.json` (the `curr` of its last barrier).
+fn writer_next_epoch(f: &Fixture) -> Epoch {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("out/writer.json")).unwrap()).unwrap();
+    Epoch(v["next_epoch"].as_u64().unwrap())
+}
+
+fn producer(f: &Fixture) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", &f.bootstrap)
+        .create()
+        .unwrap()
+}
+
+fn send(p: &BaseProducer, topic: &str, partition: u32, key: &[u8], value: &[u8]) {
+    p.send(
+        BaseRecord::to(topic)
+            .partition(partition as i32)
+            .key(key)
+            .payload(value),
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    p.flush(Duration::from_secs(10)).unwrap();
+}
+
+fn manifest_is_valid(f: &Fixture) {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../schemas/snapshot_manifest.schema.json")).unwrap();
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler.add_resource("m.json", schema).unwrap();
+    let idx = compiler.compile("m.json", &mut schemas).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("out/snapshot/manifest.json")).unwrap())
+            .unwrap();
+    schemas
+        .validate(&manifest, idx)
+        .map_err(|e| e.to_string())
+        .unwrap();
+}
+
+/// Every Avro type (NaN, ±Inf and −0.0 doubles, nullable unions in both orders, decimals, nested
+/// records, …) with a composite key not in field order: exact into SQLite, then into PostgreSQL.
+/// Before typed columns handled NaN, the SQLite job looped forever on a NOT NULL constraint.
+#[test]
+fn the_typed_table_backfills_exactly_into_sqlite_and_postgres() {
+    let _g = serial();
+    let f = Fixture::new("typed", 1, "");
+    f.produce(&[
+        "--table",
+        "typed",
+        "--partitions",
+        "2",
+        "--rows",
+        "600",
+        "--changes",
+        "3000",
+        "--epoch-changes",
+        "150",
+    ]);
+    manifest_is_valid(&f);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    verify_clean(&f, "out/expected");
+    let nan: Vec<Vec<String>> = f.sql("SELECT amount FROM accounts WHERE id % 5 = 0 LIMIT 1");
+    assert_eq!(nan[0][0], "NaN");
+    let phase: Vec<Vec<String>> = f.sql("SELECT phase FROM kb_jobs");
+    assert_eq!(phase[0][0], "streaming");
+
+    f.use_postgres(&pg_url());
+    let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    verify_clean(&f, "out/expected");
+}
+
+/// A change whose string PostgreSQL cannot hold (U+0000) stops the job at once with an error naming
+/// topic, partition, offset and column — never a retry loop.
+#[test]
+fn a_value_the_store_cannot_hold_stops_the_job_naming_topic_partition_offset_and_column() {
+    let _g = serial();
+    let f = Fixture::new("nulvalue", 1, "");
+    f.produce(&[
+        "--table",
+        "typed",
+        "--partitions",
+        "2",
+        "--rows",
+        "100",
+        "--changes",
+        "300",
+        "--epoch-changes",
+        "50",
+    ]);
+    f.use_postgres(&pg_url());
+    // One more epoch: an insert whose payload holds U+0000, then a checkpoint barrier.
+    let table = TableKind::Typed.schema().unwrap();
+    let codec = LogCodec::new(table.clone()).unwrap();
+    let map = PartitionMap::new(256, 2).unwrap();
+    let epoch = writer_next_epoch(&f);
+    let mut row = typed_row(1_000_000, 0, 100, &mut kafka_backfill::sim::SimRng::new(1));
+    if let Value::Record(fields) = &mut row {
+        fields.last_mut().unwrap().1 = Value::String("nul\0here".into());
+    }
+    let datum = table.encode_row(&row).unwrap();
+    let key = table.key_of_datum(&datum).unwrap();
+    let vnode = vnode_of(&key, 256);
+    let partition = map.partition_of(vnode);
+    let p = producer(&f);
+    let (_, high) = p
+        .client()
+        .fetch_watermarks(&f.topic, partition as i32, Duration::from_secs(10))
+        .unwrap();
+    send(
+        &p,
+        &f.topic,
+        partition,
+        &key,
+        &codec.encode_change(epoch, Op::Insert, vnode, &datum),
+    );
+    let barrier = codec.encode_barrier(&Barrier {
+        prev: epoch,
+        curr: Epoch(epoch.0 + (1 << 16)),
+        kind: BarrierKind::Checkpoint,
+    });
+    for q in 0..2 {
+        send(&p, &f.topic, q, &[], &barrier);
+    }
+    let started = Instant::now();
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(!status.success(), "the job must stop");
+    let log = run.log_text();
+    let expected = format!(
+        "topic {}, partition {partition}, offset {high}: the store cannot hold column payload",
+        f.topic
+    );
+    assert!(
+        log.contains(&expected),
+        "expected {expected:?} in:\n{}",
+        support::tail(&log)
+    );
+    assert!(
+        !log.contains("restarting the worker"),
+        "a permanent error is not retried:\n{}",
+        support::tail(&log)
+    );
+    assert!(started.elapsed() < MIN);
+}
+
+/// A bad record deep in a backlog (more checkpoints follow it): every checkpoint complete before it
+/// is committed — the table equals the writer's table at its last checkpoint before the bad record —
+/// and nothing at or after it.
+#[test]
+fn a_bad_record_deep_in_a_backlog_commits_every_checkpoint_before_it_then_stops() {
+    let _g = serial();
+    let f = Fixture::new("deeppoison", 1, "");
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "300",
+        "--changes",
+        "8000",
+        "--epoch-changes",
+        "100",
+        "--checkpoint-every",
+        "2",
+    ]);
+    // The table at the last checkpoint before the bad record.
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(f.dir.join("out/expected"))
+        .arg(f.dir.join("expected-before"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let p = producer(&f);
+    let (_, poison) = p
+        .client()
+        .fetch_watermarks(&f.topic, 1, Duration::from_secs(10))
+        .unwrap();
+    send(&p, &f.topic, 1, b"k", b"this is not avro");
+    let mut more = f.append(&["--changes", "4000", "--epoch-changes", "100"]);
+    assert!(more.wait().unwrap().success());
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(!status.success(), "the job must stop on the bad record");
+    let log = run.log_text();
+    let expected = format!(
+        "record at topic {} partition 1 offset {poison} does not decode",
+        f.topic
+    );
+    assert!(
+        log.contains(&expected),
+        "expected {expected:?} in:\n{}",
+        support::tail(&log)
+    );
+    let committed: Vec<Vec<i64>> =
+        f.sql("SELECT next_offset FROM kb_partition_progress WHERE partition = 1");
+    assert!(committed[0][0] <= poison, "committed past the bad record");
+    verify_clean(&f, "expected-before");
+}
+
+/// A process that owns part of a job does not report the job done: with another group member
+/// (a plain consumer) holding a partition, `--exit-when-caught-up` waits, then exits 3 naming the
+/// partition; alone, it finishes the whole job and exits 0.
+#[test]
+fn exit_when_caught_up_means_the_whole_job() {
+    let _g = serial();
+    let f = Fixture::new("jobdone", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "400",
+        "--changes",
+        "2000",
+        "--epoch-changes",
+        "100",
+    ]);
+    let squatter_log = f.dir.join("squatter.log");
+    let mut squatter = Command::new("kcat")
+        .args([
+            "-b",
+            &f.bootstrap,
+            "-G",
+            &f.group,
+            "-X",
+            "partition.assignment.strategy=cooperative-sticky",
+            "-X",
+            "session.timeout.ms=6000",
+            &f.topic,
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&squatter_log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + MIN;
+    while !std::fs::read_to_string(&squatter_log)
+        .unwrap_or_default()
+        .contains("assignment of")
+    {
+        assert!(Instant::now() < deadline, "kcat never joined the group");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up", "--job-wait-secs", "5"]);
+    let status = run.wait_exit(2 * MIN);
+    let log = run.log_text();
+    assert_eq!(status.code(), Some(3), "{}", support::tail(&log));
+    assert!(
+        log.contains("this process has caught up, but the job has not: partitions ["),
+        "{}",
+        support::tail(&log)
+    );
+    let phase: Vec<Vec<String>> = f.sql("SELECT phase FROM kb_jobs");
+    assert_ne!(
+        phase[0][0], "streaming",
+        "the job row speaks for the whole job"
+    );
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    verify_clean(&f, "out/expected");
+    let phase: Vec<Vec<String>> = f.sql("SELECT phase FROM kb_jobs");
+    assert_eq!(phase[0][0], "streaming");
+}
+
+/// `caught_up` in `/status` becomes true while upstream keeps writing, and `committed_epoch` is the
+/// store's checkpoint epoch (the one `verify` reports).
+#[test]
+fn caught_up_holds_under_continuous_writes_and_committed_epoch_is_the_checkpoint_epoch() {
+    let _g = serial();
+    let f = Fixture::new("livecaught", 1, "");
+    let addr = format!("127.0.0.1:{}", support::free_port());
+    f.set_http(&addr);
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "300",
+        "--changes",
+        "1000",
+        "--epoch-changes",
+        "50",
+    ]);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("to=\"streaming\"", 2 * MIN);
+    let mut writer = f.append(&[
+        "--changes",
+        "30000",
+        "--epoch-changes",
+        "50",
+        "--rate",
+        "2000",
+    ]);
+    let status_of = || -> serde_json::Value {
+        let (code, body) = support::http_get(&format!("http://{addr}/status"));
+        assert_eq!(code, 200);
+        serde_json::from_str(&body).unwrap()
+    };
+    let deadline = Instant::now() + MIN;
+    let mut seen_while_writing = false;
+    while Instant::now() < deadline {
+        let writing = writer.try_wait().unwrap().is_none();
+        let s = status_of();
+        let w = &s["jobs"][0]["workers"][0];
+        if writing && w["caught_up"] == true && w["lag_records"].as_u64().unwrap() > 0 {
+            seen_while_writing = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        seen_while_writing,
+        "caught_up never held while upstream wrote: {}",
+        status_of()
+    );
+    assert!(writer.wait().unwrap().success());
+    // Once the writer is done and everything is committed, /status and verify agree on the epoch.
+    let text = f.verify_eventually(MIN);
+    let epoch = committed_epoch(&text);
+    let deadline = Instant::now() + MIN;
+    loop {
+        let s = status_of();
+        let w = &s["jobs"][0]["workers"][0];
+        if w["committed_epoch"].as_u64() == Some(epoch) {
+            assert_eq!(s["jobs"][0]["progress"]["caught_up"], true, "{s}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status {s} never showed epoch {epoch}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success());
+}
