@@ -131,6 +131,16 @@ impl LogCodec {
                     .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
                 let key =
                     key.ok_or_else(|| CodecError::Decode("change without a message key".into()))?;
+                // The message key must be the row's key bytes: they decide the vnode and which
+                // stored row a DELETE or UPDATE replaces.
+                let row_key = self.table.key_of_datum(buf)?;
+                if row_key != key {
+                    return Err(CodecError::Decode(format!(
+                        "the message key {} is not the row's primary-key bytes {}",
+                        hex(&key[..key.len().min(32)]),
+                        hex(&row_key[..row_key.len().min(32)])
+                    )));
+                }
                 Ok(LogRecord::Change(Change {
                     epoch,
                     op,

@@ -111,6 +111,13 @@ fn malformed_inputs_are_clear_errors() {
         .unwrap_err()
         .to_string()
         .contains("trailing"));
+    // a message key that is not the row's key bytes (id 7 encodes as [14])
+    let err = codec.decode(&msg, Some(&[16])).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "truncated or malformed datum: the message key 10 is not the row's primary-key bytes 0e"
+    );
+    codec.decode(&msg, Some(&[14])).unwrap();
     // unknown fingerprint
     let mut other = msg.clone();
     other[2] ^= 0xff;

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::barrier::{Barrier, Change, LogRecord, Op, Row};
+use super::barrier::{Barrier, LogRecord, Op, Row};
 use super::epoch::Epoch;
 use super::error::CoreError;
 use super::phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};
@@ -686,82 +686,24 @@ impl Executor {
         if offset < p.next_offset {
             return Ok(()); // already seen (a re-fetch)
         }
+        let at = super::contract::LogPosition {
+            open_epoch: p.open_epoch,
+            pending_update_delete: p.pending_update_delete,
+        };
+        super::contract::check_record(topic, map, partition, offset, &at, &record, &self.registry)?;
+        let mut moved = at;
+        moved.advance(offset, &record, &mut self.registry);
+        p.open_epoch = moved.open_epoch;
+        p.pending_update_delete = moved.pending_update_delete;
+        p.next_offset = offset + 1;
         match record {
             LogRecord::Change(change) => {
-                if change.epoch != p.open_epoch {
-                    return Err(CoreError::EpochMismatch {
-                        topic: topic.clone(),
-                        partition,
-                        offset,
-                        expected: p.open_epoch,
-                        found: change.epoch,
-                    });
-                }
-                let owned = map.vnodes_of(partition);
-                if !owned.contains(&change.vnode) {
-                    return Err(CoreError::VnodeNotOwnedByPartition {
-                        topic: topic.clone(),
-                        partition,
-                        offset,
-                        vnode: change.vnode,
-                        owned_start: owned.start,
-                        owned_end: owned.end,
-                    });
-                }
-                let computed = vnode_of(&change.row.key, map.vnode_count());
-                if computed != change.vnode {
-                    return Err(CoreError::VnodeMismatch {
-                        topic: topic.clone(),
-                        partition,
-                        offset,
-                        vnode: change.vnode,
-                        computed,
-                    });
-                }
-                check_update_pair(topic, partition, offset, p, &change)?;
-                p.next_offset = offset + 1;
                 self.counters.changes[op_index(change.op)] += 1;
                 self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
                 self.staging.stage(change, offset);
                 Ok(())
             }
             LogRecord::Barrier(barrier) => {
-                if let Some(ud) = p.pending_update_delete {
-                    return Err(CoreError::UnpairedUpdate {
-                        topic: topic.clone(),
-                        partition,
-                        offset,
-                        update_delete_offset: ud,
-                    });
-                }
-                if barrier.prev != p.open_epoch || barrier.curr <= barrier.prev {
-                    return Err(CoreError::BarrierChainBroken {
-                        topic: topic.clone(),
-                        partition,
-                        offset,
-                        expected_prev: p.open_epoch,
-                        prev: barrier.prev,
-                        curr: barrier.curr,
-                    });
-                }
-                if let Some(other) = self.registry.get(&barrier.prev) {
-                    if other.curr != barrier.curr || other.kind != barrier.kind {
-                        return Err(CoreError::BarrierMismatch {
-                            topic: topic.clone(),
-                            partition,
-                            offset,
-                            prev: barrier.prev,
-                            curr: barrier.curr,
-                            kind: format!("{:?}", barrier.kind),
-                            other_curr: other.curr,
-                            other_kind: format!("{:?}", other.kind),
-                        });
-                    }
-                } else {
-                    self.registry.insert(barrier.prev, barrier);
-                }
-                p.next_offset = offset + 1;
-                p.open_epoch = barrier.curr;
                 p.barriers.push_back((barrier, offset + 1));
                 self.counters.barriers += 1;
                 self.newest_epoch = self.newest_epoch.max(Some(barrier.curr));
@@ -998,29 +940,6 @@ fn op_index(op: Op) -> usize {
 }
 
 /// `UPDATE_DELETE` must be immediately followed by its `UPDATE_INSERT` in the same partition.
-fn check_update_pair(
-    topic: &str,
-    partition: PartitionId,
-    offset: u64,
-    p: &mut PartitionState,
-    change: &Change,
-) -> Result<(), CoreError> {
-    match (p.pending_update_delete, change.op) {
-        (Some(_), Op::UpdateInsert) => p.pending_update_delete = None,
-        (Some(ud), _) => {
-            return Err(CoreError::UnpairedUpdate {
-                topic: topic.to_string(),
-                partition,
-                offset,
-                update_delete_offset: ud,
-            })
-        }
-        (None, Op::UpdateDelete) => p.pending_update_delete = Some(offset),
-        (None, _) => {}
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[path = "executor_tests.rs"]
 mod tests;

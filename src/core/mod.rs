@@ -6,6 +6,7 @@
 //! "tokio|rdkafka" src/core` must stay empty.
 
 pub mod barrier;
+pub mod contract;
 pub mod epoch;
 pub mod error;
 pub mod executor;

@@ -1,0 +1,150 @@
+//! The log's per-record contract (DESIGN.md §3 and §5, invariants 2 and 5): barrier chains, the same
+//! epoch's barrier agreeing across partitions, a change's epoch, vnode routing and update pairs.
+//!
+//! Written once and used twice: the [`Executor`](super::Executor) stops at the first violation;
+//! `check-log` reports every one, resynchronising after each ([`LogPosition::resync`]). Pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use super::barrier::{Barrier, LogRecord, Op};
+use super::epoch::Epoch;
+use super::error::CoreError;
+use super::vnode::{vnode_of, PartitionId, PartitionMap};
+
+/// Where one partition's log stands for the contract checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogPosition {
+    /// The epoch of data now arriving: `curr` of the last barrier.
+    pub open_epoch: Epoch,
+    /// The offset of an `UPDATE_DELETE` still waiting for its `UPDATE_INSERT`.
+    pub pending_update_delete: Option<u64>,
+}
+
+/// Checks `record` at `offset` of `partition` against the contract, given where the partition stands
+/// and the barriers already seen on any partition (by `prev`). Changes nothing.
+pub fn check_record(
+    topic: &str,
+    map: PartitionMap,
+    partition: PartitionId,
+    offset: u64,
+    at: &LogPosition,
+    record: &LogRecord,
+    barriers: &BTreeMap<Epoch, Barrier>,
+) -> Result<(), CoreError> {
+    match record {
+        LogRecord::Change(change) => {
+            if change.epoch != at.open_epoch {
+                return Err(CoreError::EpochMismatch {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    expected: at.open_epoch,
+                    found: change.epoch,
+                });
+            }
+            let owned = map.vnodes_of(partition);
+            if !owned.contains(&change.vnode) {
+                return Err(CoreError::VnodeNotOwnedByPartition {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    vnode: change.vnode,
+                    owned_start: owned.start,
+                    owned_end: owned.end,
+                });
+            }
+            let computed = vnode_of(&change.row.key, map.vnode_count());
+            if computed != change.vnode {
+                return Err(CoreError::VnodeMismatch {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    vnode: change.vnode,
+                    computed,
+                });
+            }
+            if let (Some(ud), false) = (at.pending_update_delete, change.op == Op::UpdateInsert) {
+                return Err(CoreError::UnpairedUpdate {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    update_delete_offset: ud,
+                });
+            }
+            Ok(())
+        }
+        LogRecord::Barrier(barrier) => {
+            if let Some(ud) = at.pending_update_delete {
+                return Err(CoreError::UnpairedUpdate {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    update_delete_offset: ud,
+                });
+            }
+            if barrier.prev != at.open_epoch || barrier.curr <= barrier.prev {
+                return Err(CoreError::BarrierChainBroken {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    expected_prev: at.open_epoch,
+                    prev: barrier.prev,
+                    curr: barrier.curr,
+                });
+            }
+            if let Some(other) = barriers.get(&barrier.prev) {
+                if other.curr != barrier.curr || other.kind != barrier.kind {
+                    return Err(CoreError::BarrierMismatch {
+                        topic: topic.to_string(),
+                        partition,
+                        offset,
+                        prev: barrier.prev,
+                        curr: barrier.curr,
+                        kind: format!("{:?}", barrier.kind),
+                        other_curr: other.curr,
+                        other_kind: format!("{:?}", other.kind),
+                    });
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+impl LogPosition {
+    /// Moves past a record that [`check_record`] accepted; records a barrier in `barriers`.
+    pub fn advance(
+        &mut self,
+        offset: u64,
+        record: &LogRecord,
+        barriers: &mut BTreeMap<Epoch, Barrier>,
+    ) {
+        match record {
+            LogRecord::Change(c) => {
+                self.pending_update_delete = match c.op {
+                    Op::UpdateDelete => Some(offset),
+                    Op::UpdateInsert => None,
+                    _ => self.pending_update_delete,
+                }
+            }
+            LogRecord::Barrier(b) => {
+                self.open_epoch = b.curr;
+                barriers.entry(b.prev).or_insert(*b);
+            }
+        }
+    }
+
+    /// Moves past a record that broke the contract, so that checking can go on: a barrier opens its
+    /// `curr`, a change clears a pending update pair.
+    pub fn resync(&mut self, offset: u64, record: &LogRecord) {
+        match record {
+            LogRecord::Change(c) => {
+                self.pending_update_delete = (c.op == Op::UpdateDelete).then_some(offset);
+            }
+            LogRecord::Barrier(b) => {
+                self.open_epoch = b.curr;
+                self.pending_update_delete = None;
+            }
+        }
+    }
+}
