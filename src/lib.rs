@@ -2,6 +2,7 @@
 //!
 //! See README.md, "Architecture", for the codemap and the invariants.
 
+pub mod check_log;
 pub mod codec;
 pub mod config;
 pub mod core;

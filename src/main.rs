@@ -85,6 +85,18 @@ enum Command {
         #[arg(long, value_enum, default_value_t)]
         table: kafka_backfill::workload::TableKind,
     },
+    /// Check a job's snapshot and log topic against the wire contract without materialising
+    /// anything: every violation is listed; exit 1 if there is any.
+    CheckLog {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Job name (default: the only job).
+        #[arg(long)]
+        job: Option<String>,
+        /// Violations listed at most (all are counted).
+        #[arg(long, default_value_t = 100)]
+        max_report: usize,
+    },
     /// Compare a job's materialised table with the writer's expected table.
     Verify {
         #[arg(long, short)]
@@ -346,6 +358,31 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::CheckLog {
+            config,
+            job,
+            max_report,
+        } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            init_logs(LogFormat::Text, Some("warn"));
+            let j = pick_job(&config, job.as_deref())?;
+            let r = kafka_backfill::check_log::check_log(j, max_report)?;
+            for v in &r.violations {
+                println!("violation: {v}");
+            }
+            println!(
+                "check-log {}: {} snapshot rows, {} log records in {} partitions: {} violations",
+                j.name, r.snapshot_rows, r.records, r.partitions, r.violation_count
+            );
+            Ok(if r.violation_count == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Verify {
             config,
             job,
@@ -355,14 +392,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
-            let j = match job {
-                Some(name) => config
-                    .jobs
-                    .iter()
-                    .find(|j| j.name == name)
-                    .with_context(|| format!("no job {name} in the configuration"))?,
-                None => config.jobs.first().expect("validated: at least one job"),
-            };
+            let j = pick_job(&config, job.as_deref())?;
             let prepared = job::prepare(j, false)?;
             let mut store = (prepared.open_store)()?;
             let report = kafka_backfill::verify::verify(store.as_mut(), &j.name, &expected)?;
@@ -379,6 +409,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+    }
+}
+
+/// The job named `name`, or the first one.
+fn pick_job<'a>(
+    config: &'a Config,
+    name: Option<&str>,
+) -> Result<&'a kafka_backfill::config::JobConfig> {
+    match name {
+        Some(name) => config
+            .jobs
+            .iter()
+            .find(|j| j.name == name)
+            .with_context(|| format!("no job {name} in the configuration")),
+        None => Ok(config.jobs.first().expect("validated: at least one job")),
     }
 }
 

@@ -81,9 +81,12 @@ pub fn typed_row(id: i64, version: i64, row_size: usize, rng: &mut SimRng) -> Va
     };
     let unscaled = (id * 1000 + version) * if id % 2 == 0 { 1 } else { -1 };
     let filler = row_size.saturating_sub(120).max(1);
+    // One entry: a map's encoding follows its (random) hash order, and vectors must be stable.
     let mut attrs = std::collections::HashMap::new();
-    attrs.insert("v".to_string(), Value::Long(version));
-    attrs.insert("r".to_string(), Value::Long(rng.below(1000) as i64));
+    attrs.insert(
+        "v".to_string(),
+        Value::Long(version * 1000 + rng.below(1000) as i64),
+    );
     Value::Record(vec![
         ("id".into(), Value::Long(id)),
         ("region".into(), Value::String(format!("région-{}", id % 7))),

@@ -391,3 +391,118 @@ fn caught_up_holds_under_continuous_writes_and_committed_epoch_is_the_checkpoint
     run.signal("TERM");
     assert!(run.wait_exit(MIN).success());
 }
+
+fn check_log(f: &Fixture) -> (i32, String) {
+    let out = Command::new(BIN)
+        .args(["check-log", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// `check-log` passes on what `produce` writes and names each violation a producer can make: a
+/// record that does not decode, a change in a partition that does not own its vnode, a message key
+/// that is not the row's key, a broken barrier chain, a start offset that does not follow a barrier.
+#[test]
+fn check_log_passes_on_produce_and_names_each_violation() {
+    let _g = serial();
+    let f = Fixture::new("checklog", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "300",
+        "--changes",
+        "1000",
+        "--epoch-changes",
+        "100",
+    ]);
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": 0 violations"), "{out}");
+
+    let table = TableKind::Accounts.schema().unwrap();
+    let codec = LogCodec::new(table.clone()).unwrap();
+    let map = PartitionMap::new(256, 2).unwrap();
+    let epoch = writer_next_epoch(&f);
+    let p = producer(&f);
+    let offset_of = |partition: u32| {
+        p.client()
+            .fetch_watermarks(&f.topic, partition as i32, Duration::from_secs(10))
+            .unwrap()
+            .1
+    };
+    let mut rng = kafka_backfill::sim::SimRng::new(9);
+    // A row whose vnode partition 1 owns, and one whose vnode partition 0 owns.
+    let row_in = |partition: u32, rng: &mut kafka_backfill::sim::SimRng| {
+        (10_000..)
+            .map(|id| {
+                let datum = table
+                    .encode_row(&kafka_backfill::workload::example_row(id, 0, 50, rng))
+                    .unwrap();
+                let key = table.key_of_datum(&datum).unwrap();
+                (vnode_of(&key, 256), key, datum)
+            })
+            .find(|(v, _, _)| map.partition_of(*v) == partition)
+            .unwrap()
+    };
+    let garbage_at = offset_of(0);
+    send(&p, &f.topic, 0, b"k", b"not avro at all");
+    let (v1, k1, d1) = row_in(1, &mut rng);
+    let misrouted_at = offset_of(0);
+    send(
+        &p,
+        &f.topic,
+        0,
+        &k1,
+        &codec.encode_change(epoch, Op::Insert, v1, &d1),
+    );
+    let (v0, _, d0) = row_in(0, &mut rng);
+    let wrong_key_at = offset_of(0);
+    send(
+        &p,
+        &f.topic,
+        0,
+        b"\x02",
+        &codec.encode_change(epoch, Op::Insert, v0, &d0),
+    );
+    let broken_at = offset_of(1);
+    let bad_barrier = codec.encode_barrier(&Barrier {
+        prev: Epoch(1 << 16),
+        curr: Epoch(2 << 16),
+        kind: BarrierKind::Checkpoint,
+    });
+    send(&p, &f.topic, 1, &[], &bad_barrier);
+
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 1, "{out}");
+    let t = &f.topic;
+    for needle in [
+        format!("record at topic {t} partition 0 offset {garbage_at} does not decode"),
+        format!("change at topic {t} partition 0 offset {misrouted_at} is for vnode {v1}, which partition 0 does not own"),
+        format!("record at topic {t} partition 0 offset {wrong_key_at} does not decode: truncated or malformed datum: the message key 02 is not the row's primary-key bytes"),
+        format!("barrier chain broken at topic {t} partition 1 offset {broken_at}"),
+    ] {
+        assert!(out.contains(&needle), "no {needle:?} in:\n{out}");
+    }
+    assert!(out.contains(": 4 violations"), "{out}");
+
+    // A manifest whose start offset does not follow the barrier with prev = Es.
+    let mpath = f.dir.join("out/snapshot/manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let next = m["start"][0]["next_offset"].as_u64().unwrap();
+    m["start"][0]["next_offset"] = serde_json::json!(next + 1);
+    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "topic {t} partition 0 offset {next}: the record before the manifest's start offset must be the barrier"
+        )),
+        "{out}"
+    );
+}

@@ -1,0 +1,257 @@
+//! `check-log`: reads a job's snapshot and log topic without materialising anything and reports every
+//! violation of the wire contract it finds (README "Wire format"), so that a producer written in
+//! another language can be checked before a job depends on it.
+//!
+//! Owns only reading and reporting: the per-record rules are the core's
+//! ([`crate::core::contract`]), the same the executor applies; the snapshot rules are the snapshot
+//! source's (every row's vnode listed for its file, key order, no key twice, header schemas).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::codec::{LogCodec, TableSchema};
+use crate::config::{JobConfig, SnapshotConfig};
+use crate::core::contract::{check_record, LogPosition};
+use crate::core::{CoreError, LogRecord, PartitionMap, Vnode};
+use crate::ports::SnapshotSource;
+
+/// What `check-log` found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub snapshot_rows: u64,
+    pub records: u64,
+    pub partitions: u32,
+    /// The first violations, as operators read them (at most the requested number).
+    pub violations: Vec<String>,
+    /// All violations found.
+    pub violation_count: u64,
+}
+
+impl Report {
+    fn violation(&mut self, max: usize, what: String) {
+        self.violation_count += 1;
+        if self.violations.len() < max {
+            self.violations.push(what);
+        }
+    }
+}
+
+/// How long to wait for a record below the high watermark before giving up on a partition.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Checks job `job`'s snapshot and its topic from the manifest's start offsets to the high
+/// watermarks taken when checking starts.
+pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
+    let mut report = Report::default();
+    let (snapshot, table): (Arc<dyn SnapshotSource>, TableSchema) = match &job.snapshot {
+        SnapshotConfig::Files { dir } => match crate::snapshot_files::SnapshotFiles::open(dir) {
+            Ok(s) => {
+                let t = s.table.clone();
+                (Arc::new(s), t)
+            }
+            Err(e) => {
+                // Without a manifest there is no schema to check the log with.
+                report.violation(max_report, e.to_string());
+                return Ok(report);
+            }
+        },
+        SnapshotConfig::Postgres { url, name } => {
+            let s = crate::postgres_snapshot::PostgresSnapshot::open(url, name)
+                .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+            let t = s.table().clone();
+            (Arc::new(s), t)
+        }
+    };
+    let info = snapshot.info().clone();
+    if info.vnode_count != job.vnode_count {
+        report.violation(
+            max_report,
+            format!(
+                "snapshot: vnode_count is {} but the job's is {}",
+                info.vnode_count, job.vnode_count
+            ),
+        );
+    }
+    let map = match PartitionMap::new(info.vnode_count, info.partition_count) {
+        Ok(m) => m,
+        Err(e) => {
+            report.violation(max_report, format!("snapshot: {e}"));
+            return Ok(report);
+        }
+    };
+    for v in 0..info.vnode_count as Vnode {
+        match snapshot.scan(v, None) {
+            Ok(rows) => {
+                for row in rows {
+                    match row {
+                        Ok(_) => report.snapshot_rows += 1,
+                        Err(e) => {
+                            report.violation(max_report, format!("snapshot vnode {v}: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => report.violation(max_report, format!("snapshot vnode {v}: {e}")),
+        }
+    }
+
+    // `assign` only: it never joins the group nor commits, so the job's own group is harmless.
+    let mut config = crate::kafka::admin::client_config(&job.kafka);
+    if !job.kafka.contains_key("group.id") {
+        config.set("group.id", job.group_id());
+    }
+    let consumer: BaseConsumer = config
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating the consumer")?;
+    let topic = &job.topic;
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .with_context(|| format!("fetching metadata of topic {topic}"))?;
+    let partitions = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len() as u32);
+    if partitions != info.partition_count {
+        report.violation(
+            max_report,
+            format!(
+                "topic {topic} has {partitions} partitions but the snapshot's partition_count is {}",
+                info.partition_count
+            ),
+        );
+        return Ok(report);
+    }
+    report.partitions = partitions;
+    let codec = LogCodec::new(table)?;
+    let mut barriers = std::collections::BTreeMap::new();
+    for p in 0..partitions {
+        check_partition(
+            &consumer,
+            &codec,
+            job,
+            map,
+            &info,
+            p,
+            &mut barriers,
+            &mut report,
+            max_report,
+        )?;
+    }
+    Ok(report)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_partition(
+    consumer: &BaseConsumer,
+    codec: &LogCodec,
+    job: &JobConfig,
+    map: PartitionMap,
+    info: &crate::ports::SnapshotInfo,
+    p: u32,
+    barriers: &mut std::collections::BTreeMap<crate::core::Epoch, crate::core::Barrier>,
+    report: &mut Report,
+    max_report: usize,
+) -> Result<()> {
+    let topic = &job.topic;
+    let starts: Vec<_> = info.start.iter().filter(|s| s.partition == p).collect();
+    let [start] = starts.as_slice() else {
+        report.violation(
+            max_report,
+            format!(
+                "snapshot: start lists partition {p} {} times (must be once)",
+                starts.len()
+            ),
+        );
+        return Ok(());
+    };
+    let (low, high) = consumer
+        .fetch_watermarks(topic, p as i32, Duration::from_secs(10))
+        .with_context(|| format!("watermarks of topic {topic} partition {p}"))?;
+    let (low, high) = (low.max(0) as u64, high.max(0) as u64);
+    if start.next_offset == 0 || start.next_offset - 1 < low || start.next_offset > high {
+        report.violation(
+            max_report,
+            format!(
+                "snapshot: start offset {} of partition {p} does not follow a barrier in topic {topic} (offsets {low}..{high})",
+                start.next_offset
+            ),
+        );
+        return Ok(());
+    }
+    let first = start.next_offset - 1;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p as i32, Offset::Offset(first as i64))?;
+    consumer.assign(&tpl)?;
+    let mut at = LogPosition {
+        open_epoch: info.snapshot_epoch,
+        pending_update_delete: None,
+    };
+    let mut next = first;
+    let mut last_progress = Instant::now();
+    while next < high {
+        let Some(m) = consumer.poll(Duration::from_millis(500)) else {
+            if last_progress.elapsed() > READ_TIMEOUT {
+                report.violation(
+                    max_report,
+                    format!("topic {topic} partition {p}: no record at offset {next} within {READ_TIMEOUT:?} (high watermark {high})"),
+                );
+                break;
+            }
+            continue;
+        };
+        let m = m.with_context(|| format!("reading topic {topic} partition {p}"))?;
+        last_progress = Instant::now();
+        let offset = m.offset() as u64;
+        next = offset + 1;
+        report.records += 1;
+        let record = match codec.decode(m.payload().unwrap_or(&[]), m.key()) {
+            Ok(r) => r,
+            Err(e) => {
+                let e = CoreError::Undecodable {
+                    topic: topic.clone(),
+                    partition: p,
+                    offset,
+                    reason: e.to_string(),
+                };
+                report.violation(max_report, e.to_string());
+                continue;
+            }
+        };
+        if offset == first {
+            let ok = matches!(&record, LogRecord::Barrier(b) if b.prev == info.snapshot_epoch && b.curr == start.epoch);
+            if !ok {
+                report.violation(
+                    max_report,
+                    format!(
+                        "topic {topic} partition {p} offset {offset}: the record before the manifest's start offset must be the barrier {} -> {}, found {}",
+                        info.snapshot_epoch, start.epoch, describe(&record)
+                    ),
+                );
+            }
+        }
+        match check_record(topic, map, p, offset, &at, &record, barriers) {
+            Ok(()) => at.advance(offset, &record, barriers),
+            Err(e) => {
+                report.violation(max_report, e.to_string());
+                at.resync(offset, &record);
+            }
+        }
+    }
+    consumer.unassign()?;
+    Ok(())
+}
+
+fn describe(r: &LogRecord) -> String {
+    match r {
+        LogRecord::Barrier(b) => format!("the barrier {} -> {}", b.prev, b.curr),
+        LogRecord::Change(c) => format!("a change of epoch {}", c.epoch),
+    }
+}

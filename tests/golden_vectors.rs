@@ -1,0 +1,145 @@
+//! The producer's kit: `schemas/testdata/vectors.json` holds golden vectors a writer in another
+//! language can check itself against (row datum, key bytes, vnode, partition, the single-object
+//! bytes of a change and a barrier, the fingerprint). This test recomputes every vector with the
+//! project's own codec and fails if one differs, so the file and the code cannot drift apart.
+//! `KB_WRITE_GOLDEN=1 cargo test --test golden_vectors` rewrites the file after a deliberate change.
+
+use apache_avro::rabin::Rabin;
+use kafka_backfill::codec::{to_json, LogCodec};
+use kafka_backfill::core::{vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap};
+use kafka_backfill::sim::SimRng;
+use kafka_backfill::workload::TableKind;
+use serde_json::{json, Value};
+
+const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/testdata/vectors.json");
+const V: u32 = 256;
+const P: u32 = 4;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn vectors() -> Value {
+    let mut tables = Vec::new();
+    for (kind, name, ids) in [
+        (TableKind::Accounts, "accounts", vec![0i64, 1, 300, -7]),
+        (TableKind::Typed, "typed", vec![0i64, 1, 2, 3, 4, 5]),
+    ] {
+        let table = kind.schema().unwrap();
+        let codec = LogCodec::new(table.clone()).unwrap();
+        let map = PartitionMap::new(V, P).unwrap();
+        let canonical = codec.schema.canonical_form();
+        let fingerprint = codec.schema.fingerprint::<Rabin>().bytes;
+        let mut rng = SimRng::new(42);
+        let epoch = Epoch::from_unix_millis(1_767_225_600_000); // 2026-01-01T00:00:00Z
+        let changes: Vec<Value> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let row = kind.row(id, 1, 60, &mut rng);
+                let datum = table.encode_row(&row).unwrap();
+                let key = table.key_of_datum(&datum).unwrap();
+                let vnode = vnode_of(&key, V);
+                let op = Op::ALL[i % 4];
+                let value = codec.encode_change(epoch, op, vnode, &datum);
+                json!({
+                    "row_json": to_json(row, Some(&table.schema)).unwrap(),
+                    "row_datum_hex": hex(&datum),
+                    "key_hex": hex(&key),
+                    "crc32_of_key": crc32fast::hash(&key),
+                    "vnode": vnode,
+                    "partition": map.partition_of(vnode),
+                    "epoch": epoch.0,
+                    "op": op.as_str(),
+                    "message_value_hex": hex(&value),
+                })
+            })
+            .collect();
+        let barrier = Barrier {
+            prev: epoch,
+            curr: Epoch(epoch.0 + (1 << 16)),
+            kind: BarrierKind::Checkpoint,
+        };
+        tables.push(json!({
+            "table": name,
+            "row_schema": table.json,
+            "primary_key": table.primary_key,
+            "log_record_schema_canonical_form": canonical,
+            "fingerprint_hex": hex(&fingerprint),
+            "vnode_count": V,
+            "partition_count": P,
+            "changes": changes,
+            "barrier": {
+                "prev_epoch": barrier.prev.0,
+                "curr_epoch": barrier.curr.0,
+                "kind": "CHECKPOINT",
+                "message_value_hex": hex(&codec.encode_barrier(&barrier)),
+            },
+        }));
+    }
+    json!({
+        "$comment": "Golden vectors of the wire format (README \"Wire format\"). For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. Checked by tests/golden_vectors.rs.",
+        "tables": tables,
+    })
+}
+
+#[test]
+fn golden_vectors_match_the_codec() {
+    let now = vectors();
+    if std::env::var("KB_WRITE_GOLDEN").is_ok() {
+        std::fs::write(PATH, serde_json::to_string_pretty(&now).unwrap() + "\n").unwrap();
+    }
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(PATH).unwrap()).unwrap();
+    assert!(
+        stored == now,
+        "schemas/testdata/vectors.json differs from what the codec produces (rewrite it with \
+         KB_WRITE_GOLDEN=1 only after a deliberate wire-format change)"
+    );
+}
+
+/// The vectors decode back with the project's decoder, and each vnode and partition follows from
+/// the stated rules (not only from the code that wrote them).
+#[test]
+fn golden_vectors_decode_and_follow_the_rules() {
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(PATH).unwrap()).unwrap();
+    for t in stored["tables"].as_array().unwrap() {
+        let kind = match t["table"].as_str().unwrap() {
+            "accounts" => TableKind::Accounts,
+            _ => TableKind::Typed,
+        };
+        let codec = LogCodec::new(kind.schema().unwrap()).unwrap();
+        let v = t["vnode_count"].as_u64().unwrap();
+        let p = t["partition_count"].as_u64().unwrap();
+        for c in t["changes"].as_array().unwrap() {
+            let key = unhex(c["key_hex"].as_str().unwrap());
+            let crc = crc32fast::hash(&key) as u64;
+            assert_eq!(c["crc32_of_key"].as_u64().unwrap(), crc);
+            let vnode = crc % v;
+            assert_eq!(c["vnode"].as_u64().unwrap(), vnode);
+            // Partition p owns [p·V/P, (p+1)·V/P).
+            let part = (0..p).find(|q| q * v / p <= vnode && vnode < (q + 1) * v / p);
+            assert_eq!(c["partition"].as_u64(), part);
+            let value = unhex(c["message_value_hex"].as_str().unwrap());
+            assert_eq!(value[..2], [0xC3, 0x01]);
+            assert_eq!(hex(&value[2..10]), t["fingerprint_hex"].as_str().unwrap());
+            let record = codec.decode(&value, Some(&key)).unwrap();
+            let kafka_backfill::core::LogRecord::Change(change) = record else {
+                panic!("a change")
+            };
+            assert_eq!(hex(&change.row.value), c["row_datum_hex"].as_str().unwrap());
+        }
+        let b = &t["barrier"];
+        let value = unhex(b["message_value_hex"].as_str().unwrap());
+        assert!(matches!(
+            codec.decode(&value, None).unwrap(),
+            kafka_backfill::core::LogRecord::Barrier(_)
+        ));
+    }
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
