@@ -17,6 +17,13 @@ use support::{pg_url, serial, Fixture, BIN};
 
 const MIN: Duration = Duration::from_secs(60);
 
+fn stamp() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
 fn verify_clean(f: &Fixture, expected: &str) -> String {
     let out = Command::new(BIN)
         .args(["verify", "--config"])
@@ -96,7 +103,8 @@ fn manifest_is_valid(f: &Fixture) {
 #[test]
 fn the_typed_table_backfills_exactly_into_sqlite_and_postgres() {
     let _g = serial();
-    let f = Fixture::new("typed", 1, "");
+    // A fresh job name: the PostgreSQL database outlives test runs.
+    let f = Fixture::new(&format!("typed{}", stamp()), 1, "");
     f.produce(&[
         "--table",
         "typed",
@@ -131,7 +139,7 @@ fn the_typed_table_backfills_exactly_into_sqlite_and_postgres() {
 #[test]
 fn a_value_the_store_cannot_hold_stops_the_job_naming_topic_partition_offset_and_column() {
     let _g = serial();
-    let f = Fixture::new("nulvalue", 1, "");
+    let f = Fixture::new(&format!("nulvalue{}", stamp()), 1, "");
     f.produce(&[
         "--table",
         "typed",
