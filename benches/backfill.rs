@@ -114,6 +114,7 @@ fn produce(
         progress: false,
         append: false,
         table: Default::default(),
+        kafka_properties: Default::default(),
     })
     .unwrap()
 }

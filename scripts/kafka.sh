@@ -4,7 +4,11 @@
 #   scripts/kafka.sh start       start (idempotent), wait until ready, print the bootstrap address
 #   scripts/kafka.sh stop        stop it and wait
 #   scripts/kafka.sh status      exit 0 if running
-#   scripts/kafka.sh bootstrap   print the bootstrap address of the running broker
+#   scripts/kafka.sh bootstrap   print the bootstrap address of the running broker (PLAINTEXT)
+#   scripts/kafka.sh sasl-bootstrap  print the SASL_SSL listener's address: TLS with the test CA
+#        (scripts/certs.sh; `scripts/kafka.sh ca` prints its path), SCRAM-SHA-512 user "kb",
+#        password "kb-test-secret" (test credentials, made at format time)
+#   scripts/kafka.sh ca          print the path of the CA certificate the SASL_SSL listener chains to
 #   scripts/kafka.sh tool CLASS [ARGS]   run a Kafka tool class with the broker's classpath, e.g.
 #        scripts/kafka.sh tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --describe ...
 #   scripts/kafka.sh clean       stop and delete its data
@@ -51,15 +55,24 @@ start() {
   local port="${KB_KAFKA_PORT:-19092}"
   if port_open "$port"; then port="$(free_port)"; fi
   local cport; cport="$(free_port)"
+  local sport; sport="$(free_port)"
+  local certs; certs="$("$here/certs.sh")"
   rm -rf "$run/data"; mkdir -p "$run/data"
   cat > "$run/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$sport,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$sport
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$certs/server.p12
+ssl.keystore.password=kbtest
+ssl.key.password=kbtest
+ssl.client.auth=none
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$run/data
 num.partitions=4
@@ -79,12 +92,15 @@ auto.create.topics.enable=false
 log.retention.hours=-1
 PROPS
   java_run kafka.tools.StorageTool format --standalone -t "$(java_run kafka.tools.StorageTool random-uuid)" \
-    -c "$run/server.properties" >"$run/format.log" 2>&1
+    -c "$run/server.properties" --add-scram 'SCRAM-SHA-512=[name=kb,password=kb-test-secret]' \
+    >"$run/format.log" 2>&1
   nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" -Dkafka.logs.file="$run/kafka.log" \
     -cp "$(classpath)" kafka.Kafka "$run/server.properties" >"$run/stdout.log" 2>&1 &
   echo $! > "$run/pid"
   echo "127.0.0.1:$port" > "$run/bootstrap"
+  echo "127.0.0.1:$sport" > "$run/sasl_bootstrap"
+  echo "$certs/ca.crt" > "$run/ca"
   for _ in $(seq 1 120); do
     if grep -q "Kafka Server started" "$run/kafka.log" 2>/dev/null && port_open "$port"; then
       cat "$run/bootstrap"; return 0
@@ -115,8 +131,10 @@ case "${1:-}" in
   stop) stop ;;
   status) is_running ;;
   bootstrap) is_running && cat "$run/bootstrap" ;;
+  sasl-bootstrap) is_running && cat "$run/sasl_bootstrap" ;;
+  ca) is_running && cat "$run/ca" ;;
   tool) shift; jars; java -Xmx512m -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
           -Dkafka.logs.file="$run/tools.log" -cp "$(classpath)" "$@" ;;
   clean) stop; rm -rf "$run" ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac

@@ -4,9 +4,13 @@
 #   scripts/postgres.sh start   start (idempotent), create database kafka_backfill, print its URL
 #   scripts/postgres.sh stop    stop it
 #   scripts/postgres.sh url     print the URL of the running server
+#   scripts/postgres.sh tls-url print a URL that connects with sslmode=verify-full to the test CA
 #
+# The server has ssl=on with a certificate from scripts/certs.sh (127.0.0.1/localhost, signed by
+# the test CA); plain connections are accepted too.
 # Data lives in $KB_PG_DIR (default /tmp/kafka-backfill-pg); the port is $KB_PG_PORT (default 15432).
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 port="${KB_PG_PORT:-15432}"
 dir="${KB_PG_DIR:-/tmp/kafka-backfill-pg}"
 bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
@@ -24,8 +28,12 @@ start() {
     [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
     as_pg "$bin/initdb" -D "$dir" -A trust -U postgres >/dev/null
   fi
+  local certs; certs="$("$here/certs.sh")"
+  install -m 600 "$certs/server.key" "$dir/server.key"
+  install -m 644 "$certs/server.crt" "$dir/server.crt"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir/server.key" "$dir/server.crt"
   as_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=200" start >/dev/null
+    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=200 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null
   as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='kafka_backfill'" | grep -q 1 \
     || as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U postgres kafka_backfill
   echo "$url"
@@ -35,5 +43,6 @@ case "${1:-}" in
   start) start ;;
   stop) as_pg "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true ;;
   url) ready && echo "$url" ;;
+  tls-url) ready && echo "$url?sslmode=verify-full&sslrootcert=$("$here/certs.sh")/ca.crt" ;;
   *) sed -n '2,8p' "$0"; exit 2 ;;
 esac

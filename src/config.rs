@@ -89,7 +89,7 @@ pub struct JobConfig {
     #[serde(default = "default_vnodes")]
     pub vnode_count: u32,
     /// librdkafka properties passed through as they are (`bootstrap.servers`, `group.id`, SASL/SSL …).
-    /// `enable.auto.commit` and `partition.assignment.strategy` are set by kafka-backfill.
+    /// The keys in `kafka::MANAGED_CONSUMER_KEYS` are set by kafka-backfill and refused here.
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
     /// Where the snapshot comes from.
@@ -273,12 +273,6 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
-const MANAGED_KAFKA_KEYS: [&str; 3] = [
-    "enable.auto.commit",
-    "partition.assignment.strategy",
-    "enable.partition.eof",
-];
-
 impl Config {
     /// Reads, substitutes `${ENV}` values, parses and validates a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -361,11 +355,11 @@ impl Config {
             if !job.kafka.contains_key("bootstrap.servers") {
                 return Err(err(at("kafka"), "bootstrap.servers is required"));
             }
-            for k in MANAGED_KAFKA_KEYS {
+            for (k, value, why) in crate::kafka::MANAGED_CONSUMER_KEYS {
                 if job.kafka.contains_key(k) {
                     return Err(err(
                         at(&format!("kafka.\"{k}\"")),
-                        "is managed by kafka-backfill; remove it",
+                        format!("is managed by kafka-backfill (always {value}: {why}); remove it"),
                     ));
                 }
             }
@@ -400,6 +394,21 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `KEY=VALUE` pairs (from the command line) as librdkafka properties; `${ENV}` in a value is
+/// substituted.
+pub fn parse_properties(pairs: &[String]) -> Result<BTreeMap<String, String>, ConfigError> {
+    pairs
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| err(kv, "expected KEY=VALUE"))?;
+            let v = substitute_line(v).map_err(|m| err(k, m))?;
+            Ok((k.trim().to_string(), v))
+        })
+        .collect()
 }
 
 impl JobConfig {
@@ -620,7 +629,7 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "jobs[0].kafka.\"enable.auto.commit\": is managed by kafka-backfill; remove it"
+            "jobs[0].kafka.\"enable.auto.commit\": is managed by kafka-backfill (always false: offsets are committed to the group after each store commit, never on a timer); remove it"
         );
     }
 

@@ -146,6 +146,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         progress: false,
         append: false,
         table: Default::default(),
+        kafka_properties: Default::default(),
     })?;
     println!(
         "snapshot at epoch {} ({} rows) and log written; the table at the last checkpoint has {} rows",

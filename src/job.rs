@@ -106,7 +106,9 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         .with_context(|| manifest.clone())?;
     if check_topic {
         let bootstrap = &job.kafka["bootstrap.servers"];
-        match crate::kafka::admin::partition_count(bootstrap, &job.topic)? {
+        match crate::kafka::admin::partition_count(&job.kafka, &job.topic)
+            .with_context(|| format!("job {}", job.name))?
+        {
             None => bail!(
                 "job {}: topic {} does not exist at {bootstrap}",
                 job.name,

@@ -12,6 +12,7 @@ pub mod job;
 pub mod kafka;
 pub mod memory;
 pub mod metrics;
+pub mod pg_tls;
 pub mod ports;
 pub mod postgres_snapshot;
 pub mod postgres_store;

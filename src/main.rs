@@ -84,6 +84,10 @@ enum Command {
         /// (schemas/typed_row.avsc: every Avro type, primary key [region, id]).
         #[arg(long, value_enum, default_value_t)]
         table: kafka_backfill::workload::TableKind,
+        /// A librdkafka property for every client, e.g. -X security.protocol=SASL_SSL (repeatable;
+        /// a value may be ${ENV}).
+        #[arg(short = 'X', long = "property", value_name = "KEY=VALUE")]
+        properties: Vec<String>,
     },
     /// Check a job's snapshot and log topic against the wire contract without materialising
     /// anything: every violation is listed; exit 1 if there is any.
@@ -318,6 +322,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             seed,
             append,
             table,
+            properties,
         } => {
             init_logs(LogFormat::Text, None);
             let w = Workload {
@@ -338,6 +343,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress: true,
                 append,
                 table,
+                kafka_properties: kafka_backfill::config::parse_properties(&properties)?,
             };
             let r = workload::produce(&w)?;
             if append {

@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 
 use crate::codec::TableSchema;
 use crate::core::{Row, Vnode};
@@ -34,8 +34,7 @@ pub struct PostgresSnapshot {
 impl PostgresSnapshot {
     /// Opens snapshot `name` recorded in `kb_snapshots`.
     pub fn open(url: &str, name: &str) -> Result<Self, SourceError> {
-        let mut client = Client::connect(url, NoTls)
-            .map_err(|e| err(format!("connecting to {}: {e}", redact_url(url))))?;
+        let mut client = crate::pg_tls::connect(url).map_err(|e| err(e.message))?;
         let row = client
             .query_opt("SELECT table_name, info::text, row_schema::text, primary_key::text FROM kb_snapshots WHERE name = $1", &[&name])
             .map_err(|e| err(format!("{}: reading kb_snapshots: {e}", redact_url(url))))?
@@ -68,8 +67,7 @@ impl PostgresSnapshot {
         table_name: &str,
     ) -> Result<u64, SourceError> {
         crate::ports::check_table_name(table_name).map_err(err)?;
-        let mut client = Client::connect(url, NoTls)
-            .map_err(|e| err(format!("connecting to {}: {e}", redact_url(url))))?;
+        let mut client = crate::pg_tls::connect(url).map_err(|e| err(e.message))?;
         let table = &files.table;
         let mut tx = client.transaction().map_err(err)?;
         tx.batch_execute(&format!(

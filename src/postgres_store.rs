@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Transaction};
+use postgres::{Client, Transaction};
 
 use crate::codec::{ColumnType, ColumnValue, TableSchema};
 use crate::core::{
@@ -246,18 +246,15 @@ fn connect(url: &str) -> Result<Client, StoreError> {
     let mut delay = Duration::from_millis(100);
     let mut last = None;
     for _ in 0..RETRIES {
-        match Client::connect(url, NoTls) {
+        match crate::pg_tls::connect(url) {
             Ok(c) => return Ok(c),
+            Err(e) if e.permanent => return Err(StoreError::Rejected(e.message)),
             Err(e) => last = Some(e),
         }
         std::thread::sleep(delay);
         delay = (delay * 2).min(Duration::from_secs(5));
     }
-    Err(backend(format!(
-        "connecting to PostgreSQL at {}: {}",
-        redact_url(url),
-        last.map(|e| e.to_string()).unwrap_or_default()
-    )))
+    Err(backend(last.map(|e| e.message).unwrap_or_default()))
 }
 
 fn job_row(tx: &mut Transaction<'_>, job: &str, lock: bool) -> Result<Option<JobRow>, StoreError> {

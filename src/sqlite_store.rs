@@ -91,15 +91,17 @@ fn sqlite_value(v: ColumnValue) -> Sql {
 fn row_error(e: rusqlite::Error, table: &TableSchema, key: &[u8]) -> StoreError {
     match classify(e) {
         StoreError::Rejected(reason) => {
-            let column = table
+            match table
                 .columns
                 .iter()
                 .find(|c| reason.contains(&format!(".{}", c.name)))
-                .map_or_else(|| "?".to_string(), |c| c.name.clone());
-            StoreError::Value {
-                column,
-                key: crate::ports::key_hex(key),
-                reason,
+            {
+                Some(c) => StoreError::Value {
+                    column: c.name.clone(),
+                    key: crate::ports::key_hex(key),
+                    reason,
+                },
+                None => StoreError::Rejected(reason),
             }
         }
         other => other,

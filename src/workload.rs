@@ -15,7 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, ClientContext};
+use rdkafka::ClientContext;
 
 use crate::codec::{LogCodec, TableSchema};
 use crate::core::{
@@ -202,6 +202,17 @@ pub struct Workload {
     pub append: bool,
     /// Which table to generate.
     pub table: TableKind,
+    /// More librdkafka properties for every client (security: `security.protocol`, SASL, TLS).
+    pub kafka_properties: BTreeMap<String, String>,
+}
+
+impl Workload {
+    /// The properties every client of the writer is built from.
+    pub fn client_properties(&self) -> BTreeMap<String, String> {
+        let mut p = self.kafka_properties.clone();
+        p.insert("bootstrap.servers".into(), self.bootstrap.clone());
+        p
+    }
 }
 
 /// Where an earlier run left the log, for `--append`.
@@ -362,15 +373,15 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         );
     }
     let map = PartitionMap::new(w.vnode_count, w.partitions)?;
-    crate::kafka::admin::ensure_topic(&w.bootstrap, &w.topic, w.partitions)?;
+    let props = w.client_properties();
+    crate::kafka::admin::ensure_topic(&props, &w.topic, w.partitions)?;
     let table = w.table.schema()?;
     let codec = LogCodec::new(table.clone())?;
     let ctx = Ctx {
         failed: Arc::new(AtomicU64::new(0)),
         first_error: Default::default(),
     };
-    let producer: BaseProducer<Ctx> = ClientConfig::new()
-        .set("bootstrap.servers", &w.bootstrap)
+    let producer: BaseProducer<Ctx> = crate::kafka::admin::client_config(&props)
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .set("batch.num.messages", "10000")
@@ -440,9 +451,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             kind: BarrierKind::Initial,
         })?;
         writer.producer.flush(Duration::from_secs(60))?;
-        let probe: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &w.bootstrap)
-            .create()?;
+        let probe: BaseConsumer = crate::kafka::admin::client_config(&props).create()?;
         let mut start = Vec::new();
         for p in 0..w.partitions {
             let (_, high) = probe.fetch_watermarks(&w.topic, p as i32, Duration::from_secs(10))?;

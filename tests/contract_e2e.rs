@@ -514,3 +514,48 @@ fn check_log_passes_on_produce_and_names_each_violation() {
         "{out}"
     );
 }
+
+/// A permanent SQLite error (a table of the same name with other columns) stops the job at once
+/// with the store's refusal — no restart loop; and the log a process writes to a file carries no
+/// colour escape codes, even without NO_COLOR.
+#[test]
+fn a_permanent_sqlite_error_stops_at_once_and_logs_carry_no_escape_codes() {
+    let _g = serial();
+    let f = Fixture::new("sqliteperm", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "200",
+        "--changes",
+        "500",
+        "--epoch-changes",
+        "100",
+    ]);
+    rusqlite::Connection::open(f.db())
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (_kb_key BLOB PRIMARY KEY, something_else TEXT)")
+        .unwrap();
+    let log = f.dir.join("perm.log");
+    let started = Instant::now();
+    let status = Command::new(BIN)
+        .args(["run", "--exit-when-caught-up", "--config"])
+        .arg(&f.config)
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "kafka_backfill=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .status()
+        .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{text}");
+    assert!(started.elapsed() < MIN, "{text}");
+    assert!(
+        text.contains("state store refused the checkpoint") && text.contains("something_else")
+            || text.contains("has no column named"),
+        "{text}"
+    );
+    assert!(!text.contains("restarting the worker"), "{text}");
+    assert!(text.contains("INFO"), "the log has lines: {text}");
+    assert!(!text.contains('\u{1b}'), "escape codes in a file: {text}");
+}

@@ -50,6 +50,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         progress: false,
         append: false,
         table: Default::default(),
+        kafka_properties: Default::default(),
     })
     .unwrap();
     let mut kafka = BTreeMap::new();

@@ -4,12 +4,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
+use std::sync::Mutex;
 
-/// A client configuration from passed-through properties.
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, ClientContext};
+
+/// A client configuration from the job's properties (security included: every client the binary
+/// creates is built from them).
 pub fn client_config(props: &BTreeMap<String, String>) -> ClientConfig {
     let mut c = ClientConfig::new();
     for (k, v) in props {
@@ -18,15 +22,75 @@ pub fn client_config(props: &BTreeMap<String, String>) -> ClientConfig {
     c
 }
 
-/// The partition count of a topic, or `None` if it does not exist.
-pub fn partition_count(bootstrap: &str, topic: &str) -> Result<Option<u32>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
+/// A client context that keeps the last error librdkafka reported (authentication, TLS, transport),
+/// so that a request that fails can say why, and permanent causes end waiting at once.
+#[derive(Default)]
+pub struct ErrorCapture {
+    last: Mutex<Option<String>>,
+    /// The first error that waiting cannot cure (kept: later "all brokers down" errors follow it).
+    permanent: Mutex<Option<String>>,
+}
+
+impl ErrorCapture {
+    /// The most telling error reported: a permanent one, else the last.
+    pub fn last(&self) -> Option<String> {
+        let permanent = self.permanent.lock().unwrap().clone();
+        permanent.or_else(|| self.last.lock().unwrap().clone())
+    }
+
+    /// Whether an error was reported that cannot go away by waiting: wrong credentials, a
+    /// certificate that does not verify, a TLS or SASL set-up the broker refuses.
+    pub fn permanent(&self) -> bool {
+        self.permanent.lock().unwrap().is_some()
+    }
+}
+
+impl ClientContext for ErrorCapture {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(error = %error, reason, "Kafka client error");
+        let text = format!("{reason} ({error})");
+        let permanent = matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SSL)
+        ) || reason.contains("SASL authentication error")
+            || reason.contains("SSL handshake failed")
+            || reason.contains("certificate verify failed");
+        if permanent {
+            self.permanent.lock().unwrap().get_or_insert(text.clone());
+        }
+        *self.last.lock().unwrap() = Some(text);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ErrorCapture {}
+
+/// How long the metadata checks wait for the cluster, at most.
+const METADATA_WAIT: Duration = Duration::from_secs(15);
+
+/// The partition count of a topic, or `None` if it does not exist. Fails fast, naming the cause, on an
+/// authentication or TLS error.
+pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<Option<u32>> {
+    let consumer: BaseConsumer<ErrorCapture> = client_config(props)
+        .create_with_context(ErrorCapture::default())
         .context("creating a metadata client")?;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .with_context(|| format!("fetching metadata of topic {topic} from {bootstrap}"))?;
+    let bootstrap = props.get("bootstrap.servers").map_or("?", String::as_str);
+    let deadline = std::time::Instant::now() + METADATA_WAIT;
+    let md = loop {
+        match consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) {
+            Ok(md) => break md,
+            Err(e) => {
+                // Error events reach the context only when the client is polled.
+                let _ = consumer.poll(Duration::ZERO);
+                let ctx = consumer.context();
+                if ctx.permanent() || std::time::Instant::now() >= deadline {
+                    let cause = ctx.last().unwrap_or_else(|| e.to_string());
+                    bail!(
+                        "fetching metadata of topic {topic} from {bootstrap}: {cause}; check bootstrap.servers, security.protocol, the SASL credentials and ssl.ca.location"
+                    );
+                }
+            }
+        }
+    };
     let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
@@ -37,16 +101,15 @@ pub fn partition_count(bootstrap: &str, topic: &str) -> Result<Option<u32>> {
 }
 
 /// Creates the topic with `partitions` partitions unless it exists (then checks the count).
-pub fn ensure_topic(bootstrap: &str, topic: &str, partitions: u32) -> Result<()> {
-    if let Some(n) = partition_count(bootstrap, topic)? {
+pub fn ensure_topic(props: &BTreeMap<String, String>, topic: &str, partitions: u32) -> Result<()> {
+    if let Some(n) = partition_count(props, topic)? {
         if n != partitions {
             bail!("topic {topic} exists with {n} partitions, not {partitions}");
         }
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
+    let admin: AdminClient<ErrorCapture> = client_config(props)
+        .create_with_context(ErrorCapture::default())
         .context("creating an admin client")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -61,18 +124,20 @@ pub fn ensure_topic(bootstrap: &str, topic: &str, partitions: u32) -> Result<()>
     ))?;
     for r in results {
         if let Err((t, e)) = r {
-            if e != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+            if e != RDKafkaErrorCode::TopicAlreadyExists {
                 bail!("creating topic {t}: {e}");
             }
         }
     }
-    for _ in 0..100 {
-        if partition_count(bootstrap, topic)? == Some(partitions) {
+    // Metadata propagates asynchronously: wait (bounded) until the topic is visible.
+    let deadline = std::time::Instant::now() + METADATA_WAIT;
+    while std::time::Instant::now() < deadline {
+        if partition_count(props, topic)? == Some(partitions) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("topic {topic} did not appear after creation")
+    bail!("topic {topic} did not appear within {METADATA_WAIT:?} of its creation")
 }
 
 /// The high watermark librdkafka cached from the partition's last fetch response (no network call),

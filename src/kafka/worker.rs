@@ -747,12 +747,13 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         return Err(anyhow!("{f}"));
     }
     let mut config = client_config(&setup.kafka);
-    config
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "100");
+    for (k, v, _) in crate::kafka::MANAGED_CONSUMER_KEYS {
+        config.set(k, v);
+    }
+    if !setup.kafka.contains_key("fetch.wait.max.ms") {
+        // A default, not managed: short fetch waits keep alignment and catch-up responsive.
+        config.set("fetch.wait.max.ms", "100");
+    }
     if !setup.kafka.contains_key("group.id") {
         config.set("group.id", format!("kafka-backfill-{}", setup.job));
     }
