@@ -68,6 +68,7 @@ pub fn status_json(board: &StatusBoard) -> Value {
                         "caught_up": r.caught_up,
                         "recreations": r.recreations,
                         "last_error": r.last_error,
+                        "store_reachable": r.store_reachable,
                     })
                 })
                 .collect();
@@ -78,15 +79,16 @@ pub fn status_json(board: &StatusBoard) -> Value {
     json!({ "jobs": jobs })
 }
 
-/// Ready when every known worker runs an executor that owns partitions and has no pending error.
+/// Ready when every known worker runs an executor that owns partitions and reaches its store.
 pub fn ready(board: &StatusBoard) -> bool {
     let board = board.lock().unwrap();
     !board.is_empty()
         && board.values().all(|ws| {
             ws.values().all(|r| {
-                r.status
-                    .as_ref()
-                    .is_some_and(|s| s.phase != crate::core::Phase::Unassigned)
+                r.store_reachable
+                    && r.status
+                        .as_ref()
+                        .is_some_and(|s| s.phase != crate::core::Phase::Unassigned)
             })
         })
 }

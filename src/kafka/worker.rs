@@ -47,6 +47,8 @@ pub struct WorkerReport {
     pub caught_up: bool,
     pub last_error: Option<String>,
     pub recreations: u64,
+    /// The state store answered the last look (every 0.5 s); `/readyz` is false while it does not.
+    pub store_reachable: bool,
 }
 
 /// Shared between the workers of a process and the HTTP endpoints.
@@ -91,6 +93,8 @@ struct Inner {
     position: HashMap<PartitionId, u64>,
     paused_at: HashMap<PartitionId, Instant>,
     last_error: Option<String>,
+    /// Whether the state store answered the last generation check.
+    store_reachable: bool,
     /// (when, records handled so far, smoothed rate) for the status report.
     rate: (Instant, u64, f64),
     /// Per-record counters, resolved once (label lookups are too slow for the hot path).
@@ -537,7 +541,19 @@ impl Inner {
                         row.generation
                     )));
                 }
-                _ => {}
+                Ok(_) => {
+                    if !self.store_reachable {
+                        info!(job = %self.setup.job, worker = %self.setup.worker, "state store reachable again");
+                    }
+                    self.store_reachable = true;
+                }
+                Err(e) => {
+                    if self.store_reachable {
+                        warn!(job = %self.setup.job, worker = %self.setup.worker, error = %e, "state store unreachable");
+                    }
+                    self.store_reachable = false;
+                    self.last_error = Some(e.to_string());
+                }
             }
             if log_phase {
                 for p in owned {
@@ -626,6 +642,7 @@ impl Inner {
                 caught_up,
                 last_error: self.last_error.clone(),
                 recreations,
+                store_reachable: self.store_reachable,
             },
         );
     }
@@ -707,6 +724,10 @@ impl ConsumerContext for Ctx {
                 for p in &parts {
                     inner.position.remove(p);
                     inner.paused_at.remove(p);
+                    // Its new owner reports its lag; a stale series here would double it.
+                    let _ = metrics()
+                        .partition_lag
+                        .remove_label_values(&[&inner.setup.job, &p.to_string()]);
                 }
                 if let Err(e) = consumer.incremental_unassign(tpl) {
                     error!(error = %e, "incremental_unassign failed");
@@ -735,6 +756,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         position: HashMap::new(),
         paused_at: HashMap::new(),
         last_error: None,
+        store_reachable: true,
         rate: (Instant::now(), 0, 0.0),
         counters: HotCounters::new(&setup.job),
         committer: crate::kafka::committer::Committer::start(
