@@ -10,10 +10,14 @@ pub fn put_long(out: &mut Vec<u8>, n: i64) {
     out.push(z as u8);
 }
 
-/// Reads an Avro `long` from the front of `buf`, advancing it.
+/// Reads an Avro `long` from the front of `buf`, advancing it; `None` if it is truncated or longer
+/// than 64 bits (a 10th byte above 1, or an 11th byte), never silently dropping bits.
 pub fn get_long(buf: &mut &[u8]) -> Option<i64> {
     let mut z: u64 = 0;
     for (i, &b) in buf.iter().enumerate().take(10) {
+        if i == 9 && b > 1 {
+            return None; // bits beyond the 64th
+        }
         z |= ((b & 0x7f) as u64) << (7 * i);
         if b & 0x80 == 0 {
             *buf = &buf[i + 1..];
@@ -49,5 +53,14 @@ mod tests {
         }
         let mut truncated: &[u8] = &[0x80, 0x80];
         assert_eq!(get_long(&mut truncated), None);
+        // Ten bytes whose last carries bits beyond the 64th, or an eleventh byte: refused.
+        let mut overlong: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert_eq!(get_long(&mut overlong), None);
+        let mut eleven: &[u8] = &[
+            0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x81, 0x00,
+        ];
+        assert_eq!(get_long(&mut eleven), None);
+        let mut max: &[u8] = &[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(get_long(&mut max), Some(i64::MAX));
     }
 }
