@@ -41,14 +41,31 @@ pub struct HttpConfig {
     /// Listen address; empty disables HTTP.
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Connections served at once; more are closed as they arrive. Keep it well below the process's
+    /// open-file limit (librdkafka and the stores need descriptors too).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// A connection that has not sent its whole request head within this time is closed.
+    #[serde(default = "default_header_timeout_ms")]
+    pub header_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: default_listen(),
+            max_connections: default_max_connections(),
+            header_timeout_ms: default_header_timeout_ms(),
         }
     }
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+fn default_header_timeout_ms() -> u64 {
+    5000
 }
 
 fn default_listen() -> String {
@@ -322,6 +339,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.jobs.is_empty() {
             return Err(err("jobs", "no job configured"));
+        }
+        if self.http.max_connections == 0 {
+            return Err(err("http.max_connections", "must be at least 1"));
+        }
+        if self.http.header_timeout_ms == 0 {
+            return Err(err("http.header_timeout_ms", "must be at least 1"));
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, job) in self.jobs.iter().enumerate() {

@@ -168,6 +168,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
     let config = Config {
         http: HttpConfig {
             listen: String::new(),
+            ..Default::default()
         },
         log: LogConfig::default(),
         shutdown_grace_secs: 30,

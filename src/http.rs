@@ -1,15 +1,24 @@
 //! The HTTP endpoints: `/metrics` (Prometheus text format), `/livez`, `/readyz` and `/status` (JSON).
 //!
-//! A deliberately small HTTP/1.1 server on tokio (GET only, one request per connection): it reads the
-//! status board and the metrics registry and never touches the workers.
+//! axum on hyper's HTTP/1.1 server, hardened (see [`spawn`]): it reads the status board and the
+//! metrics registry and never touches the workers.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::routing::get as route_get;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::kafka::worker::StatusBoard;
 use crate::metrics::metrics;
@@ -93,31 +102,76 @@ pub fn ready(board: &StatusBoard) -> bool {
         })
 }
 
-fn response(code: u16, reason: &str, ctype: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+/// How the endpoint protects itself (`[http]` in the configuration).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    /// A whole connection (head, handler, response written) ends within this.
+    pub connection_timeout: Duration,
 }
 
-fn route(path: &str, board: &StatusBoard) -> String {
-    match path {
-        "/metrics" => response(200, "OK", "text/plain; version=0.0.4", &metrics().render()),
-        "/livez" => response(200, "OK", "text/plain", "ok\n"),
-        "/readyz" if ready(board) => response(200, "OK", "text/plain", "ready\n"),
-        "/readyz" => response(503, "Service Unavailable", "text/plain", "not ready\n"),
-        "/status" => response(
-            200,
-            "OK",
-            "application/json",
-            &serde_json::to_string_pretty(&status_json(board)).expect("json"),
-        ),
-        _ => response(404, "Not Found", "text/plain", "not found\n"),
+impl Limits {
+    pub fn of(c: &crate::config::HttpConfig) -> Limits {
+        Limits {
+            max_connections: c.max_connections,
+            header_timeout: Duration::from_millis(c.header_timeout_ms),
+            connection_timeout: Duration::from_millis(c.header_timeout_ms)
+                + Duration::from_secs(25),
+        }
     }
 }
 
-/// Serves until the process ends. Binds before returning, so a bad address fails at start-up.
-pub fn spawn(listen: &str, board: StatusBoard) -> Result<SocketAddr> {
+/// GET (and HEAD) only; any other method is 405, any other path 404.
+fn router(board: StatusBoard) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            route_get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    metrics().render(),
+                )
+            }),
+        )
+        .route("/livez", route_get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            route_get(|State(board): State<StatusBoard>| async move {
+                if ready(&board) {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                }
+            }),
+        )
+        .route(
+            "/status",
+            route_get(|State(board): State<StatusBoard>| async move {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    serde_json::to_string_pretty(&status_json(&board)).expect("json"),
+                )
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(board)
+}
+
+/// Serves on its own thread until `shutdown` is set (then it stops accepting and lets requests in
+/// flight finish) or the process ends. Binds before returning, so a bad address fails at start-up.
+///
+/// Hardened for a shared network: at most `max_connections` at once (more are closed as they
+/// arrive, so the accept loop never stalls and descriptors stay bounded), the whole request head
+/// within `header_timeout` (a client trickling bytes is cut off), each connection done within
+/// `connection_timeout` (a client that never reads the response too), one request per connection,
+/// request heads of at most 16 KiB, bodies never read.
+pub fn spawn(
+    listen: &str,
+    board: StatusBoard,
+    limits: Limits,
+    shutdown: Arc<AtomicBool>,
+) -> Result<SocketAddr> {
     let std_listener =
         std::net::TcpListener::bind(listen).with_context(|| format!("http.listen = {listen:?}"))?;
     std_listener.set_nonblocking(true)?;
@@ -129,45 +183,67 @@ pub fn spawn(listen: &str, board: StatusBoard) -> Result<SocketAddr> {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(async move {
-                let listener = TcpListener::from_std(std_listener).expect("listener");
-                loop {
-                    let Ok((mut sock, _)) = listener.accept().await else {
-                        continue;
-                    };
-                    let board = board.clone();
-                    tokio::spawn(async move {
-                        // Read the request head (it may arrive in pieces).
-                        let mut buf = Vec::with_capacity(1024);
-                        let mut chunk = [0u8; 1024];
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-                            match tokio::time::timeout(
-                                Duration::from_secs(5),
-                                sock.read(&mut chunk),
-                            )
-                            .await
-                            {
-                                Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                                _ => return,
-                            }
-                        }
-                        let req = String::from_utf8_lossy(&buf);
-                        let path = req
-                            .split_whitespace()
-                            .nth(1)
-                            .unwrap_or("/")
-                            .split('?')
-                            .next()
-                            .unwrap_or("/")
-                            .to_string();
-                        let out = route(&path, &board);
-                        let _ = sock.write_all(out.as_bytes()).await;
-                        let _ = sock.shutdown().await;
-                    });
-                }
-            });
+            rt.block_on(serve(std_listener, router(board), limits, shutdown));
         })?;
     Ok(addr)
+}
+
+async fn serve(
+    std_listener: std::net::TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: Arc<AtomicBool>,
+) {
+    let listener = TcpListener::from_std(std_listener).expect("listener");
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let service = TowerToHyperService::new(app);
+    loop {
+        if shutdown.load(Ordering::SeqCst) {
+            break;
+        }
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                if shutdown.load(Ordering::SeqCst) {
+                    break;
+                }
+                continue;
+            }
+        };
+        let sock = match accepted {
+            Ok((sock, _)) => sock,
+            Err(e) => {
+                // Out of descriptors or memory: wait instead of spinning.
+                tracing::warn!(error = %e, "http: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            crate::metrics::metrics().http_rejected.inc();
+            drop(sock); // over the cap: closed at once
+            continue;
+        };
+        let service = service.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .keep_alive(false)
+                .max_buf_size(16 * 1024)
+                .serve_connection(TokioIo::new(sock), service);
+            let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
+        });
+    }
+    // New connections are refused; requests in flight finish (each bounded by the connection
+    // timeout).
+    drop(listener);
+    let _ = tokio::time::timeout(
+        limits.connection_timeout,
+        slots.acquire_many(limits.max_connections as u32),
+    )
+    .await;
 }
 
 /// A minimal GET for `kafka-backfill status`.

@@ -284,7 +284,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             )?;
             let board = job::new_board();
             if !config.http.listen.is_empty() {
-                let addr = kafka_backfill::http::spawn(&config.http.listen, board.clone())?;
+                let addr = kafka_backfill::http::spawn(
+                    &config.http.listen,
+                    board.clone(),
+                    kafka_backfill::http::Limits::of(&config.http),
+                    shutdown.clone(),
+                )?;
                 tracing::info!(%addr, "serving /metrics /livez /readyz /status");
             }
             let r = job::run(

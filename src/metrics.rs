@@ -25,6 +25,10 @@ pub struct Metrics {
     pub recreations: IntCounterVec,
     pub decode_errors: IntCounterVec,
     pub generation: IntGaugeVec,
+    /// HTTP connections closed at once because `http.max_connections` were being served.
+    pub http_rejected: prometheus::IntCounter,
+    /// 1 while a worker's state store does not answer, else 0.
+    pub store_unreachable: IntGaugeVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -62,7 +66,16 @@ impl Metrics {
         )
         .expect("metric");
         r.register(Box::new(epoch_lag.clone())).expect("register");
+        let http_rejected = prometheus::IntCounter::new(
+            "kafka_backfill_http_connections_rejected_total",
+            "HTTP connections closed at once because http.max_connections were being served.",
+        )
+        .expect("metric");
+        r.register(Box::new(http_rejected.clone()))
+            .expect("register");
         Metrics {
+            http_rejected,
+            store_unreachable: gauge(&r, "kafka_backfill_store_unreachable", "1 while a worker's state store does not answer.", &["job_name", "worker"]),
             phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job_name", "worker", "phase"]),
             snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job_name"]),
             log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store changes applied, by op.", &["job_name", "op"]),

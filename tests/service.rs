@@ -241,3 +241,33 @@ fn a_second_signal_exits_at_once() {
         support::tail(&run.log_text())
     );
 }
+
+/// 2,000 idle HTTP connections opened while a job runs: `/livez` keeps answering and the job still
+/// finishes and verifies clean.
+#[test]
+fn a_connection_flood_neither_stops_livez_nor_the_job() {
+    let _g = serial();
+    // Throttled, so the job is still running while the flood is on.
+    let f = Fixture::new("flood", 1, "max_rows_per_second = 1500");
+    let addr = format!("127.0.0.1:{}", free_port());
+    f.set_http(&addr);
+    f.produce(&["--partitions", "2", "--rows", "3000", "--changes", "6000"]);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    run.wait_for("serving /metrics", Duration::from_secs(30));
+    let idle: Vec<std::net::TcpStream> = (0..2000)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    let (code, body) = http_get(&format!("http://{addr}/livez"));
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let status = run.wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    drop(idle);
+    let out = f.verify();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -546,12 +546,20 @@ impl Inner {
                         info!(job = %self.setup.job, worker = %self.setup.worker, "state store reachable again");
                     }
                     self.store_reachable = true;
+                    metrics()
+                        .store_unreachable
+                        .with_label_values(&self.label())
+                        .set(0);
                 }
                 Err(e) => {
                     if self.store_reachable {
                         warn!(job = %self.setup.job, worker = %self.setup.worker, error = %e, "state store unreachable");
                     }
                     self.store_reachable = false;
+                    metrics()
+                        .store_unreachable
+                        .with_label_values(&self.label())
+                        .set(1);
                     self.last_error = Some(e.to_string());
                 }
             }
