@@ -204,6 +204,7 @@ fn job_config(
     Config {
         http: HttpConfig {
             listen: String::new(),
+            ..Default::default()
         },
         log: LogConfig::default(),
         shutdown_grace_secs: 30,

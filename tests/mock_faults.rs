@@ -61,6 +61,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
     let config = Config {
         http: HttpConfig {
             listen: String::new(),
+            ..Default::default()
         },
         log: LogConfig::default(),
         shutdown_grace_secs: 30,
