@@ -559,7 +559,7 @@ fn main() {
         &bootstrap,
         &d.join("snapshot"),
         StoreConfig::Postgres {
-            url: pg.clone(),
+            url: kafka_backfill::config::Secret::new(pg.clone()),
             table,
         },
     ));

@@ -61,7 +61,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
             }
         },
         SnapshotConfig::Postgres { url, name } => {
-            let s = crate::postgres_snapshot::PostgresSnapshot::open(url, name)
+            let s = crate::postgres_snapshot::PostgresSnapshot::open(url.expose(), name)
                 .with_context(|| format!("job {}: opening the snapshot", job.name))?;
             let t = s.table().clone();
             (Arc::new(s), t)

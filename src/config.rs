@@ -92,7 +92,7 @@ pub enum LogFormat {
 }
 
 /// One job: one upstream table materialised from one snapshot and one log topic.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobConfig {
     /// Unique name; the state store keys everything by it.
@@ -142,6 +142,35 @@ fn default_vnodes() -> u32 {
     crate::core::vnode::DEFAULT_VNODE_COUNT
 }
 
+/// A value that must never be printed (a URL with a password, a key): `Debug` and `Display` show
+/// `***`; [`Secret::expose`] hands it to the one place that uses it.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the client that needs it; never for logs or output.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
 pub enum SnapshotConfig {
@@ -152,8 +181,9 @@ pub enum SnapshotConfig {
     },
     /// A PostgreSQL table recorded in `kb_snapshots` (see `kafka-backfill export-snapshot`).
     Postgres {
-        /// `postgresql://user:password@host:port/database`.
-        url: String,
+        /// `postgresql://user:password@host:port/database` (TLS options as in libpq: `sslmode`,
+        /// `sslrootcert`, `sslcert`, `sslkey`). Never printed.
+        url: Secret,
         /// The snapshot's name in `kb_snapshots`.
         name: String,
     },
@@ -171,8 +201,9 @@ pub enum StoreConfig {
     },
     /// PostgreSQL, so that workers on several machines share one job.
     Postgres {
-        /// `postgresql://user:password@host:port/database` (write the password as `${ENV}`).
-        url: String,
+        /// `postgresql://user:password@host:port/database` (write the password as `${ENV}`; TLS
+        /// options as in libpq: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`). Never printed.
+        url: Secret,
         /// The SQL table that receives the rows.
         table: String,
     },
@@ -194,7 +225,7 @@ impl StoreConfig {
             StoreConfig::Postgres { url, table } => {
                 format!(
                     "postgres {} table {table}",
-                    crate::postgres_store::redact_url(url)
+                    crate::postgres_store::redact_url(url.expose())
                 )
             }
         }
@@ -395,7 +426,8 @@ impl Config {
                     return Err(err(at("store.path"), "empty"));
                 }
                 StoreConfig::Postgres { url, .. }
-                    if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) =>
+                    if !(url.expose().starts_with("postgresql://")
+                        || url.expose().starts_with("postgres://")) =>
                 {
                     return Err(err(
                         at("store.url"),
@@ -432,6 +464,21 @@ pub fn parse_properties(pairs: &[String]) -> Result<BTreeMap<String, String>, Co
             Ok((k.trim().to_string(), v))
         })
         .collect()
+}
+
+impl std::fmt::Debug for JobConfig {
+    /// Kafka secrets masked, URLs as `***` (for logs and panics).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobConfig")
+            .field("name", &self.name)
+            .field("topic", &self.topic)
+            .field("workers", &self.workers)
+            .field("vnode_count", &self.vnode_count)
+            .field("kafka", &self.kafka_redacted())
+            .field("snapshot", &self.snapshot)
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
 }
 
 impl JobConfig {
@@ -562,6 +609,23 @@ fn substitute_env_values(table: &mut toml::Table, at: &str) -> Result<(), Config
     Ok(())
 }
 
+/// The environment variable `name`, else the contents of the file named by `name_FILE` (Docker and
+/// Kubernetes secret files; one trailing newline dropped).
+fn env_or_file(name: &str) -> Result<String, String> {
+    if let Ok(v) = std::env::var(name) {
+        return Ok(v);
+    }
+    let file_var = format!("{name}_FILE");
+    match std::env::var(&file_var) {
+        Ok(path) => std::fs::read_to_string(&path)
+            .map(|s| s.strip_suffix('\n').map(str::to_string).unwrap_or(s))
+            .map_err(|e| format!("{file_var} = {path}: {e} (used for ${{{name}}})")),
+        Err(_) => Err(format!(
+            "environment variable {name} is not set, nor {file_var} (used as ${{{name}}})"
+        )),
+    }
+}
+
 fn substitute_line(text: &str) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -572,8 +636,7 @@ fn substitute_line(text: &str) -> Result<String, String> {
             .find('}')
             .ok_or_else(|| "unterminated ${ in the value".to_string())?;
         let name = &after[..j];
-        let value = std::env::var(name)
-            .map_err(|_| format!("environment variable {name} is not set (used as ${{{name}}})"))?;
+        let value = env_or_file(name)?;
         out.push_str(&value);
         rest = &after[j + 1..];
     }
@@ -715,5 +778,53 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         assert_eq!(c.jobs[0].kafka["sasl.password"], secret);
         assert_eq!(c.jobs[0].workers, 1);
         assert_eq!(c.http.listen, "127.0.0.1:9464");
+    }
+
+    /// Secrets never print: the store URL and Kafka passwords are masked in `Debug` (what a panic
+    /// or a `{:?}` would show) and in `check-config`'s output.
+    #[test]
+    fn secrets_never_print() {
+        std::env::set_var("KB_TEST_PG_PW", "pg-hunter2");
+        let text = GOOD
+            .replace(
+                "store = { kind = \"sqlite\", path = \"state.sqlite\", table = \"accounts\" }",
+                "store = { kind = \"postgres\", url = \"postgresql://kb:${KB_TEST_PG_PW}@db/x\", table = \"accounts\" }",
+            )
+            .replace(
+                "\"bootstrap.servers\" = \"127.0.0.1:19092\"",
+                "\"bootstrap.servers\" = \"127.0.0.1:19092\", \"sasl.password\" = \"kafka-hunter2\"",
+            );
+        let c = Config::parse(&text, "t.toml").unwrap();
+        let debug = format!("{c:?} {:?}", c.jobs[0]);
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(c.jobs[0].store.describe().contains("kb:***@db"));
+        let StoreConfig::Postgres { url, .. } = &c.jobs[0].store else {
+            panic!("postgres")
+        };
+        assert_eq!(url.expose(), "postgresql://kb:pg-hunter2@db/x");
+        assert_eq!(url.to_string(), "***");
+    }
+
+    /// `${NAME}` falls back to the file named by `NAME_FILE` (Docker and Kubernetes secrets).
+    #[test]
+    fn env_values_can_come_from_secret_files() {
+        let dir = std::env::temp_dir().join(format!("kb-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "from-a-file\n").unwrap();
+        std::env::remove_var("KB_TEST_FILE_SECRET");
+        std::env::set_var("KB_TEST_FILE_SECRET_FILE", &file);
+        let text = GOOD.replace(
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\"",
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\", \"sasl.password\" = \"${KB_TEST_FILE_SECRET}\"",
+        );
+        let c = Config::parse(&text, "t.toml").unwrap();
+        assert_eq!(c.jobs[0].kafka["sasl.password"], "from-a-file");
+        std::env::set_var("KB_TEST_FILE_SECRET_FILE", dir.join("missing"));
+        let e = Config::parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("jobs[0].kafka.\"sasl.password\": KB_TEST_FILE_SECRET_FILE = "),
+            "{e}"
+        );
     }
 }

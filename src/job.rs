@@ -79,7 +79,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 )
             }
             SnapshotConfig::Postgres { url, name } => {
-                let s = PostgresSnapshot::open(url, name)
+                let s = PostgresSnapshot::open(url.expose(), name)
                     .with_context(|| format!("job {}: opening the snapshot", job.name))?;
                 let table = s.table().clone();
                 (
@@ -87,7 +87,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                     table,
                     format!(
                         "snapshot {name} in {}",
-                        crate::postgres_store::redact_url(url)
+                        crate::postgres_store::redact_url(url.expose())
                     ),
                 )
             }
@@ -154,7 +154,7 @@ pub fn store_factory(
             })
         }
         StoreConfig::Postgres { url, table } => Arc::new(move || {
-            crate::postgres_store::PostgresStore::open(&url, &table, schema.clone())
+            crate::postgres_store::PostgresStore::open(url.expose(), &table, schema.clone())
                 .map(|s| Box::new(s) as Box<dyn StateStore>)
         }),
     })
