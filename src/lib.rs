@@ -16,6 +16,7 @@ pub mod pg_tls;
 pub mod ports;
 pub mod postgres_snapshot;
 pub mod postgres_store;
+pub mod retry;
 pub mod sim;
 pub mod snapshot_files;
 pub mod sqlite_store;

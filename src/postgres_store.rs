@@ -6,12 +6,12 @@
 //! guarded by the same leases), so a retry after an unknown outcome cannot apply anything twice.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use postgres::types::ToSql;
 use postgres::{Client, Transaction};
 
 use crate::codec::{ColumnType, ColumnValue, TableSchema};
+use crate::core::retry::Backoff;
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
     Vnode, VnodeProgress,
@@ -34,13 +34,8 @@ CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INT NOT NULL, owner TEXT NOT NULL, lease BIGINT NOT NULL, PRIMARY KEY (job, partition));
 ";
 
-const RETRIES: u32 = 8;
 /// Rows per multi-row upsert, at most; wide rows get fewer (a statement takes 65,535 parameters).
 const ROWS_PER_STATEMENT: usize = 500;
-
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
-}
 
 /// `postgresql://user:secret@host/db` → `postgresql://user:***@host/db`, for logs and errors.
 pub fn redact_url(url: &str) -> String {
@@ -184,44 +179,38 @@ impl PostgresStore {
         })
     }
 
-    /// Runs `f` in a transaction, reconnecting and retrying on connection loss.
+    /// Runs `f` in a transaction; a transient failure (connection lost, serialization failure,
+    /// deadlock, server restarting) reconnects if needed and replays the whole transaction under
+    /// [`Backoff::STORE`] (it is idempotent); a permanent one returns at once.
     fn with_tx<T>(
         &mut self,
         mut f: impl FnMut(&mut Transaction<'_>, &TableSchema, &str) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut delay = Duration::from_millis(100);
-        for attempt in 0..=RETRIES {
-            let result = (|| {
-                let mut tx = self.client.transaction().map_err(PgFail::Conn)?;
-                let out = f(&mut tx, &self.table, &self.table_name).map_err(PgFail::Store)?;
-                tx.commit().map_err(PgFail::Conn)?;
-                Ok(out)
-            })();
-            match result {
-                Ok(v) => return Ok(v),
-                Err(PgFail::Store(StoreError::Backend(e)))
-                    if self.client.is_closed() && attempt < RETRIES =>
-                {
-                    tracing::warn!(url = %redact_url(&self.url), error = %e, "PostgreSQL connection lost; retrying");
+        let url = self.url.clone();
+        crate::retry::retry_sleeping(
+            Backoff::STORE,
+            || {
+                if self.client.is_closed() {
+                    self.client = crate::pg_tls::connect(&url).map_err(connect_error)?;
                 }
-                Err(PgFail::Store(e)) => return Err(e),
-                Err(PgFail::Conn(e))
-                    if (self.client.is_closed() || e.is_closed()) && attempt < RETRIES =>
-                {
-                    tracing::warn!(url = %redact_url(&self.url), error = %e, "PostgreSQL connection lost; retrying");
+                let result = (|| {
+                    let mut tx = self.client.transaction().map_err(PgFail::Conn)?;
+                    let out = f(&mut tx, &self.table, &self.table_name).map_err(PgFail::Store)?;
+                    tx.commit().map_err(PgFail::Conn)?;
+                    Ok(out)
+                })();
+                let e = match result {
+                    Ok(v) => return Ok(v),
+                    Err(PgFail::Store(e)) => e,
+                    Err(PgFail::Conn(e)) => classify(e),
+                };
+                if e.is_transient() {
+                    tracing::warn!(url = %redact_url(&url), error = %e, "PostgreSQL unavailable; retrying");
                 }
-                Err(PgFail::Conn(e)) => return Err(classify(e)),
-            }
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(Duration::from_secs(5));
-            if let Ok(c) = connect(&self.url) {
-                self.client = c;
-            }
-        }
-        Err(backend(format!(
-            "PostgreSQL at {} unreachable",
-            redact_url(&self.url)
-        )))
+                Err(e)
+            },
+            StoreError::is_transient,
+        )
     }
 
     /// Committed vnode progress.
@@ -242,19 +231,22 @@ enum PgFail {
     Store(StoreError),
 }
 
+/// Connects under [`Backoff::STORE`]: a server that is down or starting is waited for; refused
+/// credentials or certificates fail at once.
 fn connect(url: &str) -> Result<Client, StoreError> {
-    let mut delay = Duration::from_millis(100);
-    let mut last = None;
-    for _ in 0..RETRIES {
-        match crate::pg_tls::connect(url) {
-            Ok(c) => return Ok(c),
-            Err(e) if e.permanent => return Err(StoreError::Rejected(e.message)),
-            Err(e) => last = Some(e),
-        }
-        std::thread::sleep(delay);
-        delay = (delay * 2).min(Duration::from_secs(5));
+    crate::retry::retry_sleeping(
+        Backoff::STORE,
+        || crate::pg_tls::connect(url).map_err(connect_error),
+        StoreError::is_transient,
+    )
+}
+
+fn connect_error(e: crate::pg_tls::ConnectError) -> StoreError {
+    if e.permanent {
+        StoreError::Rejected(e.message)
+    } else {
+        StoreError::Backend(e.message)
     }
-    Err(backend(last.map(|e| e.message).unwrap_or_default()))
 }
 
 fn job_row(tx: &mut Transaction<'_>, job: &str, lock: bool) -> Result<Option<JobRow>, StoreError> {

@@ -959,7 +959,7 @@ impl Sim {
                 }
                 self.restart(i)
             }
-            Verdict::Restart => self.restart(i),
+            Verdict::Restart { .. } => self.restart(i),
             Verdict::Stop { reason } => Err(format!("supervisor stopped the job: {reason}")),
         }
     }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod executor;
 pub mod phase;
 pub mod progress;
+pub mod retry;
 pub mod staging;
 pub mod supervisor;
 pub mod vnode;

@@ -74,8 +74,9 @@ pub enum Verdict {
         from_generation: u64,
         backoff_ms: u64,
     },
-    /// Restart the worker from what is committed (it was fenced; the job is fine).
-    Restart,
+    /// Restart the worker from what is committed after `backoff_ms` (it was fenced, or its store
+    /// was briefly away; the job is fine).
+    Restart { backoff_ms: u64 },
     /// Stop the job and report this reason.
     Stop { reason: String },
 }
@@ -86,7 +87,17 @@ pub struct Supervisor {
     config: SupervisorConfig,
     recreations: VecDeque<u64>,
     total: u64,
+    /// When restarts for an unavailable store happened, within [`UNAVAILABLE_WINDOW_MS`].
+    unavailable: VecDeque<u64>,
 }
+
+/// Restarts for an unavailable store counted over this window.
+pub const UNAVAILABLE_WINDOW_MS: u64 = 300_000;
+/// This many restarts for an unavailable store within the window stop the job (each restart has
+/// already retried within [`super::retry::Backoff::STORE`]).
+pub const MAX_UNAVAILABLE_RESTARTS: usize = 10;
+/// A restart after fencing waits this long (the job itself is fine).
+pub const FENCED_RESTART_MS: u64 = 200;
 
 impl Supervisor {
     pub fn new(config: SupervisorConfig) -> Self {
@@ -94,6 +105,7 @@ impl Supervisor {
             config,
             recreations: VecDeque::new(),
             total: 0,
+            unavailable: VecDeque::new(),
         }
     }
 
@@ -104,7 +116,30 @@ impl Supervisor {
 
     pub fn on_failure(&mut self, failure: &WorkerFailure, generation: u64, now_ms: u64) -> Verdict {
         match failure {
-            WorkerFailure::Fenced(_) | WorkerFailure::Unavailable(_) => Verdict::Restart,
+            WorkerFailure::Fenced(_) => Verdict::Restart {
+                backoff_ms: FENCED_RESTART_MS,
+            },
+            WorkerFailure::Unavailable(e) => {
+                while self
+                    .unavailable
+                    .front()
+                    .is_some_and(|t| now_ms.saturating_sub(*t) >= UNAVAILABLE_WINDOW_MS)
+                {
+                    self.unavailable.pop_front();
+                }
+                if self.unavailable.len() >= MAX_UNAVAILABLE_RESTARTS {
+                    return Verdict::Stop {
+                        reason: format!(
+                            "{e}; gave up after {MAX_UNAVAILABLE_RESTARTS} restarts within {} s",
+                            UNAVAILABLE_WINDOW_MS / 1000
+                        ),
+                    };
+                }
+                // Doubling from 500 ms to 30 s with each restart in the window.
+                let backoff_ms = (500u64 << self.unavailable.len().min(6)).min(30_000);
+                self.unavailable.push_back(now_ms);
+                Verdict::Restart { backoff_ms }
+            }
             WorkerFailure::Core(CoreError::VnodeBitmapUpdateDuringLogStore) => {
                 if self.config.policy == RecreationPolicy::Fail {
                     return Verdict::Stop {
@@ -229,7 +264,35 @@ mod tests {
         );
         assert_eq!(
             s.on_failure(&WorkerFailure::Fenced("stale".into()), 0, 0),
-            Verdict::Restart
+            Verdict::Restart {
+                backoff_ms: FENCED_RESTART_MS
+            }
         );
+    }
+
+    #[test]
+    fn an_unavailable_store_restarts_with_doubling_backoff_then_stops() {
+        let mut s = Supervisor::new(SupervisorConfig::default());
+        let down = WorkerFailure::Unavailable("state store unavailable: connection refused".into());
+        let waits: Vec<u64> = (0..MAX_UNAVAILABLE_RESTARTS as u64)
+            .map(|i| match s.on_failure(&down, 0, i * 1_000) {
+                Verdict::Restart { backoff_ms } => backoff_ms,
+                other => panic!("restart {i}: {other:?}"),
+            })
+            .collect();
+        assert_eq!(waits[..4], [500, 1_000, 2_000, 4_000]);
+        assert!(waits.iter().all(|w| *w <= 30_000));
+        match s.on_failure(&down, 0, 20_000) {
+            Verdict::Stop { reason } => assert!(
+                reason.starts_with("state store unavailable: connection refused; gave up after 10"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Restarts age out of the window.
+        assert!(matches!(
+            s.on_failure(&down, 0, 20_000 + UNAVAILABLE_WINDOW_MS),
+            Verdict::Restart { .. }
+        ));
     }
 }

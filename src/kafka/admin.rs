@@ -64,9 +64,6 @@ impl ClientContext for ErrorCapture {
 
 impl rdkafka::consumer::ConsumerContext for ErrorCapture {}
 
-/// How long the metadata checks wait for the cluster, at most.
-const METADATA_WAIT: Duration = Duration::from_secs(15);
-
 /// The partition count of a topic, or `None` if it does not exist. Fails fast, naming the cause, on an
 /// authentication or TLS error.
 pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<Option<u32>> {
@@ -74,23 +71,25 @@ pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<
         .create_with_context(ErrorCapture::default())
         .context("creating a metadata client")?;
     let bootstrap = props.get("bootstrap.servers").map_or("?", String::as_str);
-    let deadline = std::time::Instant::now() + METADATA_WAIT;
-    let md = loop {
-        match consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) {
-            Ok(md) => break md,
-            Err(e) => {
-                // Error events reach the context only when the client is polled.
-                let _ = consumer.poll(Duration::ZERO);
-                let ctx = consumer.context();
-                if ctx.permanent() || std::time::Instant::now() >= deadline {
-                    let cause = ctx.last().unwrap_or_else(|| e.to_string());
-                    bail!(
-                        "fetching metadata of topic {topic} from {bootstrap}: {cause}; check bootstrap.servers, security.protocol, the SASL credentials and ssl.ca.location"
-                    );
-                }
-            }
-        }
-    };
+    // Retried while the cluster is unreachable; an authentication or TLS failure ends it at once.
+    let md = crate::retry::retry_sleeping(
+        crate::core::retry::Backoff::METADATA,
+        || {
+            consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(1))
+                .inspect_err(|_| {
+                    // Error events reach the context only when the client is polled.
+                    let _ = consumer.poll(Duration::ZERO);
+                })
+        },
+        |_| !consumer.context().permanent(),
+    )
+    .map_err(|e| {
+        let cause = consumer.context().last().unwrap_or_else(|| e.to_string());
+        anyhow::anyhow!(
+            "fetching metadata of topic {topic} from {bootstrap}: {cause}; check bootstrap.servers, security.protocol, the SASL credentials and ssl.ca.location"
+        )
+    })?;
     let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
@@ -130,14 +129,18 @@ pub fn ensure_topic(props: &BTreeMap<String, String>, topic: &str, partitions: u
         }
     }
     // Metadata propagates asynchronously: wait (bounded) until the topic is visible.
-    let deadline = std::time::Instant::now() + METADATA_WAIT;
-    while std::time::Instant::now() < deadline {
-        if partition_count(props, topic)? == Some(partitions) {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!("topic {topic} did not appear within {METADATA_WAIT:?} of its creation")
+    crate::retry::retry_sleeping(
+        crate::core::retry::Backoff::METADATA,
+        || match partition_count(props, topic) {
+            Ok(Some(n)) if n == partitions => Ok(()),
+            Ok(_) => Err(None),
+            Err(e) => Err(Some(e)),
+        },
+        Option::is_none,
+    )
+    .map_err(|e| {
+        e.unwrap_or_else(|| anyhow::anyhow!("topic {topic} did not appear after its creation"))
+    })
 }
 
 /// The high watermark librdkafka cached from the partition's last fetch response (no network call),

@@ -656,23 +656,21 @@ impl Inner {
     }
 }
 
+/// Seeks under [`Backoff::SEEK`](crate::core::retry::Backoff::SEEK): librdkafka refuses a seek
+/// until the partition's fetcher is set up, and while the broker is briefly away.
 fn seek(consumer: &Kc, topic: &str, p: PartitionId, offset: u64) -> KafkaResult<()> {
-    let mut last = None;
-    for _ in 0..50 {
-        match consumer.seek(
-            topic,
-            p as i32,
-            Offset::Offset(offset as i64),
-            Duration::from_secs(5),
-        ) {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                last = Some(e);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-    Err(last.expect("error"))
+    crate::retry::retry_sleeping(
+        crate::core::retry::Backoff::SEEK,
+        || {
+            consumer.seek(
+                topic,
+                p as i32,
+                Offset::Offset(offset as i64),
+                Duration::from_secs(1),
+            )
+        },
+        |_| true,
+    )
 }
 
 /// The consumer context: turns rebalance callbacks into core events, in the callback.
@@ -903,9 +901,9 @@ fn handle_failure(
             info!(job = %setup.job, worker = %setup.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
             pause_then_restart(setup, inner, consumer, Duration::from_millis(backoff_ms))
         }
-        Verdict::Restart => {
-            info!(job = %setup.job, worker = %setup.worker, reason = %f, "restarting the worker from the store");
-            pause_then_restart(setup, inner, consumer, Duration::from_millis(200))
+        Verdict::Restart { backoff_ms } => {
+            info!(job = %setup.job, worker = %setup.worker, reason = %f, backoff_ms, "restarting the worker from the store");
+            pause_then_restart(setup, inner, consumer, Duration::from_millis(backoff_ms))
         }
     }
 }
