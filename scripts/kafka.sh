@@ -12,6 +12,7 @@
 #   scripts/kafka.sh tool CLASS [ARGS]   run a Kafka tool class with the broker's classpath, e.g.
 #        scripts/kafka.sh tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --describe ...
 #   scripts/kafka.sh clean       stop and delete its data
+#   scripts/kafka.sh halt / resume   stop the broker keeping its data and ports, start it again
 #
 # Jars come from Maven Central via scripts/kafka/pom.xml (once). State lives in $KB_RUN_DIR
 # (default .run/kafka): data/, kafka.log, server.properties, pid, bootstrap. The port is $KB_KAFKA_PORT
@@ -94,13 +95,20 @@ PROPS
   java_run kafka.tools.StorageTool format --standalone -t "$(java_run kafka.tools.StorageTool random-uuid)" \
     -c "$run/server.properties" --add-scram 'SCRAM-SHA-512=[name=kb,password=kb-test-secret]' \
     >"$run/format.log" 2>&1
+  echo "127.0.0.1:$port" > "$run/bootstrap"
+  echo "127.0.0.1:$sport" > "$run/sasl_bootstrap"
+  echo "$certs/ca.crt" > "$run/ca"
+  launch
+}
+
+# Runs the broker on the existing data and properties; waits until it serves.
+launch() {
+  local port; port="$(cat "$run/bootstrap")"; port="${port##*:}"
+  : > "$run/kafka.log"
   nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" -Dkafka.logs.file="$run/kafka.log" \
     -cp "$(classpath)" kafka.Kafka "$run/server.properties" >"$run/stdout.log" 2>&1 &
   echo $! > "$run/pid"
-  echo "127.0.0.1:$port" > "$run/bootstrap"
-  echo "127.0.0.1:$sport" > "$run/sasl_bootstrap"
-  echo "$certs/ca.crt" > "$run/ca"
   for _ in $(seq 1 120); do
     if grep -q "Kafka Server started" "$run/kafka.log" 2>/dev/null && port_open "$port"; then
       cat "$run/bootstrap"; return 0
@@ -136,5 +144,7 @@ case "${1:-}" in
   tool) shift; jars; java -Xmx512m -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
           -Dkafka.logs.file="$run/tools.log" -cp "$(classpath)" "$@" ;;
   clean) stop; rm -rf "$run" ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  halt) stop ;;   # stop the broker, keeping its data, ports and topics (outage tests)
+  resume) is_running && cat "$run/bootstrap" || launch ;;   # start it again after halt
+  *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
 # A real PostgreSQL (Debian package) for tests, CI and benchmarks, run as the `postgres` user.
 #
 #   scripts/postgres.sh start   start (idempotent), create database kafka_backfill, print its URL
-#   scripts/postgres.sh stop    stop it
+#   scripts/postgres.sh stop    stop it (start brings it back with its data)
+#   scripts/postgres.sh restart pg_ctl restart (outage tests)
 #   scripts/postgres.sh url     print the URL of the running server
 #   scripts/postgres.sh tls-url print a URL that connects with sslmode=verify-full to the test CA
 #
@@ -42,6 +43,7 @@ start() {
 case "${1:-}" in
   start) start ;;
   stop) as_pg "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true ;;
+  restart) as_pg "$bin/pg_ctl" -D "$dir" -m fast -w -t 60 restart >/dev/null ;;
   url) ready && echo "$url" ;;
   tls-url) ready && echo "$url?sslmode=verify-full&sslrootcert=$("$here/certs.sh")/ca.crt" ;;
   *) sed -n '2,8p' "$0"; exit 2 ;;

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub http_rejected: prometheus::IntCounter,
     /// 1 while a worker's state store does not answer, else 0.
     pub store_unreachable: IntGaugeVec,
+    /// Errors librdkafka reported (brokers away, authentication), per job.
+    pub kafka_errors: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -75,6 +77,7 @@ impl Metrics {
             .expect("register");
         Metrics {
             http_rejected,
+            kafka_errors: counter(&r, "kafka_backfill_kafka_client_errors_total", "Errors the Kafka client reported (brokers away, authentication).", &["job_name"]),
             store_unreachable: gauge(&r, "kafka_backfill_store_unreachable", "1 while a worker's state store does not answer.", &["job_name", "worker"]),
             phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job_name", "worker", "phase"]),
             snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job_name"]),

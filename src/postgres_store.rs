@@ -133,16 +133,27 @@ fn classify(e: postgres::Error) -> StoreError {
                 || c == "55P03"
         }
     };
+    // "db error" alone tells an operator nothing: the server's message (and column) or the
+    // underlying I/O cause.
+    let message = match e.as_db_error() {
+        Some(db) => match db.column() {
+            Some(col) => format!("PostgreSQL: {} (column {col})", db.message()),
+            None => format!("PostgreSQL: {}", db.message()),
+        },
+        None => {
+            let mut m = format!("PostgreSQL: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                m.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            m
+        }
+    };
     if transient || e.is_closed() {
-        StoreError::Backend(e.to_string())
+        StoreError::Backend(message)
     } else {
-        StoreError::Rejected(match e.as_db_error() {
-            Some(db) => match db.column() {
-                Some(col) => format!("{} (column {col})", db.message()),
-                None => db.message().to_string(),
-            },
-            None => e.to_string(),
-        })
+        StoreError::Rejected(message)
     }
 }
 
@@ -184,11 +195,19 @@ impl PostgresStore {
     /// [`Backoff::STORE`] (it is idempotent); a permanent one returns at once.
     fn with_tx<T>(
         &mut self,
+        f: impl FnMut(&mut Transaction<'_>, &TableSchema, &str) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.with_tx_under(Backoff::STORE, f)
+    }
+
+    fn with_tx_under<T>(
+        &mut self,
+        policy: Backoff,
         mut f: impl FnMut(&mut Transaction<'_>, &TableSchema, &str) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let url = self.url.clone();
         crate::retry::retry_sleeping(
-            Backoff::STORE,
+            policy,
             || {
                 if self.client.is_closed() {
                     self.client = crate::pg_tls::connect(&url).map_err(connect_error)?;
@@ -312,8 +331,10 @@ impl StateStore for PostgresStore {
         Ok(row)
     }
 
+    /// One attempt, no retry: the worker's once-a-second look (generation, reachability) must
+    /// answer at once.
     fn job(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
-        self.with_tx(|tx, _, _| job_row(tx, job, false))
+        self.with_tx_under(Backoff::ONCE, |tx, _, _| job_row(tx, job, false))
     }
 
     fn claim(

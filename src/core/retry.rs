@@ -18,6 +18,12 @@ impl Backoff {
         max_ms: 2_000,
         deadline_ms: 30_000,
     };
+    /// No retry: one attempt.
+    pub const ONCE: Backoff = Backoff {
+        initial_ms: 0,
+        max_ms: 0,
+        deadline_ms: 0,
+    };
     /// A consumer seek while the broker is briefly away.
     pub const SEEK: Backoff = Backoff {
         initial_ms: 50,

@@ -130,6 +130,18 @@ fn now_ms() -> u64 {
 
 type Kc = BaseConsumer<Ctx>;
 
+/// A store error as the supervisor sees it: transient → unavailable (restart, bounded), fencing →
+/// fenced, anything else fatal.
+fn store_failure(e: StoreError) -> WorkerFailure {
+    if e.is_transient() {
+        WorkerFailure::Unavailable(e.to_string())
+    } else if e.is_fenced() {
+        WorkerFailure::Fenced(e.to_string())
+    } else {
+        WorkerFailure::Fatal(e.to_string())
+    }
+}
+
 impl Inner {
     fn label(&self) -> [&str; 2] {
         [self.setup.job.as_str(), self.setup.worker.as_str()]
@@ -138,13 +150,13 @@ impl Inner {
     fn start_executor(&mut self) -> Result<(), WorkerFailure> {
         // A fresh committer: the old one may hold checkpoints of the failed executor.
         let _ = self.committer.drain();
-        let store = (self.setup.open_store)().map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
+        let store = (self.setup.open_store)().map_err(store_failure)?;
         self.committer = crate::kafka::committer::Committer::start(self.setup.job.clone(), store);
         let info = self.setup.snapshot.info().clone();
         let row = self
             .store
             .ensure_job(&self.setup.job, &info)
-            .map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
+            .map_err(store_failure)?;
         let spec = JobSpec {
             topic: self.setup.topic.clone(),
             snapshot_epoch: info.snapshot_epoch,
@@ -678,7 +690,19 @@ pub struct Ctx {
     inner: Arc<Mutex<Inner>>,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    /// librdkafka's own errors (a broker away, authentication): visible in `/status` `last_error`
+    /// and counted while they last; librdkafka reconnects by itself.
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        warn!(error = %error, reason, "Kafka client error");
+        let mut inner = self.inner.lock().unwrap();
+        metrics()
+            .kafka_errors
+            .with_label_values(&[&inner.setup.job])
+            .inc();
+        inner.last_error = Some(format!("Kafka: {reason}"));
+    }
+}
 
 impl ConsumerContext for Ctx {
     fn rebalance(
@@ -914,16 +938,36 @@ fn pause_then_restart(
     consumer: &Kc,
     backoff: Duration,
 ) -> Result<()> {
-    let until = Instant::now() + backoff;
-    while Instant::now() < until && !setup.shutdown.load(Ordering::SeqCst) {
-        // Keep serving the group (heartbeats, callbacks) while backing off; the executor is gone, so
-        // callbacks only (un)assign.
-        let _ = consumer.poll(Duration::from_millis(20));
-    }
-    let mut g = inner.lock().unwrap();
-    if let Err(f) = g.start_executor() {
-        return Err(anyhow!("{f}"));
-    }
+    let mut backoff = backoff;
+    let mut g = loop {
+        let until = Instant::now() + backoff;
+        while Instant::now() < until && !setup.shutdown.load(Ordering::SeqCst) {
+            // Keep serving the group (heartbeats, callbacks) while backing off; the executor is
+            // gone, so callbacks only (un)assign.
+            let _ = consumer.poll(Duration::from_millis(20));
+        }
+        let mut g = inner.lock().unwrap();
+        match g.start_executor() {
+            Ok(()) => break g,
+            Err(f) => {
+                g.last_error = Some(f.to_string());
+                g.publish();
+                drop(g);
+                // The store is still away (or worse): the supervisor decides, within its bound.
+                match setup.supervisor.lock().unwrap().on_failure(&f, 0, now_ms()) {
+                    Verdict::Restart { backoff_ms } => {
+                        warn!(job = %setup.job, worker = %setup.worker, reason = %f, backoff_ms, "restart failed; retrying");
+                        backoff = Duration::from_millis(backoff_ms);
+                    }
+                    Verdict::Stop { reason } => {
+                        error!(job = %setup.job, worker = %setup.worker, %reason, "job stopped");
+                        return Err(anyhow!("job {} stopped: {reason}", setup.job));
+                    }
+                    Verdict::Recreate { .. } => return Err(anyhow!("{f}")),
+                }
+            }
+        }
+    };
     let assigned: Vec<PartitionId> = consumer
         .assignment()
         .map(|t| {

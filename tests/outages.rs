@@ -1,0 +1,141 @@
+//! Outages survived, on real processes: PostgreSQL stopped and started again, and the Kafka broker
+//! halted for 20 s, both in the middle of the log-store phase. The job resumes and ends exactly
+//! equal to `verify`'s expectation; the outage shows in `/status` and a metric while it lasts.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::{free_port, http_get, pg_url, serial, Fixture};
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn script(name: &str, arg: &str) {
+    let out = Command::new("bash")
+        .arg(format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR")))
+        .arg(arg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/{name} {arg}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn status(addr: &str) -> serde_json::Value {
+    let (_, body) = http_get(&format!("http://{addr}/status"));
+    serde_json::from_str(&body).unwrap_or_default()
+}
+
+/// Waits until `/status` satisfies `ok` for the first worker.
+fn wait_status(addr: &str, within: Duration, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = status(addr);
+        if ok(&s["jobs"][0]["workers"][0]) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn postgres_stopped_and_started_mid_log_store_then_verify_is_exact() {
+    let _g = serial();
+    let url = pg_url();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let f = Fixture::new(&format!("pgout{stamp}"), 1, "max_rows_per_second = 4000");
+    f.use_postgres(&url);
+    let addr = format!("127.0.0.1:{}", free_port());
+    f.set_http(&addr);
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "1000",
+        "--changes",
+        "40000",
+        "--epoch-changes",
+        "200",
+    ]);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    run.wait_for("to=\"log_store\"", 2 * MIN);
+    script("postgres.sh", "stop");
+    // Observed, not slept on: the worker reports the store unreachable and /readyz turns 503.
+    wait_status(&addr, MIN, "store unreachable", |w| {
+        w["store_reachable"] == false
+    });
+    let (code, _) = http_get(&format!("http://{addr}/readyz"));
+    assert_eq!(code, 503, "not ready while the store is away");
+    let (_, metrics) = http_get(&format!("http://{addr}/metrics"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kafka_backfill_store_unreachable{") && l.ends_with(" 1")),
+        "the gauge shows the outage"
+    );
+    let s = status(&addr);
+    let last_error = s["jobs"][0]["workers"][0]["last_error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        last_error.contains("PostgreSQL") || last_error.contains("unavailable"),
+        "last_error names the outage: {s}"
+    );
+    script("postgres.sh", "start");
+    let status = run.wait_exit(3 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    let out = f.verify();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+}
+
+#[test]
+fn the_broker_halted_for_20_s_mid_log_store_then_verify_is_exact() {
+    let _g = serial();
+    let f = Fixture::new("kafkaout", 1, "max_rows_per_second = 4000");
+    let addr = format!("127.0.0.1:{}", free_port());
+    f.set_http(&addr);
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "1000",
+        "--changes",
+        "40000",
+        "--epoch-changes",
+        "200",
+    ]);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    run.wait_for("to=\"log_store\"", 2 * MIN);
+    script("kafka.sh", "halt");
+    wait_status(&addr, MIN, "a Kafka error", |w| {
+        w["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("Kafka: "))
+    });
+    let (_, metrics) = http_get(&format!("http://{addr}/metrics"));
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("kafka_backfill_kafka_client_errors_total{") && !l.ends_with(" 0")
+        ),
+        "the counter shows the outage"
+    );
+    // The outage lasts 20 s (the point of the test, not a synchronisation).
+    std::thread::sleep(Duration::from_secs(20));
+    script("kafka.sh", "resume");
+    let status = run.wait_exit(3 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    let out = f.verify();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+}
