@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The test command README gives: starts the real Kafka broker if needed, then runs every test.
+# The test command README gives: installs what the tests need and the machine lacks
+# (scripts/deps.sh), starts the real Kafka broker and PostgreSQL if needed, then runs every test.
 # KAFKA_BOOTSTRAP points integration tests at the broker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/deps.sh
 KAFKA_BOOTSTRAP="$(scripts/kafka.sh start)"
 export KAFKA_BOOTSTRAP
 scripts/postgres.sh start >/dev/null
 export SIM_SEEDS="${SIM_SEEDS:-1000}"
-cargo test --lib --bins --tests -- --nocapture 2>&1 | grep -vE '^test .* \.\.\. ok$'
+# --no-fail-fast: one failing target does not hide the others' results.
+cargo test --no-fail-fast --lib --bins --tests -- --nocapture 2>&1 | grep --line-buffered -vE '^test .* \.\.\. ok$'
 exit "${PIPESTATUS[0]}"

