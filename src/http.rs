@@ -175,6 +175,13 @@ pub fn spawn(
     let std_listener =
         std::net::TcpListener::bind(listen).with_context(|| format!("http.listen = {listen:?}"))?;
     std_listener.set_nonblocking(true)?;
+    // A deeper accept queue than std's 128, so a burst of connections waits in the kernel instead
+    // of stalling in SYN retransmits while the accept loop catches up.
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: listen(2) on a socket this function owns; a failure leaves the old backlog.
+        let _ = unsafe { libc::listen(std_listener.as_raw_fd(), 4096) };
+    }
     let addr = std_listener.local_addr()?;
     std::thread::Builder::new()
         .name("http".into())

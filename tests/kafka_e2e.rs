@@ -147,7 +147,17 @@ fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
     let _g = serial();
     let f = Fixture::new("streamjoin", 1, "");
     f.produce(&["--partitions", "4", "--rows", "1000", "--changes", "1000"]);
+    // Only `a` serves HTTP (both read the same file at start-up).
+    let addr = format!("127.0.0.1:{}", support::free_port());
+    f.set_http(&addr);
     let mut a = f.spawn_run("a", &[]);
+    a.wait_for("serving /metrics", MIN);
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(
+        &f.config,
+        text.replace(&format!("listen = \"{addr}\""), "listen = \"\""),
+    )
+    .unwrap();
     a.wait_for("to=\"streaming\"", MIN);
     // More changes arrive, continuing the same log, while a second consumer joins and then leaves.
     let writer = f.append(&[
@@ -163,6 +173,37 @@ fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
     std::thread::sleep(Duration::from_secs(1));
     let mut b = f.spawn_run("b", &[]);
     b.wait_for("partitions assigned", MIN);
+    // The lag series `a` exports are those of the partitions it owns: a revoked partition's series
+    // is removed (its new owner reports it).
+    let deadline = std::time::Instant::now() + MIN;
+    loop {
+        let (_, status) = support::http_get(&format!("http://{addr}/status"));
+        let (_, metrics) = support::http_get(&format!("http://{addr}/metrics"));
+        let v: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+        let owned: std::collections::BTreeSet<String> = v["jobs"][0]["workers"][0]["partitions"]
+            .as_array()
+            .map(|ps| ps.iter().map(|p| p["partition"].to_string()).collect())
+            .unwrap_or_default();
+        let series: std::collections::BTreeSet<String> = metrics
+            .lines()
+            .filter(|l| l.starts_with("kafka_backfill_partition_lag{"))
+            .filter_map(|l| {
+                l.split("partition=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(str::to_string)
+            })
+            .collect();
+        if owned.len() < 4 && !owned.is_empty() && series == owned {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lag series {series:?} for owned partitions {owned:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     std::thread::sleep(Duration::from_secs(2));
     b.signal("TERM");
     assert!(

@@ -248,7 +248,7 @@ fn a_second_signal_exits_at_once() {
 fn a_connection_flood_neither_stops_livez_nor_the_job() {
     let _g = serial();
     // Throttled, so the job is still running while the flood is on.
-    let f = Fixture::new("flood", 1, "max_rows_per_second = 1500");
+    let f = Fixture::new("flood", 1, "max_rows_per_second = 600");
     let addr = format!("127.0.0.1:{}", free_port());
     f.set_http(&addr);
     f.produce(&["--partitions", "2", "--rows", "3000", "--changes", "6000"]);
