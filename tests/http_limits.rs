@@ -99,8 +99,9 @@ fn two_thousand_idle_connections_do_not_stop_livez() {
     let (code, body) = get(addr, "/livez");
     assert_eq!(code, 200, "{body}");
     assert!(body.ends_with("ok\n"), "{body}");
+    // Well under the 5 s header timeout: /livez did not wait for idle connections to be cut.
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(3),
         "/livez took {:?} beside 2,000 idle connections",
         started.elapsed()
     );

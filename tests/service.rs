@@ -260,7 +260,8 @@ fn a_connection_flood_neither_stops_livez_nor_the_job() {
     let started = Instant::now();
     let (code, body) = http_get(&format!("http://{addr}/livez"));
     assert_eq!((code, body.as_str()), (200, "ok\n"));
-    assert!(started.elapsed() < Duration::from_secs(2));
+    // Under the 5 s header timeout: /livez did not wait for idle connections to be cut.
+    assert!(started.elapsed() < Duration::from_secs(4));
     let status = run.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "{}", support::tail(&run.log_text()));
     drop(idle);
