@@ -115,6 +115,7 @@ fn produce(
         append: false,
         table: Default::default(),
         kafka_properties: Default::default(),
+        transactional: false,
     })
     .unwrap()
 }

@@ -106,8 +106,11 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
     if !job.kafka.contains_key("group.id") {
         config.set("group.id", job.group_id());
     }
+    // What the service reads: committed transactions only (aborted records and commit markers are
+    // not part of the log a job applies).
     let consumer: BaseConsumer = config
         .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
         .create()
         .context("creating the consumer")?;
     let topic = &job.topic;
@@ -198,6 +201,11 @@ fn check_partition(
     let mut last_progress = Instant::now();
     while next < high {
         let Some(m) = consumer.poll(Duration::from_millis(500)) else {
+            // Past a trailing transaction marker (or aborted records) there is nothing to deliver:
+            // the consumer's position says how far it has read.
+            if consumer_position(consumer, topic, p).is_some_and(|pos| pos >= high) {
+                break;
+            }
             if last_progress.elapsed() > READ_TIMEOUT {
                 report.violation(
                     max_report,
@@ -253,5 +261,18 @@ fn describe(r: &LogRecord) -> String {
     match r {
         LogRecord::Barrier(b) => format!("the barrier {} -> {}", b.prev, b.curr),
         LogRecord::Change(c) => format!("a change of epoch {}", c.epoch),
+    }
+}
+
+/// The consumer's position in `partition` (the next offset it will return), if known.
+pub fn consumer_position<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: u32,
+) -> Option<u64> {
+    let tpl = consumer.position().ok()?;
+    match tpl.find_partition(topic, partition as i32)?.offset() {
+        Offset::Offset(o) if o >= 0 => Some(o as u64),
+        _ => None,
     }
 }

@@ -147,6 +147,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         append: false,
         table: Default::default(),
         kafka_properties: Default::default(),
+        transactional: false,
     })?;
     println!(
         "snapshot at epoch {} ({} rows) and log written; the table at the last checkpoint has {} rows",

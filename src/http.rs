@@ -88,18 +88,29 @@ pub fn status_json(board: &StatusBoard) -> Value {
     json!({ "jobs": jobs })
 }
 
-/// Ready when every known worker runs an executor that owns partitions and reaches its store.
+/// Ready (Kubernetes may route to it) when every known worker has joined its group — owning no
+/// partition is still ready — and reaches its state store.
 pub fn ready(board: &StatusBoard) -> bool {
     let board = board.lock().unwrap();
     !board.is_empty()
         && board.values().all(|ws| {
-            ws.values().all(|r| {
-                r.store_reachable
-                    && r.status
-                        .as_ref()
-                        .is_some_and(|s| s.phase != crate::core::Phase::Unassigned)
-            })
+            ws.values()
+                .all(|r| r.store_reachable && r.status.as_ref().is_some_and(|s| s.joined))
         })
+}
+
+/// A worker whose loop has not reported for this long is stuck: `/livez` fails (the worker reports
+/// every 0.5 s, and at most 30 s pass in a restart backoff).
+pub const LIVENESS_STALL: Duration = Duration::from_secs(60);
+
+/// Live (Kubernetes keeps it) while every worker's loop keeps reporting. A worker that stopped on a
+/// fatal error ends the process, so it needs no rule here.
+pub fn live(board: &StatusBoard) -> bool {
+    let board = board.lock().unwrap();
+    board.values().all(|ws| {
+        ws.values()
+            .all(|r| r.reported_at.is_none_or(|t| t.elapsed() < LIVENESS_STALL))
+    })
 }
 
 /// How the endpoint protects itself (`[http]` in the configuration).
@@ -134,7 +145,19 @@ fn router(board: StatusBoard) -> Router {
                 )
             }),
         )
-        .route("/livez", route_get(|| async { "ok\n" }))
+        .route(
+            "/livez",
+            route_get(|State(board): State<StatusBoard>| async move {
+                if live(&board) {
+                    (StatusCode::OK, "ok\n")
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "a worker's loop has stopped\n",
+                    )
+                }
+            }),
+        )
         .route(
             "/readyz",
             route_get(|State(board): State<StatusBoard>| async move {
@@ -278,4 +301,67 @@ pub fn get(url: &str) -> Result<(u16, String)> {
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string());
     Ok((code, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Event, Executor, JobSpec, LocalCheckpointPolicy, PartitionMap};
+    use crate::kafka::worker::WorkerReport;
+    use std::time::Instant;
+
+    fn board_with(joined: bool, store_reachable: bool, reported: Duration) -> StatusBoard {
+        let mut x = Executor::new(
+            JobSpec {
+                topic: "t".into(),
+                snapshot_epoch: crate::core::Epoch(1 << 16),
+                map: PartitionMap::new(8, 2).unwrap(),
+                generation: 0,
+                worker: "w".into(),
+                local_checkpoint: LocalCheckpointPolicy {
+                    max_rows: 10,
+                    max_interval_ms: 10,
+                },
+                max_epochs_ahead: 4,
+            },
+            0,
+        );
+        if joined {
+            x.handle(Event::Assigned(vec![])).unwrap(); // a member that owns nothing
+        }
+        let board = crate::job::new_board();
+        board.lock().unwrap().entry("j".into()).or_default().insert(
+            "w".into(),
+            WorkerReport {
+                status: Some(x.status()),
+                store_reachable,
+                reported_at: Instant::now().checked_sub(reported),
+                ..Default::default()
+            },
+        );
+        board
+    }
+
+    #[test]
+    fn ready_means_joined_and_store_reachable_even_with_no_partition() {
+        assert!(ready(&board_with(true, true, Duration::ZERO)));
+        assert!(
+            !ready(&board_with(false, true, Duration::ZERO)),
+            "not joined yet"
+        );
+        assert!(
+            !ready(&board_with(true, false, Duration::ZERO)),
+            "store away"
+        );
+    }
+
+    #[test]
+    fn live_until_a_workers_loop_stops_reporting() {
+        assert!(live(&board_with(true, true, Duration::from_secs(1))));
+        assert!(!live(&board_with(
+            true,
+            true,
+            LIVENESS_STALL + Duration::from_secs(1)
+        )));
+    }
 }

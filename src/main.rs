@@ -88,6 +88,10 @@ enum Command {
         /// a value may be ${ENV}).
         #[arg(short = 'X', long = "property", value_name = "KEY=VALUE")]
         properties: Vec<String>,
+        /// Write with a transactional producer: a transaction per checkpoint, and some aborted
+        /// transactions of deletes that must never be applied.
+        #[arg(long)]
+        transactional: bool,
     },
     /// Check a job's snapshot and log topic against the wire contract without materialising
     /// anything: every violation is listed; exit 1 if there is any.
@@ -328,6 +332,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             append,
             table,
             properties,
+            transactional,
         } => {
             init_logs(LogFormat::Text, None);
             let w = Workload {
@@ -349,6 +354,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 append,
                 table,
                 kafka_properties: kafka_backfill::config::parse_properties(&properties)?,
+                transactional,
             };
             let r = workload::produce(&w)?;
             if append {

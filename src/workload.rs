@@ -204,6 +204,10 @@ pub struct Workload {
     pub table: TableKind,
     /// More librdkafka properties for every client (security: `security.protocol`, SASL, TLS).
     pub kafka_properties: BTreeMap<String, String>,
+    /// Write with a transactional producer: one transaction per checkpoint (committed at its
+    /// checkpoint barrier), and after every third one a transaction of deletes that is aborted
+    /// (a consumer that applied aborted records would lose those rows).
+    pub transactional: bool,
 }
 
 impl Workload {
@@ -381,7 +385,14 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         failed: Arc::new(AtomicU64::new(0)),
         first_error: Default::default(),
     };
-    let producer: BaseProducer<Ctx> = crate::kafka::admin::client_config(&props)
+    let mut pconfig = crate::kafka::admin::client_config(&props);
+    if w.transactional {
+        pconfig.set(
+            "transactional.id",
+            format!("kafka-backfill-writer-{}", w.topic),
+        );
+    }
+    let producer: BaseProducer<Ctx> = pconfig
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .set("batch.num.messages", "10000")
@@ -389,6 +400,12 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         .set("queue.buffering.max.kbytes", "1048576")
         .create_with_context(ctx)
         .context("creating the producer")?;
+    if w.transactional {
+        producer
+            .init_transactions(Duration::from_secs(30))
+            .context("initialising transactions")?;
+        producer.begin_transaction()?;
+    }
     let writer = Writer {
         producer,
         codec: &codec,
@@ -451,13 +468,20 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             kind: BarrierKind::Initial,
         })?;
         writer.producer.flush(Duration::from_secs(60))?;
+        if w.transactional {
+            writer
+                .producer
+                .commit_transaction(Duration::from_secs(60))?;
+        }
         let probe: BaseConsumer = crate::kafka::admin::client_config(&props).create()?;
         let mut start = Vec::new();
         for p in 0..w.partitions {
             let (_, high) = probe.fetch_watermarks(&w.topic, p as i32, Duration::from_secs(10))?;
+            // A transaction's commit marker takes the offset after the barrier.
+            let after_barrier = high as u64 - u64::from(w.transactional);
             start.push(PartitionProgress {
                 partition: p,
-                next_offset: high as u64,
+                next_offset: after_barrier,
                 epoch,
                 streaming: false,
             });
@@ -469,6 +493,10 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     };
 
     // Changes and barriers.
+    if w.transactional {
+        writer.producer.begin_transaction()?;
+    }
+    let mut transactions = 0u64;
     let tty = w.progress && std::io::stderr().is_terminal();
     let mut barriers = 0u64;
     let mut in_epoch = 0u64;
@@ -522,6 +550,24 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             if kind == BarrierKind::Checkpoint {
                 last_checkpoint = epoch;
                 checkpoint_rows = rows.clone();
+                if w.transactional {
+                    writer
+                        .producer
+                        .commit_transaction(Duration::from_secs(60))?;
+                    transactions += 1;
+                    if transactions % 3 == 0 {
+                        // Deletes of live rows in the open epoch, aborted: never to be applied.
+                        writer.producer.begin_transaction()?;
+                        for (key, datum) in rows.values().take(20) {
+                            writer.change(next, Op::Delete, key, datum)?;
+                        }
+                        writer.producer.flush(Duration::from_secs(60))?;
+                        writer.producer.abort_transaction(Duration::from_secs(60))?;
+                    }
+                    if !last {
+                        writer.producer.begin_transaction()?;
+                    }
+                }
             }
             epoch = next;
             in_epoch = 0;

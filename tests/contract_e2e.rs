@@ -559,3 +559,32 @@ fn a_permanent_sqlite_error_stops_at_once_and_logs_carry_no_escape_codes() {
     assert!(text.contains("INFO"), "the log has lines: {text}");
     assert!(!text.contains('\u{1b}'), "escape codes in a file: {text}");
 }
+
+/// A log written with Kafka transactions — a commit marker after every checkpoint, and aborted
+/// transactions of deletes — is read committed: nothing aborted is applied, the job catches up
+/// past the final commit marker and exits, and `check-log` passes.
+#[test]
+fn a_transactional_log_with_aborted_transactions_catches_up_exactly() {
+    let _g = serial();
+    let f = Fixture::new("txnlog", 1, "");
+    f.produce(&[
+        "--transactional",
+        "--partitions",
+        "2",
+        "--rows",
+        "400",
+        "--changes",
+        "3000",
+        "--epoch-changes",
+        "100",
+        "--checkpoint-every",
+        "2",
+    ]);
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 0, "{out}");
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    // The aborted transactions deleted live rows: had they been applied, rows would be missing.
+    verify_clean(&f, "out/expected");
+}

@@ -51,6 +51,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         append: false,
         table: Default::default(),
         kafka_properties: Default::default(),
+        transactional: false,
     })
     .unwrap();
     let mut kafka = BTreeMap::new();

@@ -145,6 +145,8 @@ pub struct WorkerStatus {
     /// that joined the group and owns no partition is caught up (the job's completion is decided
     /// over all its vnodes).
     pub caught_up: bool,
+    /// The group has answered (an assignment, possibly empty): the worker is a member.
+    pub joined: bool,
 }
 
 /// The state machine of one worker of one job generation.
@@ -272,6 +274,22 @@ impl Executor {
                         reason,
                     };
                     self.on_bad_record(partition, e, &mut out);
+                }
+                Ok(())
+            }
+            Event::ReadTo {
+                partition,
+                next_offset,
+            } => {
+                let fetching = matches!(self.phase, Phase::LogStore | Phase::Streaming);
+                let stopped = self
+                    .poison
+                    .as_ref()
+                    .is_some_and(|x| x.partition == partition);
+                if let Some(p) = self.partitions.get_mut(&partition) {
+                    if fetching && !stopped && next_offset > p.next_offset {
+                        p.next_offset = next_offset;
+                    }
                 }
                 Ok(())
             }
@@ -928,6 +946,7 @@ impl Executor {
             newest_epoch: self.newest_epoch,
             epoch_lag_seconds,
             counters: self.counters.clone(),
+            joined: self.joined,
             caught_up: self.joined && self.partitions.is_empty()
                 || (self.phase == Phase::Streaming
                     && self.partitions.values().all(|p| p.caught_up)),

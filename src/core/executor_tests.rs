@@ -599,3 +599,42 @@ fn caught_up_holds_under_continuous_writes_and_drops_when_reading_falls_behind()
     wm(&mut x, offset + 20);
     assert!(!x.status().caught_up);
 }
+
+/// A transactional log ends in a commit marker the consumer never returns: once the driver reports
+/// the consumer has read past it, the partition counts as read to its high watermark.
+#[test]
+fn read_to_moves_past_offsets_that_hold_no_records() {
+    let s = spec(1);
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    let mut claim = claimed(map, 0, true);
+    claim.progress.streaming = true;
+    x.handle(Event::Assigned(vec![claim])).unwrap();
+    x.handle(rec(0, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    // The marker sits at offset 2: the high watermark is 3, the last record was at 1.
+    let wm = |x: &mut Executor| {
+        x.handle(Event::Watermark {
+            partition: 0,
+            high: 3,
+        })
+        .unwrap();
+    };
+    wm(&mut x);
+    wm(&mut x);
+    assert!(!x.status().caught_up, "offset 2 looks unread");
+    x.handle(Event::ReadTo {
+        partition: 0,
+        next_offset: 3,
+    })
+    .unwrap();
+    wm(&mut x);
+    assert!(x.status().caught_up);
+    // A ReadTo behind what was read changes nothing.
+    x.handle(Event::ReadTo {
+        partition: 0,
+        next_offset: 1,
+    })
+    .unwrap();
+    assert_eq!(x.status().partitions[0].next_offset, 3);
+}

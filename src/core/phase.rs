@@ -89,6 +89,13 @@ pub enum Event {
         offset: u64,
         reason: String,
     },
+    /// The consumer has read `partition` up to `next_offset` (exclusive) and the driver has fed
+    /// every record it returned below it: the offsets in between hold no data records (transaction
+    /// commit markers, aborted transactions' records).
+    ReadTo {
+        partition: PartitionId,
+        next_offset: u64,
+    },
     /// The partition's high watermark (offset after its last message), as last seen by the driver.
     Watermark { partition: PartitionId, high: u64 },
     /// Wall-clock time, for local checkpoints.

@@ -10,7 +10,12 @@ pub mod worker;
 
 /// The consumer properties kafka-backfill owns, with the value it sets and why: the one list the
 /// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (README "Configuration").
-pub const MANAGED_CONSUMER_KEYS: [(&str, &str, &str); 5] = [
+pub const MANAGED_CONSUMER_KEYS: [(&str, &str, &str); 6] = [
+    (
+        "isolation.level",
+        "read_committed",
+        "records of aborted transactions are never applied; a transactional log catches up past its commit markers",
+    ),
     (
         "enable.auto.commit",
         "false",

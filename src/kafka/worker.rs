@@ -49,6 +49,8 @@ pub struct WorkerReport {
     pub recreations: u64,
     /// The state store answered the last look (every 0.5 s); `/readyz` is false while it does not.
     pub store_reachable: bool,
+    /// When the worker's loop last reported (every 0.5 s while it runs); `/livez` fails when it stops.
+    pub reported_at: Option<Instant>,
 }
 
 /// Shared between the workers of a process and the HTTP endpoints.
@@ -594,11 +596,39 @@ impl Inner {
                     if let Some(high) = high {
                         self.feed(consumer, Event::Watermark { partition: p, high });
                     }
+                    self.report_read_position(consumer, p);
                 }
             }
             self.publish();
         }
         self.feed(consumer, Event::Tick { now_ms: now_ms() });
+    }
+
+    /// Tells the executor how far the consumer has read `p` when that is past the last record it
+    /// returned (transaction markers and aborted records are never returned), and only once every
+    /// returned record has been fed.
+    fn report_read_position(&mut self, consumer: &Kc, p: PartitionId) {
+        let Some(exec) = &self.exec else { return };
+        let fed = exec
+            .status()
+            .partitions
+            .iter()
+            .find(|s| s.partition == p)
+            .map(|s| s.next_offset);
+        let delivered = self.position.get(&p).copied();
+        let Some(read) = crate::check_log::consumer_position(consumer, &self.setup.topic, p) else {
+            return;
+        };
+        if fed.is_some() && fed == delivered && read > fed.unwrap_or(0) {
+            self.position.insert(p, read);
+            self.feed(
+                consumer,
+                Event::ReadTo {
+                    partition: p,
+                    next_offset: read,
+                },
+            );
+        }
     }
 
     fn publish(&mut self) {
@@ -663,6 +693,7 @@ impl Inner {
                 last_error: self.last_error.clone(),
                 recreations,
                 store_reachable: self.store_reachable,
+                reported_at: Some(Instant::now()),
             },
         );
     }
