@@ -167,10 +167,7 @@ pub fn run(
     shutdown: Arc<AtomicBool>,
     board: StatusBoard,
 ) -> Result<()> {
-    let prefix = opts
-        .worker_prefix
-        .clone()
-        .unwrap_or_else(|| format!("p{}", std::process::id()));
+    let prefix = opts.worker_prefix.clone().unwrap_or_else(default_prefix);
     let mut handles: Vec<(String, JoinHandle<Result<()>>)> = Vec::new();
     let mut expected = 0usize;
     let mut stores = Vec::new();
@@ -195,6 +192,12 @@ pub fn run(
             .entry("group.id".into())
             .or_insert_with(|| job.group_id());
         for i in 0..job.workers {
+            let mut kafka = kafka.clone();
+            // Static membership: one stable, distinct instance id per worker (`<id>-<index>`), so
+            // the workers of one process do not fence each other.
+            if let Some(id) = job.kafka.get("group.instance.id") {
+                kafka.insert("group.instance.id".into(), format!("{id}-{i}"));
+            }
             let setup = WorkerSetup {
                 job: job.name.clone(),
                 topic: job.topic.clone(),
@@ -371,6 +374,19 @@ impl JobWait {
             .into());
         }
         Ok(false)
+    }
+}
+
+/// Worker names: `<host>-p<pid>` (the host name tells containers apart, where every pid is 1).
+fn default_prefix() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty());
+    match host {
+        Some(h) => format!("{h}-p{}", std::process::id()),
+        None => format!("p{}", std::process::id()),
     }
 }
 

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use apache_avro::types::Value;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
@@ -246,6 +245,8 @@ pub struct WorkloadReport {
 struct Ctx {
     failed: Arc<AtomicU64>,
     first_error: std::sync::Mutex<Option<String>>,
+    /// The highest delivered offset per partition: where the initial barrier landed.
+    delivered: std::sync::Mutex<HashMap<i32, i64>>,
 }
 
 impl ClientContext for Ctx {}
@@ -253,12 +254,20 @@ impl ClientContext for Ctx {}
 impl ProducerContext for Ctx {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-            self.first_error
-                .lock()
-                .unwrap()
-                .get_or_insert_with(|| e.to_string());
+        match result {
+            Err((e, _)) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                self.first_error
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(|| e.to_string());
+            }
+            Ok(m) => {
+                use rdkafka::Message;
+                let mut d = self.delivered.lock().unwrap();
+                let o = d.entry(m.partition()).or_insert(-1);
+                *o = (*o).max(m.offset());
+            }
         }
     }
 }
@@ -384,6 +393,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     let ctx = Ctx {
         failed: Arc::new(AtomicU64::new(0)),
         first_error: Default::default(),
+        delivered: Default::default(),
     };
     let mut pconfig = crate::kafka::admin::client_config(&props);
     if w.transactional {
@@ -473,15 +483,21 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 .producer
                 .commit_transaction(Duration::from_secs(60))?;
         }
-        let probe: BaseConsumer = crate::kafka::admin::client_config(&props).create()?;
+        // The offset just after the initial barrier, from its delivery report (the high watermark
+        // would also count a transaction's commit marker, and may lag the delivery).
+        let delivered = writer.producer.context().delivered.lock().unwrap().clone();
         let mut start = Vec::new();
         for p in 0..w.partitions {
-            let (_, high) = probe.fetch_watermarks(&w.topic, p as i32, Duration::from_secs(10))?;
-            // A transaction's commit marker takes the offset after the barrier.
-            let after_barrier = high as u64 - u64::from(w.transactional);
+            let at = delivered
+                .get(&(p as i32))
+                .copied()
+                .filter(|o| *o >= 0)
+                .with_context(|| {
+                    format!("no delivery report for the initial barrier in partition {p}")
+                })?;
             start.push(PartitionProgress {
                 partition: p,
-                next_offset: after_barrier,
+                next_offset: at as u64 + 1,
                 epoch,
                 streaming: false,
             });

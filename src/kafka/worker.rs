@@ -732,6 +732,19 @@ impl ClientContext for Ctx {
             .with_label_values(&[&inner.setup.job])
             .inc();
         inner.last_error = Some(format!("Kafka: {reason}"));
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal) {
+            // E.g. FENCED_INSTANCE_ID: another member took this group.instance.id. librdkafka
+            // will not recover; the worker stops (and the process exits, failing /livez).
+            let fenced = reason.contains("FENCED_INSTANCE_ID") || reason.contains("instance");
+            inner.fail(WorkerFailure::Fatal(format!(
+                "fatal Kafka error: {reason}{}",
+                if fenced {
+                    "; another consumer joined with this worker's group.instance.id — give every worker a distinct one"
+                } else {
+                    ""
+                }
+            )));
+        }
     }
 }
 
@@ -858,6 +871,13 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
             g.commit_group_offsets_sync(&consumer);
             g.exec = None;
             drop(g);
+            if setup.kafka.contains_key("group.instance.id") {
+                // A static member closes without leaving the group (dropping the consumer closes
+                // it): restarted within session.timeout.ms it gets its partitions back with no
+                // rebalance, so a log-store phase survives a rolling restart.
+                info!(job = %setup.job, worker = %setup.worker, "worker stopped (static member: the group keeps its partitions)");
+                return Ok(());
+            }
             consumer.unsubscribe();
             let deadline = Instant::now() + Duration::from_secs(2);
             while Instant::now() < deadline {
