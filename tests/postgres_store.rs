@@ -206,16 +206,7 @@ fn a_postgres_table_as_the_snapshot_source() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("exported 5000 rows"));
-    let text = std::fs::read_to_string(&f.config).unwrap();
-    let start = text.find("[jobs.snapshot]").unwrap();
-    let end = text[start..].find("[jobs.store]").unwrap() + start;
-    let source =
-        format!("[jobs.snapshot]\nkind = \"postgres\"\nurl = \"{url}\"\nname = \"{snap}\"\n");
-    std::fs::write(
-        &f.config,
-        format!("{}{}{}", &text[..start], source, &text[end..]),
-    )
-    .unwrap();
+    f.use_postgres_snapshot(&url, &snap);
     let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
     assert!(
         run.wait_exit(Duration::from_secs(120)).success(),

@@ -94,26 +94,17 @@ fn sasl_ssl_with_scram_end_to_end_and_bad_credentials_or_ca_fail_fast() {
 
     // A wrong password: the start-up check fails fast, naming the authentication failure.
     use_sasl_ssl(&f, "not-the-password", &ca);
-    let started = Instant::now();
-    let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
-    let status = run.wait_exit(MIN);
-    let log = run.log_text();
-    assert!(!status.success(), "{log}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "not fast: {log}"
-    );
-    let last = log.lines().last().unwrap_or_default();
-    assert!(
-        last.starts_with("error: ") && last.contains("SASL authentication error"),
-        "the final error names the cause: {log}"
-    );
-
+    fails_fast_naming(&f, "b", "SASL authentication error");
     // A CA that did not sign the broker's certificate.
     let other = format!("{}/other-ca.crt", certs_dir());
     use_sasl_ssl(&f, "kb-test-secret", &other);
+    fails_fast_naming(&f, "c", "certificate verify failed");
+}
+
+/// `run` exits non-zero within 30 s and its last line is an error containing `cause`.
+fn fails_fast_naming(f: &Fixture, prefix: &str, cause: &str) {
     let started = Instant::now();
-    let mut run = f.spawn_run("c", &["--exit-when-caught-up"]);
+    let mut run = f.spawn_run(prefix, &["--exit-when-caught-up"]);
     let status = run.wait_exit(MIN);
     let log = run.log_text();
     assert!(!status.success(), "{log}");
@@ -123,7 +114,7 @@ fn sasl_ssl_with_scram_end_to_end_and_bad_credentials_or_ca_fail_fast() {
     );
     let last = log.lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("error: ") && last.contains("certificate verify failed"),
+        last.starts_with("error: ") && last.contains(cause),
         "the final error names the cause: {log}"
     );
 }
@@ -195,16 +186,7 @@ fn postgres_snapshot_source_over_verify_full_tls() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = std::fs::read_to_string(&f.config).unwrap();
-    let start = text.find("[jobs.snapshot]").unwrap();
-    let end = text[start..].find("[jobs.store]").unwrap() + start;
-    let source =
-        format!("[jobs.snapshot]\nkind = \"postgres\"\nurl = \"{url}\"\nname = \"{snap}\"\n");
-    std::fs::write(
-        &f.config,
-        format!("{}{}{}", &text[..start], source, &text[end..]),
-    )
-    .unwrap();
+    f.use_postgres_snapshot(&url, &snap);
     f.use_postgres(&url);
     let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
     assert!(

@@ -260,20 +260,9 @@ fn column_value(ty: ColumnType, schema: &Schema, v: Value) -> Result<ColumnValue
         (_, Value::Null) => ColumnValue::Null,
         (ColumnType::Json, v) => ColumnValue::Json(to_json(v, schema)?.to_string()),
         (_, Value::Boolean(b)) => ColumnValue::Boolean(b),
-        (_, Value::Int(i) | Value::Date(i) | Value::TimeMillis(i)) => {
-            ColumnValue::Integer(i as i64)
+        (_, v) if integer_of(&v).is_some() => {
+            ColumnValue::Integer(integer_of(&v).expect("checked"))
         }
-        (
-            _,
-            Value::Long(i)
-            | Value::TimeMicros(i)
-            | Value::TimestampMillis(i)
-            | Value::TimestampMicros(i)
-            | Value::TimestampNanos(i)
-            | Value::LocalTimestampMillis(i)
-            | Value::LocalTimestampMicros(i)
-            | Value::LocalTimestampNanos(i),
-        ) => ColumnValue::Integer(i),
         (_, Value::Float(f)) => ColumnValue::Real(f as f64),
         (_, Value::Double(f)) => ColumnValue::Real(f),
         (_, Value::String(s) | Value::Enum(_, s)) => ColumnValue::Text(s),
@@ -291,6 +280,23 @@ fn column_value(ty: ColumnType, schema: &Schema, v: Value) -> Result<ColumnValue
         }
         (ty, other) => return Err(format!("value {other:?} does not fit a {ty:?} column")),
     })
+}
+
+/// The number an integer-like value (int, long, date, time-*, timestamp-*, local-timestamp-*)
+/// carries, as it is; `None` for any other value. One list for the column and the JSON conversions.
+fn integer_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) | Value::Date(i) | Value::TimeMillis(i) => Some(*i as i64),
+        Value::Long(i)
+        | Value::TimeMicros(i)
+        | Value::TimestampMillis(i)
+        | Value::TimestampMicros(i)
+        | Value::TimestampNanos(i)
+        | Value::LocalTimestampMillis(i)
+        | Value::LocalTimestampMicros(i)
+        | Value::LocalTimestampNanos(i) => Some(*i),
+        _ => None,
+    }
 }
 
 /// A decimal value as its exact text, e.g. `-12.340` (the scale comes from its schema).
@@ -383,18 +389,13 @@ pub fn to_json(v: Value, schema: Option<&Schema>) -> Result<serde_json::Value, S
             })
     };
     let hex = |b: &[u8]| J::String(b.iter().map(|x| format!("{x:02x}")).collect());
+    if let Some(i) = integer_of(&v) {
+        return Ok(J::from(i));
+    }
     Ok(match v {
         Value::Null => J::Null,
         Value::Boolean(b) => J::Bool(b),
-        Value::Int(i) | Value::Date(i) | Value::TimeMillis(i) => J::from(i),
-        Value::Long(i)
-        | Value::TimeMicros(i)
-        | Value::TimestampMillis(i)
-        | Value::TimestampMicros(i)
-        | Value::TimestampNanos(i)
-        | Value::LocalTimestampMillis(i)
-        | Value::LocalTimestampMicros(i)
-        | Value::LocalTimestampNanos(i) => J::from(i),
+
         Value::Float(f) => float(f as f64),
         Value::Double(f) => float(f),
         Value::String(s) | Value::Enum(_, s) => J::String(s),
@@ -447,5 +448,6 @@ pub fn to_json(v: Value, schema: Option<&Schema>) -> Result<serde_json::Value, S
                     .collect::<Result<_, String>>()?,
             )
         }
+        other => return Err(format!("no JSON form for {other:?}")),
     })
 }

@@ -360,6 +360,22 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Points the job's snapshot at an exported PostgreSQL snapshot `name`.
+    pub fn use_postgres_snapshot(&self, url: &str, name: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let start = text.find("[jobs.snapshot]").unwrap();
+        let end = text[start..].find("[jobs.store]").unwrap() + start;
+        let source =
+            format!("[jobs.snapshot]\nkind = \"postgres\"\nurl = \"{url}\"\nname = \"{name}\"\n");
+        std::fs::write(
+            &self.config,
+            format!("{}{}{}", &text[..start], source, &text[end..]),
+        )
+        .unwrap();
+    }
+}
+
 /// GET over HTTP/1.1: (status, body).
 pub fn http_get(url: &str) -> (u16, String) {
     kafka_backfill::http::get(url).unwrap_or((0, String::new()))
