@@ -414,7 +414,10 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         producer
             .init_transactions(Duration::from_secs(30))
             .context("initialising transactions")?;
-        producer.begin_transaction()?;
+        if !w.append {
+            // The initial barrier's transaction (an appended log has no initial barrier).
+            producer.begin_transaction()?;
+        }
     }
     let writer = Writer {
         producer,
