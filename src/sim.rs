@@ -471,19 +471,7 @@ impl Sim {
             if done(self) {
                 return Ok(());
             }
-            self.now_ms += 1;
-            let runnable: Vec<usize> = (0..self.workers.len())
-                .filter(|&i| {
-                    self.workers[i].alive
-                        && !self.workers[i].frozen
-                        && self.workers[i].exec.is_some()
-                })
-                .collect();
-            if runnable.is_empty() {
-                continue;
-            }
-            let w = runnable[self.rng.below(runnable.len() as u64) as usize];
-            self.work(w)?;
+            self.worker_step()?;
         }
         if done(self) {
             Ok(())
@@ -493,6 +481,29 @@ impl Sim {
                 self.describe()
             ))
         }
+    }
+
+    /// Lets workers (only) run exactly `steps` steps; a violation the oracle finds is an error.
+    pub fn run_steps(&mut self, steps: u64) -> SimResult<()> {
+        for _ in 0..steps {
+            self.worker_step()?;
+        }
+        Ok(())
+    }
+
+    /// One step of one runnable worker, picked by the seed's generator.
+    fn worker_step(&mut self) -> SimResult<()> {
+        self.now_ms += 1;
+        let runnable: Vec<usize> = (0..self.workers.len())
+            .filter(|&i| {
+                self.workers[i].alive && !self.workers[i].frozen && self.workers[i].exec.is_some()
+            })
+            .collect();
+        if runnable.is_empty() {
+            return Ok(());
+        }
+        let w = runnable[self.rng.below(runnable.len() as u64) as usize];
+        self.work(w)
     }
 
     /// Runs workers until everything written is committed and every member streams, then checks

@@ -154,7 +154,10 @@ fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
         "--checkpoint-every",
         "50",
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    // a has committed a checkpoint of the appended changes (so it is reading them), and the next
+    // one is 50 epochs away...
+    let committed = a.log_text().matches("cause=Barrier").count();
+    a.wait_for_count("cause=Barrier", committed + 1, Duration::from_secs(60));
     // ...when it freezes past its session timeout (6 s): the group gives its partitions to b.
     a.signal("STOP");
     b.wait_for_count("partitions assigned", 2, Duration::from_secs(60));

@@ -66,9 +66,7 @@ fn non_checkpoint_barriers_accumulate_into_the_next_checkpoint() {
     s.write_epoch(4, NB);
     s.write_changes(2);
     // Everything of those two epochs is read, but nothing is committed without a checkpoint.
-    for _ in 0..500 {
-        s.run_until(1, |_| false).ok();
-    }
+    s.run_steps(500).unwrap();
     assert_eq!(
         s.store().commits("sim"),
         before,
@@ -131,7 +129,7 @@ fn crash_and_resume_in_every_progress_state() {
     );
     s.write_epoch(4, NB);
     s.write_changes(3);
-    s.run_until(200, |_| false).ok();
+    s.run_steps(200).unwrap();
     s.crash_and_restart(w).unwrap();
     s.write_epoch(2, CP);
     s.settle().unwrap();
@@ -209,7 +207,7 @@ fn reassignment_during_streaming_loses_nothing() {
     let b = s.join().unwrap();
     s.write_epoch(6, CP);
     s.write_epoch(6, NB);
-    s.run_until(300, |_| false).ok();
+    s.run_steps(300).unwrap();
     s.leave(b).unwrap();
     s.write_epoch(6, CP);
     s.settle().unwrap();
@@ -232,7 +230,7 @@ fn revocation_in_the_middle_of_an_epoch_rolls_back_in_flight_work() {
     s.run_until(10_000, phase_is(a, Phase::Streaming)).unwrap();
     // Half an epoch is read by `a`, then its partition moves to `b`.
     s.write_changes(8);
-    s.run_until(200, |_| false).ok();
+    s.run_steps(200).unwrap();
     let b = s.join().unwrap();
     assert_eq!(s.owned(b).len(), 1);
     s.write_changes(4);

@@ -232,6 +232,9 @@ fn a_second_signal_exits_at_once() {
     let mut run = f.spawn_run("a", &[]);
     run.wait_for("partitions assigned", Duration::from_secs(60));
     run.signal("INT");
+    // The second signal after the first was taken (two signals sent back to back may be delivered
+    // as one).
+    run.wait_for("signal received: stopping", Duration::from_secs(10));
     run.signal("INT");
     let status = run.wait_exit(Duration::from_secs(10));
     assert_eq!(

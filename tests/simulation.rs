@@ -63,10 +63,17 @@ fn random_schedules_against_the_oracle() {
         total.recreations,
         total.updates_by_phase
     );
-    if let Some(first_failure) = failures.first() {
+    if !failures.is_empty() {
+        // Every failing seed's replay line (the first in full), for scripts/soak.sh.
+        let replays: Vec<&str> = failures
+            .iter()
+            .filter_map(|f| f.lines().find(|l| l.trim_start().starts_with("replay: ")))
+            .collect();
         panic!(
-            "{} of {seeds} seeds failed; first:\n{first_failure}",
-            failures.len()
+            "{} of {seeds} seeds failed; first:\n{}\nall replays:\n{}",
+            failures.len(),
+            failures[0],
+            replays.join("\n")
         );
     }
     // The schedules must actually exercise what they claim to.
@@ -89,10 +96,14 @@ fn random_schedules_against_the_oracle() {
 /// Replays one seed: `SIM_SEED=<seed> cargo test --test simulation replay -- --nocapture`.
 #[test]
 fn replay() {
-    let Ok(seed) = std::env::var("SIM_SEED") else {
-        return;
+    // Without SIM_SEED this replays seed 0 (and says so), so the replay path itself is always run.
+    let seed: u64 = match std::env::var("SIM_SEED") {
+        Ok(seed) => seed.parse().expect("SIM_SEED is a number"),
+        Err(_) => {
+            println!("SIM_SEED is not set: replaying seed 0");
+            0
+        }
     };
-    let seed: u64 = seed.parse().expect("SIM_SEED is a number");
     match run_seed(seed) {
         Ok(r) => println!("seed {seed} passed: {r:?}"),
         Err(e) => panic!("{e}"),

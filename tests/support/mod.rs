@@ -383,6 +383,18 @@ pub fn http_get(url: &str) -> (u16, String) {
 
 /// Produces a workload, then `kill -9`s the service in the snapshot, twice in the log store and once in
 /// streaming (while more changes arrive), restarting each time; the final run must verify clean.
+/// The most advanced phase any worker of a killed process had reached, by its log: `streaming` once
+/// a worker entered it, else `log_store` once one entered that, else `snapshot`.
+pub fn phase_at_death(log: &str) -> &'static str {
+    if log.contains("to=\"streaming\"") {
+        "streaming"
+    } else if log.contains("to=\"log_store\"") {
+        "log_store"
+    } else {
+        "snapshot"
+    }
+}
+
 pub fn kill_9_in_every_phase(f: &Fixture) {
     let min = Duration::from_secs(60);
     f.produce(&[
@@ -401,6 +413,11 @@ pub fn kill_9_in_every_phase(f: &Fixture) {
     std::thread::sleep(Duration::from_millis(700));
     run.signal("KILL");
     run.wait_exit(min);
+    assert_eq!(
+        phase_at_death(&run.log_text()),
+        "snapshot",
+        "the kill meant for the snapshot phase"
+    );
     kills.push("snapshot");
     for (i, delay) in [300u64, 1100].into_iter().enumerate() {
         let mut run = f.spawn_run(&format!("k2{i}"), &[]);
@@ -408,6 +425,11 @@ pub fn kill_9_in_every_phase(f: &Fixture) {
         std::thread::sleep(Duration::from_millis(delay));
         run.signal("KILL");
         run.wait_exit(min);
+        assert_eq!(
+            phase_at_death(&run.log_text()),
+            "log_store",
+            "kill {i} meant for the log store"
+        );
         kills.push("log_store");
     }
     let mut run = f.spawn_run("k3", &[]);
@@ -425,6 +447,7 @@ pub fn kill_9_in_every_phase(f: &Fixture) {
     std::thread::sleep(Duration::from_millis(600));
     run.signal("KILL");
     run.wait_exit(min);
+    assert_eq!(phase_at_death(&run.log_text()), "streaming");
     kills.push("streaming");
     assert!(writer.wait_with_output().unwrap().status.success());
     let mut run = f.spawn_run("final", &["--exit-when-caught-up"]);
