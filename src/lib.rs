@@ -7,6 +7,7 @@ pub mod codec;
 pub mod config;
 pub mod core;
 pub mod demo;
+pub mod driver;
 pub mod http;
 pub mod job;
 pub mod kafka;

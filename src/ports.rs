@@ -189,3 +189,84 @@ pub fn job_phase_sql(streaming: &str, placeholder: &str) -> String {
          ELSE 'log_store' END WHERE job = {placeholder}"
     )
 }
+
+// ----- the worker loop's ports (`crate::driver`) ------------------------------------------------
+
+/// What one poll of a consumer returns: a record (decoded, or why not), or a group event. Rebalance
+/// callbacks arrive as events in poll order; the loop completes them (`assign` / `unassign`) after
+/// the core has handled them, so a revocation is acknowledged only once its commits are durable.
+#[derive(Debug)]
+pub enum Polled {
+    Record {
+        partition: PartitionId,
+        offset: u64,
+        /// The decoded record, or why it does not decode (the poison path).
+        record: Result<LogRecord, String>,
+    },
+    /// The group gives these partitions; complete with [`ConsumerPort::assign`].
+    Assigned(Vec<PartitionId>),
+    /// The group takes these partitions (`lost`: taken without a handover, e.g. after a session
+    /// timeout); complete with [`ConsumerPort::unassign`].
+    Revoked {
+        partitions: Vec<PartitionId>,
+        lost: bool,
+    },
+    /// The client reported an error; a fatal one stops the worker.
+    ClientError { reason: String, fatal: bool },
+}
+
+/// A consumer-group member as the loop sees it: librdkafka in production (`kafka::worker`), a
+/// simulated member in `sim`.
+pub trait ConsumerPort {
+    /// The next record or group event, waiting at most `timeout_ms`.
+    fn poll(&mut self, timeout_ms: u64) -> Option<Polled>;
+    /// Completes an assignment: each partition starts at the given offset (`None`: wherever the
+    /// group would start it; the loop seeks before it reads).
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]);
+    /// Completes a revocation.
+    fn unassign(&mut self, partitions: &[PartitionId]);
+    /// Moves the fetch position (retried within a bound by the implementation).
+    fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String>;
+    fn pause(&mut self, partition: PartitionId);
+    fn resume(&mut self, partition: PartitionId);
+    /// Group offsets (informational: the store holds the truth); `sync` waits.
+    fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool);
+    /// The partition's high watermark, if known.
+    fn high_watermark(&mut self, partition: PartitionId) -> Option<u64>;
+    /// How far the consumer has read the partition, past records it never returns (transaction
+    /// markers, aborted records), if known.
+    fn read_position(&mut self, partition: PartitionId) -> Option<u64>;
+    /// The partitions currently assigned.
+    fn assignment(&mut self) -> Vec<PartitionId>;
+    /// Shutdown: leave the group (`leave`), or close keeping the membership (a static member).
+    fn close(&mut self, leave: bool);
+}
+
+/// The outcome of one checkpoint commit.
+pub struct CommitDone {
+    pub checkpoint: Checkpoint,
+    pub result: Result<(), StoreError>,
+    pub elapsed_ms: f64,
+}
+
+/// Checkpoint commits, applied in submission order while the loop goes on; after one fails none
+/// later is applied. Production: `kafka::committer` (a thread); simulation: completions whenever the
+/// simulator decides.
+pub trait CommitPort {
+    /// Hands a checkpoint over (may block while too many are pending).
+    fn submit(&mut self, checkpoint: Checkpoint);
+    /// Commits finished so far, without waiting.
+    fn finished(&mut self) -> Vec<CommitDone>;
+    /// Waits for every pending commit.
+    fn drain(&mut self) -> Vec<CommitDone>;
+    /// After a failure: waits for what is pending (results discarded) and starts afresh.
+    fn restart(&mut self) -> Result<(), StoreError>;
+}
+
+/// Time as the loop sees it.
+pub trait Clock {
+    /// Milliseconds since the Unix epoch (or the simulation's start).
+    fn now_ms(&self) -> u64;
+    /// Throttling waits.
+    fn sleep_ms(&mut self, ms: u64);
+}

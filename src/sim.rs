@@ -1,25 +1,38 @@
-//! A seeded, deterministic simulation of one job: an upstream table writing changes and barriers into
-//! an in-memory log, several workers driving real [`Executor`]s against a shared in-memory store, a
-//! group coordinator that rebalances as workers join, leave, crash and freeze, and the supervisor
-//! recreating the job on the log-store invariant error.
+//! A seeded, deterministic simulation of one job, running the production worker loop
+//! ([`crate::driver::Driver`], the same code `kafka-backfill run` runs) on simulated ports: an
+//! upstream table writing changes and barriers into an in-memory log, consumer-group members whose
+//! rebalances arrive as events (cooperative: a partition is given to its new owner only after its
+//! old owner acknowledged the revocation, unless the old owner froze), checkpoint commits that
+//! complete when the simulator decides (late, out of step with fetching, interleaved with rebalances
+//! and crashes), a shared in-memory store and the job's supervisor.
 //!
-//! The oracle is the upstream table: after every successful commit, each vnode's committed rows must
+//! The oracle is the upstream table: after every applied commit, each vnode's committed rows must
 //! equal the upstream table at that vnode's committed epoch (or the snapshot up to its cursor). At the
 //! end, with churn stopped, every worker must catch up and the store must equal the final table.
-//! Same seed, same run: there is no clock, no thread and no hash-order dependence.
+//! Same seed, same run: one generator decides everything, time is a step counter, nothing hashes.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use crate::core::{
-    vnode_of, Barrier, BarrierKind, Change, CoreError, Decision, Epoch, Event, Executor, JobSpec,
-    LocalCheckpointPolicy, LogRecord, Op, PartitionId, PartitionMap, PartitionProgress, Phase, Row,
-    ScanId, ScanStart, Supervisor, SupervisorConfig, Verdict, Vnode, WorkerFailure,
-    VNODE_BITMAP_UPDATE_IN_LOG_STORE,
+    vnode_of, Barrier, BarrierKind, Change, Checkpoint, Epoch, LocalCheckpointPolicy, LogRecord,
+    Op, PartitionId, PartitionMap, PartitionProgress, Phase, Row, Supervisor, SupervisorConfig,
+    Vnode,
 };
+use crate::driver::{Driver, DriverConfig, DriverStats, StatusBoard};
 use crate::memory::{MemoryLog, MemorySnapshot, MemoryStore};
-use crate::ports::{LogStore, SnapshotInfo, SnapshotSource, StateStore, StoreError};
+use crate::ports::{
+    Clock, CommitDone, CommitPort, ConsumerPort, LogStore, Polled, SnapshotInfo, StateStore,
+    StoreError,
+};
 
 const JOB: &str = "sim";
+
+/// Checkpoints a worker may have waiting before `submit` waits for the oldest (as the committer
+/// thread's channel does).
+const MAX_PENDING_COMMITS: usize = 2;
 
 /// A small, fast, seedable PRNG (SplitMix64): the simulation's only source of choice.
 #[derive(Clone, Debug)]
@@ -75,6 +88,9 @@ pub struct SimConfig {
     pub max_fetch_batch: u64,
     pub max_steps: u64,
     pub supervisor: SupervisorConfig,
+    /// Percent of steps in which one pending checkpoint commit completes (commits otherwise
+    /// complete when the worker waits for them, or when too many are pending).
+    pub commit_percent: u64,
 }
 
 impl SimConfig {
@@ -106,6 +122,7 @@ impl SimConfig {
                 backoff_initial_ms: 0,
                 ..SupervisorConfig::default()
             },
+            commit_percent: 5 + r.below(40),
         }
     }
 }
@@ -222,44 +239,331 @@ impl Upstream {
     }
 }
 
-/// The snapshot scan a worker is running.
-struct ScanState {
-    scan: ScanId,
-    queue: VecDeque<ScanStart>,
+// ----- the simulated world the ports share -----------------------------------------------------
+
+/// One member's consumer, as the group and the fetcher see it.
+#[derive(Default)]
+struct ConsumerState {
+    /// Group events not yet polled.
+    inbox: VecDeque<Polled>,
+    /// Assigned partitions: (next offset to deliver, paused).
+    assigned: BTreeMap<PartitionId, (u64, bool)>,
+    /// Records the member may still be handed in the current step.
+    allowance: usize,
 }
+
+impl ConsumerState {
+    /// What the member will hold once it has polled its inbox.
+    fn eventual(&self) -> BTreeSet<PartitionId> {
+        let mut holds: BTreeSet<PartitionId> = self.assigned.keys().copied().collect();
+        for e in &self.inbox {
+            match e {
+                Polled::Assigned(ps) => holds.extend(ps.iter().copied()),
+                Polled::Revoked { partitions, .. } => {
+                    for p in partitions {
+                        holds.remove(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+        holds
+    }
+}
+
+/// One member's committer: checkpoints handed over, outcomes not yet taken.
+#[derive(Default)]
+struct CommitQueue {
+    pending: VecDeque<Checkpoint>,
+    done: Vec<CommitDone>,
+    poisoned: bool,
+}
+
+struct World {
+    rng: SimRng,
+    config: SimConfig,
+    map: PartitionMap,
+    info: SnapshotInfo,
+    upstream: Upstream,
+    store: MemoryStore,
+    now_ms: u64,
+    consumers: Vec<ConsumerState>,
+    commits: Vec<CommitQueue>,
+    /// Commits applied to the store.
+    applied: u64,
+    /// The first oracle violation.
+    violation: Option<String>,
+}
+
+impl World {
+    /// Applies member `i`'s oldest pending checkpoint (the committer thread's work), then checks
+    /// the oracle.
+    fn apply_commit(&mut self, i: usize) {
+        let Some(cp) = self.commits[i].pending.pop_front() else {
+            return;
+        };
+        let result = if self.commits[i].poisoned {
+            Err(StoreError::Backend(
+                "an earlier checkpoint failed; later ones are not applied".into(),
+            ))
+        } else {
+            self.store.commit(JOB, &cp)
+        };
+        if result.is_ok() {
+            self.applied += 1;
+            if let Err(v) = self.oracle_check() {
+                self.violation.get_or_insert(v);
+            }
+        } else {
+            self.commits[i].poisoned = true;
+        }
+        self.commits[i].done.push(CommitDone {
+            checkpoint: cp,
+            result,
+            elapsed_ms: 0.0,
+        });
+    }
+
+    /// Every committed vnode agrees with the upstream table at its committed epoch.
+    fn oracle_check(&self) -> SimResult<()> {
+        let es = self.info.snapshot_epoch;
+        let progress = self.store.vnode_progress(JOB);
+        let rows = self.store.clone().rows(JOB).map_err(|e| e.to_string())?;
+        let mut by_vnode: BTreeMap<Vnode, BTreeMap<&Vec<u8>, &Vec<u8>>> = BTreeMap::new();
+        for (k, v) in &rows {
+            by_vnode
+                .entry(vnode_of(k, self.map.vnode_count()))
+                .or_default()
+                .insert(k, v);
+        }
+        for v in 0..self.map.vnode_count() as Vnode {
+            let actual = by_vnode.remove(&v).unwrap_or_default();
+            let (at, upto): (Epoch, Option<&Vec<u8>>) = match progress.get(&v) {
+                None => (es, Some(&EMPTY)),
+                Some(p) if p.epoch == es && !p.finished => {
+                    (es, Some(p.cursor.as_ref().unwrap_or(&EMPTY)))
+                }
+                Some(p) => (p.epoch, None),
+            };
+            let table = self.upstream.history.get(&at).ok_or_else(|| {
+                format!("vnode {v} committed at epoch {at}, which the upstream never completed")
+            })?;
+            let expected: BTreeMap<&Vec<u8>, &Vec<u8>> = table
+                .iter()
+                .filter(|(k, _)| vnode_of(k, self.map.vnode_count()) == v)
+                .filter(|(k, _)| upto.is_none_or(|c| !c.is_empty() && *k <= c))
+                .collect();
+            if actual != expected {
+                return Err(format!(
+                    "vnode {v} at epoch {at} (cursor {upto:?}): store has {} rows, upstream {} rows: {actual:?} vs {expected:?}",
+                    actual.len(),
+                    expected.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+type Shared = Rc<RefCell<World>>;
+
+/// A simulated group member's consumer: group events first, then records of unpaused partitions
+/// (a paused one leaks with `leaky_pause_percent`, as prefetched records do).
+pub struct SimConsumer {
+    world: Shared,
+    i: usize,
+}
+
+impl ConsumerPort for SimConsumer {
+    fn poll(&mut self, _timeout_ms: u64) -> Option<Polled> {
+        let mut guard = self.world.borrow_mut();
+        let w = &mut *guard;
+        let c = &mut w.consumers[self.i];
+        if let Some(e) = c.inbox.pop_front() {
+            return Some(e);
+        }
+        if c.allowance == 0 {
+            return None;
+        }
+        c.allowance -= 1;
+        let leaky = w.rng.chance(w.config.leaky_pause_percent);
+        let log = &w.upstream.log;
+        let ready: Vec<PartitionId> = w.consumers[self.i]
+            .assigned
+            .iter()
+            .filter(|(p, (off, paused))| (!paused || leaky) && *off < log.high_watermark(**p))
+            .map(|(p, _)| *p)
+            .collect();
+        if ready.is_empty() {
+            return None;
+        }
+        let p = ready[w.rng.below(ready.len() as u64) as usize];
+        let at = w.consumers[self.i].assigned[&p].0;
+        let (offset, record) = w.upstream.log.read(p, at, 1).pop()?;
+        w.consumers[self.i]
+            .assigned
+            .get_mut(&p)
+            .expect("assigned")
+            .0 = offset + 1;
+        Some(Polled::Record {
+            partition: p,
+            offset,
+            record: Ok(record),
+        })
+    }
+
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) {
+        let mut w = self.world.borrow_mut();
+        for &(p, offset) in starts {
+            // Without a claimed offset the group would start at its own committed offset: the
+            // snapshot's start stands in for it (the loop seeks before it reads).
+            let from = offset.unwrap_or_else(|| w.info.start_of(p).map_or(0, |s| s.next_offset));
+            w.consumers[self.i].assigned.insert(p, (from, false));
+        }
+    }
+
+    fn unassign(&mut self, partitions: &[PartitionId]) {
+        let mut w = self.world.borrow_mut();
+        for p in partitions {
+            w.consumers[self.i].assigned.remove(p);
+        }
+    }
+
+    fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String> {
+        let mut w = self.world.borrow_mut();
+        match w.consumers[self.i].assigned.get_mut(&partition) {
+            Some(a) => {
+                a.0 = offset;
+                Ok(())
+            }
+            None => Err(format!("partition {partition} is not assigned")),
+        }
+    }
+
+    fn pause(&mut self, partition: PartitionId) {
+        if let Some(a) = self.world.borrow_mut().consumers[self.i]
+            .assigned
+            .get_mut(&partition)
+        {
+            a.1 = true;
+        }
+    }
+
+    fn resume(&mut self, partition: PartitionId) {
+        if let Some(a) = self.world.borrow_mut().consumers[self.i]
+            .assigned
+            .get_mut(&partition)
+        {
+            a.1 = false;
+        }
+    }
+
+    fn commit_offsets(&mut self, _progress: &[PartitionProgress], _sync: bool) {}
+
+    fn high_watermark(&mut self, partition: PartitionId) -> Option<u64> {
+        Some(self.world.borrow().upstream.log.high_watermark(partition))
+    }
+
+    fn read_position(&mut self, _partition: PartitionId) -> Option<u64> {
+        None // the simulated log has no transaction markers
+    }
+
+    fn assignment(&mut self) -> Vec<PartitionId> {
+        self.world.borrow().consumers[self.i]
+            .assigned
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    fn close(&mut self, _leave: bool) {}
+}
+
+/// A simulated committer: checkpoints wait until the simulator completes them, the worker waits for
+/// them (`drain`), or too many are pending.
+pub struct SimCommitter {
+    world: Shared,
+    i: usize,
+}
+
+impl CommitPort for SimCommitter {
+    fn submit(&mut self, checkpoint: Checkpoint) {
+        let mut w = self.world.borrow_mut();
+        if w.commits[self.i].pending.len() >= MAX_PENDING_COMMITS {
+            w.apply_commit(self.i);
+        }
+        w.commits[self.i].pending.push_back(checkpoint);
+    }
+
+    fn finished(&mut self) -> Vec<CommitDone> {
+        std::mem::take(&mut self.world.borrow_mut().commits[self.i].done)
+    }
+
+    fn drain(&mut self) -> Vec<CommitDone> {
+        let mut w = self.world.borrow_mut();
+        while !w.commits[self.i].pending.is_empty() {
+            w.apply_commit(self.i);
+        }
+        std::mem::take(&mut w.commits[self.i].done)
+    }
+
+    fn restart(&mut self) -> Result<(), StoreError> {
+        let mut w = self.world.borrow_mut();
+        while !w.commits[self.i].pending.is_empty() {
+            w.apply_commit(self.i);
+        }
+        w.commits[self.i] = CommitQueue::default();
+        Ok(())
+    }
+}
+
+/// Simulated time: one millisecond per step; a throttling wait moves it on.
+pub struct SimClock {
+    world: Shared,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        self.world.borrow().now_ms
+    }
+
+    fn sleep_ms(&mut self, ms: u64) {
+        self.world.borrow_mut().now_ms += ms;
+    }
+}
+
+type SimDriver = Driver<SimConsumer, SimCommitter, SimClock>;
 
 struct SimWorker {
     id: String,
-    store: MemoryStore,
-    exec: Option<Executor>,
-    /// Partitions the worker believes it owns.
-    owned: BTreeSet<PartitionId>,
-    scan: Option<ScanState>,
-    /// Fetch position and pause flag per fetching partition.
-    fetch: BTreeMap<PartitionId, (u64, bool)>,
+    driver: Option<SimDriver>,
     member: bool,
     alive: bool,
     frozen: bool,
-}
-
-enum Stop {
-    Core(CoreError),
-    Fenced(StoreError),
+    /// After a thaw: steps until the worker learns its assignment was lost and rejoins.
+    rejoin_in: Option<u64>,
+    /// What this worker's earlier drivers did (before a crash-restart).
+    past: DriverStats,
 }
 
 /// One simulated job.
 pub struct Sim {
     pub config: SimConfig,
-    rng: SimRng,
-    map: PartitionMap,
+    world: Shared,
     info: SnapshotInfo,
-    snapshot: MemorySnapshot,
-    upstream: Upstream,
+    snapshot: Arc<MemorySnapshot>,
     store: MemoryStore,
     workers: Vec<SimWorker>,
-    supervisor: Supervisor,
-    now_ms: u64,
-    pub report: SimReport,
+    supervisor: Arc<Mutex<Supervisor>>,
+    board: StatusBoard,
+    /// The partitions the group wants each member to hold after the last rebalance.
+    target: BTreeMap<usize, BTreeSet<PartitionId>>,
+    steps: u64,
+    rebalances: u64,
+    crashes: u64,
+    freezes: u64,
+    streamed_while_writing: bool,
+    final_rows: usize,
 }
 
 type SimResult<T> = Result<T, String>;
@@ -305,10 +609,10 @@ impl Sim {
             partition_count: config.partition_count,
             start,
         };
-        let snapshot = MemorySnapshot {
+        let snapshot = Arc::new(MemorySnapshot {
             info: info.clone(),
             rows,
-        };
+        });
         let mut history = BTreeMap::new();
         history.insert(es, table.clone());
         let upstream = Upstream {
@@ -324,19 +628,36 @@ impl Sim {
         };
         let mut store = MemoryStore::new();
         store.ensure_job(JOB, &info).expect("job");
-        let supervisor = Supervisor::new(config.supervisor);
-        Sim {
+        let supervisor = Arc::new(Mutex::new(Supervisor::new(config.supervisor)));
+        let world = Rc::new(RefCell::new(World {
             rng,
+            config: config.clone(),
             map,
+            info: info.clone(),
+            upstream,
+            store: store.clone(),
+            now_ms: 0,
+            consumers: Vec::new(),
+            commits: Vec::new(),
+            applied: 0,
+            violation: None,
+        }));
+        Sim {
+            config,
+            world,
             info,
             snapshot,
-            upstream,
             store,
             workers: Vec::new(),
             supervisor,
-            now_ms: 0,
-            report: SimReport::default(),
-            config,
+            board: StatusBoard::default(),
+            target: BTreeMap::new(),
+            steps: 0,
+            rebalances: 0,
+            crashes: 0,
+            freezes: 0,
+            streamed_while_writing: false,
+            final_rows: 0,
         }
     }
 
@@ -344,11 +665,11 @@ impl Sim {
     /// oracle check. `Err` carries what went wrong.
     pub fn run(&mut self) -> SimResult<SimReport> {
         for _ in 0..self.config.initial_workers {
-            self.add_worker();
+            self.add_worker()?;
         }
-        self.rebalance()?;
+        self.rebalance();
         let mut steps = 0u64;
-        while self.upstream.writing() {
+        while self.world.borrow().upstream.writing() {
             steps += 1;
             if steps > self.config.max_steps {
                 return Err("upstream did not finish writing within max_steps".into());
@@ -367,101 +688,104 @@ impl Sim {
             }
             self.step(false)?;
         }
-        self.report.steps = steps + drained;
+        self.steps = steps + drained;
         self.final_check()?;
-        Ok(self.report.clone())
+        Ok(self.report())
     }
 
-    /// One scheduling step.
+    /// One scheduling step: churn, an upstream write, a commit completing, or a worker's loop step.
     pub fn step(&mut self, chaos: bool) -> SimResult<()> {
-        self.now_ms += 1;
-        if chaos && self.rng.chance(self.config.chaos_percent) {
+        self.world.borrow_mut().now_ms += 1;
+        self.deliver_assignments();
+        let (chaos_now, write_now) = {
+            let mut w = self.world.borrow_mut();
+            let c = chaos && w.rng.chance(self.config.chaos_percent);
+            let writing = w.upstream.writing();
+            let wr = !c && writing && w.rng.chance(self.config.upstream_percent);
+            (c, wr)
+        };
+        if chaos_now {
             return self.chaos();
         }
-        if self.upstream.writing() && self.rng.chance(self.config.upstream_percent) {
-            if self.upstream.changes_in_epoch >= self.config.max_changes_per_epoch
-                || self.rng.chance(25)
+        if write_now {
+            let mut guard = self.world.borrow_mut();
+            let w = &mut *guard;
+            if w.upstream.changes_in_epoch >= self.config.max_changes_per_epoch || w.rng.chance(25)
             {
-                self.upstream.end_epoch(self.config.checkpoint_every);
+                w.upstream.end_epoch(self.config.checkpoint_every);
             } else {
-                self.upstream
-                    .write_change(&mut self.rng, self.config.key_space);
+                w.upstream.write_change(&mut w.rng, self.config.key_space);
             }
             return Ok(());
         }
-        let runnable: Vec<usize> = (0..self.workers.len())
-            .filter(|&i| {
-                self.workers[i].alive && !self.workers[i].frozen && self.workers[i].exec.is_some()
-            })
-            .collect();
-        if runnable.is_empty() {
-            return Ok(());
-        }
-        let w = runnable[self.rng.below(runnable.len() as u64) as usize];
-        self.work(w)
+        self.worker_step()
     }
 
     // ----- scripted control (named scenarios) ----------------------------------------------------
 
-    /// Adds a worker to the group and rebalances; returns its index.
+    /// Adds a worker to the group and completes the rebalance; returns its index.
     pub fn join(&mut self) -> SimResult<usize> {
-        let i = self.add_worker();
-        self.rebalance()?;
+        let i = self.add_worker()?;
+        self.rebalance();
+        self.settle_group()?;
         Ok(i)
     }
 
-    /// Worker `i` leaves gracefully (revokes everything first).
+    /// Worker `i` leaves gracefully: it commits what is complete and leaves the group.
     pub fn leave(&mut self, i: usize) -> SimResult<()> {
-        let owned: Vec<PartitionId> = self.workers[i].owned.iter().copied().collect();
-        if !owned.is_empty() && self.workers[i].exec.is_some() {
-            self.note_update(i);
-            self.workers[i].owned.clear();
-            self.workers[i].fetch.clear();
-            self.feed(i, Event::Revoked(owned))?;
+        if let Some(d) = self.workers[i].driver.as_mut() {
+            d.shutdown();
         }
         self.retire(i);
-        self.rebalance()
+        self.rebalance();
+        self.check()?;
+        self.settle_group()
     }
 
     /// Worker `i` dies without a word; the group reassigns its partitions.
     pub fn crash(&mut self, i: usize) -> SimResult<()> {
-        self.report.crashes += 1;
+        self.crashes += 1;
         self.retire(i);
-        self.rebalance()
+        self.rebalance();
+        self.settle_group()
     }
 
-    /// Worker `i` dies and comes back at once with the same assignment (a process restart).
+    /// Worker `i` dies and comes back at once as the same member (a static member's restart): the
+    /// group hands it the same partitions, and its loop starts from the store.
     pub fn crash_and_restart(&mut self, i: usize) -> SimResult<()> {
-        self.report.crashes += 1;
-        self.restart(i)
+        self.crashes += 1;
+        self.restart_in_place(i)?;
+        self.settle_group()
     }
 
     /// Worker `i` stops answering; the group moves its partitions to others.
     pub fn freeze(&mut self, i: usize) -> SimResult<()> {
-        self.report.freezes += 1;
+        self.freezes += 1;
         self.workers[i].frozen = true;
         self.workers[i].member = false;
-        self.rebalance()
+        self.rebalance();
+        self.settle_group()
     }
 
+    /// Worker `i` runs again; a few steps later it learns it lost its assignment and rejoins.
     pub fn thaw(&mut self, i: usize) {
         self.workers[i].frozen = false;
+        let n = self.world.borrow_mut().rng.below(5);
+        self.workers[i].rejoin_in = Some(n);
     }
 
     /// The upstream writes `changes` changes and ends the epoch with a barrier of `kind`.
     pub fn write_epoch(&mut self, changes: u32, kind: BarrierKind) {
-        for _ in 0..changes {
-            self.upstream
-                .write_change(&mut self.rng, self.config.key_space);
-        }
-        self.upstream.write_barrier(kind);
+        self.write_changes(changes);
+        self.world.borrow_mut().upstream.write_barrier(kind);
     }
 
     /// The upstream writes changes of the open epoch without ending it.
     pub fn write_changes(&mut self, changes: u32) {
+        let mut guard = self.world.borrow_mut();
+        let w = &mut *guard;
         for _ in 0..changes {
-            self.upstream
-                .write_change(&mut self.rng, self.config.key_space);
+            w.upstream.write_change(&mut w.rng, self.config.key_space);
         }
     }
 
@@ -471,6 +795,8 @@ impl Sim {
             if done(self) {
                 return Ok(());
             }
+            self.world.borrow_mut().now_ms += 1;
+            self.deliver_assignments();
             self.worker_step()?;
         }
         if done(self) {
@@ -486,24 +812,11 @@ impl Sim {
     /// Lets workers (only) run exactly `steps` steps; a violation the oracle finds is an error.
     pub fn run_steps(&mut self, steps: u64) -> SimResult<()> {
         for _ in 0..steps {
+            self.world.borrow_mut().now_ms += 1;
+            self.deliver_assignments();
             self.worker_step()?;
         }
         Ok(())
-    }
-
-    /// One step of one runnable worker, picked by the seed's generator.
-    fn worker_step(&mut self) -> SimResult<()> {
-        self.now_ms += 1;
-        let runnable: Vec<usize> = (0..self.workers.len())
-            .filter(|&i| {
-                self.workers[i].alive && !self.workers[i].frozen && self.workers[i].exec.is_some()
-            })
-            .collect();
-        if runnable.is_empty() {
-            return Ok(());
-        }
-        let w = runnable[self.rng.below(runnable.len() as u64) as usize];
-        self.work(w)
     }
 
     /// Runs workers until everything written is committed and every member streams, then checks
@@ -516,12 +829,21 @@ impl Sim {
 
     /// The phase worker `i` is in (`None` when it is not running).
     pub fn phase(&self, i: usize) -> Option<Phase> {
-        self.workers[i].exec.as_ref().map(|e| e.phase())
+        self.workers[i].driver.as_ref().and_then(|d| d.phase())
     }
 
-    /// Partitions worker `i` owns.
+    /// Partitions assigned to worker `i`.
     pub fn owned(&self, i: usize) -> Vec<PartitionId> {
-        self.workers[i].owned.iter().copied().collect()
+        self.world.borrow().consumers[i]
+            .assigned
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Checkpoints worker `i` handed over that are not applied yet.
+    pub fn pending_commits(&self, i: usize) -> usize {
+        self.world.borrow().commits[i].pending.len()
     }
 
     pub fn store(&self) -> &MemoryStore {
@@ -536,516 +858,449 @@ impl Sim {
         &self.info
     }
 
+    /// What the run did so far.
+    pub fn report(&self) -> SimReport {
+        let mut stats = DriverStats::default();
+        for w in &self.workers {
+            for s in std::iter::once(&w.past).chain(w.driver.as_ref().map(|d| d.stats())) {
+                add_stats(&mut stats, s);
+            }
+        }
+        SimReport {
+            steps: self.steps,
+            commits: self.world.borrow().applied,
+            rebalances: self.rebalances,
+            crashes: self.crashes,
+            freezes: self.freezes,
+            fenced: stats.fenced,
+            bitmap_errors: stats.bitmap_errors_by_phase.values().sum(),
+            recreations: stats.recreations,
+            final_rows: self.final_rows,
+            phases_seen: stats.phases_seen,
+            updates_by_phase: stats.updates_by_phase,
+            streamed_while_writing: self.streamed_while_writing,
+        }
+    }
+
     // ----- membership ---------------------------------------------------------------------------
 
-    fn add_worker(&mut self) -> usize {
-        let id = format!("w{}", self.workers.len());
+    fn add_worker(&mut self) -> SimResult<usize> {
+        let i = self.workers.len();
+        {
+            let mut w = self.world.borrow_mut();
+            w.consumers.push(ConsumerState::default());
+            w.commits.push(CommitQueue::default());
+        }
         self.workers.push(SimWorker {
-            id,
-            store: self.store.clone(),
-            exec: None,
-            owned: BTreeSet::new(),
-            scan: None,
-            fetch: BTreeMap::new(),
+            id: format!("w{i}"),
+            driver: None,
             member: true,
             alive: true,
             frozen: false,
+            rejoin_in: None,
+            past: DriverStats::default(),
         });
-        let i = self.workers.len() - 1;
-        self.start_executor(i);
-        i
+        self.start_driver(i)?;
+        Ok(i)
     }
 
-    fn start_executor(&mut self, i: usize) {
-        let generation = self.store.job_row(JOB).expect("job").generation;
-        let spec = JobSpec {
+    /// A new loop for worker `i` (its executor starts from the store).
+    fn start_driver(&mut self, i: usize) -> SimResult<()> {
+        let cfg = DriverConfig {
+            job: JOB.into(),
             topic: "sim-log".into(),
-            snapshot_epoch: self.info.snapshot_epoch,
-            map: self.map,
-            generation,
             worker: self.workers[i].id.clone(),
             local_checkpoint: LocalCheckpointPolicy {
                 max_rows: self.config.local_checkpoint_rows,
                 max_interval_ms: 50,
             },
             max_epochs_ahead: self.config.max_epochs_ahead,
+            max_rows_per_second: 0,
+            max_messages_per_round: 64,
+            max_scan_rows_per_round: self.config.max_fetch_batch as usize,
+            idle_poll_ms: 0,
+            housekeeping_ms: 1,
+            static_member: false,
         };
-        let w = &mut self.workers[i];
-        w.exec = Some(Executor::new(spec, self.now_ms));
-        w.owned.clear();
-        w.scan = None;
-        w.fetch.clear();
+        let driver = Driver::new(
+            cfg,
+            SimConsumer {
+                world: self.world.clone(),
+                i,
+            },
+            SimCommitter {
+                world: self.world.clone(),
+                i,
+            },
+            SimClock {
+                world: self.world.clone(),
+            },
+            Box::new(self.store.clone()),
+            self.snapshot.clone(),
+            self.supervisor.clone(),
+            self.board.clone(),
+        )
+        .map_err(|f| format!("worker {} did not start: {f}", self.workers[i].id))?;
+        self.workers[i].driver = Some(driver);
+        Ok(())
+    }
+
+    fn drop_driver(&mut self, i: usize) {
+        if let Some(d) = self.workers[i].driver.take() {
+            add_stats(&mut self.workers[i].past, d.stats());
+        }
     }
 
     fn members(&self) -> Vec<usize> {
         (0..self.workers.len())
-            .filter(|&i| self.workers[i].member)
+            .filter(|&i| self.workers[i].alive && self.workers[i].member)
             .collect()
     }
 
-    /// Cooperative rebalance: every member learns what it loses, then what it gains. Frozen members
-    /// are not told (they find out when the store fences them).
-    fn rebalance(&mut self) -> SimResult<()> {
+    /// The coordinator's new target, and every member told what it loses. Members that froze are
+    /// not members: their partitions are given away without their word (they become zombies).
+    fn rebalance(&mut self) {
         let members = self.members();
+        self.target.clear();
         if members.is_empty() {
-            return Ok(());
+            return;
         }
-        self.report.rebalances += 1;
-        let mut target: BTreeMap<usize, BTreeSet<PartitionId>> = BTreeMap::new();
+        self.rebalances += 1;
         for p in 0..self.config.partition_count {
-            target
+            self.target
                 .entry(members[p as usize % members.len()])
                 .or_default()
                 .insert(p);
         }
-        // Revocations first.
+        let mut w = self.world.borrow_mut();
         for &i in &members {
-            let keep = target.get(&i).cloned().unwrap_or_default();
-            let revoked: Vec<PartitionId> =
-                self.workers[i].owned.difference(&keep).copied().collect();
-            if revoked.is_empty() {
-                continue;
-            }
-            if self.workers[i].frozen || self.workers[i].exec.is_none() {
-                for p in &revoked {
-                    self.workers[i].owned.remove(p);
-                }
-                continue;
-            }
-            self.note_update(i);
-            for p in &revoked {
-                self.workers[i].owned.remove(p);
-                self.workers[i].fetch.remove(p);
-            }
-            self.feed(i, Event::Revoked(revoked))?;
-        }
-        // Then assignments, claimed in the store first.
-        for &i in &members {
-            let want = target.get(&i).cloned().unwrap_or_default();
-            let gained: Vec<PartitionId> =
-                want.difference(&self.workers[i].owned).copied().collect();
-            if gained.is_empty() {
-                continue;
-            }
-            for p in &gained {
-                self.workers[i].owned.insert(*p);
-            }
-            if self.workers[i].frozen || self.workers[i].exec.is_none() {
-                continue;
-            }
-            self.assign(i, gained)?;
-        }
-        Ok(())
-    }
-
-    fn note_update(&mut self, i: usize) {
-        if let Some(exec) = &self.workers[i].exec {
-            let phase = exec.phase();
-            if phase != Phase::Unassigned {
-                *self.report.updates_by_phase.entry(phase).or_default() += 1;
+            let keep = self.target.get(&i).cloned().unwrap_or_default();
+            let lose: Vec<PartitionId> = w.consumers[i]
+                .eventual()
+                .difference(&keep)
+                .copied()
+                .collect();
+            if !lose.is_empty() {
+                w.consumers[i].inbox.push_back(Polled::Revoked {
+                    partitions: lose,
+                    lost: false,
+                });
             }
         }
     }
 
-    fn assign(&mut self, i: usize, partitions: Vec<PartitionId>) -> SimResult<()> {
-        let Some(exec) = &self.workers[i].exec else {
-            return Ok(());
-        };
-        let generation = exec.spec().generation;
-        let worker = self.workers[i].id.clone();
-        self.note_update(i);
-        match self.workers[i]
-            .store
-            .claim(JOB, generation, &worker, &partitions, &self.info)
-        {
-            Ok(claims) => self.feed(i, Event::Assigned(claims)),
-            Err(e) if e.is_fenced() => self.stop(i, Stop::Fenced(e)),
-            Err(e) => Err(format!("claim failed: {e}")),
+    /// Gives each member the partitions of its target that no other member holds any more
+    /// (cooperative: the old owner acknowledged the revocation first).
+    fn deliver_assignments(&mut self) {
+        let members = self.members();
+        let mut w = self.world.borrow_mut();
+        let eventual: BTreeMap<usize, BTreeSet<PartitionId>> = members
+            .iter()
+            .map(|&i| {
+                let mut h = w.consumers[i].eventual();
+                h.extend(w.consumers[i].assigned.keys().copied());
+                (i, h)
+            })
+            .collect();
+        for &i in &members {
+            let Some(want) = self.target.get(&i) else {
+                continue;
+            };
+            let gain: Vec<PartitionId> = want
+                .iter()
+                .copied()
+                .filter(|p| !eventual[&i].contains(p))
+                .filter(|p| members.iter().all(|&j| j == i || !eventual[&j].contains(p)))
+                .collect();
+            if !gain.is_empty() {
+                w.consumers[i].inbox.push_back(Polled::Assigned(gain));
+            }
         }
+    }
+
+    /// Runs the members with group events until none is left (a scripted rebalance completes).
+    fn settle_group(&mut self) -> SimResult<()> {
+        for _ in 0..1_000 {
+            self.deliver_assignments();
+            let busy: Vec<usize> = (0..self.workers.len())
+                .filter(|&i| self.runnable(i) && !self.world.borrow().consumers[i].inbox.is_empty())
+                .collect();
+            if busy.is_empty() {
+                return Ok(());
+            }
+            for i in busy {
+                self.work(i, 0)?;
+            }
+        }
+        Err(format!("the group did not settle: {}", self.describe()))
+    }
+
+    fn runnable(&self, i: usize) -> bool {
+        let w = &self.workers[i];
+        w.alive && !w.frozen && w.driver.is_some()
     }
 
     fn chaos(&mut self) -> SimResult<()> {
         let n = self.workers.len();
-        match self.rng.below(6) {
+        let pick = |s: &Sim, n: u64| s.world.borrow_mut().rng.below(n);
+        match pick(self, 6) {
             0 if self.members().len() < self.config.max_workers as usize => {
-                self.add_worker();
-                self.rebalance()
+                self.add_worker()?;
+                self.rebalance();
+                Ok(())
             }
             1 if self.members().len() > 1 => {
-                // Graceful leave: revoke everything, then go.
+                // Graceful leave: commit what is complete, then go.
                 let members = self.members();
-                let i = members[self.rng.below(members.len() as u64) as usize];
+                let i = members[pick(self, members.len() as u64) as usize];
                 if self.workers[i].frozen {
                     return Ok(());
                 }
-                self.leave(i)
+                if let Some(d) = self.workers[i].driver.as_mut() {
+                    d.shutdown();
+                }
+                self.retire(i);
+                self.rebalance();
+                self.check()
             }
             2 if n > 0 => {
-                // Crash: the worker disappears mid-flight; the group notices.
-                let i = self.rng.below(n as u64) as usize;
+                // Crash: the worker disappears mid-flight (its pending commits with it).
+                let i = pick(self, n as u64) as usize;
                 if !self.workers[i].alive {
                     return Ok(());
                 }
-                self.report.crashes += 1;
+                self.crashes += 1;
                 self.retire(i);
                 if self.members().is_empty() {
-                    self.add_worker();
+                    self.add_worker()?;
                 }
-                self.rebalance()
+                self.rebalance();
+                Ok(())
             }
             3 if n > 0 => {
                 // Freeze: the worker stops; after its session times out the group moves on.
-                let i = self.rng.below(n as u64) as usize;
+                let i = pick(self, n as u64) as usize;
                 if !self.workers[i].alive || self.workers[i].frozen || self.members().len() < 2 {
                     return Ok(());
                 }
-                self.report.freezes += 1;
+                self.freezes += 1;
                 self.workers[i].frozen = true;
                 self.workers[i].member = false;
-                self.rebalance()
+                self.rebalance();
+                Ok(())
             }
             4 => {
-                // Thaw a frozen worker: it goes on with what it believes it owns.
+                // Thaw a frozen worker: it goes on with what it believes it owns, for a while.
                 if let Some(i) = (0..n).find(|&i| self.workers[i].frozen) {
-                    self.workers[i].frozen = false;
+                    self.thaw(i);
                 }
                 Ok(())
             }
             _ => {
-                // Crash and restart in place: same membership, executor rebuilt from the store.
+                // Crash and restart in place: same membership, the loop rebuilt from the store.
                 let alive: Vec<usize> = (0..n)
                     .filter(|&i| self.workers[i].alive && !self.workers[i].frozen)
                     .collect();
                 if alive.is_empty() {
                     return Ok(());
                 }
-                let i = alive[self.rng.below(alive.len() as u64) as usize];
-                self.report.crashes += 1;
-                self.restart(i)
+                let i = alive[pick(self, alive.len() as u64) as usize];
+                self.crashes += 1;
+                self.restart_in_place(i)
             }
         }
     }
 
+    /// The worker is gone: its loop, consumer and pending commits.
     fn retire(&mut self, i: usize) {
+        self.drop_driver(i);
         let w = &mut self.workers[i];
         w.alive = false;
         w.member = false;
-        w.exec = None;
-        w.owned.clear();
-        w.fetch.clear();
-        w.scan = None;
+        w.rejoin_in = None;
+        let mut world = self.world.borrow_mut();
+        world.consumers[i] = ConsumerState::default();
+        world.commits[i] = CommitQueue::default();
     }
 
-    /// Rebuilds the worker's executor from the store, with the partitions the group gives it.
-    fn restart(&mut self, i: usize) -> SimResult<()> {
-        let owned: Vec<PartitionId> = self.workers[i].owned.iter().copied().collect();
-        self.start_executor(i);
+    fn restart_in_place(&mut self, i: usize) -> SimResult<()> {
+        let holds = self.world.borrow().consumers[i].eventual();
+        self.drop_driver(i);
+        {
+            let mut w = self.world.borrow_mut();
+            w.commits[i] = CommitQueue::default();
+            w.consumers[i] = ConsumerState::default();
+            if self.workers[i].member && !holds.is_empty() {
+                w.consumers[i]
+                    .inbox
+                    .push_back(Polled::Assigned(holds.into_iter().collect()));
+            }
+        }
+        self.workers[i].rejoin_in = None;
+        self.start_driver(i)?;
         if !self.workers[i].member {
             self.workers[i].member = true;
-            return self.rebalance();
+            self.rebalance();
         }
-        if owned.is_empty() {
-            return Ok(());
-        }
-        for p in &owned {
-            self.workers[i].owned.insert(*p);
-        }
-        self.assign(i, owned)
+        Ok(())
     }
 
     /// Stops churn: thaws and re-admits everyone, makes sure someone works.
     fn calm_down(&mut self) -> SimResult<()> {
+        let mut changed = false;
         for i in 0..self.workers.len() {
             if self.workers[i].frozen {
                 self.workers[i].frozen = false;
             }
+            if self.workers[i].alive && !self.workers[i].member {
+                self.workers[i].rejoin_in = Some(0);
+            }
         }
-        if self.members().is_empty() {
-            self.add_worker();
-            self.rebalance()?;
+        if self.members().is_empty() && !self.workers.iter().any(|w| w.rejoin_in.is_some()) {
+            self.add_worker()?;
+            changed = true;
+        }
+        if changed {
+            self.rebalance();
         }
         Ok(())
     }
 
     // ----- work ---------------------------------------------------------------------------------
 
-    fn work(&mut self, i: usize) -> SimResult<()> {
-        // Watermarks and time first: cheap, and what a real driver keeps feeding.
-        let fetching: Vec<PartitionId> = self.workers[i].fetch.keys().copied().collect();
-        for p in fetching {
-            let high = self.upstream.log.high_watermark(p);
-            self.feed(i, Event::Watermark { partition: p, high })?;
-            if self.workers[i].exec.is_none() {
-                return Ok(());
-            }
-        }
-        self.feed(
-            i,
-            Event::Tick {
-                now_ms: self.now_ms,
-            },
-        )?;
-        if self.workers[i].exec.is_none() {
-            return Ok(());
-        }
-        if let Some(event) = self.next_snapshot_event(i) {
-            return self.feed(i, event);
-        }
-        let leaky = self.rng.chance(self.config.leaky_pause_percent);
-        let ready: Vec<PartitionId> = self.workers[i]
-            .fetch
-            .iter()
-            .filter(|(p, (off, paused))| {
-                (!paused || leaky) && *off < self.upstream.log.high_watermark(**p)
-            })
-            .map(|(p, _)| *p)
-            .collect();
-        if ready.is_empty() {
-            return Ok(());
-        }
-        // A fetch: a small batch from one partition, delivered record by record.
-        let p = ready[self.rng.below(ready.len() as u64) as usize];
-        let batch = 1 + self.rng.below(self.config.max_fetch_batch) as usize;
-        for _ in 0..batch {
-            let Some(&(off, paused)) = self.workers[i].fetch.get(&p) else {
-                break;
-            };
-            if paused && !leaky {
-                break;
-            }
-            let Some((offset, record)) = self.upstream.log.read(p, off, 1).pop() else {
-                break;
-            };
-            self.workers[i].fetch.get_mut(&p).unwrap().0 = offset + 1;
-            self.feed(
-                i,
-                Event::Record {
-                    partition: p,
-                    offset,
-                    record,
-                },
-            )?;
-            if self.workers[i].exec.is_none() {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    fn next_snapshot_event(&mut self, i: usize) -> Option<Event> {
-        let scan = self.workers[i].scan.as_mut()?;
-        let start = scan.queue.front_mut()?;
-        let next = self
-            .snapshot
-            .scan(start.vnode, start.after.as_deref())
-            .expect("memory scan")
-            .next()
-            .map(|r| r.expect("memory row"));
-        let (scan_id, vnode) = (scan.scan, start.vnode);
-        Some(match next {
-            Some(row) => {
-                start.after = Some(row.key.clone());
-                Event::SnapshotRow {
-                    scan: scan_id,
-                    vnode,
-                    row,
-                }
-            }
-            None => {
-                scan.queue.pop_front();
-                Event::SnapshotVnodeDone {
-                    scan: scan_id,
-                    vnode,
-                }
-            }
-        })
-    }
-
-    /// Feeds one event to worker `i` and carries out the decisions.
-    fn feed(&mut self, i: usize, event: Event) -> SimResult<()> {
-        let Some(exec) = self.workers[i].exec.as_mut() else {
-            return Ok(());
+    /// A pending commit completes (sometimes), else a random runnable worker runs a loop step.
+    fn worker_step(&mut self) -> SimResult<()> {
+        let complete = {
+            let mut w = self.world.borrow_mut();
+            w.rng.chance(self.config.commit_percent)
         };
-        let phase_before = exec.phase();
-        let decisions = match exec.handle(event) {
-            Ok(d) => d,
-            Err(e) => {
-                return Err(format!(
-                    "worker {} failed on good input: {e}",
-                    self.workers[i].id
-                ))
-            }
-        };
-        for d in decisions {
-            match d {
-                Decision::Commit(cp) => {
-                    let job = JOB;
-                    match self.workers[i].store.commit(job, &cp) {
-                        Ok(()) => {
-                            self.report.commits += 1;
-                            self.oracle_check()?;
-                        }
-                        Err(e) if e.is_fenced() => return self.stop(i, Stop::Fenced(e)),
-                        Err(e) => return Err(format!("store rejected a commit: {e}")),
-                    }
-                }
-                Decision::Scan { scan, vnodes } => {
-                    self.workers[i].scan = Some(ScanState {
-                        scan,
-                        queue: vnodes.into(),
-                    });
-                }
-                Decision::Fetch { partition, offset } => {
-                    self.workers[i].fetch.insert(partition, (offset, false));
-                }
-                Decision::Pause(p) => {
-                    if let Some(f) = self.workers[i].fetch.get_mut(&p) {
-                        f.1 = true;
-                    }
-                }
-                Decision::Resume(p) => {
-                    if let Some(f) = self.workers[i].fetch.get_mut(&p) {
-                        f.1 = false;
-                    }
-                }
-                Decision::PhaseChanged { to, .. } => {
-                    self.report.phases_seen.insert(to);
-                    if to == Phase::Streaming && self.upstream.writing() {
-                        self.report.streamed_while_writing = true;
-                    }
-                    if to == Phase::Snapshot {
-                        for f in self.workers[i].fetch.values_mut() {
-                            f.1 = true;
-                        }
-                    }
-                }
-                Decision::Fail(e) => {
-                    if phase_before != Phase::LogStore {
-                        return Err(format!(
-                            "Fail outside the log-store phase ({phase_before:?}): {e}"
-                        ));
-                    }
-                    if e.to_string() != VNODE_BITMAP_UPDATE_IN_LOG_STORE {
-                        return Err(format!("unexpected error text: {e}"));
-                    }
-                    self.report.bitmap_errors += 1;
-                    return self.stop(i, Stop::Core(e));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A worker stopped: the supervisor decides.
-    fn stop(&mut self, i: usize, why: Stop) -> SimResult<()> {
-        let generation = self.workers[i]
-            .exec
-            .as_ref()
-            .map_or(0, |e| e.spec().generation);
-        let failure = match why {
-            Stop::Core(e) => WorkerFailure::Core(e),
-            Stop::Fenced(e) => {
-                self.report.fenced += 1;
-                WorkerFailure::Fenced(e.to_string())
-            }
-        };
-        self.workers[i].exec = None;
-        match self
-            .supervisor
-            .on_failure(&failure, generation, self.now_ms)
-        {
-            Verdict::Recreate {
-                from_generation, ..
-            } => {
-                let before = self.store.job_row(JOB).expect("job").generation;
-                let after = self
-                    .store
-                    .recreate(JOB, from_generation)
-                    .map_err(|e| e.to_string())?;
-                if after.generation == before + 1 {
-                    self.report.recreations += 1;
-                    if !self.store.rows(JOB).unwrap().is_empty() {
-                        return Err("recreation left rows behind".into());
-                    }
-                }
-                self.restart(i)
-            }
-            Verdict::Restart { .. } => self.restart(i),
-            Verdict::Stop { reason } => Err(format!("supervisor stopped the job: {reason}")),
-        }
-    }
-
-    // ----- oracle -------------------------------------------------------------------------------
-
-    /// Every committed vnode agrees with the upstream table at its committed epoch.
-    fn oracle_check(&mut self) -> SimResult<()> {
-        let es = self.info.snapshot_epoch;
-        let progress = self.store.vnode_progress(JOB);
-        let rows = self.store.rows(JOB).unwrap();
-        let mut by_vnode: BTreeMap<Vnode, BTreeMap<&Vec<u8>, &Vec<u8>>> = BTreeMap::new();
-        for (k, v) in &rows {
-            by_vnode
-                .entry(vnode_of(k, self.map.vnode_count()))
-                .or_default()
-                .insert(k, v);
-        }
-        for v in 0..self.map.vnode_count() as Vnode {
-            let actual = by_vnode.remove(&v).unwrap_or_default();
-            let (at, upto): (Epoch, Option<&Vec<u8>>) = match progress.get(&v) {
-                None => (es, Some(&Vec::new())),
-                Some(p) if p.epoch == es && !p.finished => {
-                    (es, Some(p.cursor.as_ref().unwrap_or(&EMPTY)))
-                }
-                Some(p) => (p.epoch, None),
-            };
-            let table = self.upstream.history.get(&at).ok_or_else(|| {
-                format!("vnode {v} committed at epoch {at}, which the upstream never completed")
-            })?;
-            let expected: BTreeMap<&Vec<u8>, &Vec<u8>> = table
-                .iter()
-                .filter(|(k, _)| vnode_of(k, self.map.vnode_count()) == v)
-                .filter(|(k, _)| upto.is_none_or(|c| !c.is_empty() && *k <= c))
+        if complete {
+            let pending: Vec<usize> = (0..self.workers.len())
+                .filter(|&i| self.runnable(i) && !self.world.borrow().commits[i].pending.is_empty())
                 .collect();
-            if actual != expected {
-                return Err(format!(
-                    "vnode {v} at epoch {at} (cursor {upto:?}): store has {} rows, upstream {} rows: {actual:?} vs {expected:?}",
-                    actual.len(),
-                    expected.len()
-                ));
+            if !pending.is_empty() {
+                let mut w = self.world.borrow_mut();
+                let i = pending[w.rng.below(pending.len() as u64) as usize];
+                w.apply_commit(i);
+                drop(w);
+                return self.check();
             }
+        }
+        let runnable: Vec<usize> = (0..self.workers.len())
+            .filter(|&i| self.runnable(i))
+            .collect();
+        if runnable.is_empty() {
+            return Ok(());
+        }
+        let (i, batch) = {
+            let mut w = self.world.borrow_mut();
+            let i = runnable[w.rng.below(runnable.len() as u64) as usize];
+            (i, 1 + w.rng.below(self.config.max_fetch_batch) as usize)
+        };
+        self.work(i, batch)
+    }
+
+    /// One loop step of worker `i`, handed at most `batch` records.
+    fn work(&mut self, i: usize, batch: usize) -> SimResult<()> {
+        match self.workers[i].rejoin_in {
+            Some(0) => {
+                // The thawed zombie learns at its next heartbeat that it was dropped: its
+                // assignment is lost, and it rejoins.
+                self.workers[i].rejoin_in = None;
+                {
+                    let mut w = self.world.borrow_mut();
+                    let lost: Vec<PartitionId> = w.consumers[i].eventual().into_iter().collect();
+                    if !lost.is_empty() {
+                        w.consumers[i].inbox.push_back(Polled::Revoked {
+                            partitions: lost,
+                            lost: true,
+                        });
+                    }
+                }
+                self.workers[i].member = true;
+                self.rebalance();
+            }
+            Some(n) => self.workers[i].rejoin_in = Some(n - 1),
+            None => {}
+        }
+        self.world.borrow_mut().consumers[i].allowance = batch;
+        let id = self.workers[i].id.clone();
+        let driver = self.workers[i].driver.as_mut().expect("runnable");
+        let r = driver.step();
+        self.world.borrow_mut().consumers[i].allowance = 0;
+        r.map_err(|e| format!("worker {id}: {e}"))?;
+        self.check()
+    }
+
+    /// The oracle's verdict so far, and what the report notes after each step.
+    fn check(&mut self) -> SimResult<()> {
+        if let Some(v) = self.world.borrow().violation.clone() {
+            return Err(v);
+        }
+        for w in &self.workers {
+            for s in std::iter::once(&w.past).chain(w.driver.as_ref().map(|d| d.stats())) {
+                if let Some(phase) = s
+                    .bitmap_errors_by_phase
+                    .keys()
+                    .find(|p| **p != Phase::LogStore)
+                {
+                    return Err(format!(
+                        "worker {} raised the invariant error outside the log-store phase ({phase:?})",
+                        w.id
+                    ));
+                }
+            }
+        }
+        if self.world.borrow().upstream.writing()
+            && self
+                .workers
+                .iter()
+                .any(|w| w.driver.as_ref().and_then(|d| d.phase()) == Some(Phase::Streaming))
+        {
+            self.streamed_while_writing = true;
         }
         Ok(())
     }
 
     fn converged(&self) -> bool {
-        if self.upstream.writing() {
+        let w = self.world.borrow();
+        if w.upstream.writing() {
             return false;
         }
         let parts = self.store.partition_progress(JOB);
         let all_committed = (0..self.config.partition_count).all(|p| {
             parts
                 .get(&p)
-                .is_some_and(|pp| pp.next_offset == self.upstream.log.high_watermark(p))
+                .is_some_and(|pp| pp.next_offset == w.upstream.log.high_watermark(p))
         });
-        let all_streaming = self.workers.iter().filter(|w| w.member).all(|w| {
-            w.exec
-                .as_ref()
-                .is_some_and(|e| matches!(e.phase(), Phase::Streaming | Phase::Unassigned))
-        });
-        all_committed && all_streaming
+        let quiet = w.commits.iter().all(|c| c.pending.is_empty())
+            && w.consumers.iter().all(|c| c.inbox.is_empty());
+        let all_streaming = self
+            .workers
+            .iter()
+            .filter(|x| x.alive && x.member)
+            .all(|x| {
+                x.driver
+                    .as_ref()
+                    .and_then(|d| d.phase())
+                    .is_some_and(|p| matches!(p, Phase::Streaming | Phase::Unassigned))
+            });
+        all_committed && quiet && all_streaming
     }
 
     fn final_check(&mut self) -> SimResult<()> {
-        self.oracle_check()?;
-        let rows = self.store.rows(JOB).unwrap();
-        if rows != self.upstream.table {
+        self.check()?;
+        let w = self.world.borrow();
+        w.oracle_check()?;
+        let rows = self.store.rows(JOB).map_err(|e| e.to_string())?;
+        if rows != w.upstream.table {
             return Err(format!(
                 "final table differs: store {} rows, upstream {} rows",
                 rows.len(),
-                self.upstream.table.len()
+                w.upstream.table.len()
             ));
         }
-        let last = *self.upstream.history.keys().last().unwrap();
+        let last = *w.upstream.history.keys().last().unwrap();
         for (v, p) in self.store.vnode_progress(JOB) {
             if p.epoch != last {
                 return Err(format!(
@@ -1054,24 +1309,28 @@ impl Sim {
                 ));
             }
         }
-        self.report.final_rows = rows.len();
+        drop(w);
+        self.final_rows = rows.len();
         Ok(())
     }
 
     fn describe(&self) -> String {
+        let world = self.world.borrow();
         let ws: Vec<String> = self
             .workers
             .iter()
-            .filter(|w| w.alive)
-            .map(|w| {
+            .enumerate()
+            .filter(|(_, w)| w.alive)
+            .map(|(i, w)| {
                 format!(
-                    "{}(member={} frozen={} owned={:?} fetch={:?} status={:?})",
+                    "{}(member={} frozen={} assigned={:?} inbox={:?} pending_commits={} status={:?})",
                     w.id,
                     w.member,
                     w.frozen,
-                    w.owned,
-                    w.fetch,
-                    w.exec.as_ref().map(|e| e.status())
+                    world.consumers[i].assigned,
+                    world.consumers[i].inbox,
+                    world.commits[i].pending.len(),
+                    w.driver.as_ref().and_then(|d| d.status())
                 )
             })
             .collect();
@@ -1080,6 +1339,19 @@ impl Sim {
             self.store.partition_progress(JOB)
         )
     }
+}
+
+fn add_stats(into: &mut DriverStats, s: &DriverStats) {
+    into.commits += s.commits;
+    into.fenced += s.fenced;
+    into.recreations += s.recreations;
+    for (p, n) in &s.bitmap_errors_by_phase {
+        *into.bitmap_errors_by_phase.entry(*p).or_default() += n;
+    }
+    for (p, n) in &s.updates_by_phase {
+        *into.updates_by_phase.entry(*p).or_default() += n;
+    }
+    into.phases_seen.extend(s.phases_seen.iter().copied());
 }
 
 static EMPTY: Vec<u8> = Vec::new();

@@ -28,13 +28,19 @@ fn phase_is(i: usize, p: Phase) -> impl Fn(&Sim) -> bool {
     move |s: &Sim| s.phase(i) == Some(p)
 }
 
+/// Worker `i` is in phase `p` and the checkpoint that took it there is durable (commits are
+/// pipelined: a crash loses what is still pending).
+fn committed_in(i: usize, p: Phase) -> impl Fn(&Sim) -> bool {
+    move |s: &Sim| s.phase(i) == Some(p) && s.pending_commits(i) == 0
+}
+
 #[test]
 fn snapshot_with_an_empty_log_goes_straight_to_streaming() {
     let mut s = calm(1, 16, 4, 40);
     let w = s.join().unwrap();
     s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
     s.settle().unwrap();
-    assert_eq!(s.report.final_rows, s.store().clone().rows_len("sim"));
+    assert_eq!(s.report().final_rows, s.store().clone().rows_len("sim"));
 }
 
 #[test]
@@ -48,7 +54,7 @@ fn snapshot_then_log_then_streaming() {
     s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
     s.write_epoch(5, CP);
     s.settle().unwrap();
-    let seen = &s.report.phases_seen;
+    let seen = &s.report().phases_seen;
     assert!(
         seen.contains(&Phase::Snapshot)
             && seen.contains(&Phase::LogStore)
@@ -60,7 +66,8 @@ fn snapshot_then_log_then_streaming() {
 fn non_checkpoint_barriers_accumulate_into_the_next_checkpoint() {
     let mut s = calm(3, 8, 2, 5);
     let w = s.join().unwrap();
-    s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
+    s.run_until(10_000, committed_in(w, Phase::Streaming))
+        .unwrap();
     let before = s.store().commits("sim");
     s.write_epoch(4, NB);
     s.write_epoch(4, NB);
@@ -104,7 +111,13 @@ fn crash_and_resume_in_every_progress_state() {
         s.write_epoch(4, CP);
     }
     let w = s.join().unwrap();
-    s.run_until(10_000, phase_is(w, Phase::LogStore)).unwrap();
+    s.run_until(10_000, |s| {
+        let done = s.store().vnode_progress("sim");
+        s.phase(w) == Some(Phase::LogStore)
+            && done.len() == s.snapshot_info().vnode_count as usize
+            && done.values().all(|p| p.finished)
+    })
+    .unwrap();
     s.crash_and_restart(w).unwrap();
     assert_eq!(
         s.phase(w),
@@ -120,7 +133,8 @@ fn crash_and_resume_in_every_progress_state() {
     let mut s = calm(7, 16, 4, 20);
     s.write_epoch(4, CP);
     let w = s.join().unwrap();
-    s.run_until(10_000, phase_is(w, Phase::Streaming)).unwrap();
+    s.run_until(10_000, committed_in(w, Phase::Streaming))
+        .unwrap();
     s.crash_and_restart(w).unwrap();
     assert_eq!(
         s.phase(w),
@@ -173,7 +187,7 @@ fn reassignment_during_the_snapshot_scales_out_and_in_without_loss() {
         gen,
         "no recreation for a snapshot-phase rebalance"
     );
-    assert_eq!(s.report.bitmap_errors, 0);
+    assert_eq!(s.report().bitmap_errors, 0);
 }
 
 #[test]
@@ -190,7 +204,8 @@ fn reassignment_during_the_log_store_raises_the_error_then_recreates() {
     let gen = s.generation();
     let _b = s.join().unwrap();
     assert_eq!(
-        s.report.bitmap_errors, 1,
+        s.report().bitmap_errors,
+        1,
         "the exact invariant error is raised once"
     );
     assert_eq!(s.generation(), gen + 1, "the job was recreated");
@@ -211,9 +226,9 @@ fn reassignment_during_streaming_loses_nothing() {
     s.leave(b).unwrap();
     s.write_epoch(6, CP);
     s.settle().unwrap();
-    assert_eq!(s.report.bitmap_errors, 0);
+    assert_eq!(s.report().bitmap_errors, 0);
     assert!(
-        s.report
+        s.report()
             .updates_by_phase
             .get(&Phase::Streaming)
             .copied()
@@ -257,6 +272,9 @@ fn a_frozen_zombie_is_fenced_and_nothing_is_lost() {
     s.thaw(a);
     s.write_epoch(5, CP);
     s.settle().unwrap();
-    assert!(s.report.fenced >= 1, "the zombie's commit was not rejected");
+    assert!(
+        s.report().fenced >= 1,
+        "the zombie's commit was not rejected"
+    );
     let _ = b;
 }

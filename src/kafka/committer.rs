@@ -11,27 +11,86 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::core::Checkpoint;
-use crate::ports::{StateStore, StoreError};
+use crate::kafka::worker::StoreFactory;
+use crate::ports::{CommitDone, CommitPort, StateStore, StoreError};
 
 /// How many checkpoints may wait for the store before the worker blocks.
 const MAX_PENDING: usize = 2;
 
 /// The outcome of one commit.
-pub struct Done {
-    pub checkpoint: Checkpoint,
-    pub result: Result<(), StoreError>,
-    pub elapsed: Duration,
+struct Done {
+    checkpoint: Checkpoint,
+    result: Result<(), StoreError>,
+    elapsed: Duration,
 }
 
+/// The committer thread of one worker, as the loop's [`CommitPort`].
 pub struct Committer {
+    job: String,
+    open_store: StoreFactory,
+    thread: Thread,
+}
+
+impl Committer {
+    /// A committer with its own store handle.
+    pub fn start(job: String, open_store: StoreFactory) -> Result<Committer, StoreError> {
+        let thread = Thread::start(job.clone(), open_store()?);
+        Ok(Committer {
+            job,
+            open_store,
+            thread,
+        })
+    }
+}
+
+impl CommitPort for Committer {
+    fn submit(&mut self, checkpoint: Checkpoint) {
+        self.thread.submit(checkpoint)
+    }
+
+    fn finished(&mut self) -> Vec<CommitDone> {
+        self.thread
+            .finished()
+            .into_iter()
+            .map(Done::into_port)
+            .collect()
+    }
+
+    fn drain(&mut self) -> Vec<CommitDone> {
+        self.thread
+            .drain()
+            .into_iter()
+            .map(Done::into_port)
+            .collect()
+    }
+
+    fn restart(&mut self) -> Result<(), StoreError> {
+        let _ = self.thread.drain();
+        self.thread = Thread::start(self.job.clone(), (self.open_store)()?);
+        Ok(())
+    }
+}
+
+impl Done {
+    fn into_port(self) -> CommitDone {
+        CommitDone {
+            checkpoint: self.checkpoint,
+            result: self.result,
+            elapsed_ms: self.elapsed.as_secs_f64() * 1000.0,
+        }
+    }
+}
+
+/// The thread and its channels.
+struct Thread {
     tx: Option<SyncSender<Checkpoint>>,
     rx: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
     pending: usize,
 }
 
-impl Committer {
-    pub fn start(job: String, mut store: Box<dyn StateStore>) -> Committer {
+impl Thread {
+    fn start(job: String, mut store: Box<dyn StateStore>) -> Thread {
         let (tx, jobs) = mpsc::sync_channel::<Checkpoint>(MAX_PENDING);
         let (done_tx, rx) = mpsc::channel::<Done>();
         let thread = std::thread::Builder::new()
@@ -61,7 +120,7 @@ impl Committer {
                 }
             })
             .expect("spawn committer");
-        Committer {
+        Thread {
             tx: Some(tx),
             rx,
             thread: Some(thread),
@@ -70,7 +129,7 @@ impl Committer {
     }
 
     /// Hands a checkpoint over (blocks while `MAX_PENDING` are waiting).
-    pub fn submit(&mut self, checkpoint: Checkpoint) {
+    fn submit(&mut self, checkpoint: Checkpoint) {
         self.pending += 1;
         self.tx
             .as_ref()
@@ -79,12 +138,8 @@ impl Committer {
             .expect("committer alive");
     }
 
-    pub fn pending(&self) -> usize {
-        self.pending
-    }
-
     /// Finished commits, without waiting.
-    pub fn finished(&mut self) -> Vec<Done> {
+    fn finished(&mut self) -> Vec<Done> {
         let mut out = Vec::new();
         while let Ok(d) = self.rx.try_recv() {
             self.pending -= 1;
@@ -94,7 +149,7 @@ impl Committer {
     }
 
     /// Waits for every pending commit.
-    pub fn drain(&mut self) -> Vec<Done> {
+    fn drain(&mut self) -> Vec<Done> {
         let mut out = Vec::new();
         while self.pending > 0 {
             let d = self.rx.recv().expect("committer alive");
@@ -105,7 +160,7 @@ impl Committer {
     }
 }
 
-impl Drop for Committer {
+impl Drop for Thread {
     fn drop(&mut self) {
         self.tx.take();
         if let Some(t) = self.thread.take() {
