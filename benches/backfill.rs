@@ -331,7 +331,7 @@ fn commit_latency(n: usize, repeats: usize) -> (f64, f64) {
     };
     store.ensure_job("b", &info).unwrap();
     let lease = store.claim("b", 0, "w", &[0], &info).unwrap()[0].lease;
-    let mut rng = kafka_backfill::sim::SimRng::new(1);
+    let mut rng = kafka_backfill::rng::SimRng::new(1);
     let mut times = Vec::new();
     for r in 0..repeats {
         let rows: Vec<RowMutation> = (0..n)

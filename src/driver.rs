@@ -412,7 +412,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let ranges = self.map.bitmap_of(parts.iter().copied()).ranges();
         info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?parts, vnodes = ?ranges, lost, "partitions revoked");
         self.feed(Event::Revoked(parts.clone()));
-        self.settle(true);
+        // Commit → acknowledge: what the revocation committed is durable before unassigning.
+        let ack_early =
+            crate::core::faults::active(crate::core::faults::Fault::AckRevocationBeforeCommit);
+        self.settle(!ack_early);
         for p in &parts {
             self.position.remove(p);
             self.paused_at.remove(p);
@@ -734,8 +737,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let owned = exec.owned_partitions();
         let log_phase = matches!(exec.phase(), Phase::LogStore | Phase::Streaming);
         if due {
+            let check_generation =
+                !crate::core::faults::active(crate::core::faults::Fault::SkipGenerationCheck);
             match self.store.job(&self.cfg.job) {
-                Ok(Some(row)) if row.generation != generation => {
+                Ok(Some(row)) if row.generation != generation && check_generation => {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, from = generation, to = row.generation, "job was recreated; restarting");
                     return self.fail(WorkerFailure::Fenced(format!(
                         "job recreated: generation {generation} -> {}",

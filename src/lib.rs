@@ -11,6 +11,7 @@ pub mod driver;
 pub mod http;
 pub mod job;
 pub mod kafka;
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 pub mod metrics;
 pub mod pg_tls;
@@ -18,8 +19,11 @@ pub mod ports;
 pub mod postgres_snapshot;
 pub mod postgres_store;
 pub mod retry;
+pub mod rng;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod snapshot_files;
 pub mod sqlite_store;
+pub mod store;
 pub mod verify;
 pub mod workload;

@@ -12,6 +12,7 @@ use crate::core::{
 use crate::ports::{
     JobRow, LogStore, RowIter, SnapshotInfo, SnapshotSource, SourceError, StateStore, StoreError,
 };
+use crate::store::protocol::{self, TxRead};
 
 /// A partitioned log in memory.
 #[derive(Clone, Debug, Default)]
@@ -143,76 +144,39 @@ impl MemoryStore {
     }
 }
 
-fn invariant(job: &str, detail: String) -> StoreError {
-    StoreError::Invariant {
-        job: job.to_string(),
-        detail,
-    }
-}
+/// The protocol's reads over one job's state (the lock is the transaction).
+struct Tx<'a>(Option<&'a JobState>);
 
-/// Checks a checkpoint against committed state: the invariants every store enforces.
-pub fn check_checkpoint(
-    job: &str,
-    map: &PartitionMap,
-    committed_vnodes: &BTreeMap<Vnode, VnodeProgress>,
-    cp: &Checkpoint,
-) -> Result<(), StoreError> {
-    let leased = |v: Vnode| cp.leases.iter().any(|(p, _)| *p == map.partition_of(v));
-    for m in &cp.rows {
-        if !leased(m.vnode()) {
-            return Err(invariant(
-                job,
-                format!("row of vnode {} outside the leased partitions", m.vnode()),
-            ));
-        }
+impl TxRead for Tx<'_> {
+    fn job_row(&mut self, _job: &str) -> Result<Option<JobRow>, StoreError> {
+        Ok(self.0.map(|s| s.row.clone()))
     }
-    for v in &cp.vnodes {
-        if !leased(v.vnode) {
-            return Err(invariant(
-                job,
-                format!(
-                    "progress of vnode {} outside the leased partitions",
-                    v.vnode
-                ),
-            ));
-        }
-        if let Some(old) = committed_vnodes.get(&v.vnode) {
-            if v.epoch < old.epoch {
-                return Err(invariant(
-                    job,
-                    format!(
-                        "vnode {} epoch would go back from {} to {}",
-                        v.vnode, old.epoch, v.epoch
-                    ),
-                ));
-            }
-            if v.epoch == old.epoch && !old.finished {
-                if let (Some(o), Some(n)) = (&old.cursor, &v.cursor) {
-                    if n <= o {
-                        return Err(invariant(
-                            job,
-                            format!("vnode {} snapshot cursor would not increase", v.vnode),
-                        ));
-                    }
-                }
-            }
-            if old.finished && !v.finished {
-                return Err(invariant(
-                    job,
-                    format!("vnode {} would be unfinished again", v.vnode),
-                ));
-            }
-        }
+
+    fn leases(
+        &mut self,
+        _job: &str,
+        partitions: &[PartitionId],
+    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
+        Ok(self.0.map_or_else(BTreeMap::new, |s| {
+            partitions
+                .iter()
+                .filter_map(|p| s.owners.get(p).map(|o| (*p, (o.worker.clone(), o.lease))))
+                .collect()
+        }))
     }
-    for p in &cp.partitions {
-        if !cp.leases.iter().any(|(q, _)| *q == p.partition) {
-            return Err(invariant(
-                job,
-                format!("progress of partition {} without its lease", p.partition),
-            ));
-        }
+
+    fn vnodes(
+        &mut self,
+        _job: &str,
+        vnodes: &[Vnode],
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        Ok(self.0.map_or_else(BTreeMap::new, |s| {
+            vnodes
+                .iter()
+                .filter_map(|v| s.vnodes.get(v).map(|p| (*v, p.clone())))
+                .collect()
+        }))
     }
-    Ok(())
 }
 
 impl StateStore for MemoryStore {
@@ -235,7 +199,7 @@ impl StateStore for MemoryStore {
             next_lease: 1,
             commits: 0,
         });
-        check_job_matches(&state.row, info)?;
+        protocol::check_job_matches(&state.row, info)?;
         Ok(state.row.clone())
     }
 
@@ -252,18 +216,10 @@ impl StateStore for MemoryStore {
         info: &SnapshotInfo,
     ) -> Result<Vec<ClaimedPartition>, StoreError> {
         let mut jobs = self.jobs.lock().unwrap();
-        let state = jobs
-            .get_mut(job)
-            .ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if state.row.generation != generation {
-            return Err(StoreError::StaleGeneration {
-                job: job.into(),
-                attempted: generation,
-                current: state.row.generation,
-            });
-        }
+        protocol::check_claim(&mut Tx(jobs.get(job)), job, generation)?;
+        let state = jobs.get_mut(job).expect("checked");
         let map = PartitionMap::new(info.vnode_count, info.partition_count)
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            .map_err(|e| StoreError::Rejected(e.to_string()))?;
         let mut out = Vec::new();
         for &p in partitions {
             let lease = state.next_lease;
@@ -275,61 +231,22 @@ impl StateStore for MemoryStore {
                     lease,
                 },
             );
-            let progress = match state.partitions.get(&p) {
-                Some(pp) => pp.clone(),
-                None => info.start_of(p).cloned().ok_or_else(|| {
-                    StoreError::Backend(format!("snapshot has no start offset for partition {p}"))
-                })?,
-            };
-            let vnodes = map
-                .vnodes_of(p)
-                .map(|v| {
-                    state
-                        .vnodes
-                        .get(&v)
-                        .cloned()
-                        .unwrap_or_else(|| VnodeProgress::fresh(v, info.snapshot_epoch))
-                })
-                .collect();
-            out.push(ClaimedPartition {
-                partition: p,
+            out.push(protocol::claimed_partition(
+                p,
                 lease,
-                progress,
-                vnodes,
-            });
+                state.partitions.get(&p).cloned(),
+                &state.vnodes,
+                &map,
+                info,
+            )?);
         }
         Ok(out)
     }
 
     fn commit(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
         let mut jobs = self.jobs.lock().unwrap();
-        let state = jobs
-            .get_mut(job)
-            .ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if state.row.generation != cp.generation {
-            return Err(StoreError::StaleGeneration {
-                job: job.into(),
-                attempted: cp.generation,
-                current: state.row.generation,
-            });
-        }
-        for (p, lease) in &cp.leases {
-            match state.owners.get(p) {
-                Some(o) if o.lease == *lease => {}
-                other => {
-                    return Err(StoreError::NotOwner {
-                        job: job.into(),
-                        partition: *p,
-                        attempted: *lease,
-                        current: other.map_or(0, |o| o.lease),
-                        owner: other.map_or("nobody".into(), |o| o.worker.clone()),
-                    })
-                }
-            }
-        }
-        let map = PartitionMap::new(state.row.vnode_count, state.row.partition_count)
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-        check_checkpoint(job, &map, &state.vnodes, cp)?;
+        protocol::check_commit(&mut Tx(jobs.get(job)), job, cp)?;
+        let state = jobs.get_mut(job).expect("checked");
         for m in &cp.rows {
             match m {
                 RowMutation::Upsert { row, .. } => {
@@ -346,6 +263,16 @@ impl StateStore for MemoryStore {
         for p in &cp.partitions {
             state.partitions.insert(p.partition, p.clone());
         }
+        if !cp.partitions.is_empty() {
+            // The job streams once every partition has committed in streaming.
+            let streaming = state.partitions.values().filter(|p| p.streaming).count();
+            state.row.phase = if streaming == state.row.partition_count as usize {
+                "streaming"
+            } else {
+                "log_store"
+            }
+            .into();
+        }
         state.commits += 1;
         Ok(())
     }
@@ -355,14 +282,16 @@ impl StateStore for MemoryStore {
         let state = jobs
             .get_mut(job)
             .ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if state.row.generation == from_generation {
+        if protocol::recreation_applies(&state.row, from_generation) {
             state.row.generation += 1;
             state.row.recreations += 1;
             state.row.phase = "snapshot".into();
             state.rows.clear();
             state.vnodes.clear();
             state.partitions.clear();
-            state.owners.clear();
+            if protocol::fences_by_generation() {
+                state.owners.clear();
+            }
         }
         Ok(state.row.clone())
     }
@@ -389,111 +318,5 @@ impl StateStore for MemoryStore {
             .get(job)
             .map(|j| j.rows.clone())
             .unwrap_or_default())
-    }
-}
-
-/// A stored job row must agree with the snapshot and configuration it is run with.
-pub fn check_job_matches(row: &JobRow, info: &SnapshotInfo) -> Result<(), StoreError> {
-    let mismatch = |what: &'static str, expected: String, found: String| StoreError::JobMismatch {
-        job: row.job.clone(),
-        what,
-        expected,
-        found,
-    };
-    if row.partition_count != info.partition_count {
-        return Err(mismatch(
-            "partition count",
-            info.partition_count.to_string(),
-            row.partition_count.to_string(),
-        ));
-    }
-    if row.vnode_count != info.vnode_count {
-        return Err(mismatch(
-            "vnode count",
-            info.vnode_count.to_string(),
-            row.vnode_count.to_string(),
-        ));
-    }
-    if row.snapshot_epoch != info.snapshot_epoch {
-        return Err(mismatch(
-            "snapshot epoch",
-            info.snapshot_epoch.to_string(),
-            row.snapshot_epoch.to_string(),
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::Epoch;
-
-    fn info(partitions: u32) -> SnapshotInfo {
-        SnapshotInfo {
-            snapshot_epoch: Epoch(1 << 16),
-            vnode_count: 16,
-            partition_count: partitions,
-            start: (0..partitions)
-                .map(|p| PartitionProgress {
-                    partition: p,
-                    next_offset: 0,
-                    epoch: Epoch(2 << 16),
-                    streaming: false,
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn a_partition_count_change_is_an_error_not_a_remap() {
-        let mut store = MemoryStore::new();
-        store.ensure_job("j", &info(4)).unwrap();
-        let err = store.ensure_job("j", &info(6)).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "job j: partition count is 4 in the store but 6 in the configuration; a job's partition count is fixed"
-        );
-    }
-
-    #[test]
-    fn commits_are_fenced_by_generation_and_lease() {
-        let mut store = MemoryStore::new();
-        let info = info(2);
-        store.ensure_job("j", &info).unwrap();
-        let a = store.claim("j", 0, "a", &[0], &info).unwrap();
-        let b = store.claim("j", 0, "b", &[0], &info).unwrap(); // the group moved partition 0 to b
-        let cp = |lease, generation| Checkpoint {
-            generation,
-            worker: "x".into(),
-            cause: crate::core::CheckpointCause::Local,
-            epoch: None,
-            leases: vec![(0, lease)],
-            rows: vec![],
-            vnodes: vec![],
-            partitions: vec![],
-        };
-        let err = store.commit("j", &cp(a[0].lease, 0)).unwrap_err();
-        assert!(
-            matches!(err, StoreError::NotOwner { partition: 0, .. }),
-            "{err}"
-        );
-        store.commit("j", &cp(b[0].lease, 0)).unwrap();
-        let row = store.recreate("j", 0).unwrap();
-        assert_eq!((row.generation, row.recreations), (1, 1));
-        assert_eq!(
-            store.recreate("j", 0).unwrap().generation,
-            1,
-            "compare-and-set: once"
-        );
-        let err = store.commit("j", &cp(b[0].lease, 0)).unwrap_err();
-        assert!(matches!(
-            err,
-            StoreError::StaleGeneration {
-                attempted: 0,
-                current: 1,
-                ..
-            }
-        ));
     }
 }

@@ -16,8 +16,8 @@ use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
     Vnode, VnodeProgress,
 };
-use crate::memory::{check_checkpoint, check_job_matches};
 use crate::ports::{JobRow, SnapshotInfo, StateStore, StoreError};
+use crate::store::protocol::{self, TxRead};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -316,6 +316,39 @@ fn vnode_rows(
         .collect())
 }
 
+/// The protocol's reads inside a PostgreSQL transaction (the job row locked `FOR UPDATE`).
+struct Tx<'a, 'b>(&'a mut postgres::Transaction<'b>);
+
+impl TxRead for Tx<'_, '_> {
+    fn job_row(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
+        job_row(self.0, job, true)
+    }
+
+    fn leases(
+        &mut self,
+        job: &str,
+        partitions: &[PartitionId],
+    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
+        let ps: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
+        Ok(self
+            .0
+            .query("SELECT partition, owner, lease FROM kb_leases WHERE job = $1 AND partition = ANY($2)", &[&job, &ps])
+            .map_err(classify)?
+            .into_iter()
+            .map(|r| (r.get::<_, i32>(0) as PartitionId, (r.get(1), r.get::<_, i64>(2) as u64)))
+            .collect())
+    }
+
+    fn vnodes(
+        &mut self,
+        job: &str,
+        vnodes: &[Vnode],
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        let vs: Vec<i32> = vnodes.iter().map(|v| *v as i32).collect();
+        vnode_rows(self.0, job, Some(&vs))
+    }
+}
+
 impl StateStore for PostgresStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         let table_name = self.table_name.clone();
@@ -327,7 +360,7 @@ impl StateStore for PostgresStore {
             .map_err(classify)?;
             job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })
         })?;
-        check_job_matches(&row, info)?;
+        protocol::check_job_matches(&row, info)?;
         Ok(row)
     }
 
@@ -348,10 +381,7 @@ impl StateStore for PostgresStore {
         let map = PartitionMap::new(info.vnode_count, info.partition_count)
             .map_err(|e| StoreError::Rejected(e.to_string()))?;
         self.with_tx(|tx, _, _| {
-            let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-            if row.generation != generation {
-                return Err(StoreError::StaleGeneration { job: job.into(), attempted: generation, current: row.generation });
-            }
+            protocol::check_claim(&mut Tx(tx), job, generation)?;
             let mut out = Vec::new();
             for &p in partitions {
                 let lease: i64 = tx
@@ -375,20 +405,9 @@ impl StateStore for PostgresStore {
                         epoch: Epoch(r.get::<_, i64>(1) as u64),
                         streaming: r.get(2),
                     });
-                let progress = match progress {
-                    Some(pp) => pp,
-                    None => info
-                        .start_of(p)
-                        .cloned()
-                        .ok_or_else(|| StoreError::Rejected(format!("the snapshot has no start offset for partition {p}")))?,
-                };
                 let vs: Vec<i32> = map.vnodes_of(p).map(|v| v as i32).collect();
                 let stored = vnode_rows(tx, job, Some(&vs))?;
-                let vnodes = map
-                    .vnodes_of(p)
-                    .map(|v| stored.get(&v).cloned().unwrap_or_else(|| VnodeProgress::fresh(v, info.snapshot_epoch)))
-                    .collect();
-                out.push(ClaimedPartition { partition: p, lease: lease as u64, progress, vnodes });
+                out.push(protocol::claimed_partition(p, lease as u64, progress, &stored, &map, info)?);
             }
             Ok(out)
         })
@@ -396,35 +415,7 @@ impl StateStore for PostgresStore {
 
     fn commit(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
         self.with_tx(|tx, table, table_name| {
-            let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-            if row.generation != cp.generation {
-                return Err(StoreError::StaleGeneration { job: job.into(), attempted: cp.generation, current: row.generation });
-            }
-            let ps: Vec<i32> = cp.leases.iter().map(|(p, _)| *p as i32).collect();
-            let current: BTreeMap<i32, (String, i64)> = tx
-                .query("SELECT partition, owner, lease FROM kb_leases WHERE job = $1 AND partition = ANY($2)", &[&job, &ps])
-                .map_err(classify)?
-                .into_iter()
-                .map(|r| (r.get(0), (r.get(1), r.get(2))))
-                .collect();
-            for (p, lease) in &cp.leases {
-                match current.get(&(*p as i32)) {
-                    Some((_, l)) if *l as u64 == *lease => {}
-                    other => {
-                        return Err(StoreError::NotOwner {
-                            job: job.into(),
-                            partition: *p,
-                            attempted: *lease,
-                            current: other.map_or(0, |o| o.1 as u64),
-                            owner: other.map_or("nobody".into(), |o| o.0.clone()),
-                        })
-                    }
-                }
-            }
-            let map = PartitionMap::new(row.vnode_count, row.partition_count).map_err(|e| StoreError::Rejected(e.to_string()))?;
-            let vs: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
-            let committed = vnode_rows(tx, job, Some(&vs))?;
-            check_checkpoint(job, &map, &committed, cp)?;
+            protocol::check_commit(&mut Tx(tx), job, cp)?;
             // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
             // within a checkpoint (coalesced), so one statement never touches a row twice.
             let ncols = 3 + table.columns.len();
@@ -504,7 +495,7 @@ impl StateStore for PostgresStore {
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
         self.with_tx(|tx, _, table_name| {
             let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-            if row.generation == from_generation {
+            if protocol::recreation_applies(&row, from_generation) {
                 tx.execute(
                     "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = $1",
                     &[&job],

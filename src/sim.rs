@@ -27,37 +27,13 @@ use crate::ports::{
     Clock, CommitDone, CommitPort, ConsumerPort, LogStore, Polled, SnapshotInfo, StateStore,
     StoreError,
 };
+pub use crate::rng::SimRng;
 
 const JOB: &str = "sim";
 
 /// Checkpoints a worker may have waiting before `submit` waits for the oldest (as the committer
 /// thread's channel does).
 const MAX_PENDING_COMMITS: usize = 2;
-
-/// A small, fast, seedable PRNG (SplitMix64): the simulation's only source of choice.
-#[derive(Clone, Debug)]
-pub struct SimRng(u64);
-
-impl SimRng {
-    pub fn new(seed: u64) -> Self {
-        SimRng(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// True with probability `p` percent.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// The shape of one simulated run.
 #[derive(Clone, Debug)]
@@ -424,6 +400,16 @@ impl ConsumerPort for SimConsumer {
 
     fn unassign(&mut self, partitions: &[PartitionId]) {
         let mut w = self.world.borrow_mut();
+        // The loop's contract: a revocation is acknowledged only once every commit before it is
+        // durable (the new owner starts from the store).
+        let pending = w.commits[self.i].pending.len();
+        if pending > 0 {
+            let v = format!(
+                "worker w{} acknowledged the revocation of partitions {partitions:?} with {pending} commit(s) still pending",
+                self.i
+            );
+            w.violation.get_or_insert(v);
+        }
         for p in partitions {
             w.consumers[self.i].assigned.remove(p);
         }

@@ -1,10 +1,11 @@
 //! The embedded state store: one SQLite file (WAL) holding, per job, the materialised table as a real
 //! SQL table plus the job, vnode-progress, partition-progress and lease tables. One checkpoint is one
-//! `BEGIN IMMEDIATE` transaction that first checks the generation and every lease, so a stale worker's
-//! commit changes nothing.
+//! `BEGIN IMMEDIATE` transaction that first runs the store protocol's checks (generation, every lease,
+//! the checkpoint against committed progress: `store::protocol`), so a stale worker's commit changes
+//! nothing.
 //!
-//! Owns SQL and type mapping; decides nothing about progress (the core does) beyond the fencing and
-//! monotonicity checks every store enforces (`memory::check_checkpoint`).
+//! Owns SQL and type mapping and the protocol's primitives; decides nothing about progress (the core
+//! does) and no rule of its own (the protocol does).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,8 +18,8 @@ use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
     Vnode, VnodeProgress,
 };
-use crate::memory::{check_checkpoint, check_job_matches};
 use crate::ports::{JobRow, SnapshotInfo, StateStore, StoreError};
+use crate::store::protocol::{self, TxRead};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -45,10 +46,6 @@ CREATE TABLE IF NOT EXISTS kb_leases (
   PRIMARY KEY (job, partition)
 );
 ";
-
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
-}
 
 /// Sorts a SQLite error into transient (busy, locked, I/O, full disk: a retry can succeed) and
 /// permanent (a constraint, a type, a malformed statement: it cannot).
@@ -117,10 +114,21 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating) the file and the materialised table `table_name` with the row's columns.
+    /// A transient failure (the file locked by another process's schema statement) is retried
+    /// under [`Backoff::STORE`](crate::core::retry::Backoff::STORE).
     pub fn open(path: &Path, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
+        crate::retry::retry_sleeping(
+            crate::core::retry::Backoff::STORE,
+            || Self::open_once(path, table_name, table.clone()),
+            StoreError::is_transient,
+        )
+    }
+
+    fn open_once(path: &Path, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
         crate::ports::check_table_name(table_name)?;
-        let conn =
-            Connection::open(path).map_err(|e| backend(format!("{}: {e}", path.display())))?;
+        // A file that cannot be opened is a configuration error, not an outage.
+        let conn = Connection::open(path)
+            .map_err(|e| StoreError::Rejected(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(classify)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -234,6 +242,45 @@ impl SqliteStore {
     }
 }
 
+/// The protocol's reads inside a SQLite transaction.
+struct Tx<'a>(&'a Connection);
+
+impl TxRead for Tx<'_> {
+    fn job_row(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
+        SqliteStore::job_row(self.0, job)
+    }
+
+    fn leases(
+        &mut self,
+        job: &str,
+        partitions: &[PartitionId],
+    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
+        let mut q = self
+            .0
+            .prepare_cached("SELECT owner, lease FROM kb_leases WHERE job = ?1 AND partition = ?2")
+            .map_err(classify)?;
+        let mut out = BTreeMap::new();
+        for &p in partitions {
+            let found: Option<(String, i64)> = q
+                .query_row(params![job, p], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+                .map_err(classify)?;
+            if let Some((owner, lease)) = found {
+                out.insert(p, (owner, lease as u64));
+            }
+        }
+        Ok(out)
+    }
+
+    fn vnodes(
+        &mut self,
+        job: &str,
+        vnodes: &[Vnode],
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+        SqliteStore::vnode_rows(self.0, job, vnodes.iter().copied())
+    }
+}
+
 impl StateStore for SqliteStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         self.conn
@@ -250,7 +297,7 @@ impl StateStore for SqliteStore {
             .map_err(classify)?;
         let row =
             Self::job_row(&self.conn, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        check_job_matches(&row, info)?;
+        protocol::check_job_matches(&row, info)?;
         Ok(row)
     }
 
@@ -272,14 +319,7 @@ impl StateStore for SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(classify)?;
-        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if row.generation != generation {
-            return Err(StoreError::StaleGeneration {
-                job: job.into(),
-                attempted: generation,
-                current: row.generation,
-            });
-        }
+        protocol::check_claim(&mut Tx(&tx), job, generation)?;
         let mut out = Vec::new();
         for &p in partitions {
             let lease: i64 = tx
@@ -305,30 +345,15 @@ impl StateStore for SqliteStore {
                 )
                 .optional()
                 .map_err(classify)?;
-            let progress = match progress {
-                Some(pp) => pp,
-                None => info.start_of(p).cloned().ok_or_else(|| {
-                    StoreError::Rejected(format!(
-                        "the snapshot has no start offset for partition {p}"
-                    ))
-                })?,
-            };
             let stored = Self::vnode_rows(&tx, job, map.vnodes_of(p))?;
-            let vnodes = map
-                .vnodes_of(p)
-                .map(|v| {
-                    stored
-                        .get(&v)
-                        .cloned()
-                        .unwrap_or_else(|| VnodeProgress::fresh(v, info.snapshot_epoch))
-                })
-                .collect();
-            out.push(ClaimedPartition {
-                partition: p,
-                lease: lease as u64,
+            out.push(protocol::claimed_partition(
+                p,
+                lease as u64,
                 progress,
-                vnodes,
-            });
+                &stored,
+                &map,
+                info,
+            )?);
         }
         tx.commit().map_err(classify)?;
         Ok(out)
@@ -339,43 +364,7 @@ impl StateStore for SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(classify)?;
-        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if row.generation != cp.generation {
-            return Err(StoreError::StaleGeneration {
-                job: job.into(),
-                attempted: cp.generation,
-                current: row.generation,
-            });
-        }
-        {
-            let mut lease_q = tx
-                .prepare_cached(
-                    "SELECT owner, lease FROM kb_leases WHERE job = ?1 AND partition = ?2",
-                )
-                .map_err(classify)?;
-            for (p, lease) in &cp.leases {
-                let current: Option<(String, i64)> = lease_q
-                    .query_row(params![job, p], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()
-                    .map_err(classify)?;
-                match current {
-                    Some((_, l)) if l as u64 == *lease => {}
-                    other => {
-                        return Err(StoreError::NotOwner {
-                            job: job.into(),
-                            partition: *p,
-                            attempted: *lease,
-                            current: other.as_ref().map_or(0, |o| o.1 as u64),
-                            owner: other.map_or("nobody".into(), |o| o.0),
-                        })
-                    }
-                }
-            }
-        }
-        let map = PartitionMap::new(row.vnode_count, row.partition_count)
-            .map_err(|e| StoreError::Rejected(e.to_string()))?;
-        let committed = Self::vnode_rows(&tx, job, cp.vnodes.iter().map(|v| v.vnode))?;
-        check_checkpoint(job, &map, &committed, cp)?;
+        protocol::check_commit(&mut Tx(&tx), job, cp)?;
         {
             let t = &self.table_name;
             let cols: Vec<String> = self
@@ -464,7 +453,7 @@ impl StateStore for SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(classify)?;
         let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if row.generation == from_generation {
+        if protocol::recreation_applies(&row, from_generation) {
             tx.execute(
                 "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = ?1",
                 [job],
@@ -524,8 +513,6 @@ impl StateStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{CheckpointCause, Row};
-    use apache_avro::types::Value as Avro;
 
     fn table() -> TableSchema {
         TableSchema::parse(
@@ -533,109 +520,6 @@ mod tests {
             &["id".to_string()],
         )
         .unwrap()
-    }
-
-    fn info() -> SnapshotInfo {
-        SnapshotInfo {
-            snapshot_epoch: Epoch(1 << 16),
-            vnode_count: 8,
-            partition_count: 2,
-            start: (0..2)
-                .map(|p| PartitionProgress {
-                    partition: p,
-                    next_offset: 1,
-                    epoch: Epoch(2 << 16),
-                    streaming: false,
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn commits_rows_as_sql_columns_and_fences_stale_writers() {
-        let dir = std::env::temp_dir().join(format!("kb-sqlite-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("state.sqlite");
-        let _ = std::fs::remove_file(&path);
-        let t = table();
-        let mut a = SqliteStore::open(&path, "accounts", t.clone()).unwrap();
-        let mut b = SqliteStore::open(&path, "accounts", t.clone()).unwrap();
-        a.ensure_job("j", &info()).unwrap();
-        let ca = a.claim("j", 0, "a", &[0], &info()).unwrap();
-        let row = Avro::Record(vec![
-            ("id".into(), Avro::Long(5)),
-            ("owner".into(), Avro::String("ann".into())),
-            ("balance".into(), Avro::Long(100)),
-            ("version".into(), Avro::Long(1)),
-            ("payload".into(), Avro::String("p".into())),
-        ]);
-        let datum = t.encode_row(&row).unwrap();
-        let key = t.key_of_datum(&datum).unwrap();
-        let vnode = crate::core::vnode_of(&key, 8);
-        let p = PartitionMap::new(8, 2).unwrap().partition_of(vnode);
-        let ca = if p == 0 {
-            ca
-        } else {
-            a.claim("j", 0, "a", &[1], &info()).unwrap()
-        };
-        let cp = Checkpoint {
-            generation: 0,
-            worker: "a".into(),
-            cause: CheckpointCause::Local,
-            epoch: None,
-            leases: vec![(ca[0].partition, ca[0].lease)],
-            rows: vec![RowMutation::Upsert {
-                vnode,
-                row: Row {
-                    key: key.clone(),
-                    value: datum.clone(),
-                },
-                offset: None,
-            }],
-            vnodes: vec![VnodeProgress {
-                cursor: Some(key.clone()),
-                row_count: 1,
-                ..VnodeProgress::fresh(vnode, Epoch(1 << 16))
-            }],
-            partitions: vec![],
-        };
-        a.commit("j", &cp).unwrap();
-        let (owner, balance): (String, i64) = a
-            .conn
-            .query_row(
-                "SELECT owner, balance FROM accounts WHERE id = 5",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
-        assert_eq!((owner.as_str(), balance), ("ann", 100));
-        // b takes the partition over: a's next commit is rejected and changes nothing.
-        b.claim("j", 0, "b", &[ca[0].partition], &info()).unwrap();
-        let mut stale = cp.clone();
-        stale.rows = vec![RowMutation::Delete {
-            vnode,
-            key: key.clone(),
-        }];
-        assert!(matches!(
-            a.commit("j", &stale),
-            Err(StoreError::NotOwner { .. })
-        ));
-        assert_eq!(a.rows("j").unwrap().len(), 1);
-        // Recreation discards rows and progress in one go and fences the old generation.
-        let row = b.recreate("j", 0).unwrap();
-        assert_eq!(row.generation, 1);
-        assert!(a.rows("j").unwrap().is_empty());
-        assert!(matches!(
-            a.commit("j", &cp),
-            Err(StoreError::StaleGeneration { .. })
-        ));
-        // A different partition count is refused.
-        let mut other = info();
-        other.partition_count = 3;
-        assert!(matches!(
-            a.ensure_job("j", &other),
-            Err(StoreError::JobMismatch { .. })
-        ));
     }
 
     #[test]

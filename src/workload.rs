@@ -20,7 +20,7 @@ use crate::codec::{LogCodec, TableSchema};
 use crate::core::{
     vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap, PartitionProgress, Vnode,
 };
-use crate::sim::SimRng;
+use crate::rng::SimRng;
 use crate::snapshot_files::{write_files, write_manifest, Manifest};
 
 /// The example table's row schema.

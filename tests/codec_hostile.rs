@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use apache_avro::types::Value;
 use apache_avro::Schema;
 use kafka_backfill::codec::{skip_datum, LogCodec, TableSchema};
-use kafka_backfill::sim::SimRng;
+use kafka_backfill::rng::SimRng;
 
 /// A random schema of bounded depth (types both readers agree on: no logical types).
 fn schema_json(rng: &mut SimRng, depth: u32, names: &mut u32) -> serde_json::Value {

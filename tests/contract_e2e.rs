@@ -158,7 +158,7 @@ fn a_value_the_store_cannot_hold_stops_the_job_naming_topic_partition_offset_and
     let codec = LogCodec::new(table.clone()).unwrap();
     let map = PartitionMap::new(256, 2).unwrap();
     let epoch = writer_next_epoch(&f);
-    let mut row = typed_row(1_000_000, 0, 100, &mut kafka_backfill::sim::SimRng::new(1));
+    let mut row = typed_row(1_000_000, 0, 100, &mut kafka_backfill::rng::SimRng::new(1));
     if let Value::Record(fields) = &mut row {
         fields.last_mut().unwrap().1 = Value::String("nul\0here".into());
     }
@@ -444,9 +444,9 @@ fn check_log_passes_on_produce_and_names_each_violation() {
             .unwrap()
             .1
     };
-    let mut rng = kafka_backfill::sim::SimRng::new(9);
+    let mut rng = kafka_backfill::rng::SimRng::new(9);
     // A row whose vnode partition 1 owns, and one whose vnode partition 0 owns.
-    let row_in = |partition: u32, rng: &mut kafka_backfill::sim::SimRng| {
+    let row_in = |partition: u32, rng: &mut kafka_backfill::rng::SimRng| {
         (10_000..)
             .map(|id| {
                 let datum = table

@@ -7,7 +7,7 @@
 use apache_avro::rabin::Rabin;
 use kafka_backfill::codec::{to_json, LogCodec};
 use kafka_backfill::core::{vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap};
-use kafka_backfill::sim::SimRng;
+use kafka_backfill::rng::SimRng;
 use kafka_backfill::workload::TableKind;
 use serde_json::{json, Value};
 

@@ -42,7 +42,7 @@ fn dir(name: &str) -> PathBuf {
 fn written(d: &Path) -> Manifest {
     let table = TableKind::Accounts.schema().unwrap();
     let mut rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
-    let mut rng = kafka_backfill::sim::SimRng::new(7);
+    let mut rng = kafka_backfill::rng::SimRng::new(7);
     for id in 0..50 {
         let datum = table
             .encode_row(&kafka_backfill::workload::example_row(id, 0, 60, &mut rng))

@@ -1,128 +1,13 @@
-//! The PostgreSQL store against a real PostgreSQL (`scripts/postgres.sh`): fencing, recreation, and
-//! two processes sharing one job where one is frozen past its session timeout (a zombie).
+//! The PostgreSQL store end to end against a real PostgreSQL (`scripts/postgres.sh`): two processes
+//! sharing one job where one is frozen past its session timeout (a zombie), `kill -9` in every phase,
+//! a PostgreSQL table as the snapshot source. The store's rules are in `tests/store_conformance.rs`.
 
 mod support;
 
 use std::process::Command;
 use std::time::Duration;
 
-use kafka_backfill::codec::TableSchema;
-use kafka_backfill::core::{
-    Checkpoint, CheckpointCause, Epoch, PartitionProgress, Row, RowMutation, VnodeProgress,
-};
-use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
-use kafka_backfill::postgres_store::PostgresStore;
 use support::{pg_url, serial, Fixture};
-
-fn table() -> TableSchema {
-    TableSchema::parse(
-        kafka_backfill::workload::EXAMPLE_ROW_SCHEMA,
-        &["id".to_string()],
-    )
-    .unwrap()
-}
-
-#[test]
-fn fencing_recreation_and_partition_count_checks_in_postgres() {
-    let url = pg_url();
-    let job = format!("unit-{}", std::process::id());
-    let tname = format!("accounts_unit_{}", std::process::id());
-    let info = SnapshotInfo {
-        snapshot_epoch: Epoch(1 << 16),
-        vnode_count: 8,
-        partition_count: 2,
-        start: (0..2)
-            .map(|p| PartitionProgress {
-                partition: p,
-                next_offset: 1,
-                epoch: Epoch(2 << 16),
-                streaming: false,
-            })
-            .collect(),
-    };
-    let t = table();
-    let mut a = PostgresStore::open(&url, &tname, t.clone()).unwrap();
-    let mut b = PostgresStore::open(&url, &tname, t.clone()).unwrap();
-    a.ensure_job(&job, &info).unwrap();
-    let datum = t
-        .encode_row(&apache_avro::types::Value::Record(vec![
-            ("id".into(), apache_avro::types::Value::Long(5)),
-            (
-                "owner".into(),
-                apache_avro::types::Value::String("ann".into()),
-            ),
-            ("balance".into(), apache_avro::types::Value::Long(100)),
-            ("version".into(), apache_avro::types::Value::Long(1)),
-            (
-                "payload".into(),
-                apache_avro::types::Value::String("p".into()),
-            ),
-        ]))
-        .unwrap();
-    let key = t.key_of_datum(&datum).unwrap();
-    let vnode = kafka_backfill::core::vnode_of(&key, 8);
-    let p = kafka_backfill::core::PartitionMap::new(8, 2)
-        .unwrap()
-        .partition_of(vnode);
-    let claim = a.claim(&job, 0, "a", &[p], &info).unwrap();
-    let cp = Checkpoint {
-        generation: 0,
-        worker: "a".into(),
-        cause: CheckpointCause::Local,
-        epoch: None,
-        leases: vec![(p, claim[0].lease)],
-        rows: vec![RowMutation::Upsert {
-            vnode,
-            row: Row {
-                key: key.clone(),
-                value: datum.clone(),
-            },
-            offset: None,
-        }],
-        vnodes: vec![VnodeProgress {
-            cursor: Some(key.clone()),
-            row_count: 1,
-            ..VnodeProgress::fresh(vnode, Epoch(1 << 16))
-        }],
-        partitions: vec![],
-    };
-    a.commit(&job, &cp).unwrap();
-    a.commit(&job, &cp).unwrap_err(); // the cursor must increase: the same checkpoint twice is refused
-    assert_eq!(a.rows(&job).unwrap().get(&key), Some(&datum));
-    let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    let bal: i64 = client
-        .query_one(&format!("SELECT balance FROM {tname} WHERE id = 5"), &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(bal, 100, "rows are real columns");
-    // b claims the partition: a's commit is rejected and changes nothing.
-    b.claim(&job, 0, "b", &[p], &info).unwrap();
-    let mut stale = cp.clone();
-    stale.rows = vec![RowMutation::Delete {
-        vnode,
-        key: key.clone(),
-    }];
-    stale.vnodes.clear();
-    assert!(matches!(
-        a.commit(&job, &stale),
-        Err(StoreError::NotOwner { .. })
-    ));
-    assert_eq!(a.rows(&job).unwrap().len(), 1);
-    // Recreation: one transaction, compare-and-set.
-    assert_eq!(b.recreate(&job, 0).unwrap().generation, 1);
-    assert_eq!(a.recreate(&job, 0).unwrap().generation, 1, "only once");
-    assert!(a.rows(&job).unwrap().is_empty());
-    assert!(matches!(
-        a.commit(&job, &cp),
-        Err(StoreError::StaleGeneration { .. })
-    ));
-    let mut other = info.clone();
-    other.partition_count = 4;
-    assert!(matches!(
-        a.ensure_job(&job, &other),
-        Err(StoreError::JobMismatch { .. })
-    ));
-}
 
 #[test]
 fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {

@@ -2,7 +2,7 @@
 //!
 //! `SIM_SEEDS` (default 1000) seeds run from `SIM_FIRST_SEED` (default 0). A failure prints the seed
 //! and a command that replays exactly that run:
-//! `SIM_SEED=<seed> cargo test --test simulation replay -- --nocapture`.
+//! `SIM_SEED=<seed> cargo test --features testing --test simulation replay -- --nocapture`.
 
 use kafka_backfill::core::Phase;
 use kafka_backfill::sim::{Sim, SimConfig, SimReport};
@@ -19,7 +19,7 @@ fn run_seed(seed: u64) -> Result<SimReport, String> {
     let shape = format!("{config:?}");
     Sim::new(config).run().map_err(|e| {
         format!(
-            "simulation seed {seed} failed: {e}\n  shape: {shape}\n  replay: SIM_SEED={seed} cargo test --test simulation replay -- --nocapture"
+            "simulation seed {seed} failed: {e}\n  shape: {shape}\n  replay: SIM_SEED={seed} cargo test --features testing --test simulation replay -- --nocapture"
         )
     })
 }
@@ -93,7 +93,7 @@ fn random_schedules_against_the_oracle() {
     }
 }
 
-/// Replays one seed: `SIM_SEED=<seed> cargo test --test simulation replay -- --nocapture`.
+/// Replays one seed: `SIM_SEED=<seed> cargo test --features testing --test simulation replay -- --nocapture`.
 #[test]
 fn replay() {
     // Without SIM_SEED this replays seed 0 (and says so), so the replay path itself is always run.
@@ -134,5 +134,30 @@ fn catch_up_terminates_while_upstream_keeps_writing() {
             report.streamed_while_writing,
             "seed {seed}: reached streaming only after the upstream stopped"
         );
+    }
+}
+
+/// The simulation can fail: each deliberate bug (`src/core/faults.rs`) is caught by the oracle or
+/// the loop's contract checks within a bounded number of seeds; the catching seed is printed.
+#[cfg(feature = "testing")]
+#[test]
+fn each_deliberate_bug_is_caught() {
+    use kafka_backfill::core::faults::{inject, Fault};
+    const BOUND: u64 = 300;
+    for fault in Fault::ALL {
+        inject(Some(fault));
+        let caught = (0..BOUND).find_map(|seed| run_seed(seed).err().map(|e| (seed, e)));
+        inject(None);
+        let Some((seed, e)) = caught else {
+            panic!("{fault:?} was not caught within {BOUND} seeds");
+        };
+        println!(
+            "{fault:?} caught by seed {seed}: {}",
+            e.lines().next().unwrap_or_default()
+        );
+    }
+    // And with no fault, those seeds pass.
+    for seed in 0..20 {
+        run_seed(seed).unwrap();
     }
 }

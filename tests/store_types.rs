@@ -69,7 +69,7 @@ fn commit_rows(
 }
 
 fn rows(n: i64) -> Vec<Value> {
-    let mut rng = kafka_backfill::sim::SimRng::new(3);
+    let mut rng = kafka_backfill::rng::SimRng::new(3);
     (0..n).map(|id| typed_row(id, id, 150, &mut rng)).collect()
 }
 

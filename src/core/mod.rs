@@ -1,15 +1,16 @@
 //! The pure core: everything that decides, nothing that does.
 //!
 //! This module owns the domain (epochs, barriers, vnodes, progress), the per-worker state machine and
-//! the supervisor's recreation policy. It performs no I/O, reads no clock and imports neither tokio nor
-//! rdkafka: drivers feed it events and carry out its decisions. Keep it that way — `grep -rE
-//! "tokio|rdkafka" src/core` must stay empty.
+//! the supervisor's recreation policy. It performs no I/O, reads no clock and imports neither the async
+//! runtime nor the Kafka client: drivers feed it events and carry out its decisions. Keep it that way
+//! — `tests/architecture.rs` fails on any use of them (or of files, sockets, threads or clocks) here.
 
 pub mod barrier;
 pub mod contract;
 pub mod epoch;
 pub mod error;
 pub mod executor;
+pub mod faults;
 pub mod phase;
 pub mod progress;
 pub mod retry;

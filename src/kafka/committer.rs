@@ -28,45 +28,46 @@ struct Done {
 pub struct Committer {
     job: String,
     open_store: StoreFactory,
-    thread: Thread,
+    /// Started (with its own store handle) when the loop starts an executor.
+    thread: Option<Thread>,
 }
 
 impl Committer {
-    /// A committer with its own store handle.
-    pub fn start(job: String, open_store: StoreFactory) -> Result<Committer, StoreError> {
-        let thread = Thread::start(job.clone(), open_store()?);
-        Ok(Committer {
+    /// A committer of `job`; its thread starts at the loop's first `restart`.
+    pub fn new(job: String, open_store: StoreFactory) -> Committer {
+        Committer {
             job,
             open_store,
-            thread,
-        })
+            thread: None,
+        }
     }
 }
 
 impl CommitPort for Committer {
     fn submit(&mut self, checkpoint: Checkpoint) {
-        self.thread.submit(checkpoint)
+        self.thread
+            .as_mut()
+            .expect("the loop starts the committer before it commits")
+            .submit(checkpoint)
     }
 
     fn finished(&mut self) -> Vec<CommitDone> {
-        self.thread
-            .finished()
-            .into_iter()
-            .map(Done::into_port)
-            .collect()
+        self.thread.as_mut().map_or_else(Vec::new, |t| {
+            t.finished().into_iter().map(Done::into_port).collect()
+        })
     }
 
     fn drain(&mut self) -> Vec<CommitDone> {
-        self.thread
-            .drain()
-            .into_iter()
-            .map(Done::into_port)
-            .collect()
+        self.thread.as_mut().map_or_else(Vec::new, |t| {
+            t.drain().into_iter().map(Done::into_port).collect()
+        })
     }
 
     fn restart(&mut self) -> Result<(), StoreError> {
-        let _ = self.thread.drain();
-        self.thread = Thread::start(self.job.clone(), (self.open_store)()?);
+        if let Some(mut t) = self.thread.take() {
+            let _ = t.drain();
+        }
+        self.thread = Some(Thread::start(self.job.clone(), (self.open_store)()?));
         Ok(())
     }
 }

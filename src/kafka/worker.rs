@@ -367,8 +367,7 @@ impl Drop for KafkaConsumer {
 pub fn run_worker(setup: WorkerSetup) -> Result<()> {
     let store = (setup.open_store)()
         .with_context(|| format!("opening the state store of job {}", setup.job))?;
-    let committer = Committer::start(setup.job.clone(), setup.open_store.clone())
-        .with_context(|| format!("opening the state store of job {}", setup.job))?;
+    let committer = Committer::new(setup.job.clone(), setup.open_store.clone());
     let consumer = KafkaConsumer::subscribe(&setup)?;
     let cfg = DriverConfig {
         job: setup.job.clone(),

@@ -1,0 +1,246 @@
+//! The store protocol, written once: the checks every state store makes inside its transaction
+//! before it changes anything (generation, leases, the checkpoint against committed progress, the
+//! job's shape), and the shape of a claim. A backend implements only primitives — reading the job
+//! row, a lease and vnode progress inside its transaction ([`TxRead`]), and writing what the
+//! protocol allowed — so the rules cannot drift between memory, SQLite and PostgreSQL.
+//! `tests/store_conformance.rs` runs one suite unchanged against all three.
+
+use std::collections::BTreeMap;
+
+use crate::core::faults::{self, Fault};
+use crate::core::{
+    Checkpoint, ClaimedPartition, PartitionId, PartitionMap, PartitionProgress, Vnode,
+    VnodeProgress,
+};
+use crate::ports::{JobRow, SnapshotInfo, StoreError};
+
+/// What the protocol reads inside a backend's transaction.
+pub trait TxRead {
+    fn job_row(&mut self, job: &str) -> Result<Option<JobRow>, StoreError>;
+    /// The current owner and lease of each of these partitions that is claimed (one read).
+    fn leases(
+        &mut self,
+        job: &str,
+        partitions: &[PartitionId],
+    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError>;
+    /// Committed progress of these vnodes (absent = none committed).
+    fn vnodes(
+        &mut self,
+        job: &str,
+        vnodes: &[Vnode],
+    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError>;
+}
+
+/// The job row, which must exist.
+pub fn job_row(tx: &mut impl TxRead, job: &str) -> Result<JobRow, StoreError> {
+    tx.job_row(job)?
+        .ok_or_else(|| StoreError::NoJob { job: job.into() })
+}
+
+/// A worker of `generation` may act only while the job is in that generation (a recreation fences
+/// every worker of the earlier one).
+pub fn check_generation(job: &str, current: u64, attempted: u64) -> Result<(), StoreError> {
+    if current != attempted && fences_by_generation() {
+        return Err(StoreError::StaleGeneration {
+            job: job.into(),
+            attempted,
+            current,
+        });
+    }
+    Ok(())
+}
+
+/// Whether a generation fences its predecessors: always, except under the simulation's deliberate
+/// bug `SkipGenerationCheck` (where a recreation also keeps the old leases, so nothing else fences).
+pub fn fences_by_generation() -> bool {
+    !faults::active(Fault::SkipGenerationCheck)
+}
+
+/// Before a claim: the job exists and is in the claimer's generation. Returns the job row.
+pub fn check_claim(tx: &mut impl TxRead, job: &str, generation: u64) -> Result<JobRow, StoreError> {
+    let row = job_row(tx, job)?;
+    check_generation(job, row.generation, generation)?;
+    Ok(row)
+}
+
+/// A claimed partition: its committed progress (or the snapshot's start offset) and its vnodes'
+/// committed progress (or fresh at the snapshot epoch).
+pub fn claimed_partition(
+    partition: PartitionId,
+    lease: u64,
+    stored: Option<PartitionProgress>,
+    stored_vnodes: &BTreeMap<Vnode, VnodeProgress>,
+    map: &PartitionMap,
+    info: &SnapshotInfo,
+) -> Result<ClaimedPartition, StoreError> {
+    let progress = match stored {
+        Some(p) => p,
+        None => info.start_of(partition).cloned().ok_or_else(|| {
+            StoreError::Rejected(format!(
+                "the snapshot has no start offset for partition {partition}"
+            ))
+        })?,
+    };
+    let vnodes = map
+        .vnodes_of(partition)
+        .map(|v| {
+            stored_vnodes
+                .get(&v)
+                .cloned()
+                .unwrap_or_else(|| VnodeProgress::fresh(v, info.snapshot_epoch))
+        })
+        .collect();
+    Ok(ClaimedPartition {
+        partition,
+        lease,
+        progress,
+        vnodes,
+    })
+}
+
+/// Before a commit: the generation, every lease the checkpoint holds, and the checkpoint against
+/// committed progress ([`check_checkpoint`]). Returns the job row.
+pub fn check_commit(
+    tx: &mut impl TxRead,
+    job: &str,
+    cp: &Checkpoint,
+) -> Result<JobRow, StoreError> {
+    let row = job_row(tx, job)?;
+    check_generation(job, row.generation, cp.generation)?;
+    let ps: Vec<PartitionId> = cp.leases.iter().map(|(p, _)| *p).collect();
+    let mut current = tx.leases(job, &ps)?;
+    for (p, lease) in &cp.leases {
+        match current.remove(p) {
+            Some((_, l)) if l == *lease => {}
+            other => {
+                return Err(StoreError::NotOwner {
+                    job: job.into(),
+                    partition: *p,
+                    attempted: *lease,
+                    current: other.as_ref().map_or(0, |o| o.1),
+                    owner: other.map_or_else(|| "nobody".into(), |o| o.0),
+                })
+            }
+        }
+    }
+    let map = PartitionMap::new(row.vnode_count, row.partition_count)
+        .map_err(|e| StoreError::Rejected(e.to_string()))?;
+    let vnodes: Vec<Vnode> = cp.vnodes.iter().map(|v| v.vnode).collect();
+    let committed = tx.vnodes(job, &vnodes)?;
+    check_checkpoint(job, &map, &committed, cp)?;
+    Ok(row)
+}
+
+fn invariant(job: &str, detail: String) -> StoreError {
+    StoreError::Invariant {
+        job: job.to_string(),
+        detail,
+    }
+}
+
+/// A checkpoint against committed state: rows and progress only of leased partitions, vnode epochs
+/// never backwards, a snapshot cursor that only increases (or a replay of the same progress), a
+/// finished vnode never unfinished again.
+pub fn check_checkpoint(
+    job: &str,
+    map: &PartitionMap,
+    committed_vnodes: &BTreeMap<Vnode, VnodeProgress>,
+    cp: &Checkpoint,
+) -> Result<(), StoreError> {
+    let leased = |v: Vnode| cp.leases.iter().any(|(p, _)| *p == map.partition_of(v));
+    for m in &cp.rows {
+        if !leased(m.vnode()) {
+            return Err(invariant(
+                job,
+                format!("row of vnode {} outside the leased partitions", m.vnode()),
+            ));
+        }
+    }
+    for v in &cp.vnodes {
+        if !leased(v.vnode) {
+            return Err(invariant(
+                job,
+                format!(
+                    "progress of vnode {} outside the leased partitions",
+                    v.vnode
+                ),
+            ));
+        }
+        if let Some(old) = committed_vnodes.get(&v.vnode) {
+            if v.epoch < old.epoch {
+                return Err(invariant(
+                    job,
+                    format!(
+                        "vnode {} epoch would go back from {} to {}",
+                        v.vnode, old.epoch, v.epoch
+                    ),
+                ));
+            }
+            if v.epoch == old.epoch && !old.finished {
+                if let (Some(o), Some(n)) = (&old.cursor, &v.cursor) {
+                    // The very same progress again is a replay of this checkpoint (a transaction
+                    // retried after its commit's answer was lost): it writes the same values.
+                    if n < o || (n == o && v != old) {
+                        return Err(invariant(
+                            job,
+                            format!("vnode {} snapshot cursor would not increase", v.vnode),
+                        ));
+                    }
+                }
+            }
+            if old.finished && !v.finished {
+                return Err(invariant(
+                    job,
+                    format!("vnode {} would be unfinished again", v.vnode),
+                ));
+            }
+        }
+    }
+    for p in &cp.partitions {
+        if !cp.leases.iter().any(|(q, _)| *q == p.partition) {
+            return Err(invariant(
+                job,
+                format!("progress of partition {} without its lease", p.partition),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A stored job row must agree with the snapshot and configuration it is run with.
+pub fn check_job_matches(row: &JobRow, info: &SnapshotInfo) -> Result<(), StoreError> {
+    let mismatch = |what: &'static str, expected: String, found: String| StoreError::JobMismatch {
+        job: row.job.clone(),
+        what,
+        expected,
+        found,
+    };
+    if row.partition_count != info.partition_count {
+        return Err(mismatch(
+            "partition count",
+            info.partition_count.to_string(),
+            row.partition_count.to_string(),
+        ));
+    }
+    if row.vnode_count != info.vnode_count {
+        return Err(mismatch(
+            "vnode count",
+            info.vnode_count.to_string(),
+            row.vnode_count.to_string(),
+        ));
+    }
+    if row.snapshot_epoch != info.snapshot_epoch {
+        return Err(mismatch(
+            "snapshot epoch",
+            info.snapshot_epoch.to_string(),
+            row.snapshot_epoch.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// A recreation applies only if the job is still in `from_generation` (compare-and-set: of many
+/// workers raising the error, one recreation happens).
+pub fn recreation_applies(row: &JobRow, from_generation: u64) -> bool {
+    row.generation == from_generation
+}

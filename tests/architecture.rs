@@ -1,0 +1,82 @@
+//! The architecture's rules, checked on the source: the core does no I/O and reads no clock; the
+//! worker loop talks to the world only through its ports.
+
+use std::path::Path;
+
+fn sources(dir: &Path, out: &mut Vec<(String, String)>) {
+    if dir.is_file() {
+        out.push((
+            dir.display().to_string(),
+            std::fs::read_to_string(dir).unwrap(),
+        ));
+        return;
+    }
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push((
+                path.display().to_string(),
+                std::fs::read_to_string(&path).unwrap(),
+            ));
+        }
+    }
+}
+
+/// Code lines (comments dropped) of every file under `dir` that use one of `forbidden`.
+fn uses(dir: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut files = Vec::new();
+    sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join(dir), &mut files);
+    assert!(!files.is_empty(), "no sources under {dir}");
+    let mut found = Vec::new();
+    for (file, text) in files {
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for f in forbidden {
+                if code.contains(f) {
+                    found.push(format!("{file}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_core_does_no_io_and_reads_no_clock() {
+    let found = uses(
+        "src/core",
+        &[
+            "tokio",
+            "rdkafka",
+            "rusqlite",
+            "postgres",
+            "std::fs",
+            "std::net",
+            "std::thread",
+            "Instant",
+            "SystemTime",
+            "std::process",
+            "std::env",
+        ],
+    );
+    assert!(found.is_empty(), "I/O in the core:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_worker_loop_talks_to_the_world_through_its_ports() {
+    let found = uses(
+        "src/driver.rs",
+        &[
+            "rdkafka",
+            "tokio",
+            "rusqlite",
+            "std::fs",
+            "std::net",
+            "std::thread",
+            "SystemTime",
+        ],
+    );
+    assert!(found.is_empty(), "I/O in the loop:\n{}", found.join("\n"));
+}

@@ -1,0 +1,337 @@
+//! One conformance suite for every state store, run unchanged against memory, SQLite and PostgreSQL
+//! (`scripts/postgres.sh`): job shape, claims and leases, the checkpoint invariants, fencing by lease
+//! and by generation, job-level phase, recreation. The rules live once in `src/store/protocol.rs`;
+//! this suite proves each backend carries them out.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use apache_avro::types::Value as Avro;
+use kafka_backfill::codec::TableSchema;
+use kafka_backfill::core::{
+    vnode_of, Checkpoint, CheckpointCause, Epoch, PartitionId, PartitionMap, PartitionProgress,
+    Row, RowMutation, Vnode, VnodeProgress,
+};
+use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
+use kafka_backfill::postgres_store::PostgresStore;
+use kafka_backfill::sqlite_store::SqliteStore;
+
+const VNODES: u32 = 8;
+const PARTITIONS: u32 = 2;
+const ES: Epoch = Epoch(1 << 16);
+const E1: Epoch = Epoch(2 << 16);
+const E2: Epoch = Epoch(3 << 16);
+
+fn table() -> TableSchema {
+    TableSchema::parse(
+        kafka_backfill::workload::EXAMPLE_ROW_SCHEMA,
+        &["id".to_string()],
+    )
+    .unwrap()
+}
+
+fn info() -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_epoch: ES,
+        vnode_count: VNODES,
+        partition_count: PARTITIONS,
+        start: (0..PARTITIONS)
+            .map(|p| PartitionProgress {
+                partition: p,
+                next_offset: 1 + p as u64,
+                epoch: E1,
+                streaming: false,
+            })
+            .collect(),
+    }
+}
+
+fn map() -> PartitionMap {
+    PartitionMap::new(VNODES, PARTITIONS).unwrap()
+}
+
+/// A row of the example table whose vnode belongs to `partition`: (key, datum, vnode).
+fn row_in(partition: PartitionId, nth: usize) -> (Vec<u8>, Vec<u8>, Vnode) {
+    let t = table();
+    (0i64..)
+        .filter_map(|id| {
+            let datum = t
+                .encode_row(&Avro::Record(vec![
+                    ("id".into(), Avro::Long(id)),
+                    ("owner".into(), Avro::String(format!("o{id}"))),
+                    ("balance".into(), Avro::Long(id * 10)),
+                    ("version".into(), Avro::Long(1)),
+                    ("payload".into(), Avro::String("p".into())),
+                ]))
+                .unwrap();
+            let key = t.key_of_datum(&datum).unwrap();
+            let vnode = vnode_of(&key, VNODES);
+            (map().partition_of(vnode) == partition).then_some((key, datum, vnode))
+        })
+        .nth(nth)
+        .unwrap()
+}
+
+fn checkpoint(generation: u64, leases: Vec<(PartitionId, u64)>) -> Checkpoint {
+    Checkpoint {
+        generation,
+        worker: "w".into(),
+        cause: CheckpointCause::Local,
+        epoch: None,
+        leases,
+        rows: vec![],
+        vnodes: vec![],
+        partitions: vec![],
+    }
+}
+
+fn is_invariant(r: Result<(), StoreError>) -> bool {
+    matches!(&r, Err(StoreError::Invariant { .. }))
+        && !r.as_ref().unwrap_err().is_fenced()
+        && !r.as_ref().unwrap_err().is_transient()
+}
+
+/// The suite: `open` returns a new handle on one shared store; `job` is a name no earlier run used.
+fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
+    let mut a = open();
+    let mut b = open();
+    let info = info();
+
+    // No job yet.
+    assert!(a.job(job).unwrap().is_none());
+    assert!(matches!(
+        a.claim(job, 0, "a", &[0], &info),
+        Err(StoreError::NoJob { .. })
+    ));
+
+    // Job shape: created once, then checked against every later configuration.
+    let row = a.ensure_job(job, &info).unwrap();
+    assert_eq!(
+        (row.generation, row.recreations, row.phase.as_str()),
+        (0, 0, "snapshot")
+    );
+    assert_eq!(b.ensure_job(job, &info).unwrap(), row);
+    let mut other = info.clone();
+    other.partition_count = 3;
+    assert_eq!(
+        a.ensure_job(job, &other).unwrap_err().to_string(),
+        format!("job {job}: partition count is 2 in the store but 3 in the configuration; a job's partition count is fixed")
+    );
+    let mut other = info.clone();
+    other.vnode_count = 16;
+    assert!(matches!(
+        a.ensure_job(job, &other),
+        Err(StoreError::JobMismatch {
+            what: "vnode count",
+            ..
+        })
+    ));
+    let mut other = info.clone();
+    other.snapshot_epoch = E1;
+    assert!(matches!(
+        a.ensure_job(job, &other),
+        Err(StoreError::JobMismatch {
+            what: "snapshot epoch",
+            ..
+        })
+    ));
+
+    // Claims: the snapshot's start offsets and fresh vnodes at first; distinct leases.
+    let ca = a.claim(job, 0, "a", &[0], &info).unwrap();
+    let cb = b.claim(job, 0, "b", &[1], &info).unwrap();
+    assert_eq!(ca[0].progress, info.start[0]);
+    assert_eq!(cb[0].progress, info.start[1]);
+    assert_eq!(
+        ca[0].vnodes,
+        map()
+            .vnodes_of(0)
+            .map(|v| VnodeProgress::fresh(v, ES))
+            .collect::<Vec<_>>()
+    );
+    assert_ne!(ca[0].lease, cb[0].lease);
+    let (la, lb) = (ca[0].lease, cb[0].lease);
+
+    // A snapshot-phase checkpoint: a row and its vnode's cursor.
+    let (key, datum, v) = row_in(0, 0);
+    let mut snap = checkpoint(0, vec![(0, la)]);
+    snap.rows = vec![RowMutation::Upsert {
+        vnode: v,
+        row: Row {
+            key: key.clone(),
+            value: datum.clone(),
+        },
+        offset: None,
+    }];
+    snap.vnodes = vec![VnodeProgress {
+        cursor: Some(key.clone()),
+        row_count: 1,
+        ..VnodeProgress::fresh(v, ES)
+    }];
+    a.commit(job, &snap).unwrap();
+    assert_eq!(b.rows(job).unwrap().get(&key), Some(&datum));
+    assert_eq!(
+        b.committed_vnodes(job).unwrap().get(&v).unwrap().cursor,
+        Some(key.clone())
+    );
+
+    // A replay of the same checkpoint (a transaction retried after its commit's answer was lost)
+    // is accepted and changes nothing.
+    a.commit(job, &snap).unwrap();
+    assert_eq!(b.rows(job).unwrap().len(), 1);
+    // The checkpoint invariants, each refused as a broken invariant (permanent, not fencing).
+    let mut same_cursor = snap.clone();
+    same_cursor.vnodes[0].row_count = 2;
+    assert!(
+        is_invariant(a.commit(job, &same_cursor)),
+        "other progress at the same cursor"
+    );
+    let mut behind = snap.clone();
+    behind.vnodes[0].cursor = Some(vec![]);
+    assert!(is_invariant(a.commit(job, &behind)), "a cursor going back");
+    let (k1, d1, v1) = row_in(1, 0);
+    let mut outside = checkpoint(0, vec![(0, la)]);
+    outside.rows = vec![RowMutation::Upsert {
+        vnode: v1,
+        row: Row { key: k1, value: d1 },
+        offset: None,
+    }];
+    assert!(
+        is_invariant(a.commit(job, &outside)),
+        "a row outside the lease"
+    );
+    let mut no_lease = checkpoint(0, vec![(0, la)]);
+    no_lease.partitions = vec![PartitionProgress {
+        partition: 1,
+        ..info.start[1].clone()
+    }];
+    assert!(
+        is_invariant(a.commit(job, &no_lease)),
+        "partition progress without its lease"
+    );
+    let done = |epoch: Epoch, finished: bool| VnodeProgress {
+        vnode: v,
+        epoch,
+        row_count: 1,
+        finished,
+        cursor: None,
+    };
+    let mut forward = checkpoint(0, vec![(0, la)]);
+    forward.vnodes = vec![done(E2, true)];
+    a.commit(job, &forward).unwrap();
+    let mut back = checkpoint(0, vec![(0, la)]);
+    back.vnodes = vec![done(E1, true)];
+    assert!(is_invariant(a.commit(job, &back)), "an epoch going back");
+    let mut unfinished = checkpoint(0, vec![(0, la)]);
+    unfinished.vnodes = vec![done(E2, false)];
+    assert!(
+        is_invariant(a.commit(job, &unfinished)),
+        "a finished vnode unfinished again"
+    );
+    assert_eq!(
+        b.rows(job).unwrap().len(),
+        1,
+        "refused checkpoints change nothing"
+    );
+
+    // Job phase: log store until every partition has committed in streaming.
+    let progress = |p: PartitionId, streaming: bool| PartitionProgress {
+        partition: p,
+        next_offset: 10,
+        epoch: E2,
+        streaming,
+    };
+    let mut log = checkpoint(0, vec![(0, la)]);
+    log.partitions = vec![progress(0, true)];
+    a.commit(job, &log).unwrap();
+    assert_eq!(a.job(job).unwrap().unwrap().phase, "log_store");
+    let mut log = checkpoint(0, vec![(1, lb)]);
+    log.partitions = vec![progress(1, true)];
+    b.commit(job, &log).unwrap();
+    assert_eq!(a.job(job).unwrap().unwrap().phase, "streaming");
+    let parts: BTreeMap<_, _> = a.committed_partitions(job).unwrap();
+    assert_eq!(parts.get(&1), Some(&progress(1, true)));
+    // A later claim starts at the committed progress.
+    let again = b.claim(job, 0, "b", &[0], &info).unwrap();
+    assert_eq!(again[0].progress, progress(0, true));
+    assert_eq!(
+        again[0].vnodes.iter().find(|x| x.vnode == v),
+        Some(&done(E2, true))
+    );
+
+    // Fencing by lease: b took partition 0, so a's commit is refused and changes nothing.
+    let (k2, _, v2) = row_in(0, 1);
+    let mut stale = checkpoint(0, vec![(0, la)]);
+    stale.rows = vec![RowMutation::Delete { vnode: v2, key: k2 }];
+    let err = a.commit(job, &stale).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::NotOwner { partition: 0, owner, .. } if owner == "b")
+            && err.is_fenced(),
+        "{err}"
+    );
+
+    // Recreation: compare-and-set, discards rows and progress, fences the old generation.
+    let row = a.recreate(job, 0).unwrap();
+    assert_eq!((row.generation, row.recreations), (1, 1));
+    assert_eq!(row.phase, "snapshot");
+    assert_eq!(b.recreate(job, 0).unwrap().generation, 1, "only once");
+    assert!(a.rows(job).unwrap().is_empty());
+    assert!(a.committed_vnodes(job).unwrap().is_empty());
+    assert!(a.committed_partitions(job).unwrap().is_empty());
+    let err = b.commit(job, &log).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::StaleGeneration {
+                attempted: 0,
+                current: 1,
+                ..
+            }
+        ) && err.is_fenced(),
+        "{err}"
+    );
+    assert!(matches!(
+        a.claim(job, 0, "a", &[0], &info),
+        Err(StoreError::StaleGeneration { .. })
+    ));
+    let fresh = a.claim(job, 1, "a", &[0, 1], &info).unwrap();
+    assert_eq!(fresh[0].progress, info.start[0], "progress starts over");
+    assert!(fresh[0]
+        .vnodes
+        .iter()
+        .all(|x| *x == VnodeProgress::fresh(x.vnode, ES)));
+}
+
+#[cfg(feature = "testing")]
+#[test]
+fn memory() {
+    let store = kafka_backfill::memory::MemoryStore::new();
+    conformance(&|| Box::new(store.clone()), "conformance");
+}
+
+#[test]
+fn sqlite() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("conformance-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.sqlite");
+    let _ = std::fs::remove_file(&path);
+    conformance(
+        &|| Box::new(SqliteStore::open(&path, "accounts", table()).unwrap()),
+        "conformance",
+    );
+}
+
+#[test]
+fn postgres() {
+    let url = support::pg_url();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let tname = format!("conformance_{stamp}");
+    conformance(
+        &|| Box::new(PostgresStore::open(&url, &tname, table()).unwrap()),
+        &format!("conformance-{stamp}"),
+    );
+}
