@@ -13,7 +13,7 @@ export SIM_SEEDS="${SIM_SEEDS:-1000}"
 # the simulator, the in-memory doubles and the deliberate bugs (switched on only inside the test that
 # proves each is caught).
 set +e
-cargo test --no-fail-fast --features testing --lib --bins --tests -- --nocapture 2>&1 | grep --line-buffered -vE '^test .* \.\.\. ok$'
+cargo test --workspace --no-fail-fast --features testing --lib --bins --tests -- --nocapture 2>&1 | grep --line-buffered -vE '^test .* \.\.\. ok$'
 tests=${PIPESTATUS[0]}
 set -e
 # The Helm chart, offline (lint, render, Kubernetes schemas, check-config on the rendered config).

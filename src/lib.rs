@@ -5,7 +5,8 @@
 pub mod check_log;
 pub mod codec;
 pub mod config;
-pub mod core;
+/// The pure core (the `kafka-backfill-core` crate, `crates/core`): every decision, no I/O.
+pub use kafka_backfill_core as core;
 pub mod demo;
 pub mod driver;
 pub mod http;

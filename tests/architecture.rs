@@ -1,5 +1,6 @@
-//! The architecture's rules, checked on the source: the core does no I/O and reads no clock; the
-//! worker loop talks to the world only through its ports.
+//! The architecture's rules, checked on the source: the core (its own crate, `crates/core`, whose
+//! dependencies are serde, thiserror and crc32fast only) does no I/O and reads no clock; the worker
+//! loop talks to the world only through its ports.
 
 use std::path::Path;
 
@@ -46,7 +47,7 @@ fn uses(dir: &str, forbidden: &[&str]) -> Vec<String> {
 #[test]
 fn the_core_does_no_io_and_reads_no_clock() {
     let found = uses(
-        "src/core",
+        "crates/core/src",
         &[
             "tokio",
             "rdkafka",

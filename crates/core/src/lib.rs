@@ -1,9 +1,11 @@
 //! The pure core: everything that decides, nothing that does.
 //!
-//! This module owns the domain (epochs, barriers, vnodes, progress), the per-worker state machine and
-//! the supervisor's recreation policy. It performs no I/O, reads no clock and imports neither the async
-//! runtime nor the Kafka client: drivers feed it events and carry out its decisions. Keep it that way
-//! — `tests/architecture.rs` fails on any use of them (or of files, sockets, threads or clocks) here.
+//! This crate owns the domain (epochs, barriers, vnodes, progress), the per-worker state machine, the
+//! supervisor's recreation policy and the retry policy. It performs no I/O, reads no clock and cannot
+//! import the async runtime or the Kafka client (its only dependencies are serde, thiserror and
+//! crc32fast): drivers feed it events and carry out its decisions. `tests/architecture.rs` also fails
+//! on any use of files, sockets, threads or clocks here. The main crate re-exports it as
+//! `kafka_backfill::core`.
 
 pub mod barrier;
 pub mod contract;

@@ -173,7 +173,7 @@ impl JobProgress {
 #[cfg(test)]
 mod job_progress_tests {
     use super::*;
-    use crate::core::vnode::PartitionMap;
+    use crate::vnode::PartitionMap;
     use std::collections::BTreeMap;
 
     #[test]

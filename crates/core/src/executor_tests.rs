@@ -1,7 +1,7 @@
 //! Decision-level tests of the executor: what it answers, in which order.
 
 use super::*;
-use crate::core::barrier::{BarrierKind, Change};
+use crate::barrier::{BarrierKind, Change};
 
 const ES: Epoch = Epoch(1 << 20);
 
