@@ -11,18 +11,18 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kafka_backfill::config::{
-    Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
-    SnapshotConfig, StoreConfig,
-};
 use kafka_backfill::core::{
     Checkpoint, CheckpointCause, Epoch, Phase, Row, RowMutation, VnodeProgress,
 };
-use kafka_backfill::job::{self, RunOptions};
 use kafka_backfill::kafka::worker::StatusBoard;
 use kafka_backfill::ports::{SnapshotSource, StateStore};
-use kafka_backfill::snapshot_files::SnapshotFiles;
-use kafka_backfill::sqlite_store::SqliteStore;
+use kafka_backfill::service::config::{
+    Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
+    SnapshotConfig, StoreConfig,
+};
+use kafka_backfill::service::job::{self, RunOptions};
+use kafka_backfill::snapshot::files::SnapshotFiles;
+use kafka_backfill::store::sqlite::SqliteStore;
 use kafka_backfill::workload::{self, Workload};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -229,7 +229,7 @@ fn job_config(
 
 /// The phase a worker is in, as its `kafka_backfill_phase` gauge says (set at the moment it changes).
 fn gauge_phase(job: &str) -> Option<Phase> {
-    let m = kafka_backfill::metrics::metrics();
+    let m = kafka_backfill::service::metrics::metrics();
     Phase::ALL.into_iter().find(|p| {
         m.phase
             .with_label_values(&[job, "bench-0", p.as_str()])
@@ -270,7 +270,7 @@ fn timed_run(config: &Config) -> (f64, f64) {
     let (mut t_snap, mut t_log, mut t_stream) = (None, None, None);
     let job = config.jobs[0].name.clone();
     let committed = |cause: &str| {
-        kafka_backfill::metrics::metrics()
+        kafka_backfill::service::metrics::metrics()
             .checkpoints
             .with_label_values(&[&job, cause])
             .get()
@@ -474,7 +474,7 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> f64 {
     }
     let b = spawn("b", board_b.clone());
     let errors = || {
-        kafka_backfill::metrics::metrics()
+        kafka_backfill::service::metrics::metrics()
             .invariant_errors
             .with_label_values(&["recreate"])
             .get()
@@ -560,7 +560,7 @@ fn main() {
         &bootstrap,
         &d.join("snapshot"),
         StoreConfig::Postgres {
-            url: kafka_backfill::config::Secret::new(pg.clone()),
+            url: kafka_backfill::service::config::Secret::new(pg.clone()),
             table,
         },
     ));

@@ -15,10 +15,10 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::codec::{LogCodec, TableSchema};
-use crate::config::{JobConfig, SnapshotConfig};
 use crate::core::contract::{check_record, LogPosition};
 use crate::core::{CoreError, LogRecord, PartitionMap, Vnode};
 use crate::ports::SnapshotSource;
+use crate::service::config::{JobConfig, SnapshotConfig};
 
 /// What `check-log` found.
 #[derive(Debug, Default)]
@@ -49,7 +49,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
     let mut report = Report::default();
     let (snapshot, table): (Arc<dyn SnapshotSource>, TableSchema) = match &job.snapshot {
-        SnapshotConfig::Files { dir } => match crate::snapshot_files::SnapshotFiles::open(dir) {
+        SnapshotConfig::Files { dir } => match crate::snapshot::files::SnapshotFiles::open(dir) {
             Ok(s) => {
                 let t = s.table.clone();
                 (Arc::new(s), t)
@@ -61,7 +61,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
             }
         },
         SnapshotConfig::Postgres { url, name } => {
-            let s = crate::postgres_snapshot::PostgresSnapshot::open(url.expose(), name)
+            let s = crate::snapshot::postgres::PostgresSnapshot::open(url.expose(), name)
                 .with_context(|| format!("job {}: opening the snapshot", job.name))?;
             let t = s.table().clone();
             (Arc::new(s), t)

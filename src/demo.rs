@@ -13,13 +13,13 @@ use anyhow::{bail, Context, Result};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
-use crate::config::{
+use crate::core::Phase;
+use crate::service::config::{
     Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
     SnapshotConfig, StoreConfig,
 };
-use crate::core::Phase;
-use crate::job::{self, RunOptions};
-use crate::kafka::worker::StatusBoard;
+use crate::service::job::{self, RunOptions};
+use crate::service::status::StatusBoard;
 use crate::workload::{self, Workload};
 
 #[derive(Clone, Debug)]

@@ -24,33 +24,14 @@ use tracing::{debug, error, info, warn};
 
 use crate::core::{
     ClaimedPartition, CoreError, Decision, Event, Executor, JobSpec, LocalCheckpointPolicy,
-    LogRecord, PartitionId, PartitionMap, PartitionProgress, Phase, Row, ScanId, ScanStart,
-    Supervisor, Verdict, Vnode, WorkerFailure, WorkerStatus,
+    LogRecord, PartitionId, PartitionMap, PartitionProgress, Phase, Rate, Row, ScanId, ScanStart,
+    Supervisor, Throttle, Verdict, Vnode, WorkerFailure, WorkerStatus,
 };
-use crate::metrics::metrics;
 use crate::ports::{
     Clock, CommitDone, CommitPort, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError,
 };
-
-/// What the status page and the job runner see of a worker.
-#[derive(Clone, Debug, Default)]
-pub struct WorkerReport {
-    pub status: Option<WorkerStatus>,
-    /// Snapshot rows plus log records handled per second (smoothed).
-    pub records_per_second: f64,
-    /// Partition lag divided by the rate, while the log is being replayed.
-    pub estimated_catch_up_seconds: Option<f64>,
-    pub caught_up: bool,
-    pub last_error: Option<String>,
-    pub recreations: u64,
-    /// The state store answered the last look (every 0.5 s); `/readyz` is false while it does not.
-    pub store_reachable: bool,
-    /// When the worker's loop last reported (every 0.5 s while it runs); `/livez` fails when it stops.
-    pub reported_at: Option<Instant>,
-}
-
-/// Shared between the workers of a process and the HTTP endpoints.
-pub type StatusBoard = Arc<Mutex<BTreeMap<String, BTreeMap<String, WorkerReport>>>>;
+use crate::service::metrics::metrics;
+pub use crate::service::status::{StatusBoard, WorkerReport};
 
 /// The loop's settings.
 #[derive(Clone, Debug)]
@@ -161,8 +142,10 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     paused_at: HashMap<PartitionId, u64>,
     last_error: Option<String>,
     store_reachable: bool,
-    /// (when in ms, records handled so far, smoothed rate) for the status report.
-    rate: (u64, u64, f64),
+    /// Records handled per second, for the status report.
+    rate: Rate,
+    /// The rows-per-second limit.
+    throttle: Throttle,
     counters: HotCounters,
     last_house: Option<u64>,
     /// While backing off before a restart: when to restart.
@@ -188,6 +171,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             .map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
         let now = clock.now_ms();
         let counters = HotCounters::new(&cfg.job);
+        let cfg_limit = cfg.max_rows_per_second;
         let mut d = Driver {
             cfg,
             consumer,
@@ -205,7 +189,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             paused_at: HashMap::new(),
             last_error: None,
             store_reachable: true,
-            rate: (now, 0, 0.0),
+            rate: Rate::new(now, 500),
+            throttle: Throttle::new(cfg_limit, now),
             counters,
             last_house: None,
             restart_at: None,
@@ -248,27 +233,39 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
         let scanning = self.scan.is_some();
         let mut timeout = if scanning { 0 } else { self.cfg.idle_poll_ms };
-        let budget = match self.cfg.max_rows_per_second {
-            0 => self.cfg.max_messages_per_round,
-            r => (r as usize / 20).max(1),
-        };
-        if self.cfg.max_rows_per_second > 0 {
-            self.clock.sleep_ms(50);
+        // The throttle (a token bucket in the core) says how many records this round may handle.
+        let want = self.cfg.max_messages_per_round;
+        let mut budget = self.throttle.allowance(self.clock.now_ms(), want);
+        if budget == 0 {
+            let wait = self.throttle.wait_ms();
+            self.clock.sleep_ms(wait);
+            budget = self.throttle.allowance(self.clock.now_ms(), want);
         }
-        for _ in 0..budget {
+        let mut records = 0;
+        while records < budget {
             let Some(p) = self.consumer.poll(timeout) else {
                 break;
             };
             timeout = 0;
+            records += matches!(p, Polled::Record { .. }) as usize;
             self.on_polled(p);
             if self.failure.is_some() {
                 break;
             }
         }
         self.settle(false);
+        let mut rows = 0;
         if self.failure.is_none() {
-            self.scan_batch(budget.min(self.cfg.max_scan_rows_per_round));
+            let scan_budget = if self.throttle.limit() == 0 {
+                self.cfg.max_scan_rows_per_round
+            } else {
+                budget
+                    .saturating_sub(records)
+                    .min(self.cfg.max_scan_rows_per_round)
+            };
+            rows = self.scan_batch(scan_budget);
         }
+        self.throttle.spend(records + rows);
         let now = self.clock.now_ms();
         let due = self
             .last_house
@@ -678,31 +675,32 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
     }
 
-    /// Feeds up to `max` snapshot rows; returns whether a scan is active.
-    fn scan_batch(&mut self, max: usize) -> bool {
+    /// Feeds up to `max` snapshot rows (and vnode ends); returns how many rows.
+    fn scan_batch(&mut self, max: usize) -> usize {
+        let mut rows = 0;
         for _ in 0..max {
             let Some(scan) = self.scan.as_mut() else {
-                return false;
+                return rows;
             };
             let id = scan.id;
             if scan.current.is_none() {
                 let Some(start) = scan.queue.pop_front() else {
                     self.scan = None;
-                    return false;
+                    return rows;
                 };
-                let rows = self
+                let fetched = self
                     .snapshot
                     .scan(start.vnode, start.after.as_deref())
                     .and_then(|it| it.collect::<Result<VecDeque<Row>, _>>());
                 let scan = self.scan.as_mut().expect("scan");
-                match rows {
-                    Ok(rows) => {
+                match fetched {
+                    Ok(fetched) => {
                         scan.current = Some(start.vnode);
-                        scan.rows = rows;
+                        scan.rows = fetched;
                     }
                     Err(e) => {
                         self.fail(WorkerFailure::Fatal(e.to_string()));
-                        return false;
+                        return rows;
                     }
                 }
             }
@@ -710,6 +708,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             let vnode = scan.current.expect("current");
             let event = match scan.rows.pop_front() {
                 Some(row) => {
+                    rows += 1;
                     self.counters.snapshot_rows.inc();
                     Event::SnapshotRow {
                         scan: id,
@@ -724,10 +723,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             };
             self.feed(event);
             if self.failure.is_some() {
-                return false;
+                return rows;
             }
         }
-        self.scan.is_some()
+        rows
     }
 
     /// Watermarks, the generation check and the status report (when `due`); the clock always.
@@ -811,51 +810,24 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// The worker's report on the status board, and its gauges.
     fn publish(&mut self) {
         let status = self.exec.as_ref().map(|e| e.status());
-        let handled = status.as_ref().map_or(0, |s| {
-            s.counters.snapshot_rows + s.counters.changes.iter().sum::<u64>() + s.counters.barriers
-        });
         let now = self.clock.now_ms();
-        let (then, before, ewma) = self.rate;
-        let dt = now.saturating_sub(then) as f64 / 1000.0;
-        if dt >= 0.5 {
-            let now_rate = handled.saturating_sub(before) as f64 / dt;
-            self.rate = (
-                now,
-                handled,
-                if ewma == 0.0 {
-                    now_rate
-                } else {
-                    0.7 * ewma + 0.3 * now_rate
-                },
-            );
-        }
-        let records_per_second = self.rate.2;
-        let lag: u64 = status.as_ref().map_or(0, |s| {
-            s.partitions
-                .iter()
-                .filter_map(|p| {
-                    p.high_watermark
-                        .map(|h| h.saturating_sub(p.committed_offset))
-                })
-                .sum()
-        });
-        let estimated_catch_up_seconds = match status.as_ref().map(|s| s.phase) {
-            Some(Phase::LogStore | Phase::Streaming) if records_per_second > 0.0 => {
-                Some(lag as f64 / records_per_second)
-            }
-            Some(Phase::Streaming) => Some(0.0),
-            _ => None,
+        let records_per_second = match &status {
+            Some(s) => self.rate.observe(now, s.handled()),
+            None => self.rate.per_second(),
         };
+        let estimated_catch_up_seconds = status
+            .as_ref()
+            .and_then(|s| s.catch_up_eta_seconds(records_per_second));
         let m = metrics();
         if let Some(s) = &status {
             m.epoch_lag_seconds
                 .with_label_values(&self.label())
                 .set(s.epoch_lag_seconds);
             for p in &s.partitions {
-                if let Some(h) = p.high_watermark {
+                if let Some(lag) = p.lag() {
                     m.partition_lag
                         .with_label_values(&[&self.cfg.job, &p.partition.to_string()])
-                        .set(h.saturating_sub(p.committed_offset) as i64);
+                        .set(lag as i64);
                 }
             }
         }

@@ -4,27 +4,19 @@
 
 pub mod check_log;
 pub mod codec;
-pub mod config;
 /// The pure core (the `kafka-backfill-core` crate, `crates/core`): every decision, no I/O.
 pub use kafka_backfill_core as core;
 pub mod demo;
 pub mod driver;
-pub mod http;
-pub mod job;
 pub mod kafka;
-#[cfg(any(test, feature = "testing"))]
-pub mod memory;
-pub mod metrics;
 pub mod pg_tls;
 pub mod ports;
-pub mod postgres_snapshot;
-pub mod postgres_store;
 pub mod retry;
 pub mod rng;
+pub mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
-pub mod snapshot_files;
-pub mod sqlite_store;
+pub mod snapshot;
 pub mod store;
 pub mod verify;
 pub mod workload;

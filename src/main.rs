@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use kafka_backfill::config::{Config, LogFormat};
-use kafka_backfill::job::{self, RunOptions};
+use kafka_backfill::service::config::{Config, LogFormat};
+use kafka_backfill::service::job::{self, RunOptions};
 use kafka_backfill::workload::{self, Workload};
 
 #[derive(Parser)]
@@ -227,8 +227,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             name,
             table,
         } => {
-            let files = kafka_backfill::snapshot_files::SnapshotFiles::open(&from)?;
-            let n = kafka_backfill::postgres_snapshot::PostgresSnapshot::export(
+            let files = kafka_backfill::snapshot::files::SnapshotFiles::open(&from)?;
+            let n = kafka_backfill::snapshot::postgres::PostgresSnapshot::export(
                 &files,
                 &to_postgres,
                 &name,
@@ -237,13 +237,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!(
                 "exported {n} rows of {} as snapshot {name} (table {table}) to {}",
                 from.display(),
-                kafka_backfill::postgres_store::redact_url(&to_postgres)
+                kafka_backfill::store::postgres::redact_url(&to_postgres)
             );
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { url, json } => {
-            let (code, body) =
-                kafka_backfill::http::get(&format!("{}/status", url.trim_end_matches('/')))?;
+            let (code, body) = kafka_backfill::service::http::get(&format!(
+                "{}/status",
+                url.trim_end_matches('/')
+            ))?;
             anyhow::ensure!(code == 200, "{url}/status answered {code}");
             if json {
                 println!("{body}");
@@ -288,10 +290,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             )?;
             let board = job::new_board();
             if !config.http.listen.is_empty() {
-                let addr = kafka_backfill::http::spawn(
+                let addr = kafka_backfill::service::http::spawn(
                     &config.http.listen,
                     board.clone(),
-                    kafka_backfill::http::Limits::of(&config.http),
+                    kafka_backfill::service::http::Limits::of(&config.http),
                     shutdown.clone(),
                 )?;
                 tracing::info!(%addr, "serving /metrics /livez /readyz /status");
@@ -353,7 +355,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress: true,
                 append,
                 table,
-                kafka_properties: kafka_backfill::config::parse_properties(&properties)?,
+                kafka_properties: kafka_backfill::service::config::parse_properties(&properties)?,
                 transactional,
             };
             let r = workload::produce(&w)?;
@@ -414,7 +416,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut store = (prepared.open_store)()?;
             let report = kafka_backfill::verify::verify(store.as_mut(), &j.name, &expected)?;
             println!("verify {}: {report}", j.name);
-            if let kafka_backfill::config::StoreConfig::Sqlite { path, table } = &j.store {
+            if let kafka_backfill::service::config::StoreConfig::Sqlite { path, table } = &j.store {
                 println!(
                     "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",
                     path.display()
@@ -433,7 +435,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn pick_job<'a>(
     config: &'a Config,
     name: Option<&str>,
-) -> Result<&'a kafka_backfill::config::JobConfig> {
+) -> Result<&'a kafka_backfill::service::config::JobConfig> {
     match name {
         Some(name) => config
             .jobs

@@ -10,7 +10,7 @@ use postgres::config::SslMode;
 use postgres::{Client, NoTls};
 use postgres_openssl::MakeTlsConnector;
 
-use crate::postgres_store::redact_url;
+use crate::store::postgres::redact_url;
 
 /// The TLS options of a URL, taken out of it (the `postgres` crate knows only some of them).
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -21,13 +21,14 @@ use crate::core::{
     Op, PartitionId, PartitionMap, PartitionProgress, Phase, Row, Supervisor, SupervisorConfig,
     Vnode,
 };
-use crate::driver::{Driver, DriverConfig, DriverStats, StatusBoard};
-use crate::memory::{MemoryLog, MemorySnapshot, MemoryStore};
+use crate::driver::{Driver, DriverConfig, DriverStats};
 use crate::ports::{
     Clock, CommitDone, CommitPort, ConsumerPort, LogStore, Polled, SnapshotInfo, StateStore,
     StoreError,
 };
 pub use crate::rng::SimRng;
+use crate::service::status::StatusBoard;
+use crate::store::memory::{MemoryLog, MemorySnapshot, MemoryStore};
 
 const JOB: &str = "sim";
 

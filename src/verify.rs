@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use crate::core::{Epoch, Vnode};
 use crate::ports::SnapshotSource;
 use crate::ports::StateStore;
-use crate::snapshot_files::SnapshotFiles;
+use crate::snapshot::files::SnapshotFiles;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct VerifyReport {

@@ -21,7 +21,7 @@ use crate::core::{
     vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap, PartitionProgress, Vnode,
 };
 use crate::rng::SimRng;
-use crate::snapshot_files::{write_files, write_manifest, Manifest};
+use crate::snapshot::files::{write_files, write_manifest, Manifest};
 
 /// The example table's row schema.
 pub const EXAMPLE_ROW_SCHEMA: &str = include_str!("../schemas/example_row.avsc");
@@ -452,7 +452,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 w.topic
             );
         }
-        let expected = crate::snapshot_files::SnapshotFiles::open(&w.out.join("expected"))?;
+        let expected = crate::snapshot::files::SnapshotFiles::open(&w.out.join("expected"))?;
         let mut rows = HashMap::new();
         for v in 0..w.vnode_count as Vnode {
             use crate::ports::SnapshotSource;

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kafka_backfill::http::{spawn, Limits};
+use kafka_backfill::service::http::{spawn, Limits};
 
 fn server(max_connections: usize, header_timeout: Duration) -> (SocketAddr, Arc<AtomicBool>) {
     let stop = Arc::new(AtomicBool::new(false));
     let addr = spawn(
         "127.0.0.1:0",
-        kafka_backfill::job::new_board(),
+        kafka_backfill::service::job::new_board(),
         Limits {
             max_connections,
             header_timeout,
@@ -111,7 +111,9 @@ fn two_thousand_idle_connections_do_not_stop_livez() {
 #[test]
 fn connections_over_the_cap_are_closed_at_once() {
     let (addr, _stop) = server(8, Duration::from_secs(5));
-    let before = kafka_backfill::metrics::metrics().http_rejected.get();
+    let before = kafka_backfill::service::metrics::metrics()
+        .http_rejected
+        .get();
     let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
     // Wait until the server has taken all eight (observed: the ninth is refused).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -129,7 +131,12 @@ fn connections_over_the_cap_are_closed_at_once() {
             "the ninth connection was never refused"
         );
     }
-    assert!(kafka_backfill::metrics::metrics().http_rejected.get() > before);
+    assert!(
+        kafka_backfill::service::metrics::metrics()
+            .http_rejected
+            .get()
+            > before
+    );
     drop(held);
     // Once they are gone, requests are served again.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kafka_backfill::codec::TableSchema;
 use kafka_backfill::core::{vnode_of, Epoch, Vnode};
-use kafka_backfill::snapshot_files::{
+use kafka_backfill::snapshot::files::{
     write_files, write_manifest, Manifest, ManifestStart, SnapshotFiles,
 };
 use kafka_backfill::workload::{TableKind, EXAMPLE_ROW_SCHEMA};

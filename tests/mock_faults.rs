@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kafka_backfill::config::{
+use kafka_backfill::service::config::{
     Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
     SnapshotConfig, StoreConfig,
 };
-use kafka_backfill::job::{self, RunOptions};
-use kafka_backfill::metrics::metrics;
-use kafka_backfill::sqlite_store::SqliteStore;
+use kafka_backfill::service::job::{self, RunOptions};
+use kafka_backfill::service::metrics::metrics;
+use kafka_backfill::store::sqlite::SqliteStore;
 use kafka_backfill::workload::{self, Workload};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;

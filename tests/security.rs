@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kafka_backfill::ports::StoreError;
-use kafka_backfill::postgres_store::PostgresStore;
+use kafka_backfill::store::postgres::PostgresStore;
 use kafka_backfill::workload::TableKind;
 use support::{serial, Fixture, BIN};
 

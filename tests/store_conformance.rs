@@ -14,8 +14,8 @@ use kafka_backfill::core::{
     Row, RowMutation, Vnode, VnodeProgress,
 };
 use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
-use kafka_backfill::postgres_store::PostgresStore;
-use kafka_backfill::sqlite_store::SqliteStore;
+use kafka_backfill::store::postgres::PostgresStore;
+use kafka_backfill::store::sqlite::SqliteStore;
 
 const VNODES: u32 = 8;
 const PARTITIONS: u32 = 2;
@@ -305,7 +305,7 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
 #[cfg(feature = "testing")]
 #[test]
 fn memory() {
-    let store = kafka_backfill::memory::MemoryStore::new();
+    let store = kafka_backfill::store::memory::MemoryStore::new();
     conformance(&|| Box::new(store.clone()), "conformance");
 }
 

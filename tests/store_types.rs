@@ -10,8 +10,8 @@ use kafka_backfill::core::{
     vnode_of, Checkpoint, CheckpointCause, Epoch, PartitionProgress, Row, RowMutation,
 };
 use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
-use kafka_backfill::postgres_store::PostgresStore;
-use kafka_backfill::sqlite_store::SqliteStore;
+use kafka_backfill::store::postgres::PostgresStore;
+use kafka_backfill::store::sqlite::SqliteStore;
 use kafka_backfill::workload::{typed_row, TableKind};
 use support::pg_url;
 

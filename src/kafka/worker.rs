@@ -24,10 +24,10 @@ use crate::core::{LocalCheckpointPolicy, PartitionId, PartitionProgress, Supervi
 use crate::driver::{Driver, DriverConfig};
 use crate::kafka::admin::{cached_high_watermark, client_config};
 use crate::kafka::committer::Committer;
-use crate::metrics::metrics;
 use crate::ports::{Clock, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError};
+use crate::service::metrics::metrics;
 
-pub use crate::driver::{StatusBoard, WorkerReport};
+pub use crate::service::status::{StatusBoard, WorkerReport};
 
 /// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
 const MAX_MESSAGES_PER_ROUND: usize = 10_000;

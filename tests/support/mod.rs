@@ -378,7 +378,7 @@ impl Fixture {
 
 /// GET over HTTP/1.1: (status, body).
 pub fn http_get(url: &str) -> (u16, String) {
-    kafka_backfill::http::get(url).unwrap_or((0, String::new()))
+    kafka_backfill::service::http::get(url).unwrap_or((0, String::new()))
 }
 
 /// Produces a workload, then `kill -9`s the service in the snapshot, twice in the log store and once in

@@ -18,6 +18,7 @@ pub mod progress;
 pub mod retry;
 pub mod staging;
 pub mod supervisor;
+pub mod throughput;
 pub mod vnode;
 
 pub use barrier::{Barrier, BarrierKind, Change, LogRecord, Op, Row};
@@ -29,4 +30,5 @@ pub use progress::{
     Checkpoint, CheckpointCause, JobProgress, Lease, PartitionProgress, RowMutation, VnodeProgress,
 };
 pub use supervisor::{RecreationPolicy, Supervisor, SupervisorConfig, Verdict, WorkerFailure};
+pub use throughput::{Rate, Throttle};
 pub use vnode::{vnode_of, PartitionId, PartitionMap, Vnode, VnodeBitmap};

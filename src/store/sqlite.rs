@@ -516,7 +516,7 @@ mod tests {
 
     fn table() -> TableSchema {
         TableSchema::parse(
-            include_str!("../schemas/example_row.avsc"),
+            include_str!("../../schemas/example_row.avsc"),
             &["id".to_string()],
         )
         .unwrap()

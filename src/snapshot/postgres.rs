@@ -12,8 +12,8 @@ use postgres::Client;
 use crate::codec::TableSchema;
 use crate::core::{Row, Vnode};
 use crate::ports::{RowIter, SnapshotInfo, SnapshotSource, SourceError};
-use crate::postgres_store::redact_url;
-use crate::snapshot_files::SnapshotFiles;
+use crate::snapshot::files::SnapshotFiles;
+use crate::store::postgres::redact_url;
 
 const SNAPSHOTS: &str = "CREATE TABLE IF NOT EXISTS kb_snapshots (
   name TEXT PRIMARY KEY, table_name TEXT NOT NULL, info JSONB NOT NULL, row_schema JSONB NOT NULL,

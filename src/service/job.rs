@@ -12,13 +12,14 @@ use tracing::{error, info};
 
 use crate::codec::LogCodec;
 use crate::codec::TableSchema;
-use crate::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
 use crate::core::{LocalCheckpointPolicy, PartitionMap, Supervisor, SupervisorConfig};
-use crate::kafka::worker::{run_worker, StatusBoard, StoreFactory, WorkerSetup};
+use crate::kafka::worker::{run_worker, StoreFactory, WorkerSetup};
 use crate::ports::{SnapshotSource, StateStore};
-use crate::postgres_snapshot::PostgresSnapshot;
-use crate::snapshot_files::SnapshotFiles;
-use crate::sqlite_store::SqliteStore;
+use crate::service::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
+use crate::service::status::StatusBoard;
+use crate::snapshot::files::SnapshotFiles;
+use crate::snapshot::postgres::PostgresSnapshot;
+use crate::store::sqlite::SqliteStore;
 
 /// `run --exit-when-caught-up` gave up: this process's workers caught up, but the rest of the job
 /// made no progress for [`RunOptions::job_wait`] (its vnodes are unowned or their owners stalled).
@@ -87,7 +88,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                     table,
                     format!(
                         "snapshot {name} in {}",
-                        crate::postgres_store::redact_url(url.expose())
+                        crate::store::postgres::redact_url(url.expose())
                     ),
                 )
             }
@@ -154,7 +155,7 @@ pub fn store_factory(
             })
         }
         StoreConfig::Postgres { url, table } => Arc::new(move || {
-            crate::postgres_store::PostgresStore::open(url.expose(), &table, schema.clone())
+            crate::store::postgres::PostgresStore::open(url.expose(), &table, schema.clone())
                 .map(|s| Box::new(s) as Box<dyn StateStore>)
         }),
     })

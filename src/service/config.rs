@@ -225,7 +225,7 @@ impl StoreConfig {
             StoreConfig::Postgres { url, table } => {
                 format!(
                     "postgres {} table {table}",
-                    crate::postgres_store::redact_url(url.expose())
+                    crate::store::postgres::redact_url(url.expose())
                 )
             }
         }
@@ -664,7 +664,7 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         assert_eq!(c.jobs[0].group_id(), "kafka-backfill-accounts");
         assert_eq!(c.jobs[0].recreation.policy, RecreationPolicy::Recreate);
         Config::parse(
-            include_str!("../config/example.toml"),
+            include_str!("../../config/example.toml"),
             "config/example.toml",
         )
         .unwrap();

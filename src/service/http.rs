@@ -16,102 +16,11 @@ use axum::routing::get as route_get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::kafka::worker::StatusBoard;
-use crate::metrics::metrics;
-
-/// The `/status` document.
-pub fn status_json(board: &StatusBoard) -> Value {
-    let board = board.lock().unwrap();
-    let jobs: Vec<Value> = board
-        .iter()
-        .map(|(job, workers)| {
-            let ws: Vec<Value> = workers
-                .iter()
-                .map(|(name, r)| {
-                    let s = r.status.as_ref();
-                    let partitions: Vec<Value> = s
-                        .map(|s| {
-                            s.partitions
-                                .iter()
-                                .map(|p| {
-                                    let lag = p
-                                        .high_watermark
-                                        .map(|h| h.saturating_sub(p.committed_offset));
-                                    json!({
-                                        "partition": p.partition,
-                                        "committed_offset": p.committed_offset,
-                                        "next_offset": p.next_offset,
-                                        "high_watermark": p.high_watermark,
-                                        "lag": lag,
-                                        "committed_epoch": p.committed_epoch.0,
-                                        "paused": p.paused,
-                                    })
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    let rate = s.map_or(0.0, |s| s.counters.changes.iter().sum::<u64>() as f64);
-                    let lag_records: u64 =
-                        partitions.iter().filter_map(|p| p["lag"].as_u64()).sum();
-                    json!({
-                        "worker": name,
-                        "phase": s.map_or("stopped", |s| s.phase.as_str()),
-                        "generation": s.map(|s| s.generation),
-                        "owned_vnodes": s.map_or(0, |s| s.owned_vnodes),
-                        "snapshot_vnodes_left": s.map_or(0, |s| s.snapshot_vnodes_left),
-                        "partitions": partitions,
-                        "rows": {
-                            "snapshot": s.map_or(0, |s| s.counters.snapshot_rows),
-                            "log_store_changes": rate as u64,
-                        },
-                        "checkpoints": s.map_or(0, |s| s.counters.checkpoints),
-                        "committed_epoch": s.and_then(|s| s.committed_epoch).map(|e| e.0),
-                        "epoch_lag_seconds": s.map_or(0.0, |s| s.epoch_lag_seconds),
-                        "lag_records": lag_records,
-                        "records_per_second": r.records_per_second,
-                        "estimated_catch_up_seconds": r.estimated_catch_up_seconds,
-                        "caught_up": r.caught_up,
-                        "recreations": r.recreations,
-                        "last_error": r.last_error,
-                        "store_reachable": r.store_reachable,
-                    })
-                })
-                .collect();
-            let progress = crate::job::job_progress().lock().unwrap().get(job).cloned();
-            json!({ "job": job, "progress": progress, "workers": ws })
-        })
-        .collect();
-    json!({ "jobs": jobs })
-}
-
-/// Ready (Kubernetes may route to it) when every known worker has joined its group — owning no
-/// partition is still ready — and reaches its state store.
-pub fn ready(board: &StatusBoard) -> bool {
-    let board = board.lock().unwrap();
-    !board.is_empty()
-        && board.values().all(|ws| {
-            ws.values()
-                .all(|r| r.store_reachable && r.status.as_ref().is_some_and(|s| s.joined))
-        })
-}
-
-/// A worker whose loop has not reported for this long is stuck: `/livez` fails (the worker reports
-/// every 0.5 s, and at most 30 s pass in a restart backoff).
-pub const LIVENESS_STALL: Duration = Duration::from_secs(60);
-
-/// Live (Kubernetes keeps it) while every worker's loop keeps reporting. A worker that stopped on a
-/// fatal error ends the process, so it needs no rule here.
-pub fn live(board: &StatusBoard) -> bool {
-    let board = board.lock().unwrap();
-    board.values().all(|ws| {
-        ws.values()
-            .all(|r| r.reported_at.is_none_or(|t| t.elapsed() < LIVENESS_STALL))
-    })
-}
+use crate::service::metrics::metrics;
+use crate::service::status::{live, ready, status_json, StatusBoard};
 
 /// How the endpoint protects itself (`[http]` in the configuration).
 #[derive(Clone, Copy, Debug)]
@@ -123,7 +32,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn of(c: &crate::config::HttpConfig) -> Limits {
+    pub fn of(c: &crate::service::config::HttpConfig) -> Limits {
         Limits {
             max_connections: c.max_connections,
             header_timeout: Duration::from_millis(c.header_timeout_ms),
@@ -250,7 +159,7 @@ async fn serve(
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            crate::metrics::metrics().http_rejected.inc();
+            crate::service::metrics::metrics().http_rejected.inc();
             drop(sock); // over the cap: closed at once
             continue;
         };
@@ -301,67 +210,4 @@ pub fn get(url: &str) -> Result<(u16, String)> {
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string());
     Ok((code, body))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::{Event, Executor, JobSpec, LocalCheckpointPolicy, PartitionMap};
-    use crate::kafka::worker::WorkerReport;
-    use std::time::Instant;
-
-    fn board_with(joined: bool, store_reachable: bool, reported: Duration) -> StatusBoard {
-        let mut x = Executor::new(
-            JobSpec {
-                topic: "t".into(),
-                snapshot_epoch: crate::core::Epoch(1 << 16),
-                map: PartitionMap::new(8, 2).unwrap(),
-                generation: 0,
-                worker: "w".into(),
-                local_checkpoint: LocalCheckpointPolicy {
-                    max_rows: 10,
-                    max_interval_ms: 10,
-                },
-                max_epochs_ahead: 4,
-            },
-            0,
-        );
-        if joined {
-            x.handle(Event::Assigned(vec![])).unwrap(); // a member that owns nothing
-        }
-        let board = crate::job::new_board();
-        board.lock().unwrap().entry("j".into()).or_default().insert(
-            "w".into(),
-            WorkerReport {
-                status: Some(x.status()),
-                store_reachable,
-                reported_at: Instant::now().checked_sub(reported),
-                ..Default::default()
-            },
-        );
-        board
-    }
-
-    #[test]
-    fn ready_means_joined_and_store_reachable_even_with_no_partition() {
-        assert!(ready(&board_with(true, true, Duration::ZERO)));
-        assert!(
-            !ready(&board_with(false, true, Duration::ZERO)),
-            "not joined yet"
-        );
-        assert!(
-            !ready(&board_with(true, false, Duration::ZERO)),
-            "store away"
-        );
-    }
-
-    #[test]
-    fn live_until_a_workers_loop_stops_reporting() {
-        assert!(live(&board_with(true, true, Duration::from_secs(1))));
-        assert!(!live(&board_with(
-            true,
-            true,
-            LIVENESS_STALL + Duration::from_secs(1)
-        )));
-    }
 }

@@ -1,0 +1,9 @@
+//! The service around the worker loop: the configuration (`config`), running jobs' workers under
+//! one supervisor each (`job`), the HTTP endpoints (`http`), what `/status` and the job runner see of
+//! each worker (`status`) and every metric (`metrics`).
+
+pub mod config;
+pub mod http;
+pub mod job;
+pub mod metrics;
+pub mod status;
