@@ -68,7 +68,7 @@ fn the_core_does_no_io_and_reads_no_clock() {
 #[test]
 fn the_worker_loop_talks_to_the_world_through_its_ports() {
     let found = uses(
-        "src/driver.rs",
+        "src/driver",
         &[
             "rdkafka",
             "tokio",

@@ -1,0 +1,286 @@
+//! The loop's reaction to what it polls — records, assignments, revocations, client errors — and to
+//! the snapshot scan: events fed to the executor, its decisions carried out through the ports.
+
+use std::collections::VecDeque;
+
+use tracing::{debug, error, info, warn};
+
+use super::{Driver, Scan};
+use crate::core::{CoreError, Decision, Event, LogRecord, PartitionId, Phase, Row, WorkerFailure};
+use crate::ports::{Clock, CommitPort, ConsumerPort, Polled};
+use crate::service::metrics::metrics;
+
+impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
+    pub(super) fn on_polled(&mut self, polled: Polled) {
+        match polled {
+            Polled::Record {
+                partition,
+                offset,
+                record,
+            } => self.on_record(partition, offset, record),
+            Polled::Assigned(parts) => self.on_assigned(parts),
+            Polled::Revoked { partitions, lost } => self.on_revoked(partitions, lost),
+            Polled::ClientError { reason, fatal } => {
+                warn!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "Kafka client error");
+                self.last_error = Some(format!("Kafka: {reason}"));
+                if fatal {
+                    self.fail(WorkerFailure::Fatal(format!("fatal Kafka error: {reason}")));
+                }
+            }
+        }
+    }
+
+    /// The group gives partitions: claim them in the store, start them at the claimed offsets,
+    /// then tell the executor.
+    pub(super) fn on_assigned(&mut self, parts: Vec<PartitionId>) {
+        let ranges = self.map.bitmap_of(parts.iter().copied()).ranges();
+        info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?parts, vnodes = ?ranges, "partitions assigned");
+        let claims = self.claim(&parts);
+        let starts: Vec<(PartitionId, Option<u64>)> = match &claims {
+            Some(claims) => claims
+                .iter()
+                .map(|c| {
+                    self.position.insert(c.partition, c.progress.next_offset);
+                    (c.partition, Some(c.progress.next_offset))
+                })
+                .collect(),
+            None => parts
+                .iter()
+                .map(|p| {
+                    self.position.remove(p);
+                    (*p, None)
+                })
+                .collect(),
+        };
+        self.consumer.assign(&starts);
+        if let Some(claims) = claims {
+            self.feed(Event::Assigned(claims));
+            self.settle(true);
+        }
+    }
+
+    /// The group takes partitions: the executor commits what is complete and rolls back the rest;
+    /// the revocation is acknowledged only once those commits are durable.
+    pub(super) fn on_revoked(&mut self, parts: Vec<PartitionId>, lost: bool) {
+        let ranges = self.map.bitmap_of(parts.iter().copied()).ranges();
+        info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?parts, vnodes = ?ranges, lost, "partitions revoked");
+        self.feed(Event::Revoked(parts.clone()));
+        // Commit → acknowledge: what the revocation committed is durable before unassigning.
+        let ack_early =
+            crate::core::faults::active(crate::core::faults::Fault::AckRevocationBeforeCommit);
+        self.settle(!ack_early);
+        for p in &parts {
+            self.position.remove(p);
+            self.paused_at.remove(p);
+            // Its new owner reports its lag; a stale series here would double it.
+            let _ = metrics()
+                .partition_lag
+                .remove_label_values(&[&self.cfg.job, &p.to_string()]);
+        }
+        self.consumer.unassign(&parts);
+    }
+
+    pub(super) fn on_record(
+        &mut self,
+        partition: PartitionId,
+        offset: u64,
+        record: Result<LogRecord, String>,
+    ) {
+        tracing::trace!(worker = %self.cfg.worker, partition, offset, "message");
+        self.position.insert(partition, offset + 1);
+        let Some(exec) = &self.exec else { return };
+        if !matches!(exec.phase(), Phase::LogStore | Phase::Streaming) {
+            return; // fetched before the pause took effect: read again at Fetch
+        }
+        match record {
+            Ok(record) => {
+                if let LogRecord::Change(c) = &record {
+                    self.counters.log_records[c.op as usize].inc();
+                }
+                self.feed(Event::Record {
+                    partition,
+                    offset,
+                    record,
+                })
+            }
+            Err(reason) => {
+                metrics()
+                    .decode_errors
+                    .with_label_values(&[&self.cfg.job])
+                    .inc();
+                self.feed(Event::Undecodable {
+                    partition,
+                    offset,
+                    reason,
+                });
+            }
+        }
+    }
+
+    pub(super) fn feed(&mut self, event: Event) {
+        let Some(exec) = self.exec.as_mut() else {
+            return;
+        };
+        let phase = exec.phase();
+        let update =
+            matches!(event, Event::Assigned(_) | Event::Revoked(_)) && phase != Phase::Unassigned;
+        match exec.handle(event) {
+            Ok(ds) => {
+                if update {
+                    *self.stats.updates_by_phase.entry(phase).or_default() += 1;
+                    let outcome = if ds.iter().any(|d| matches!(d, Decision::Fail(_))) {
+                        "invariant_error"
+                    } else {
+                        "applied"
+                    };
+                    metrics()
+                        .bitmap_updates
+                        .with_label_values(&[&self.cfg.job, phase.as_str(), outcome])
+                        .inc();
+                }
+                self.execute(phase, ds);
+            }
+            Err(e) => {
+                error!(job = %self.cfg.job, worker = %self.cfg.worker, error = %e, "worker stopped on bad input");
+                self.fail(WorkerFailure::Core(e));
+            }
+        }
+    }
+
+    pub(super) fn execute(&mut self, phase_before: Phase, decisions: Vec<Decision>) {
+        for d in decisions {
+            match d {
+                Decision::Commit(cp) => {
+                    // Pipelined: the committer applies it while this loop goes on fetching.
+                    self.committer.submit(cp);
+                    if !self.settle(false) {
+                        return;
+                    }
+                }
+                Decision::Scan { scan, vnodes } => {
+                    self.scan = if vnodes.is_empty() {
+                        None
+                    } else {
+                        Some(Scan {
+                            id: scan,
+                            queue: vnodes.into(),
+                            current: None,
+                            rows: VecDeque::new(),
+                        })
+                    };
+                }
+                Decision::Fetch { partition, offset } => {
+                    debug!(worker = %self.cfg.worker, partition, offset, position = ?self.position.get(&partition), "fetch");
+                    if self.position.get(&partition) != Some(&offset) {
+                        if let Err(e) = self.consumer.seek(partition, offset) {
+                            return self.fail(WorkerFailure::Unavailable(format!(
+                                "seek partition {partition} to {offset}: {e}"
+                            )));
+                        }
+                        self.position.insert(partition, offset);
+                    }
+                    self.consumer.resume(partition);
+                    self.paused_at.remove(&partition);
+                }
+                Decision::Pause(p) => {
+                    debug!(worker = %self.cfg.worker, partition = p, "pause");
+                    self.consumer.pause(p);
+                    self.paused_at.insert(p, self.clock.now_ms());
+                }
+                Decision::Resume(p) => {
+                    debug!(worker = %self.cfg.worker, partition = p, "resume");
+                    self.consumer.resume(p);
+                    if let Some(t) = self.paused_at.remove(&p) {
+                        metrics()
+                            .alignment_seconds
+                            .with_label_values(&[&self.cfg.job])
+                            .observe(self.clock.now_ms().saturating_sub(t) as f64 / 1000.0);
+                    }
+                }
+                Decision::PhaseChanged { from, to } => {
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, from = from.as_str(), to = to.as_str(), "phase changed");
+                    self.stats.phases_seen.insert(to);
+                    for p in Phase::ALL {
+                        metrics()
+                            .phase
+                            .with_label_values(&[&self.cfg.job, &self.cfg.worker, p.as_str()])
+                            .set((p == to) as i64);
+                    }
+                }
+                Decision::Fail(e) => {
+                    // Invariant 4: the error is raised only after the checkpoint before it is durable.
+                    if !self.settle(true) {
+                        return;
+                    }
+                    if e == CoreError::VnodeBitmapUpdateDuringLogStore {
+                        metrics()
+                            .invariant_errors
+                            .with_label_values(&[&self.cfg.job])
+                            .inc();
+                        *self
+                            .stats
+                            .bitmap_errors_by_phase
+                            .entry(phase_before)
+                            .or_default() += 1;
+                    }
+                    error!(job = %self.cfg.job, worker = %self.cfg.worker, "{e}");
+                    return self.fail(WorkerFailure::Core(e));
+                }
+            }
+        }
+    }
+
+    /// Feeds up to `max` snapshot rows (and vnode ends); returns how many rows.
+    pub(super) fn scan_batch(&mut self, max: usize) -> usize {
+        let mut rows = 0;
+        for _ in 0..max {
+            let Some(scan) = self.scan.as_mut() else {
+                return rows;
+            };
+            let id = scan.id;
+            if scan.current.is_none() {
+                let Some(start) = scan.queue.pop_front() else {
+                    self.scan = None;
+                    return rows;
+                };
+                let fetched = self
+                    .snapshot
+                    .scan(start.vnode, start.after.as_deref())
+                    .and_then(|it| it.collect::<Result<VecDeque<Row>, _>>());
+                let scan = self.scan.as_mut().expect("scan");
+                match fetched {
+                    Ok(fetched) => {
+                        scan.current = Some(start.vnode);
+                        scan.rows = fetched;
+                    }
+                    Err(e) => {
+                        self.fail(WorkerFailure::Fatal(e.to_string()));
+                        return rows;
+                    }
+                }
+            }
+            let scan = self.scan.as_mut().expect("scan");
+            let vnode = scan.current.expect("current");
+            let event = match scan.rows.pop_front() {
+                Some(row) => {
+                    rows += 1;
+                    self.counters.snapshot_rows.inc();
+                    Event::SnapshotRow {
+                        scan: id,
+                        vnode,
+                        row,
+                    }
+                }
+                None => {
+                    scan.current = None;
+                    Event::SnapshotVnodeDone { scan: id, vnode }
+                }
+            };
+            self.feed(event);
+            if self.failure.is_some() {
+                return rows;
+            }
+        }
+        rows
+    }
+}

@@ -1,0 +1,456 @@
+//! The one worker loop: one consumer-group member driving one [`Executor`], generic over its ports
+//! ([`ConsumerPort`], [`CommitPort`], [`Clock`]). `kafka::worker` runs it on librdkafka and the
+//! committer thread; `sim` runs the very same loop on simulated members, commits that complete when
+//! the simulator decides, and a simulated clock.
+//!
+//! Each [`Driver::step`] polls records and group events, feeds them to the executor and carries out its
+//! decisions, advances the snapshot scan, and every `housekeeping_ms` looks at watermarks, the store's
+//! generation and publishes the status. Ordering contract (invariant 4 and `CommitPort`): a
+//! revocation is fed to the executor, which commits what is complete; the loop waits for every
+//! pending commit, and only then acknowledges the revocation (`unassign`). An assignment is claimed
+//! in the store first, so partitions start at their committed offsets. The invariant error is
+//! raised only after the commits before it are durable. Failures go to the job's supervisor; a
+//! restart keeps the consumer (and so the group membership and assignment) and rebuilds the
+//! executor from the store.
+//!
+//! The loop owns no decision (the core does) and does no I/O of its own: everything goes through the
+//! ports and the [`StateStore`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tracing::{error, info, warn};
+
+use crate::core::{
+    ClaimedPartition, Event, Executor, JobSpec, LocalCheckpointPolicy, PartitionId, PartitionMap,
+    Phase, Rate, Row, ScanId, ScanStart, Supervisor, Throttle, Verdict, Vnode, WorkerFailure,
+    WorkerStatus,
+};
+use crate::ports::{
+    Clock, CommitPort, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError,
+};
+use crate::service::metrics::metrics;
+pub use crate::service::status::{StatusBoard, WorkerReport};
+
+mod commits;
+mod events;
+mod report;
+
+/// The loop's settings.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub job: String,
+    pub topic: String,
+    pub worker: String,
+    pub local_checkpoint: LocalCheckpointPolicy,
+    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
+    pub max_epochs_ahead: usize,
+    /// Snapshot rows plus log records per second; 0 = unlimited.
+    pub max_rows_per_second: u64,
+    /// Records handled between two looks at the scan, the clock and the watermarks.
+    pub max_messages_per_round: usize,
+    /// Snapshot rows fed per step, at most.
+    pub max_scan_rows_per_round: usize,
+    /// The first poll of a step waits this long when no scan is running.
+    pub idle_poll_ms: u64,
+    /// How often watermarks, the generation check and the status report run.
+    pub housekeeping_ms: u64,
+    /// A static member closes without leaving the group.
+    pub static_member: bool,
+}
+
+/// The job stopped: the supervisor will not retry this worker's failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stopped {
+    pub job: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job {} stopped: {}", self.job, self.reason)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// What one driver did, for the simulation's report (production reads metrics instead).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    pub commits: u64,
+    pub fenced: u64,
+    pub recreations: u64,
+    /// Invariant errors raised, by the phase the worker was in.
+    pub bitmap_errors_by_phase: BTreeMap<Phase, u64>,
+    /// Vnode-bitmap updates (assignments and revocations) by the phase the worker was in.
+    pub updates_by_phase: BTreeMap<Phase, u64>,
+    pub phases_seen: BTreeSet<Phase>,
+}
+
+struct Scan {
+    id: ScanId,
+    queue: VecDeque<ScanStart>,
+    current: Option<Vnode>,
+    rows: VecDeque<Row>,
+}
+
+struct HotCounters {
+    /// Indexed by `Op as usize`.
+    log_records: Vec<prometheus::IntCounter>,
+    snapshot_rows: prometheus::IntCounter,
+}
+
+impl HotCounters {
+    fn new(job: &str) -> Self {
+        let m = metrics();
+        HotCounters {
+            log_records: crate::core::Op::ALL
+                .iter()
+                .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
+                .collect(),
+            snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
+        }
+    }
+}
+
+/// A store error as the supervisor sees it: transient → unavailable (restart, bounded), fencing →
+/// fenced, anything else fatal.
+pub fn store_failure(e: StoreError) -> WorkerFailure {
+    if e.is_transient() {
+        WorkerFailure::Unavailable(e.to_string())
+    } else if e.is_fenced() {
+        WorkerFailure::Fenced(e.to_string())
+    } else {
+        WorkerFailure::Fatal(e.to_string())
+    }
+}
+
+/// One worker: the loop's state and its ports.
+pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
+    cfg: DriverConfig,
+    consumer: C,
+    committer: K,
+    clock: T,
+    store: Box<dyn StateStore>,
+    snapshot: Arc<dyn SnapshotSource>,
+    supervisor: Arc<Mutex<Supervisor>>,
+    board: StatusBoard,
+    map: PartitionMap,
+    exec: Option<Executor>,
+    scan: Option<Scan>,
+    failure: Option<WorkerFailure>,
+    /// Next offset the consumer will deliver per partition, when known.
+    position: HashMap<PartitionId, u64>,
+    /// When each paused partition was paused (ms).
+    paused_at: HashMap<PartitionId, u64>,
+    last_error: Option<String>,
+    store_reachable: bool,
+    /// Records handled per second, for the status report.
+    rate: Rate,
+    /// The rows-per-second limit.
+    throttle: Throttle,
+    counters: HotCounters,
+    last_house: Option<u64>,
+    /// While backing off before a restart: when to restart.
+    restart_at: Option<u64>,
+    stats: DriverStats,
+}
+
+impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
+    /// A worker with its executor started from the store.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: DriverConfig,
+        consumer: C,
+        committer: K,
+        clock: T,
+        store: Box<dyn StateStore>,
+        snapshot: Arc<dyn SnapshotSource>,
+        supervisor: Arc<Mutex<Supervisor>>,
+        board: StatusBoard,
+    ) -> Result<Self, WorkerFailure> {
+        let info = snapshot.info();
+        let map = PartitionMap::new(info.vnode_count, info.partition_count)
+            .map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
+        let now = clock.now_ms();
+        let counters = HotCounters::new(&cfg.job);
+        let cfg_limit = cfg.max_rows_per_second;
+        let mut d = Driver {
+            cfg,
+            consumer,
+            committer,
+            clock,
+            store,
+            snapshot,
+            supervisor,
+            board,
+            map,
+            exec: None,
+            scan: None,
+            failure: None,
+            position: HashMap::new(),
+            paused_at: HashMap::new(),
+            last_error: None,
+            store_reachable: true,
+            rate: Rate::new(now, 500),
+            throttle: Throttle::new(cfg_limit, now),
+            counters,
+            last_house: None,
+            restart_at: None,
+            stats: DriverStats::default(),
+        };
+        d.start_executor()?;
+        Ok(d)
+    }
+
+    pub fn phase(&self) -> Option<Phase> {
+        self.exec.as_ref().map(|e| e.phase())
+    }
+
+    pub fn status(&self) -> Option<WorkerStatus> {
+        self.exec.as_ref().map(|e| e.status())
+    }
+
+    pub fn stats(&self) -> &DriverStats {
+        &self.stats
+    }
+
+    /// Whether the worker is backing off before a restart.
+    pub fn restarting(&self) -> bool {
+        self.restart_at.is_some()
+    }
+
+    /// One round of the loop. `Err` when the job stopped.
+    pub fn step(&mut self) -> Result<(), Stopped> {
+        if let Some(at) = self.restart_at {
+            // Keep serving the group (heartbeats, rebalances) while backing off; with no executor,
+            // events only (un)assign.
+            if let Some(p) = self.consumer.poll(20) {
+                self.on_polled(p);
+            }
+            if self.clock.now_ms() < at {
+                return Ok(());
+            }
+            self.restart_at = None;
+            return self.restart();
+        }
+        let scanning = self.scan.is_some();
+        let mut timeout = if scanning { 0 } else { self.cfg.idle_poll_ms };
+        // The throttle (a token bucket in the core) says how many records this round may handle.
+        let want = self.cfg.max_messages_per_round;
+        let mut budget = self.throttle.allowance(self.clock.now_ms(), want);
+        if budget == 0 {
+            let wait = self.throttle.wait_ms();
+            self.clock.sleep_ms(wait);
+            budget = self.throttle.allowance(self.clock.now_ms(), want);
+        }
+        let mut records = 0;
+        while records < budget {
+            let Some(p) = self.consumer.poll(timeout) else {
+                break;
+            };
+            timeout = 0;
+            records += matches!(p, Polled::Record { .. }) as usize;
+            self.on_polled(p);
+            if self.failure.is_some() {
+                break;
+            }
+        }
+        self.settle(false);
+        let mut rows = 0;
+        if self.failure.is_none() {
+            let scan_budget = if self.throttle.limit() == 0 {
+                self.cfg.max_scan_rows_per_round
+            } else {
+                budget
+                    .saturating_sub(records)
+                    .min(self.cfg.max_scan_rows_per_round)
+            };
+            rows = self.scan_batch(scan_budget);
+        }
+        self.throttle.spend(records + rows);
+        let now = self.clock.now_ms();
+        let due = self
+            .last_house
+            .is_none_or(|t| now.saturating_sub(t) >= self.cfg.housekeeping_ms);
+        if due {
+            self.last_house = Some(now);
+        }
+        self.housekeeping(due);
+        if let Some(f) = self.failure.take() {
+            return self.handle_failure(f);
+        }
+        Ok(())
+    }
+
+    /// Shutdown: commit what is complete, wait for it, hand the offsets to the group, close.
+    pub fn shutdown(&mut self) {
+        self.feed(Event::Shutdown);
+        self.settle(true);
+        self.commit_group_offsets_sync();
+        self.exec = None;
+        self.consumer.close(!self.cfg.static_member);
+        if self.cfg.static_member {
+            // Closed without leaving the group: restarted within session.timeout.ms it gets its
+            // partitions back with no rebalance, so a log-store phase survives a rolling restart.
+            info!(job = %self.cfg.job, worker = %self.cfg.worker, "worker stopped (static member: the group keeps its partitions)");
+        } else {
+            info!(job = %self.cfg.job, worker = %self.cfg.worker, "worker stopped");
+        }
+    }
+
+    fn label(&self) -> [&str; 2] {
+        [self.cfg.job.as_str(), self.cfg.worker.as_str()]
+    }
+
+    fn start_executor(&mut self) -> Result<(), WorkerFailure> {
+        // A fresh committer: the old one may hold checkpoints of the failed executor.
+        self.committer.restart().map_err(store_failure)?;
+        let info = self.snapshot.info().clone();
+        let row = self
+            .store
+            .ensure_job(&self.cfg.job, &info)
+            .map_err(store_failure)?;
+        let spec = JobSpec {
+            topic: self.cfg.topic.clone(),
+            snapshot_epoch: info.snapshot_epoch,
+            map: self.map,
+            generation: row.generation,
+            worker: self.cfg.worker.clone(),
+            local_checkpoint: self.cfg.local_checkpoint,
+            max_epochs_ahead: self.cfg.max_epochs_ahead,
+        };
+        metrics()
+            .generation
+            .with_label_values(&self.label())
+            .set(row.generation as i64);
+        self.exec = Some(Executor::new(spec, self.clock.now_ms()));
+        self.scan = None;
+        self.paused_at.clear();
+        Ok(())
+    }
+
+    /// Claims partitions in the store; returns the claims or records the failure.
+    fn claim(&mut self, parts: &[PartitionId]) -> Option<Vec<ClaimedPartition>> {
+        let exec = self.exec.as_ref()?;
+        let generation = exec.spec().generation;
+        let info = self.snapshot.info().clone();
+        match self
+            .store
+            .claim(&self.cfg.job, generation, &self.cfg.worker, parts, &info)
+        {
+            Ok(c) => Some(c),
+            Err(e) => {
+                self.fail(store_failure(e));
+                None
+            }
+        }
+    }
+
+    fn fail(&mut self, f: WorkerFailure) {
+        if self.failure.is_none() {
+            if matches!(f, WorkerFailure::Fenced(_)) {
+                self.stats.fenced += 1;
+            }
+            self.failure = Some(f);
+        }
+        self.exec = None;
+        self.scan = None;
+    }
+
+    /// A failure goes to the supervisor: stop, or recreate / restart after a backoff.
+    fn handle_failure(&mut self, f: WorkerFailure) -> Result<(), Stopped> {
+        let generation = self
+            .store
+            .job(&self.cfg.job)
+            .ok()
+            .flatten()
+            .map_or(0, |r| r.generation);
+        self.last_error = Some(f.to_string());
+        self.publish();
+        let now = self.clock.now_ms();
+        let verdict = self
+            .supervisor
+            .lock()
+            .unwrap()
+            .on_failure(&f, generation, now);
+        match verdict {
+            Verdict::Stop { reason } => {
+                error!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "job stopped");
+                Err(self.stopped(reason))
+            }
+            Verdict::Recreate {
+                from_generation,
+                backoff_ms,
+            } => {
+                let row = self
+                    .store
+                    .recreate(&self.cfg.job, from_generation)
+                    .map_err(|e| self.stopped(format!("recreating the job: {e}")))?;
+                if row.generation == from_generation + 1 {
+                    self.stats.recreations += 1;
+                    metrics()
+                        .recreations
+                        .with_label_values(&[&self.cfg.job, "vnode_bitmap_update_in_log_store"])
+                        .inc();
+                }
+                info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
+                self.begin_restart(backoff_ms)
+            }
+            Verdict::Restart { backoff_ms } => {
+                info!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, backoff_ms, "restarting the worker from the store");
+                self.begin_restart(backoff_ms)
+            }
+        }
+    }
+
+    fn stopped(&self, reason: String) -> Stopped {
+        Stopped {
+            job: self.cfg.job.clone(),
+            reason,
+        }
+    }
+
+    fn begin_restart(&mut self, backoff_ms: u64) -> Result<(), Stopped> {
+        if backoff_ms == 0 {
+            return self.restart();
+        }
+        self.restart_at = Some(self.clock.now_ms() + backoff_ms);
+        Ok(())
+    }
+
+    /// Rebuilds the executor from the store and claims what the consumer holds.
+    fn restart(&mut self) -> Result<(), Stopped> {
+        match self.start_executor() {
+            Ok(()) => {
+                let assigned = self.consumer.assignment();
+                self.position.clear();
+                if !assigned.is_empty() {
+                    if let Some(claims) = self.claim(&assigned) {
+                        self.feed(Event::Assigned(claims));
+                    }
+                }
+                Ok(())
+            }
+            Err(f) => {
+                self.last_error = Some(f.to_string());
+                self.publish();
+                // The store is still away (or worse): the supervisor decides, within its bound.
+                let now = self.clock.now_ms();
+                let verdict = self.supervisor.lock().unwrap().on_failure(&f, 0, now);
+                match verdict {
+                    Verdict::Restart { backoff_ms } => {
+                        warn!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, backoff_ms, "restart failed; retrying");
+                        self.restart_at = Some(now + backoff_ms.max(1));
+                        Ok(())
+                    }
+                    Verdict::Stop { reason } => {
+                        error!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "job stopped");
+                        Err(self.stopped(reason))
+                    }
+                    Verdict::Recreate { .. } => Err(self.stopped(f.to_string())),
+                }
+            }
+        }
+    }
+}

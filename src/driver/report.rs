@@ -1,0 +1,133 @@
+//! Housekeeping: watermarks and read positions fed to the executor, the store's generation and
+//! reachability, and the worker's report on the status board (rate and ETA from the core).
+
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::{Driver, WorkerReport};
+use crate::core::{Event, PartitionId, Phase, WorkerFailure};
+use crate::ports::{Clock, CommitPort, ConsumerPort};
+use crate::service::metrics::metrics;
+
+impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
+    /// Watermarks, the generation check and the status report (when `due`); the clock always.
+    pub(super) fn housekeeping(&mut self, due: bool) {
+        let Some(exec) = &self.exec else { return };
+        let generation = exec.spec().generation;
+        let owned = exec.owned_partitions();
+        let log_phase = matches!(exec.phase(), Phase::LogStore | Phase::Streaming);
+        if due {
+            let check_generation =
+                !crate::core::faults::active(crate::core::faults::Fault::SkipGenerationCheck);
+            match self.store.job(&self.cfg.job) {
+                Ok(Some(row)) if row.generation != generation && check_generation => {
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, from = generation, to = row.generation, "job was recreated; restarting");
+                    return self.fail(WorkerFailure::Fenced(format!(
+                        "job recreated: generation {generation} -> {}",
+                        row.generation
+                    )));
+                }
+                Ok(_) => {
+                    if !self.store_reachable {
+                        info!(job = %self.cfg.job, worker = %self.cfg.worker, "state store reachable again");
+                    }
+                    self.store_reachable = true;
+                    metrics()
+                        .store_unreachable
+                        .with_label_values(&self.label())
+                        .set(0);
+                }
+                Err(e) => {
+                    if self.store_reachable {
+                        warn!(job = %self.cfg.job, worker = %self.cfg.worker, error = %e, "state store unreachable");
+                    }
+                    self.store_reachable = false;
+                    metrics()
+                        .store_unreachable
+                        .with_label_values(&self.label())
+                        .set(1);
+                    self.last_error = Some(e.to_string());
+                }
+            }
+            if log_phase {
+                for p in owned {
+                    if let Some(high) = self.consumer.high_watermark(p) {
+                        self.feed(Event::Watermark { partition: p, high });
+                    }
+                    self.report_read_position(p);
+                }
+            }
+            self.publish();
+        }
+        self.feed(Event::Tick {
+            now_ms: self.clock.now_ms(),
+        });
+    }
+
+    /// Tells the executor how far the consumer has read `p` when that is past the last record it
+    /// returned (transaction markers and aborted records are never returned), and only once every
+    /// returned record has been fed.
+    pub(super) fn report_read_position(&mut self, p: PartitionId) {
+        let Some(exec) = &self.exec else { return };
+        let fed = exec
+            .status()
+            .partitions
+            .iter()
+            .find(|s| s.partition == p)
+            .map(|s| s.next_offset);
+        let delivered = self.position.get(&p).copied();
+        let Some(read) = self.consumer.read_position(p) else {
+            return;
+        };
+        if fed.is_some() && fed == delivered && read > fed.unwrap_or(0) {
+            self.position.insert(p, read);
+            self.feed(Event::ReadTo {
+                partition: p,
+                next_offset: read,
+            });
+        }
+    }
+
+    /// The worker's report on the status board, and its gauges.
+    pub(super) fn publish(&mut self) {
+        let status = self.exec.as_ref().map(|e| e.status());
+        let now = self.clock.now_ms();
+        let records_per_second = match &status {
+            Some(s) => self.rate.observe(now, s.handled()),
+            None => self.rate.per_second(),
+        };
+        let estimated_catch_up_seconds = status
+            .as_ref()
+            .and_then(|s| s.catch_up_eta_seconds(records_per_second));
+        let m = metrics();
+        if let Some(s) = &status {
+            m.epoch_lag_seconds
+                .with_label_values(&self.label())
+                .set(s.epoch_lag_seconds);
+            for p in &s.partitions {
+                if let Some(lag) = p.lag() {
+                    m.partition_lag
+                        .with_label_values(&[&self.cfg.job, &p.partition.to_string()])
+                        .set(lag as i64);
+                }
+            }
+        }
+        let caught_up = status.as_ref().is_some_and(|s| s.caught_up);
+        let recreations = self.supervisor.lock().unwrap().recreations();
+        let mut board = self.board.lock().unwrap();
+        board.entry(self.cfg.job.clone()).or_default().insert(
+            self.cfg.worker.clone(),
+            WorkerReport {
+                status,
+                records_per_second,
+                estimated_catch_up_seconds,
+                caught_up,
+                last_error: self.last_error.clone(),
+                recreations,
+                store_reachable: self.store_reachable,
+                reported_at: Some(Instant::now()),
+            },
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! The simulated group: members joining, leaving, crashing, freezing and restarting, and the
+//! coordinator's cooperative rebalances (revocations first; a partition reaches its new owner once
+//! its old owner acknowledged, unless the old owner froze).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    add_stats, CommitQueue, ConsumerState, Sim, SimClock, SimCommitter, SimConsumer, SimResult,
+    SimWorker, JOB,
+};
+use crate::core::{LocalCheckpointPolicy, PartitionId};
+use crate::driver::{Driver, DriverConfig, DriverStats};
+use crate::ports::Polled;
+
+impl Sim {
+    // ----- membership ---------------------------------------------------------------------------
+
+    pub(super) fn add_worker(&mut self) -> SimResult<usize> {
+        let i = self.workers.len();
+        {
+            let mut w = self.world.borrow_mut();
+            w.consumers.push(ConsumerState::default());
+            w.commits.push(CommitQueue::default());
+        }
+        self.workers.push(SimWorker {
+            id: format!("w{i}"),
+            driver: None,
+            member: true,
+            alive: true,
+            frozen: false,
+            rejoin_in: None,
+            past: DriverStats::default(),
+        });
+        self.start_driver(i)?;
+        Ok(i)
+    }
+
+    /// A new loop for worker `i` (its executor starts from the store).
+    pub(super) fn start_driver(&mut self, i: usize) -> SimResult<()> {
+        let cfg = DriverConfig {
+            job: JOB.into(),
+            topic: "sim-log".into(),
+            worker: self.workers[i].id.clone(),
+            local_checkpoint: LocalCheckpointPolicy {
+                max_rows: self.config.local_checkpoint_rows,
+                max_interval_ms: 50,
+            },
+            max_epochs_ahead: self.config.max_epochs_ahead,
+            max_rows_per_second: 0,
+            max_messages_per_round: 64,
+            max_scan_rows_per_round: self.config.max_fetch_batch as usize,
+            idle_poll_ms: 0,
+            housekeeping_ms: 1,
+            static_member: false,
+        };
+        let driver = Driver::new(
+            cfg,
+            SimConsumer {
+                world: self.world.clone(),
+                i,
+            },
+            SimCommitter {
+                world: self.world.clone(),
+                i,
+            },
+            SimClock {
+                world: self.world.clone(),
+            },
+            Box::new(self.store.clone()),
+            self.snapshot.clone(),
+            self.supervisor.clone(),
+            self.board.clone(),
+        )
+        .map_err(|f| format!("worker {} did not start: {f}", self.workers[i].id))?;
+        self.workers[i].driver = Some(driver);
+        Ok(())
+    }
+
+    pub(super) fn drop_driver(&mut self, i: usize) {
+        if let Some(d) = self.workers[i].driver.take() {
+            add_stats(&mut self.workers[i].past, d.stats());
+        }
+    }
+
+    pub(super) fn members(&self) -> Vec<usize> {
+        (0..self.workers.len())
+            .filter(|&i| self.workers[i].alive && self.workers[i].member)
+            .collect()
+    }
+
+    /// The coordinator's new target, and every member told what it loses. Members that froze are
+    /// not members: their partitions are given away without their word (they become zombies).
+    pub(super) fn rebalance(&mut self) {
+        let members = self.members();
+        self.target.clear();
+        if members.is_empty() {
+            return;
+        }
+        self.rebalances += 1;
+        for p in 0..self.config.partition_count {
+            self.target
+                .entry(members[p as usize % members.len()])
+                .or_default()
+                .insert(p);
+        }
+        let mut w = self.world.borrow_mut();
+        for &i in &members {
+            let keep = self.target.get(&i).cloned().unwrap_or_default();
+            let lose: Vec<PartitionId> = w.consumers[i]
+                .eventual()
+                .difference(&keep)
+                .copied()
+                .collect();
+            if !lose.is_empty() {
+                w.consumers[i].inbox.push_back(Polled::Revoked {
+                    partitions: lose,
+                    lost: false,
+                });
+            }
+        }
+    }
+
+    /// Gives each member the partitions of its target that no other member holds any more
+    /// (cooperative: the old owner acknowledged the revocation first).
+    pub(super) fn deliver_assignments(&mut self) {
+        let members = self.members();
+        let mut w = self.world.borrow_mut();
+        let eventual: BTreeMap<usize, BTreeSet<PartitionId>> = members
+            .iter()
+            .map(|&i| {
+                let mut h = w.consumers[i].eventual();
+                h.extend(w.consumers[i].assigned.keys().copied());
+                (i, h)
+            })
+            .collect();
+        for &i in &members {
+            let Some(want) = self.target.get(&i) else {
+                continue;
+            };
+            let gain: Vec<PartitionId> = want
+                .iter()
+                .copied()
+                .filter(|p| !eventual[&i].contains(p))
+                .filter(|p| members.iter().all(|&j| j == i || !eventual[&j].contains(p)))
+                .collect();
+            if !gain.is_empty() {
+                w.consumers[i].inbox.push_back(Polled::Assigned(gain));
+            }
+        }
+    }
+
+    /// Runs the members with group events until none is left (a scripted rebalance completes).
+    pub(super) fn settle_group(&mut self) -> SimResult<()> {
+        for _ in 0..1_000 {
+            self.deliver_assignments();
+            let busy: Vec<usize> = (0..self.workers.len())
+                .filter(|&i| self.runnable(i) && !self.world.borrow().consumers[i].inbox.is_empty())
+                .collect();
+            if busy.is_empty() {
+                return Ok(());
+            }
+            for i in busy {
+                self.work(i, 0)?;
+            }
+        }
+        Err(format!("the group did not settle: {}", self.describe()))
+    }
+
+    pub(super) fn runnable(&self, i: usize) -> bool {
+        let w = &self.workers[i];
+        w.alive && !w.frozen && w.driver.is_some()
+    }
+
+    pub(super) fn chaos(&mut self) -> SimResult<()> {
+        let n = self.workers.len();
+        let pick = |s: &Sim, n: u64| s.world.borrow_mut().rng.below(n);
+        match pick(self, 6) {
+            0 if self.members().len() < self.config.max_workers as usize => {
+                self.add_worker()?;
+                self.rebalance();
+                Ok(())
+            }
+            1 if self.members().len() > 1 => {
+                // Graceful leave: commit what is complete, then go.
+                let members = self.members();
+                let i = members[pick(self, members.len() as u64) as usize];
+                if self.workers[i].frozen {
+                    return Ok(());
+                }
+                if let Some(d) = self.workers[i].driver.as_mut() {
+                    d.shutdown();
+                }
+                self.retire(i);
+                self.rebalance();
+                self.check()
+            }
+            2 if n > 0 => {
+                // Crash: the worker disappears mid-flight (its pending commits with it).
+                let i = pick(self, n as u64) as usize;
+                if !self.workers[i].alive {
+                    return Ok(());
+                }
+                self.crashes += 1;
+                self.retire(i);
+                if self.members().is_empty() {
+                    self.add_worker()?;
+                }
+                self.rebalance();
+                Ok(())
+            }
+            3 if n > 0 => {
+                // Freeze: the worker stops; after its session times out the group moves on.
+                let i = pick(self, n as u64) as usize;
+                if !self.workers[i].alive || self.workers[i].frozen || self.members().len() < 2 {
+                    return Ok(());
+                }
+                self.freezes += 1;
+                self.workers[i].frozen = true;
+                self.workers[i].member = false;
+                self.rebalance();
+                Ok(())
+            }
+            4 => {
+                // Thaw a frozen worker: it goes on with what it believes it owns, for a while.
+                if let Some(i) = (0..n).find(|&i| self.workers[i].frozen) {
+                    self.thaw(i);
+                }
+                Ok(())
+            }
+            _ => {
+                // Crash and restart in place: same membership, the loop rebuilt from the store.
+                let alive: Vec<usize> = (0..n)
+                    .filter(|&i| self.workers[i].alive && !self.workers[i].frozen)
+                    .collect();
+                if alive.is_empty() {
+                    return Ok(());
+                }
+                let i = alive[pick(self, alive.len() as u64) as usize];
+                self.crashes += 1;
+                self.restart_in_place(i)
+            }
+        }
+    }
+
+    /// The worker is gone: its loop, consumer and pending commits.
+    pub(super) fn retire(&mut self, i: usize) {
+        self.drop_driver(i);
+        let w = &mut self.workers[i];
+        w.alive = false;
+        w.member = false;
+        w.rejoin_in = None;
+        let mut world = self.world.borrow_mut();
+        world.consumers[i] = ConsumerState::default();
+        world.commits[i] = CommitQueue::default();
+    }
+
+    pub(super) fn restart_in_place(&mut self, i: usize) -> SimResult<()> {
+        let holds = self.world.borrow().consumers[i].eventual();
+        self.drop_driver(i);
+        {
+            let mut w = self.world.borrow_mut();
+            w.commits[i] = CommitQueue::default();
+            w.consumers[i] = ConsumerState::default();
+            if self.workers[i].member && !holds.is_empty() {
+                w.consumers[i]
+                    .inbox
+                    .push_back(Polled::Assigned(holds.into_iter().collect()));
+            }
+        }
+        self.workers[i].rejoin_in = None;
+        self.start_driver(i)?;
+        if !self.workers[i].member {
+            self.workers[i].member = true;
+            self.rebalance();
+        }
+        Ok(())
+    }
+
+    /// Stops churn: thaws and re-admits everyone, makes sure someone works.
+    pub(super) fn calm_down(&mut self) -> SimResult<()> {
+        let mut changed = false;
+        for i in 0..self.workers.len() {
+            if self.workers[i].frozen {
+                self.workers[i].frozen = false;
+            }
+            if self.workers[i].alive && !self.workers[i].member {
+                self.workers[i].rejoin_in = Some(0);
+            }
+        }
+        if self.members().is_empty() && !self.workers.iter().any(|w| w.rejoin_in.is_some()) {
+            self.add_worker()?;
+            changed = true;
+        }
+        if changed {
+            self.rebalance();
+        }
+        Ok(())
+    }
+}

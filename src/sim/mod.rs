@@ -1,0 +1,493 @@
+//! A seeded, deterministic simulation of one job, running the production worker loop
+//! ([`crate::driver::Driver`], the same code `kafka-backfill run` runs) on simulated ports: an
+//! upstream table writing changes and barriers into an in-memory log, consumer-group members whose
+//! rebalances arrive as events (cooperative: a partition is given to its new owner only after its
+//! old owner acknowledged the revocation, unless the old owner froze), checkpoint commits that
+//! complete when the simulator decides (late, out of step with fetching, interleaved with rebalances
+//! and crashes), a shared in-memory store and the job's supervisor.
+//!
+//! The oracle is the upstream table: after every applied commit, each vnode's committed rows must
+//! equal the upstream table at that vnode's committed epoch (or the snapshot up to its cursor). At the
+//! end, with churn stopped, every worker must catch up and the store must equal the final table.
+//! Same seed, same run: one generator decides everything, time is a step counter, nothing hashes.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+
+use crate::core::{
+    vnode_of, Barrier, BarrierKind, Epoch, LogRecord, PartitionId, PartitionMap, PartitionProgress,
+    Phase, Supervisor, SupervisorConfig, Vnode,
+};
+use crate::driver::{Driver, DriverStats};
+use crate::ports::{LogStore, SnapshotInfo, StateStore};
+pub use crate::rng::SimRng;
+use crate::service::status::StatusBoard;
+use crate::store::memory::{MemoryLog, MemorySnapshot, MemoryStore};
+use upstream::{key_bytes, Upstream};
+use world::{CommitQueue, ConsumerState, Shared, SimClock, SimCommitter, SimConsumer, World};
+
+mod group;
+mod upstream;
+mod work;
+mod world;
+
+const JOB: &str = "sim";
+
+/// Checkpoints a worker may have waiting before `submit` waits for the oldest (as the committer
+/// thread's channel does).
+const MAX_PENDING_COMMITS: usize = 2;
+
+/// The shape of one simulated run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub vnode_count: u32,
+    pub partition_count: u32,
+    pub key_space: u32,
+    pub initial_rows: u32,
+    /// Epochs the upstream writes before it stops.
+    pub epochs: u32,
+    /// Every n-th barrier is a checkpoint.
+    pub checkpoint_every: u32,
+    /// Changes per epoch, at most.
+    pub max_changes_per_epoch: u32,
+    pub initial_workers: u32,
+    pub max_workers: u32,
+    /// Percent of steps that change membership or crash something (0 = a calm run).
+    pub chaos_percent: u64,
+    /// Percent of steps in which the upstream writes (workers work in the rest).
+    pub upstream_percent: u64,
+    /// Percent of deliveries that ignore a pause (records already fetched when paused).
+    pub leaky_pause_percent: u64,
+    pub local_checkpoint_rows: u64,
+    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
+    pub max_epochs_ahead: usize,
+    /// A fetch delivers up to this many records of one partition.
+    pub max_fetch_batch: u64,
+    pub max_steps: u64,
+    pub supervisor: SupervisorConfig,
+    /// Percent of steps in which one pending checkpoint commit completes (commits otherwise
+    /// complete when the worker waits for them, or when too many are pending).
+    pub commit_percent: u64,
+}
+
+impl SimConfig {
+    /// A random shape for `seed`.
+    pub fn random(seed: u64) -> Self {
+        let mut r = SimRng::new(seed.wrapping_mul(31).wrapping_add(7));
+        let partition_count = 1 + r.below(4) as u32;
+        let vnode_count = partition_count * (1 + r.below(4) as u32) + r.below(3) as u32;
+        SimConfig {
+            seed,
+            vnode_count,
+            partition_count,
+            key_space: 8 + r.below(40) as u32,
+            initial_rows: r.below(30) as u32,
+            epochs: 5 + r.below(30) as u32,
+            checkpoint_every: 1 + r.below(3) as u32,
+            max_changes_per_epoch: 1 + r.below(8) as u32,
+            initial_workers: 1 + r.below(3) as u32,
+            max_workers: 4,
+            chaos_percent: r.below(6),
+            upstream_percent: 15 + r.below(20),
+            leaky_pause_percent: r.below(10),
+            local_checkpoint_rows: 1 + r.below(10),
+            max_fetch_batch: 1 + r.below(8),
+            max_epochs_ahead: 1 + r.below(4) as usize,
+            max_steps: 200_000,
+            supervisor: SupervisorConfig {
+                max_recreations: 1_000,
+                backoff_initial_ms: 0,
+                ..SupervisorConfig::default()
+            },
+            commit_percent: 5 + r.below(40),
+        }
+    }
+}
+
+/// What a run did, for the test's summary line.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimReport {
+    pub steps: u64,
+    pub commits: u64,
+    pub rebalances: u64,
+    pub crashes: u64,
+    pub freezes: u64,
+    pub fenced: u64,
+    pub bitmap_errors: u64,
+    pub recreations: u64,
+    pub final_rows: usize,
+    pub phases_seen: BTreeSet<Phase>,
+    /// Bitmap updates seen by workers, per phase they were in.
+    pub updates_by_phase: BTreeMap<Phase, u64>,
+    /// Upstream was still writing when a worker first reached streaming.
+    pub streamed_while_writing: bool,
+}
+
+type SimDriver = Driver<SimConsumer, SimCommitter, SimClock>;
+
+struct SimWorker {
+    id: String,
+    driver: Option<SimDriver>,
+    member: bool,
+    alive: bool,
+    frozen: bool,
+    /// After a thaw: steps until the worker learns its assignment was lost and rejoins.
+    rejoin_in: Option<u64>,
+    /// What this worker's earlier drivers did (before a crash-restart).
+    past: DriverStats,
+}
+
+/// One simulated job.
+pub struct Sim {
+    pub config: SimConfig,
+    world: Shared,
+    info: SnapshotInfo,
+    snapshot: Arc<MemorySnapshot>,
+    store: MemoryStore,
+    workers: Vec<SimWorker>,
+    supervisor: Arc<Mutex<Supervisor>>,
+    board: StatusBoard,
+    /// The partitions the group wants each member to hold after the last rebalance.
+    target: BTreeMap<usize, BTreeSet<PartitionId>>,
+    steps: u64,
+    rebalances: u64,
+    crashes: u64,
+    freezes: u64,
+    streamed_while_writing: bool,
+    final_rows: usize,
+}
+
+type SimResult<T> = Result<T, String>;
+
+impl Sim {
+    pub fn new(config: SimConfig) -> Self {
+        let mut rng = SimRng::new(config.seed);
+        let map =
+            PartitionMap::new(config.vnode_count, config.partition_count).expect("valid shape");
+        let es = Epoch::from_unix_millis(crate::core::epoch::EPOCH_BASE_UNIX_MILLIS + 1_000_000);
+        let mut table = BTreeMap::new();
+        for i in 0..config.initial_rows {
+            let k = rng.below(config.key_space as u64) as u32;
+            table.insert(key_bytes(k), format!("init{i}").into_bytes());
+        }
+        let mut rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+        for (k, v) in &table {
+            rows.entry(vnode_of(k, map.vnode_count()))
+                .or_default()
+                .insert(k.clone(), v.clone());
+        }
+        // Each partition starts with the barrier that ends Es; the log store starts after it.
+        let e1 = Epoch(es.0 + (1 << 16) * 1000);
+        let mut log = MemoryLog::new(config.partition_count);
+        let first = Barrier {
+            prev: es,
+            curr: e1,
+            kind: BarrierKind::Initial,
+        };
+        let mut start = Vec::new();
+        for p in 0..config.partition_count {
+            log.append(p, LogRecord::Barrier(first));
+            start.push(PartitionProgress {
+                partition: p,
+                next_offset: 1,
+                epoch: e1,
+                streaming: false,
+            });
+        }
+        let info = SnapshotInfo {
+            snapshot_epoch: es,
+            vnode_count: config.vnode_count,
+            partition_count: config.partition_count,
+            start,
+        };
+        let snapshot = Arc::new(MemorySnapshot {
+            info: info.clone(),
+            rows,
+        });
+        let mut history = BTreeMap::new();
+        history.insert(es, table.clone());
+        let upstream = Upstream {
+            map,
+            rng_values: 0,
+            table,
+            history,
+            log,
+            epoch: e1,
+            barriers: 0,
+            epochs_left: config.epochs,
+            changes_in_epoch: 0,
+        };
+        let mut store = MemoryStore::new();
+        store.ensure_job(JOB, &info).expect("job");
+        let supervisor = Arc::new(Mutex::new(Supervisor::new(config.supervisor)));
+        let world = Rc::new(RefCell::new(World {
+            rng,
+            config: config.clone(),
+            map,
+            info: info.clone(),
+            upstream,
+            store: store.clone(),
+            now_ms: 0,
+            consumers: Vec::new(),
+            commits: Vec::new(),
+            applied: 0,
+            violation: None,
+        }));
+        Sim {
+            config,
+            world,
+            info,
+            snapshot,
+            store,
+            workers: Vec::new(),
+            supervisor,
+            board: StatusBoard::default(),
+            target: BTreeMap::new(),
+            steps: 0,
+            rebalances: 0,
+            crashes: 0,
+            freezes: 0,
+            streamed_while_writing: false,
+            final_rows: 0,
+        }
+    }
+
+    /// Runs the whole schedule: churn while the upstream writes, then a calm drain, then the final
+    /// oracle check. `Err` carries what went wrong.
+    pub fn run(&mut self) -> SimResult<SimReport> {
+        for _ in 0..self.config.initial_workers {
+            self.add_worker()?;
+        }
+        self.rebalance();
+        let mut steps = 0u64;
+        while self.world.borrow().upstream.writing() {
+            steps += 1;
+            if steps > self.config.max_steps {
+                return Err("upstream did not finish writing within max_steps".into());
+            }
+            self.step(true)?;
+        }
+        self.calm_down()?;
+        let mut drained = 0u64;
+        while !self.converged() {
+            drained += 1;
+            if drained > self.config.max_steps {
+                return Err(format!(
+                    "did not converge after the upstream stopped: {}",
+                    self.describe()
+                ));
+            }
+            self.step(false)?;
+        }
+        self.steps = steps + drained;
+        self.final_check()?;
+        Ok(self.report())
+    }
+
+    /// One scheduling step: churn, an upstream write, a commit completing, or a worker's loop step.
+    pub fn step(&mut self, chaos: bool) -> SimResult<()> {
+        self.world.borrow_mut().now_ms += 1;
+        self.deliver_assignments();
+        let (chaos_now, write_now) = {
+            let mut w = self.world.borrow_mut();
+            let c = chaos && w.rng.chance(self.config.chaos_percent);
+            let writing = w.upstream.writing();
+            let wr = !c && writing && w.rng.chance(self.config.upstream_percent);
+            (c, wr)
+        };
+        if chaos_now {
+            return self.chaos();
+        }
+        if write_now {
+            let mut guard = self.world.borrow_mut();
+            let w = &mut *guard;
+            if w.upstream.changes_in_epoch >= self.config.max_changes_per_epoch || w.rng.chance(25)
+            {
+                w.upstream.end_epoch(self.config.checkpoint_every);
+            } else {
+                w.upstream.write_change(&mut w.rng, self.config.key_space);
+            }
+            return Ok(());
+        }
+        self.worker_step()
+    }
+
+    // ----- scripted control (named scenarios) ----------------------------------------------------
+
+    /// Adds a worker to the group and completes the rebalance; returns its index.
+    pub fn join(&mut self) -> SimResult<usize> {
+        let i = self.add_worker()?;
+        self.rebalance();
+        self.settle_group()?;
+        Ok(i)
+    }
+
+    /// Worker `i` leaves gracefully: it commits what is complete and leaves the group.
+    pub fn leave(&mut self, i: usize) -> SimResult<()> {
+        if let Some(d) = self.workers[i].driver.as_mut() {
+            d.shutdown();
+        }
+        self.retire(i);
+        self.rebalance();
+        self.check()?;
+        self.settle_group()
+    }
+
+    /// Worker `i` dies without a word; the group reassigns its partitions.
+    pub fn crash(&mut self, i: usize) -> SimResult<()> {
+        self.crashes += 1;
+        self.retire(i);
+        self.rebalance();
+        self.settle_group()
+    }
+
+    /// Worker `i` dies and comes back at once as the same member (a static member's restart): the
+    /// group hands it the same partitions, and its loop starts from the store.
+    pub fn crash_and_restart(&mut self, i: usize) -> SimResult<()> {
+        self.crashes += 1;
+        self.restart_in_place(i)?;
+        self.settle_group()
+    }
+
+    /// Worker `i` stops answering; the group moves its partitions to others.
+    pub fn freeze(&mut self, i: usize) -> SimResult<()> {
+        self.freezes += 1;
+        self.workers[i].frozen = true;
+        self.workers[i].member = false;
+        self.rebalance();
+        self.settle_group()
+    }
+
+    /// Worker `i` runs again; a few steps later it learns it lost its assignment and rejoins.
+    pub fn thaw(&mut self, i: usize) {
+        self.workers[i].frozen = false;
+        let n = self.world.borrow_mut().rng.below(5);
+        self.workers[i].rejoin_in = Some(n);
+    }
+
+    /// The upstream writes `changes` changes and ends the epoch with a barrier of `kind`.
+    pub fn write_epoch(&mut self, changes: u32, kind: BarrierKind) {
+        self.write_changes(changes);
+        self.world.borrow_mut().upstream.write_barrier(kind);
+    }
+
+    /// The upstream writes changes of the open epoch without ending it.
+    pub fn write_changes(&mut self, changes: u32) {
+        let mut guard = self.world.borrow_mut();
+        let w = &mut *guard;
+        for _ in 0..changes {
+            w.upstream.write_change(&mut w.rng, self.config.key_space);
+        }
+    }
+
+    /// Lets workers (only) run until `done` holds, at most `max` steps.
+    pub fn run_until(&mut self, max: u64, done: impl Fn(&Sim) -> bool) -> SimResult<()> {
+        for _ in 0..max {
+            if done(self) {
+                return Ok(());
+            }
+            self.world.borrow_mut().now_ms += 1;
+            self.deliver_assignments();
+            self.worker_step()?;
+        }
+        if done(self) {
+            Ok(())
+        } else {
+            Err(format!(
+                "condition not reached in {max} steps: {}",
+                self.describe()
+            ))
+        }
+    }
+
+    /// Lets workers (only) run exactly `steps` steps; a violation the oracle finds is an error.
+    pub fn run_steps(&mut self, steps: u64) -> SimResult<()> {
+        for _ in 0..steps {
+            self.world.borrow_mut().now_ms += 1;
+            self.deliver_assignments();
+            self.worker_step()?;
+        }
+        Ok(())
+    }
+
+    /// Runs workers until everything written is committed and every member streams, then checks
+    /// the store against the upstream table.
+    pub fn settle(&mut self) -> SimResult<()> {
+        self.calm_down()?;
+        self.run_until(self.config.max_steps, |s| s.converged())?;
+        self.final_check()
+    }
+
+    /// The phase worker `i` is in (`None` when it is not running).
+    pub fn phase(&self, i: usize) -> Option<Phase> {
+        self.workers[i].driver.as_ref().and_then(|d| d.phase())
+    }
+
+    /// Partitions assigned to worker `i`.
+    pub fn owned(&self, i: usize) -> Vec<PartitionId> {
+        self.world.borrow().consumers[i]
+            .assigned
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Checkpoints worker `i` handed over that are not applied yet.
+    pub fn pending_commits(&self, i: usize) -> usize {
+        self.world.borrow().commits[i].pending.len()
+    }
+
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.store.job_row(JOB).expect("job").generation
+    }
+
+    pub fn snapshot_info(&self) -> &SnapshotInfo {
+        &self.info
+    }
+
+    /// What the run did so far.
+    pub fn report(&self) -> SimReport {
+        let mut stats = DriverStats::default();
+        for w in &self.workers {
+            for s in std::iter::once(&w.past).chain(w.driver.as_ref().map(|d| d.stats())) {
+                add_stats(&mut stats, s);
+            }
+        }
+        SimReport {
+            steps: self.steps,
+            commits: self.world.borrow().applied,
+            rebalances: self.rebalances,
+            crashes: self.crashes,
+            freezes: self.freezes,
+            fenced: stats.fenced,
+            bitmap_errors: stats.bitmap_errors_by_phase.values().sum(),
+            recreations: stats.recreations,
+            final_rows: self.final_rows,
+            phases_seen: stats.phases_seen,
+            updates_by_phase: stats.updates_by_phase,
+            streamed_while_writing: self.streamed_while_writing,
+        }
+    }
+}
+
+fn add_stats(into: &mut DriverStats, s: &DriverStats) {
+    into.commits += s.commits;
+    into.fenced += s.fenced;
+    into.recreations += s.recreations;
+    for (p, n) in &s.bitmap_errors_by_phase {
+        *into.bitmap_errors_by_phase.entry(*p).or_default() += n;
+    }
+    for (p, n) in &s.updates_by_phase {
+        *into.updates_by_phase.entry(*p).or_default() += n;
+    }
+    into.phases_seen.extend(s.phases_seen.iter().copied());
+}
+
+static EMPTY: Vec<u8> = Vec::new();

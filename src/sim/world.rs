@@ -1,0 +1,321 @@
+//! The simulated world the loop's ports share: group members' consumers (events and fetching), their
+//! committers (checkpoints applied when the simulator decides), the clock, the store and the oracle.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
+
+use super::upstream::Upstream;
+use super::{SimConfig, SimResult, EMPTY, JOB, MAX_PENDING_COMMITS};
+use crate::core::{
+    vnode_of, Checkpoint, Epoch, PartitionId, PartitionMap, PartitionProgress, Vnode,
+};
+use crate::ports::{
+    Clock, CommitDone, CommitPort, ConsumerPort, LogStore, Polled, SnapshotInfo, StateStore,
+    StoreError,
+};
+use crate::rng::SimRng;
+use crate::store::memory::MemoryStore;
+
+// ----- the simulated world the ports share -----------------------------------------------------
+
+/// One member's consumer, as the group and the fetcher see it.
+#[derive(Default)]
+pub(super) struct ConsumerState {
+    /// Group events not yet polled.
+    pub(super) inbox: VecDeque<Polled>,
+    /// Assigned partitions: (next offset to deliver, paused).
+    pub(super) assigned: BTreeMap<PartitionId, (u64, bool)>,
+    /// Records the member may still be handed in the current step.
+    pub(super) allowance: usize,
+}
+
+impl ConsumerState {
+    /// What the member will hold once it has polled its inbox.
+    pub(super) fn eventual(&self) -> BTreeSet<PartitionId> {
+        let mut holds: BTreeSet<PartitionId> = self.assigned.keys().copied().collect();
+        for e in &self.inbox {
+            match e {
+                Polled::Assigned(ps) => holds.extend(ps.iter().copied()),
+                Polled::Revoked { partitions, .. } => {
+                    for p in partitions {
+                        holds.remove(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+        holds
+    }
+}
+
+/// One member's committer: checkpoints handed over, outcomes not yet taken.
+#[derive(Default)]
+pub(super) struct CommitQueue {
+    pub(super) pending: VecDeque<Checkpoint>,
+    pub(super) done: Vec<CommitDone>,
+    pub(super) poisoned: bool,
+}
+
+pub(super) struct World {
+    pub(super) rng: SimRng,
+    pub(super) config: SimConfig,
+    pub(super) map: PartitionMap,
+    pub(super) info: SnapshotInfo,
+    pub(super) upstream: Upstream,
+    pub(super) store: MemoryStore,
+    pub(super) now_ms: u64,
+    pub(super) consumers: Vec<ConsumerState>,
+    pub(super) commits: Vec<CommitQueue>,
+    /// Commits applied to the store.
+    pub(super) applied: u64,
+    /// The first oracle violation.
+    pub(super) violation: Option<String>,
+}
+
+impl World {
+    /// Applies member `i`'s oldest pending checkpoint (the committer thread's work), then checks
+    /// the oracle.
+    pub(super) fn apply_commit(&mut self, i: usize) {
+        let Some(cp) = self.commits[i].pending.pop_front() else {
+            return;
+        };
+        let result = if self.commits[i].poisoned {
+            Err(StoreError::Backend(
+                "an earlier checkpoint failed; later ones are not applied".into(),
+            ))
+        } else {
+            self.store.commit(JOB, &cp)
+        };
+        if result.is_ok() {
+            self.applied += 1;
+            if let Err(v) = self.oracle_check() {
+                self.violation.get_or_insert(v);
+            }
+        } else {
+            self.commits[i].poisoned = true;
+        }
+        self.commits[i].done.push(CommitDone {
+            checkpoint: cp,
+            result,
+            elapsed_ms: 0.0,
+        });
+    }
+
+    /// Every committed vnode agrees with the upstream table at its committed epoch.
+    pub(super) fn oracle_check(&self) -> SimResult<()> {
+        let es = self.info.snapshot_epoch;
+        let progress = self.store.vnode_progress(JOB);
+        let rows = self.store.clone().rows(JOB).map_err(|e| e.to_string())?;
+        let mut by_vnode: BTreeMap<Vnode, BTreeMap<&Vec<u8>, &Vec<u8>>> = BTreeMap::new();
+        for (k, v) in &rows {
+            by_vnode
+                .entry(vnode_of(k, self.map.vnode_count()))
+                .or_default()
+                .insert(k, v);
+        }
+        for v in 0..self.map.vnode_count() as Vnode {
+            let actual = by_vnode.remove(&v).unwrap_or_default();
+            let (at, upto): (Epoch, Option<&Vec<u8>>) = match progress.get(&v) {
+                None => (es, Some(&EMPTY)),
+                Some(p) if p.epoch == es && !p.finished => {
+                    (es, Some(p.cursor.as_ref().unwrap_or(&EMPTY)))
+                }
+                Some(p) => (p.epoch, None),
+            };
+            let table = self.upstream.history.get(&at).ok_or_else(|| {
+                format!("vnode {v} committed at epoch {at}, which the upstream never completed")
+            })?;
+            let expected: BTreeMap<&Vec<u8>, &Vec<u8>> = table
+                .iter()
+                .filter(|(k, _)| vnode_of(k, self.map.vnode_count()) == v)
+                .filter(|(k, _)| upto.is_none_or(|c| !c.is_empty() && *k <= c))
+                .collect();
+            if actual != expected {
+                return Err(format!(
+                    "vnode {v} at epoch {at} (cursor {upto:?}): store has {} rows, upstream {} rows: {actual:?} vs {expected:?}",
+                    actual.len(),
+                    expected.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) type Shared = Rc<RefCell<World>>;
+
+/// A simulated group member's consumer: group events first, then records of unpaused partitions
+/// (a paused one leaks with `leaky_pause_percent`, as prefetched records do).
+pub struct SimConsumer {
+    pub(super) world: Shared,
+    pub(super) i: usize,
+}
+
+impl ConsumerPort for SimConsumer {
+    fn poll(&mut self, _timeout_ms: u64) -> Option<Polled> {
+        let mut guard = self.world.borrow_mut();
+        let w = &mut *guard;
+        let c = &mut w.consumers[self.i];
+        if let Some(e) = c.inbox.pop_front() {
+            return Some(e);
+        }
+        if c.allowance == 0 {
+            return None;
+        }
+        c.allowance -= 1;
+        let leaky = w.rng.chance(w.config.leaky_pause_percent);
+        let log = &w.upstream.log;
+        let ready: Vec<PartitionId> = w.consumers[self.i]
+            .assigned
+            .iter()
+            .filter(|(p, (off, paused))| (!paused || leaky) && *off < log.high_watermark(**p))
+            .map(|(p, _)| *p)
+            .collect();
+        if ready.is_empty() {
+            return None;
+        }
+        let p = ready[w.rng.below(ready.len() as u64) as usize];
+        let at = w.consumers[self.i].assigned[&p].0;
+        let (offset, record) = w.upstream.log.read(p, at, 1).pop()?;
+        w.consumers[self.i]
+            .assigned
+            .get_mut(&p)
+            .expect("assigned")
+            .0 = offset + 1;
+        Some(Polled::Record {
+            partition: p,
+            offset,
+            record: Ok(record),
+        })
+    }
+
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) {
+        let mut w = self.world.borrow_mut();
+        for &(p, offset) in starts {
+            // Without a claimed offset the group would start at its own committed offset: the
+            // snapshot's start stands in for it (the loop seeks before it reads).
+            let from = offset.unwrap_or_else(|| w.info.start_of(p).map_or(0, |s| s.next_offset));
+            w.consumers[self.i].assigned.insert(p, (from, false));
+        }
+    }
+
+    fn unassign(&mut self, partitions: &[PartitionId]) {
+        let mut w = self.world.borrow_mut();
+        // The loop's contract: a revocation is acknowledged only once every commit before it is
+        // durable (the new owner starts from the store).
+        let pending = w.commits[self.i].pending.len();
+        if pending > 0 {
+            let v = format!(
+                "worker w{} acknowledged the revocation of partitions {partitions:?} with {pending} commit(s) still pending",
+                self.i
+            );
+            w.violation.get_or_insert(v);
+        }
+        for p in partitions {
+            w.consumers[self.i].assigned.remove(p);
+        }
+    }
+
+    fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String> {
+        let mut w = self.world.borrow_mut();
+        match w.consumers[self.i].assigned.get_mut(&partition) {
+            Some(a) => {
+                a.0 = offset;
+                Ok(())
+            }
+            None => Err(format!("partition {partition} is not assigned")),
+        }
+    }
+
+    fn pause(&mut self, partition: PartitionId) {
+        if let Some(a) = self.world.borrow_mut().consumers[self.i]
+            .assigned
+            .get_mut(&partition)
+        {
+            a.1 = true;
+        }
+    }
+
+    fn resume(&mut self, partition: PartitionId) {
+        if let Some(a) = self.world.borrow_mut().consumers[self.i]
+            .assigned
+            .get_mut(&partition)
+        {
+            a.1 = false;
+        }
+    }
+
+    fn commit_offsets(&mut self, _progress: &[PartitionProgress], _sync: bool) {}
+
+    fn high_watermark(&mut self, partition: PartitionId) -> Option<u64> {
+        Some(self.world.borrow().upstream.log.high_watermark(partition))
+    }
+
+    fn read_position(&mut self, _partition: PartitionId) -> Option<u64> {
+        None // the simulated log has no transaction markers
+    }
+
+    fn assignment(&mut self) -> Vec<PartitionId> {
+        self.world.borrow().consumers[self.i]
+            .assigned
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    fn close(&mut self, _leave: bool) {}
+}
+
+/// A simulated committer: checkpoints wait until the simulator completes them, the worker waits for
+/// them (`drain`), or too many are pending.
+pub struct SimCommitter {
+    pub(super) world: Shared,
+    pub(super) i: usize,
+}
+
+impl CommitPort for SimCommitter {
+    fn submit(&mut self, checkpoint: Checkpoint) {
+        let mut w = self.world.borrow_mut();
+        if w.commits[self.i].pending.len() >= MAX_PENDING_COMMITS {
+            w.apply_commit(self.i);
+        }
+        w.commits[self.i].pending.push_back(checkpoint);
+    }
+
+    fn finished(&mut self) -> Vec<CommitDone> {
+        std::mem::take(&mut self.world.borrow_mut().commits[self.i].done)
+    }
+
+    fn drain(&mut self) -> Vec<CommitDone> {
+        let mut w = self.world.borrow_mut();
+        while !w.commits[self.i].pending.is_empty() {
+            w.apply_commit(self.i);
+        }
+        std::mem::take(&mut w.commits[self.i].done)
+    }
+
+    fn restart(&mut self) -> Result<(), StoreError> {
+        let mut w = self.world.borrow_mut();
+        while !w.commits[self.i].pending.is_empty() {
+            w.apply_commit(self.i);
+        }
+        w.commits[self.i] = CommitQueue::default();
+        Ok(())
+    }
+}
+
+/// Simulated time: one millisecond per step; a throttling wait moves it on.
+pub struct SimClock {
+    pub(super) world: Shared,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        self.world.borrow().now_ms
+    }
+
+    fn sleep_ms(&mut self, ms: u64) {
+        self.world.borrow_mut().now_ms += ms;
+    }
+}
