@@ -207,6 +207,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                             .set((p == to) as i64);
                     }
                 }
+                Decision::Restart { reason } => {
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "restarting from the store");
+                    return self.fail(WorkerFailure::Fenced(reason));
+                }
                 Decision::Fail(e) => {
                     // Invariant 4: the error is raised only after the checkpoint before it is durable.
                     if !self.settle(true) {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use super::{Driver, WorkerReport};
-use crate::core::{Event, PartitionId, Phase, WorkerFailure};
+use crate::core::{Event, PartitionId, Phase};
 use crate::ports::{Clock, CommitPort, ConsumerPort};
 use crate::service::metrics::metrics;
 
@@ -14,21 +14,11 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// Watermarks, the generation check and the status report (when `due`); the clock always.
     pub(super) fn housekeeping(&mut self, due: bool) {
         let Some(exec) = &self.exec else { return };
-        let generation = exec.spec().generation;
         let owned = exec.owned_partitions();
         let log_phase = matches!(exec.phase(), Phase::LogStore | Phase::Streaming);
         if due {
-            let check_generation =
-                !crate::core::faults::active(crate::core::faults::Fault::SkipGenerationCheck);
             match self.store.job(&self.cfg.job) {
-                Ok(Some(row)) if row.generation != generation && check_generation => {
-                    info!(job = %self.cfg.job, worker = %self.cfg.worker, from = generation, to = row.generation, "job was recreated; restarting");
-                    return self.fail(WorkerFailure::Fenced(format!(
-                        "job recreated: generation {generation} -> {}",
-                        row.generation
-                    )));
-                }
-                Ok(_) => {
+                Ok(row) => {
                     if !self.store_reachable {
                         info!(job = %self.cfg.job, worker = %self.cfg.worker, "state store reachable again");
                     }
@@ -37,6 +27,15 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         .store_unreachable
                         .with_label_values(&self.label())
                         .set(0);
+                    if let Some(row) = row {
+                        // The core decides what the job's generation means for this executor.
+                        self.feed(Event::JobGeneration {
+                            generation: row.generation,
+                        });
+                        if self.exec.is_none() {
+                            return;
+                        }
+                    }
                 }
                 Err(e) => {
                     if self.store_reachable {

@@ -310,6 +310,18 @@ impl Executor {
                 }
                 Ok(())
             }
+            Event::JobGeneration { generation } => {
+                let skip = crate::faults::active(crate::faults::Fault::SkipGenerationCheck);
+                if generation != self.spec.generation && !skip {
+                    out.push(Decision::Restart {
+                        reason: format!(
+                            "job recreated: generation {} -> {generation}",
+                            self.spec.generation
+                        ),
+                    });
+                }
+                Ok(())
+            }
             Event::Shutdown => {
                 match self.phase {
                     Phase::Snapshot => self.commit_snapshot(CheckpointCause::Shutdown, &mut out),

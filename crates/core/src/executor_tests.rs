@@ -638,3 +638,118 @@ fn read_to_moves_past_offsets_that_hold_no_records() {
     .unwrap();
     assert_eq!(x.status().partitions[0].next_offset, 3);
 }
+
+#[test]
+fn a_new_job_generation_restarts_the_executor_and_the_same_one_does_nothing() {
+    let mut x = in_log_store();
+    assert!(x
+        .handle(Event::JobGeneration { generation: 3 })
+        .unwrap()
+        .is_empty());
+    let ds = x.handle(Event::JobGeneration { generation: 4 }).unwrap();
+    assert_eq!(
+        ds,
+        vec![Decision::Restart {
+            reason: "job recreated: generation 3 -> 4".into()
+        }]
+    );
+}
+
+/// The snapshot phase to its end: counts, row counts in the committed progress, vnodes left, and a
+/// vnode end from a stale scan or outside the snapshot phase ignored.
+#[test]
+fn the_snapshot_phase_counts_rows_and_ends_when_every_vnode_is_done() {
+    let s = spec(2);
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    let ds = x
+        .handle(Event::Assigned(vec![
+            claimed(map, 0, false),
+            claimed(map, 1, false),
+        ]))
+        .unwrap();
+    assert_eq!(x.owned_partitions(), vec![0, 1]);
+    let Some(Decision::Scan { scan, vnodes }) = ds
+        .iter()
+        .find(|d| matches!(d, Decision::Scan { .. }))
+        .cloned()
+    else {
+        panic!("{ds:?}")
+    };
+    assert_eq!(x.status().snapshot_vnodes_left, 8);
+    // A stale scan's vnode end changes nothing.
+    x.handle(Event::SnapshotVnodeDone {
+        scan: scan + 99,
+        vnode: 0,
+    })
+    .unwrap();
+    assert_eq!(x.status().snapshot_vnodes_left, 8);
+    let v = vnodes[0].vnode;
+    let key = key_for_vnode(map, v);
+    let mut all = Vec::new();
+    all.extend(
+        x.handle(Event::SnapshotRow {
+            scan,
+            vnode: v,
+            row: Row { key, value: vec![] },
+        })
+        .unwrap(),
+    );
+    assert_eq!(x.status().counters.snapshot_rows, 1);
+    for start in &vnodes {
+        all.extend(
+            x.handle(Event::SnapshotVnodeDone {
+                scan,
+                vnode: start.vnode,
+            })
+            .unwrap(),
+        );
+    }
+    assert_eq!(x.status().snapshot_vnodes_left, 0);
+    assert_eq!(
+        x.phase(),
+        Phase::LogStore,
+        "every vnode done: the log store"
+    );
+    let done = commits(&all);
+    let last = done.last().expect("the snapshot's last commit");
+    assert_eq!(last.cause, CheckpointCause::SnapshotDone);
+    let p = last.vnodes.iter().find(|p| p.vnode == v).expect("vnode");
+    assert_eq!((p.row_count, p.finished), (1, true));
+    assert_eq!(x.status().counters.checkpoints, done.len() as u64);
+    // Outside the snapshot phase a vnode end changes nothing.
+    assert!(x
+        .handle(Event::SnapshotVnodeDone { scan, vnode: v })
+        .unwrap()
+        .is_empty());
+}
+
+/// The log store's counters and epoch lag, per op and barrier.
+#[test]
+fn log_store_counters_count_each_op_and_barrier_and_the_epoch_lag() {
+    let mut x = in_log_store();
+    let map = spec(2).map;
+    let v = map.vnodes_of(0).next().unwrap();
+    let ops = [Op::Insert, Op::Delete, Op::UpdateDelete, Op::UpdateInsert];
+    let mut offset = 1;
+    for op in ops {
+        x.handle(rec(0, offset, change(map, e(1), v, op))).unwrap();
+        offset += 1;
+    }
+    x.handle(rec(0, offset, change(map, e(1), v, Op::Insert)))
+        .unwrap();
+    offset += 1;
+    assert_eq!(x.status().counters.changes, [2, 1, 1, 1]);
+    x.handle(rec(0, offset, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    x.handle(rec(1, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    x.handle(rec(0, offset + 1, barrier(2, 5, BarrierKind::Barrier)))
+        .unwrap();
+    let s = x.status();
+    assert_eq!(s.counters.barriers, 3);
+    assert_eq!(s.committed_epoch, Some(e(1)));
+    assert_eq!(s.newest_epoch, Some(e(5)));
+    assert_eq!(s.epoch_lag_seconds, e(5).seconds_since(e(1)));
+    assert!(s.epoch_lag_seconds > 0.0);
+}

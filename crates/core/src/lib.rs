@@ -21,6 +21,9 @@ pub mod supervisor;
 pub mod throughput;
 pub mod vnode;
 
+#[cfg(test)]
+mod unit_tests;
+
 pub use barrier::{Barrier, BarrierKind, Change, LogRecord, Op, Row};
 pub use epoch::Epoch;
 pub use error::{CoreError, VNODE_BITMAP_UPDATE_IN_LOG_STORE};

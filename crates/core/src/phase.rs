@@ -100,6 +100,8 @@ pub enum Event {
     Watermark { partition: PartitionId, high: u64 },
     /// Wall-clock time, for local checkpoints.
     Tick { now_ms: u64 },
+    /// The job's generation as the store holds it now (the driver looks every housekeeping round).
+    JobGeneration { generation: u64 },
     /// Stop: commit what is complete.
     Shutdown,
 }
@@ -128,4 +130,8 @@ pub enum Decision {
     },
     /// Stop the worker with this error, after the decisions before it are carried out.
     Fail(CoreError),
+    /// This executor is stale (the job was recreated): drop it and restart from the store.
+    Restart {
+        reason: String,
+    },
 }

@@ -110,6 +110,7 @@ impl Throttle {
     /// How many records may be handled now, at most `want`.
     pub fn allowance(&mut self, now_ms: u64, want: usize) -> usize {
         if self.per_second == 0 {
+            self.tokens = self.burst();
             return want;
         }
         let dt = now_ms.saturating_sub(self.at_ms) as f64;
@@ -120,12 +121,10 @@ impl Throttle {
 
     /// Records handled (may exceed the allowance by a few: a round finishes its record).
     pub fn spend(&mut self, n: usize) {
-        if self.per_second > 0 {
-            self.tokens -= n as f64;
-        }
+        self.tokens -= n as f64;
     }
 
-    /// How long until at least one record may be handled (0 when one may now).
+    /// How long until at least one record may be handled (0 when one may now, or unlimited).
     pub fn wait_ms(&self) -> u64 {
         if self.per_second == 0 || self.tokens >= 1.0 {
             return 0;
