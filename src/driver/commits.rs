@@ -21,6 +21,11 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         for d in done {
             self.on_commit_done(d);
         }
+        if self.failure.is_some() {
+            // A failed worker's executor is never fed again.
+            self.exec = None;
+            self.scan = None;
+        }
         self.failure.is_none()
     }
 

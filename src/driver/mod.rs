@@ -228,6 +228,12 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             if let Some(p) = self.consumer.poll(20) {
                 self.on_polled(p);
             }
+            if let Some(f) = self.failure.take() {
+                // A failure while backing off (a commit of the old executor fenced, a fatal client
+                // error): the supervisor decides again; it must not leak into the next executor.
+                self.restart_at = None;
+                return self.handle_failure(f);
+            }
             if self.clock.now_ms() < at {
                 return Ok(());
             }
