@@ -142,6 +142,50 @@ fn a_second_consumer_joining_during_the_log_store_recreates_the_job() {
     f.verify_eventually(MIN);
 }
 
+/// The same join under `recreation.policy = "reschedule"`: absorbed in the log store — no invariant
+/// error, no recreation — and the table is exact.
+#[test]
+fn under_reschedule_a_consumer_joining_during_the_log_store_moves_partitions_without_recreation() {
+    let _g = serial();
+    let f = Fixture::new("logresched", 1, "max_rows_per_second = 3000");
+    f.set_recreation_policy("reschedule");
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "500",
+        "--changes",
+        "20000",
+        "--epoch-changes",
+        "200",
+    ]);
+    let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
+    a.wait_for("to=\"log_store\"", MIN);
+    a.wait_for("cause=Barrier", MIN);
+    let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
+    a.wait_for("vnode bitmap updated during log store: rescheduled", MIN);
+    assert!(
+        a.wait_exit(4 * MIN).success(),
+        "{}",
+        support::tail(&a.log_text())
+    );
+    assert!(
+        b.wait_exit(4 * MIN).success(),
+        "{}",
+        support::tail(&b.log_text())
+    );
+    for log in [a.log_text(), b.log_text()] {
+        assert!(
+            !log.contains("should not update vnode bitmap during consuming log store"),
+            "{}",
+            support::tail(&log)
+        );
+    }
+    let jobs: Vec<Vec<i64>> = f.sql("SELECT generation, recreations FROM kb_jobs");
+    assert_eq!(jobs[0], vec![0, 0], "no recreation");
+    f.verify_eventually(MIN);
+}
+
 #[test]
 fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
     let _g = serial();

@@ -124,12 +124,21 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let phase = exec.phase();
         let update =
             matches!(event, Event::Assigned(_) | Event::Revoked(_)) && phase != Phase::Unassigned;
+        let moved: Vec<PartitionId> = match &event {
+            Event::Assigned(claims) => claims.iter().map(|c| c.partition).collect(),
+            Event::Revoked(ps) => ps.clone(),
+            _ => Vec::new(),
+        };
         match exec.handle(event) {
             Ok(ds) => {
                 if update {
                     *self.stats.updates_by_phase.entry(phase).or_default() += 1;
                     let outcome = if ds.iter().any(|d| matches!(d, Decision::Fail(_))) {
                         "invariant_error"
+                    } else if phase == Phase::LogStore {
+                        info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?moved, "vnode bitmap updated during log store: rescheduled");
+                        self.stats.rescheduled += 1;
+                        "rescheduled"
                     } else {
                         "applied"
                     };

@@ -57,6 +57,8 @@ pub struct DriverConfig {
     pub housekeeping_ms: u64,
     /// A static member closes without leaving the group.
     pub static_member: bool,
+    /// `recreation.policy = "reschedule"`: absorb vnode-bitmap updates in the log-store phase.
+    pub reschedule: bool,
 }
 
 /// The job stopped: the supervisor will not retry this worker's failure.
@@ -80,6 +82,8 @@ pub struct DriverStats {
     pub commits: u64,
     pub fenced: u64,
     pub recreations: u64,
+    /// Vnode-bitmap updates absorbed in the log-store phase (`reschedule`).
+    pub rescheduled: u64,
     /// Invariant errors raised, by the phase the worker was in.
     pub bitmap_errors_by_phase: BTreeMap<Phase, u64>,
     /// Vnode-bitmap updates (assignments and revocations) by the phase the worker was in.
@@ -325,6 +329,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             worker: self.cfg.worker.clone(),
             local_checkpoint: self.cfg.local_checkpoint,
             max_epochs_ahead: self.cfg.max_epochs_ahead,
+            reschedule: self.cfg.reschedule,
         };
         metrics()
             .generation

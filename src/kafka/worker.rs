@@ -54,6 +54,8 @@ pub struct WorkerSetup {
     /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
     /// often is costly).
     pub max_epochs_ahead: usize,
+    /// `recreation.policy = "reschedule"`.
+    pub reschedule: bool,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -381,6 +383,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         idle_poll_ms: 50,
         housekeeping_ms: 500,
         static_member: setup.kafka.contains_key("group.instance.id"),
+        reschedule: setup.reschedule,
     };
     let mut driver = Driver::new(
         cfg,

@@ -216,6 +216,7 @@ pub fn run(
                 board: board.clone(),
                 max_rows_per_second: job.max_rows_per_second,
                 max_epochs_ahead: job.max_epochs_ahead,
+                reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

@@ -95,7 +95,7 @@ impl Metrics {
             bitmap_updates: counter(
                 &r,
                 "kafka_backfill_vnode_bitmap_updates_total",
-                "Vnode bitmap updates (rebalances), by phase and outcome (applied, invariant_error).",
+                "Vnode bitmap updates (rebalances), by phase and outcome (applied, invariant_error, rescheduled).",
                 &["job_name", "phase", "outcome"],
             ),
             invariant_errors: counter(

@@ -139,6 +139,7 @@ mod tests {
                     max_interval_ms: 10,
                 },
                 max_epochs_ahead: 4,
+                reschedule: false,
             },
             0,
         );

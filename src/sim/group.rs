@@ -8,7 +8,7 @@ use super::{
     add_stats, CommitQueue, ConsumerState, Sim, SimClock, SimCommitter, SimConsumer, SimResult,
     SimWorker, JOB,
 };
-use crate::core::{LocalCheckpointPolicy, PartitionId};
+use crate::core::{LocalCheckpointPolicy, PartitionId, RecreationPolicy};
 use crate::driver::{Driver, DriverConfig, DriverStats};
 use crate::ports::Polled;
 
@@ -52,6 +52,7 @@ impl Sim {
             idle_poll_ms: 0,
             housekeeping_ms: 1,
             static_member: false,
+            reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
         };
         let driver = Driver::new(
             cfg,

@@ -118,6 +118,8 @@ pub struct SimReport {
     pub fenced: u64,
     pub bitmap_errors: u64,
     pub recreations: u64,
+    /// Vnode-bitmap updates absorbed in the log-store phase (`reschedule`).
+    pub rescheduled: u64,
     pub final_rows: usize,
     pub phases_seen: BTreeSet<Phase>,
     /// Bitmap updates seen by workers, per phase they were in.
@@ -469,6 +471,7 @@ impl Sim {
             fenced: stats.fenced,
             bitmap_errors: stats.bitmap_errors_by_phase.values().sum(),
             recreations: stats.recreations,
+            rescheduled: stats.rescheduled,
             final_rows: self.final_rows,
             phases_seen: stats.phases_seen,
             updates_by_phase: stats.updates_by_phase,
@@ -481,6 +484,7 @@ fn add_stats(into: &mut DriverStats, s: &DriverStats) {
     into.commits += s.commits;
     into.fenced += s.fenced;
     into.recreations += s.recreations;
+    into.rescheduled += s.rescheduled;
     for (p, n) in &s.bitmap_errors_by_phase {
         *into.bitmap_errors_by_phase.entry(*p).or_default() += n;
     }

@@ -100,6 +100,16 @@ backoff_max_ms = 1000
         }
     }
 
+    /// Sets `[jobs.recreation] policy` in this fixture's config.
+    pub fn set_recreation_policy(&self, policy: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let text = text.replace(
+            "[jobs.recreation]\n",
+            &format!("[jobs.recreation]\npolicy = \"{policy}\"\n"),
+        );
+        std::fs::write(&self.config, text).unwrap();
+    }
+
     pub fn db(&self) -> PathBuf {
         self.dir.join("state.sqlite")
     }

@@ -48,6 +48,9 @@ pub struct JobSpec {
     /// Alignment back-pressure: a partition is paused once it holds this many barriers beyond the
     /// frontier (1 = pause as soon as it is ahead). Larger values trade memory for fewer pauses.
     pub max_epochs_ahead: usize,
+    /// `recreation.policy = "reschedule"`: a vnode-bitmap update in the log-store phase is absorbed
+    /// (as in the streaming phase) instead of raising the invariant error.
+    pub reschedule: bool,
 }
 
 /// Runtime state of one owned partition.
@@ -377,8 +380,8 @@ impl Executor {
                 }
                 self.plan_snapshot(out);
             }
-            Phase::LogStore => self.fail_bitmap_update(out),
-            Phase::Streaming => {
+            Phase::LogStore if !self.spec.reschedule => self.fail_bitmap_update(out),
+            Phase::LogStore | Phase::Streaming => {
                 self.commit_complete(CheckpointCause::Rebalance, out);
                 let new: Vec<PartitionId> = claims.iter().map(|c| c.partition).collect();
                 self.add_partitions(claims);
@@ -427,8 +430,8 @@ impl Executor {
                     self.plan_snapshot(out);
                 }
             }
-            Phase::LogStore => self.fail_bitmap_update(out),
-            Phase::Streaming => {
+            Phase::LogStore if !self.spec.reschedule => self.fail_bitmap_update(out),
+            Phase::LogStore | Phase::Streaming => {
                 self.commit_complete(CheckpointCause::Rebalance, out);
                 let map = self.spec.map;
                 let gone: BTreeSet<PartitionId> = revoked.iter().copied().collect();
@@ -883,6 +886,14 @@ impl Executor {
         if staged_checkpoint {
             self.probe = None;
             return;
+        }
+        if self
+            .probe
+            .as_ref()
+            .is_some_and(|probe| !probe.targets.keys().eq(self.partitions.keys()))
+        {
+            // The owned set changed (a rescheduled bitmap update): probe the new set afresh.
+            self.probe = None;
         }
         if self.probe.is_none() {
             let targets: Option<BTreeMap<PartitionId, u64>> = self

@@ -21,6 +21,7 @@ fn spec(partitions: u32) -> JobSpec {
             max_interval_ms: 100,
         },
         max_epochs_ahead: 1,
+        reschedule: false,
     }
 }
 
@@ -752,4 +753,42 @@ fn log_store_counters_count_each_op_and_barrier_and_the_epoch_lag() {
     assert_eq!(s.newest_epoch, Some(e(5)));
     assert_eq!(s.epoch_lag_seconds, e(5).seconds_since(e(1)));
     assert!(s.epoch_lag_seconds > 0.0);
+}
+
+/// Under `reschedule` a vnode-bitmap update in the log store is absorbed: what is complete is
+/// committed, the revoked partition's staged changes are dropped, a newly owned one is fetched from
+/// its committed offset, and the worker stays in the log store.
+#[test]
+fn reschedule_absorbs_a_bitmap_update_in_the_log_store() {
+    let mut s = spec(2);
+    s.reschedule = true;
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    x.handle(Event::Assigned(vec![claimed(map, 0, true)]))
+        .unwrap();
+    assert_eq!(x.phase(), Phase::LogStore);
+    let v0 = map.vnodes_of(0).next().unwrap();
+    x.handle(rec(0, 1, change(map, e(1), v0, Op::Insert)))
+        .unwrap();
+    let ds = x
+        .handle(Event::Assigned(vec![claimed(map, 1, true)]))
+        .unwrap();
+    assert!(!ds.iter().any(|d| matches!(d, Decision::Fail(_))), "{ds:?}");
+    assert!(ds.contains(&Decision::Fetch {
+        partition: 1,
+        offset: 1
+    }));
+    assert_eq!(x.phase(), Phase::LogStore);
+    assert_eq!(x.owned_partitions(), vec![0, 1]);
+    let ds = x.handle(Event::Revoked(vec![0])).unwrap();
+    assert!(!ds.iter().any(|d| matches!(d, Decision::Fail(_))), "{ds:?}");
+    assert_eq!(x.owned_partitions(), vec![1]);
+    assert_eq!(x.phase(), Phase::LogStore);
+    // Without reschedule the same update is the seed's error.
+    let mut y = in_log_store();
+    let ds = y.handle(Event::Revoked(vec![0])).unwrap();
+    assert_eq!(
+        ds.last(),
+        Some(&Decision::Fail(CoreError::VnodeBitmapUpdateDuringLogStore))
+    );
 }

@@ -15,6 +15,11 @@ pub enum RecreationPolicy {
     Recreate,
     /// Stop the job with the error (non-zero exit) for an orchestrator to handle.
     Fail,
+    /// Absorb the vnode-bitmap update in the log-store phase as the streaming phase does: commit what
+    /// is complete, drop revoked partitions' in-flight work, fetch newly owned partitions from their
+    /// committed offsets (back to the snapshot phase for an unfinished vnode), keep aligning over the
+    /// new set. No error, no recreation (the executor decides; see `JobSpec::reschedule`).
+    Reschedule,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
