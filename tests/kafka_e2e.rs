@@ -100,10 +100,9 @@ fn a_second_consumer_joining_during_the_snapshot_replans_without_loss() {
     f.verify_eventually(MIN);
 }
 
-#[test]
-fn a_second_consumer_joining_during_the_log_store_recreates_the_job() {
-    let _g = serial();
-    let f = Fixture::new("logjoin", 1, "max_rows_per_second = 3000");
+/// A job throttled into a long log store: `a` runs it, `b` joins once `a` has committed in the log
+/// store, and both are waited for (`--exit-when-caught-up`) after `a` logs `a_logs`.
+fn join_mid_log_store(f: &Fixture, a_logs: &[&str]) -> (String, String) {
     f.produce(&[
         "--partitions",
         "4",
@@ -118,20 +117,29 @@ fn a_second_consumer_joining_during_the_log_store_recreates_the_job() {
     a.wait_for("to=\"log_store\"", MIN);
     a.wait_for("cause=Barrier", MIN);
     let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
-    a.wait_for(
-        "should not update vnode bitmap during consuming log store",
-        MIN,
-    );
-    a.wait_for("recreating the job", MIN);
-    assert!(
-        a.wait_exit(4 * MIN).success(),
-        "{}",
-        support::tail(&a.log_text())
-    );
-    assert!(
-        b.wait_exit(4 * MIN).success(),
-        "{}",
-        support::tail(&b.log_text())
+    for needle in a_logs {
+        a.wait_for(needle, MIN);
+    }
+    for r in [&mut a, &mut b] {
+        assert!(
+            r.wait_exit(4 * MIN).success(),
+            "{}",
+            support::tail(&r.log_text())
+        );
+    }
+    (a.log_text(), b.log_text())
+}
+
+#[test]
+fn a_second_consumer_joining_during_the_log_store_recreates_the_job() {
+    let _g = serial();
+    let f = Fixture::new("logjoin", 1, "max_rows_per_second = 3000");
+    join_mid_log_store(
+        &f,
+        &[
+            "should not update vnode bitmap during consuming log store",
+            "recreating the job",
+        ],
     );
     let jobs: Vec<Vec<i64>> = f.sql("SELECT generation, recreations FROM kb_jobs");
     assert!(
@@ -149,32 +157,8 @@ fn under_reschedule_a_consumer_joining_during_the_log_store_moves_partitions_wit
     let _g = serial();
     let f = Fixture::new("logresched", 1, "max_rows_per_second = 3000");
     f.set_recreation_policy("reschedule");
-    f.produce(&[
-        "--partitions",
-        "4",
-        "--rows",
-        "500",
-        "--changes",
-        "20000",
-        "--epoch-changes",
-        "200",
-    ]);
-    let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
-    a.wait_for("to=\"log_store\"", MIN);
-    a.wait_for("cause=Barrier", MIN);
-    let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
-    a.wait_for("vnode bitmap updated during log store: rescheduled", MIN);
-    assert!(
-        a.wait_exit(4 * MIN).success(),
-        "{}",
-        support::tail(&a.log_text())
-    );
-    assert!(
-        b.wait_exit(4 * MIN).success(),
-        "{}",
-        support::tail(&b.log_text())
-    );
-    for log in [a.log_text(), b.log_text()] {
+    let (a, b) = join_mid_log_store(&f, &["vnode bitmap updated during log store: rescheduled"]);
+    for log in [a, b] {
         assert!(
             !log.contains("should not update vnode bitmap during consuming log store"),
             "{}",
