@@ -589,23 +589,6 @@ fn a_transactional_log_with_aborted_transactions_catches_up_exactly() {
     verify_clean(&f, "out/expected");
 }
 
-/// The sum of the topic's high watermarks: records written, committed or not (a read_committed
-/// client, librdkafka's default, would be answered with the last stable offset instead).
-fn high_watermarks(f: &Fixture, partitions: u32) -> i64 {
-    let c: rdkafka::consumer::BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &f.bootstrap)
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .unwrap();
-    (0..partitions as i32)
-        .map(|i| {
-            rdkafka::consumer::Consumer::fetch_watermarks(&c, &f.topic, i, Duration::from_secs(10))
-                .unwrap()
-                .1
-        })
-        .sum()
-}
-
 /// A transactional writer killed with `kill -9` in the middle of a transaction leaves records that
 /// are never committed. Its restart (same transactional id) fences the dead instance and aborts
 /// that transaction; the backfill then catches up exactly, none of the dead writer's records applied
@@ -627,7 +610,7 @@ fn a_transactional_writer_killed_mid_transaction_is_backfilled_exactly() {
         "--checkpoint-every",
         "2",
     ]);
-    let before = high_watermarks(&f, 4);
+    let before = support::high_watermarks(&f, 4);
     // One transaction that would only commit after 100,000 barriers: killed long before that.
     let mut doomed = f.append(&[
         "--transactional",
@@ -643,7 +626,7 @@ fn a_transactional_writer_killed_mid_transaction_is_backfilled_exactly() {
         "100000",
     ]);
     let deadline = Instant::now() + MIN;
-    while high_watermarks(&f, 4) < before + 300 {
+    while support::high_watermarks(&f, 4) < before + 300 {
         if let Some(status) = doomed.try_wait().unwrap() {
             let mut err = String::new();
             std::io::Read::read_to_string(doomed.stderr.as_mut().unwrap(), &mut err).unwrap();
@@ -654,7 +637,7 @@ fn a_transactional_writer_killed_mid_transaction_is_backfilled_exactly() {
     }
     doomed.kill().unwrap(); // SIGKILL
     doomed.wait().unwrap();
-    let written = high_watermarks(&f, 4) - before;
+    let written = support::high_watermarks(&f, 4) - before;
     assert!(written >= 300, "{written} records of the open transaction");
 
     // The restarted writer continues the chain from the last committed state.

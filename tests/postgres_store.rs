@@ -43,6 +43,14 @@ fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
     // one is 50 epochs away...
     let committed = a.log_text().matches("cause=Barrier").count();
     a.wait_for_count("cause=Barrier", committed + 1, Duration::from_secs(60));
+    // ...and the writer has written about 7 complete epochs since (about half a second), which a,
+    // caught up, reads as they come: complete, not yet committed...
+    let written = support::high_watermarks(&f, 4);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while support::high_watermarks(&f, 4) < written + 500 {
+        assert!(std::time::Instant::now() < deadline, "the writer stalled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // ...when it freezes past its session timeout (6 s): the group gives its partitions to b.
     a.signal("STOP");
     b.wait_for_count("partitions assigned", 2, Duration::from_secs(60));

@@ -334,6 +334,23 @@ impl Fixture {
     }
 }
 
+/// The sum of the fixture topic's high watermarks: records written, committed or not (a
+/// read_committed client, librdkafka's default, would be answered with the last stable offset).
+pub fn high_watermarks(f: &Fixture, partitions: u32) -> i64 {
+    let c: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &f.bootstrap)
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .unwrap();
+    (0..partitions as i32)
+        .map(|i| {
+            rdkafka::consumer::Consumer::fetch_watermarks(&c, &f.topic, i, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .sum()
+}
+
 /// The test PostgreSQL's URL (`scripts/postgres.sh start`, idempotent).
 pub fn pg_url() -> String {
     static U: OnceLock<String> = OnceLock::new();
