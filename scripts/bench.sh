@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# The benchmark: starts the real broker and PostgreSQL, builds the release binary, runs the harness.
-#   scripts/bench.sh            full size (a few million records, 1M-row snapshot, 1M and 10M backlogs)
-#   scripts/bench.sh --quick    a tenth of that (what CI may run to keep the command working)
-# Extra flags: --log-changes N --snapshot-rows N --memory-small N --memory-large N --partitions N --json FILE
+# The benchmark: starts the real broker and a durable PostgreSQL (fsync=on, synchronous_commit=on),
+# builds the binary, runs the harness (benches/backfill.rs), which prints every figure with what it
+# measures and every target with met/missed, and writes JSON (--json FILE, default
+# target/bench/results.json).
+#   scripts/bench.sh            full size: 1M changes per log topic (4, 16, 64 partitions), a 1M-row
+#                               snapshot, 1M- and 10M-record backlogs, medians of 3 (~15 minutes)
+#   scripts/bench.sh --quick    a tenth of that, one repetition each
+#   scripts/bench.sh --ci       just enough to prove every section still runs (.ci/run uses it with
+#                               KB_BENCH_PROFILE=dev, reusing the test build; never judged on a time)
+# Extra flags: --only log,snapshot,commit,memory,recreate,scale  --reps N  --log-changes N
+#              --snapshot-rows N --memory-small N --memory-large N --commit-samples N --json FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/kafka.sh start >/dev/null
-scripts/postgres.sh start >/dev/null
-cargo build --release --bin kafka-backfill
-cargo bench --bench backfill -- "$@"
+KB_PG_DURABLE=1 scripts/postgres.sh start >/dev/null
+profile="${KB_BENCH_PROFILE:-release}"
+if [ "$profile" = dev ]; then
+  # The test build's features, so its artifacts are reused.
+  cargo build --features testing --bin kafka-backfill
+  KB_BENCH_PROFILE=dev KB_BIN=target/debug/kafka-backfill \
+    cargo bench --profile dev --features testing --bench backfill -- "$@"
+else
+  cargo build --release --bin kafka-backfill
+  KB_BENCH_PROFILE=release KB_BIN=target/release/kafka-backfill cargo bench --bench backfill -- "$@"
+fi

@@ -9,6 +9,11 @@
 #
 # The server has ssl=on with a certificate from scripts/certs.sh (127.0.0.1/localhost, signed by
 # the test CA); plain connections are accepted too.
+#
+# Durability: for tests the server runs with fsync=off and synchronous_commit=off (nothing here
+# survives a power loss, and tests need not). KB_PG_DURABLE=1 (what scripts/bench.sh uses) starts it
+# with fsync=on and synchronous_commit=on, restarting a running non-durable server; the other mode
+# keeps whatever is running.
 # Data lives in $KB_PG_DIR (default /tmp/kafka-backfill-pg); the port is $KB_PG_PORT (default 15432).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,8 +27,19 @@ as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 
 ready() { as_pg "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"; }
 
+setting() { as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -tAc "SHOW $1"; }
+
 start() {
-  if ready; then echo "$url"; return 0; fi
+  local durable="${KB_PG_DURABLE:-0}"
+  if ready; then
+    if [ "$durable" = 1 ] && [ "$(setting fsync)" != on ]; then
+      as_pg "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null
+    else
+      echo "$url"; return 0
+    fi
+  fi
+  local sync=off
+  [ "$durable" = 1 ] && sync=on
   if [ ! -f "$dir/PG_VERSION" ]; then
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
@@ -34,7 +50,7 @@ start() {
   install -m 644 "$certs/server.crt" "$dir/server.crt"
   [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir/server.key" "$dir/server.crt"
   as_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=200 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null
+    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=$sync -c synchronous_commit=$sync -c max_connections=200 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null
   as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='kafka_backfill'" | grep -q 1 \
     || as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U postgres kafka_backfill
   echo "$url"

@@ -2,6 +2,14 @@
 //!
 //! See README.md, "Architecture", for the codemap and the invariants.
 
+/// The process allocator: mimalloc. Rows are allocated on a worker thread (fetch, decode, staging)
+/// and freed on its committer thread; glibc's malloc serialised those cross-thread frees on one arena
+/// lock, and the worker spent most of its off-CPU time waiting for it (`docs/BENCHMARKS.md`,
+/// "What the profile says"). Every binary linking this crate (the service, tests, the benchmark)
+/// uses it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod check_log;
 pub mod codec;
 /// The pure core (the `kafka-backfill-core` crate, `crates/core`): every decision, no I/O.

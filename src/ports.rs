@@ -128,6 +128,40 @@ impl StoreError {
     }
 }
 
+/// The column values of one checkpoint's rows, decoded ahead of its commit (by the committer's
+/// `submit`, on the worker thread, so the store's thread only binds them): one entry per row in
+/// order, `None` for a delete, `Err` (the decode error) for a datum that does not decode.
+pub type DecodedRows = Vec<Option<Result<Vec<crate::codec::ColumnValue>, String>>>;
+
+/// Decodes the column values of every upserted row of a checkpoint.
+pub fn decode_rows(table: &crate::codec::TableSchema, cp: &Checkpoint) -> DecodedRows {
+    cp.rows
+        .iter()
+        .map(|m| match m {
+            crate::core::RowMutation::Upsert { row, .. } => {
+                Some(table.column_values(&row.value).map_err(|e| e.to_string()))
+            }
+            crate::core::RowMutation::Delete { .. } => None,
+        })
+        .collect()
+}
+
+/// The column values of an upserted row: decoded ahead (`pre`) or now; a datum that does not
+/// decode is refused, naming its key.
+pub fn row_columns(
+    table: &crate::codec::TableSchema,
+    row: &crate::core::Row,
+    pre: Option<Result<Vec<crate::codec::ColumnValue>, String>>,
+) -> Result<Vec<crate::codec::ColumnValue>, StoreError> {
+    pre.unwrap_or_else(|| table.column_values(&row.value).map_err(|e| e.to_string()))
+        .map_err(|e| {
+            StoreError::Rejected(format!(
+                "row with key {} does not decode: {e}",
+                key_hex(&row.key)
+            ))
+        })
+}
+
 /// Key bytes as hex for errors, cut after 32 bytes.
 pub fn key_hex(key: &[u8]) -> String {
     let mut s: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
@@ -153,7 +187,26 @@ pub trait StateStore: Send {
         info: &SnapshotInfo,
     ) -> Result<Vec<ClaimedPartition>, StoreError>;
     /// Applies one checkpoint atomically, or nothing.
-    fn commit(&mut self, job: &str, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+    fn commit(&mut self, job: &str, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        self.commit_group(job, std::slice::from_ref(checkpoint))
+    }
+    /// Applies consecutive checkpoints of one worker in order, in one transaction: each is checked
+    /// by the store protocol against the state the earlier ones left, and either all are applied or
+    /// none is. (A group commit: the committer hands over every checkpoint that queued up while the
+    /// previous transaction ran, so a busy store writes its WAL and syncs once for several.)
+    fn commit_group(&mut self, job: &str, checkpoints: &[Checkpoint]) -> Result<(), StoreError>;
+    /// [`commit_group`](Self::commit_group) with the rows' column values decoded ahead, one
+    /// [`DecodedRows`] per checkpoint (missing ones are decoded here). Stores that keep only the
+    /// datum ignore them.
+    fn commit_group_decoded(
+        &mut self,
+        job: &str,
+        checkpoints: &[Checkpoint],
+        decoded: Vec<DecodedRows>,
+    ) -> Result<(), StoreError> {
+        let _ = decoded;
+        self.commit_group(job, checkpoints)
+    }
     /// Compare-and-set `generation` from `from_generation` to the next, discarding rows and progress,
     /// in one transaction. Returns the job row after (also when another worker already recreated).
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError>;

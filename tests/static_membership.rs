@@ -47,7 +47,10 @@ fn spawn(f: &Fixture, instance: &str, prefix: &str) -> Runner {
 }
 
 /// Starts a and b, waits until both replay the log, restarts b, and returns both runners.
-fn restart_b_mid_log_store(f: &Fixture) -> (Runner, Runner) {
+/// Stops `b` mid log store and starts it again as `b2`. With `before_restart`, waits for `a` to log
+/// that line first (a dynamic member's leave is a rebalance of its own; started at once, `b2` could
+/// join the same rebalance and take `b`'s partitions straight back, leaving `a` untouched).
+fn restart_b_mid_log_store(f: &Fixture, before_restart: Option<&str>) -> (Runner, Runner) {
     let mut a = spawn(f, "a", "a");
     let mut b = spawn(f, "b", "b");
     a.wait_for("partitions assigned", MIN);
@@ -60,6 +63,9 @@ fn restart_b_mid_log_store(f: &Fixture) -> (Runner, Runner) {
         "{}",
         support::tail(&b.log_text())
     );
+    if let Some(line) = before_restart {
+        a.wait_for(line, 2 * MIN);
+    }
     let b2 = spawn(f, "b", "b2");
     (a, b2)
 }
@@ -68,7 +74,7 @@ fn restart_b_mid_log_store(f: &Fixture) -> (Runner, Runner) {
 fn a_static_member_restarted_within_the_session_timeout_causes_no_rebalance() {
     let _g = serial();
     let f = fixture("staticid", true);
-    let (mut a, mut b) = restart_b_mid_log_store(&f);
+    let (mut a, mut b) = restart_b_mid_log_store(&f, None);
     assert!(
         a.wait_exit(3 * MIN).success(),
         "{}",
@@ -95,10 +101,9 @@ fn a_static_member_restarted_within_the_session_timeout_causes_no_rebalance() {
 fn without_static_membership_the_restart_is_a_rebalance_and_the_job_is_recreated() {
     let _g = serial();
     let f = fixture("dynid", false);
-    let (mut a, mut b) = restart_b_mid_log_store(&f);
-    a.wait_for(
-        "should not update vnode bitmap during consuming log store",
-        2 * MIN,
+    let (mut a, mut b) = restart_b_mid_log_store(
+        &f,
+        Some("should not update vnode bitmap during consuming log store"),
     );
     assert!(
         a.wait_exit(4 * MIN).success(),

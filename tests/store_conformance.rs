@@ -22,6 +22,9 @@ const PARTITIONS: u32 = 2;
 const ES: Epoch = Epoch(1 << 16);
 const E1: Epoch = Epoch(2 << 16);
 const E2: Epoch = Epoch(3 << 16);
+const E3: Epoch = Epoch(4 << 16);
+const E4: Epoch = Epoch(5 << 16);
+const E5: Epoch = Epoch(6 << 16);
 
 fn table() -> TableSchema {
     TableSchema::parse(
@@ -234,6 +237,40 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         "refused checkpoints change nothing"
     );
 
+    // A group commit: checked in order (each against what the earlier ones left), all or nothing.
+    let (k3, d3, v3) = row_in(0, 2);
+    let mut first = checkpoint(0, vec![(0, la)]);
+    first.rows = vec![RowMutation::Upsert {
+        vnode: v3,
+        row: Row {
+            key: k3.clone(),
+            value: d3.clone(),
+        },
+        offset: Some(7),
+    }];
+    first.vnodes = vec![done(E4, true)];
+    // Alone, this one is valid (the same epoch as committed); after `first` it would go back.
+    let mut behind_first = checkpoint(0, vec![(0, la)]);
+    behind_first.vnodes = vec![done(E3, true)];
+    a.commit(job, &behind_first).unwrap();
+    let err = a
+        .commit_group(job, &[first.clone(), behind_first])
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Invariant { .. }) && !err.is_fenced(),
+        "the second goes back from the first: {err}"
+    );
+    assert!(
+        !b.rows(job).unwrap().contains_key(&k3),
+        "a refused group applies none of its checkpoints"
+    );
+    assert_eq!(b.committed_vnodes(job).unwrap()[&v].epoch, E3);
+    let mut after_first = checkpoint(0, vec![(0, la)]);
+    after_first.vnodes = vec![done(E5, true)];
+    a.commit_group(job, &[first, after_first]).unwrap();
+    assert_eq!(b.rows(job).unwrap().get(&k3), Some(&d3));
+    assert_eq!(b.committed_vnodes(job).unwrap()[&v].epoch, E5);
+
     // Job phase: log store until every partition has committed in streaming.
     let progress = |p: PartitionId, streaming: bool| PartitionProgress {
         partition: p,
@@ -256,7 +293,7 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     assert_eq!(again[0].progress, progress(0, true));
     assert_eq!(
         again[0].vnodes.iter().find(|x| x.vnode == v),
-        Some(&done(E2, true))
+        Some(&done(E5, true))
     );
 
     // Fencing by lease: b took partition 0, so a's commit is refused and changes nothing.

@@ -1,20 +1,29 @@
 //! Pipelined checkpoint commits: a worker hands each checkpoint to its committer thread (its own store
 //! handle) and keeps fetching and staging the next epochs while the store transaction runs.
 //!
+//! Group commit: the checkpoints that queued up while a transaction ran are committed together in the
+//! next one (`StateStore::commit_group`: each checked against the state the earlier ones left, all or
+//! nothing); if the group fails, they are retried one at a time so the failure is the failing
+//! checkpoint's own. A store slower than the worker thus writes and syncs once per group, not once
+//! per checkpoint.
+//!
 //! Order and safety: checkpoints are applied in the order they were handed over; after one fails, none
 //! after it is applied (a later checkpoint holds only the changes since the failed one), so a failure
 //! always leaves the store at a checkpoint boundary. The worker waits for every pending commit before it
 //! acknowledges a rebalance, raises the invariant error, restarts or stops.
 
 use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::codec::TableSchema;
 use crate::core::Checkpoint;
 use crate::kafka::worker::StoreFactory;
-use crate::ports::{CommitDone, CommitPort, StateStore, StoreError};
+use crate::ports::{decode_rows, CommitDone, CommitPort, DecodedRows, StateStore, StoreError};
 
-/// How many checkpoints may wait for the store before the worker blocks.
+/// How many checkpoints may wait for the store before the worker blocks; also the largest group
+/// one transaction commits.
 const MAX_PENDING: usize = 2;
 
 /// The outcome of one commit.
@@ -28,16 +37,24 @@ struct Done {
 pub struct Committer {
     job: String,
     open_store: StoreFactory,
+    /// The row schema: `submit` decodes each row's column values on the worker thread, so the
+    /// committer thread only binds them (both cores busy).
+    table: Option<Arc<TableSchema>>,
     /// Started (with its own store handle) when the loop starts an executor.
     thread: Option<Thread>,
 }
 
 impl Committer {
     /// A committer of `job`; its thread starts at the loop's first `restart`.
-    pub fn new(job: String, open_store: StoreFactory) -> Committer {
+    pub fn new(
+        job: String,
+        open_store: StoreFactory,
+        table: Option<Arc<TableSchema>>,
+    ) -> Committer {
         Committer {
             job,
             open_store,
+            table,
             thread: None,
         }
     }
@@ -45,10 +62,15 @@ impl Committer {
 
 impl CommitPort for Committer {
     fn submit(&mut self, checkpoint: Checkpoint) {
+        let decoded = self
+            .table
+            .as_ref()
+            .map(|t| decode_rows(t, &checkpoint))
+            .unwrap_or_default();
         self.thread
             .as_mut()
             .expect("the loop starts the committer before it commits")
-            .submit(checkpoint)
+            .submit(checkpoint, decoded)
     }
 
     fn finished(&mut self) -> Vec<CommitDone> {
@@ -84,7 +106,7 @@ impl Done {
 
 /// The thread and its channels.
 struct Thread {
-    tx: Option<SyncSender<Checkpoint>>,
+    tx: Option<SyncSender<(Checkpoint, DecodedRows)>>,
     rx: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
     pending: usize,
@@ -92,31 +114,51 @@ struct Thread {
 
 impl Thread {
     fn start(job: String, mut store: Box<dyn StateStore>) -> Thread {
-        let (tx, jobs) = mpsc::sync_channel::<Checkpoint>(MAX_PENDING);
+        let (tx, jobs) = mpsc::sync_channel::<(Checkpoint, DecodedRows)>(MAX_PENDING);
         let (done_tx, rx) = mpsc::channel::<Done>();
         let thread = std::thread::Builder::new()
             .name(format!("{job}/commit"))
             .spawn(move || {
                 let mut poisoned = false;
-                for checkpoint in jobs {
+                while let Ok(first) = jobs.recv() {
+                    // Group commit: every checkpoint that queued up while the last transaction
+                    // ran goes into the next one.
+                    let mut group = vec![first];
+                    while group.len() < MAX_PENDING {
+                        match jobs.try_recv() {
+                            Ok(c) => group.push(c),
+                            Err(_) => break,
+                        }
+                    }
+                    let (group, decoded): (Vec<Checkpoint>, Vec<DecodedRows>) =
+                        group.into_iter().unzip();
                     let t = Instant::now();
-                    let result = if poisoned {
-                        Err(StoreError::Backend(
-                            "an earlier checkpoint failed; later ones are not applied".into(),
-                        ))
+                    let results: Vec<Result<(), StoreError>> = if poisoned {
+                        group
+                            .iter()
+                            .map(|_| {
+                                Err(StoreError::Backend(
+                                    "an earlier checkpoint failed; later ones are not applied"
+                                        .into(),
+                                ))
+                            })
+                            .collect()
                     } else {
-                        store.commit(&job, &checkpoint)
+                        crate::store::commit_in_order(store.as_mut(), &job, &group, decoded)
                     };
-                    poisoned |= result.is_err();
-                    if done_tx
-                        .send(Done {
-                            checkpoint,
-                            result,
-                            elapsed: t.elapsed(),
-                        })
-                        .is_err()
-                    {
-                        return;
+                    let elapsed = t.elapsed();
+                    for (checkpoint, result) in group.into_iter().zip(results) {
+                        poisoned |= result.is_err();
+                        if done_tx
+                            .send(Done {
+                                checkpoint,
+                                result,
+                                elapsed,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
                     }
                 }
             })
@@ -130,12 +172,12 @@ impl Thread {
     }
 
     /// Hands a checkpoint over (blocks while `MAX_PENDING` are waiting).
-    fn submit(&mut self, checkpoint: Checkpoint) {
+    fn submit(&mut self, checkpoint: Checkpoint, decoded: DecodedRows) {
         self.pending += 1;
         self.tx
             .as_ref()
             .expect("running")
-            .send(checkpoint)
+            .send((checkpoint, decoded))
             .expect("committer alive");
     }
 

@@ -235,7 +235,9 @@ impl StoreConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LocalCheckpointConfig {
-    /// Commit after this many snapshot rows.
+    /// Commit after this many snapshot rows. (Each pending checkpoint holds its rows and their
+    /// decoded columns in memory: 20,000 keeps a snapshot's peak RSS near 200 MiB where 50,000 took it
+    /// past 270 MiB, at the same speed — `docs/BENCHMARKS.md`.)
     #[serde(default = "default_rows")]
     pub max_rows: u64,
     /// Commit at least this often while rows are pending (milliseconds).
@@ -253,7 +255,7 @@ impl Default for LocalCheckpointConfig {
 }
 
 fn default_rows() -> u64 {
-    50_000
+    20_000
 }
 
 fn default_interval() -> u64 {

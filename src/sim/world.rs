@@ -77,29 +77,44 @@ impl World {
     /// Applies member `i`'s oldest pending checkpoint (the committer thread's work), then checks
     /// the oracle.
     pub(super) fn apply_commit(&mut self, i: usize) {
-        let Some(cp) = self.commits[i].pending.pop_front() else {
+        // Sometimes every pending checkpoint completes as one group, as the committer thread
+        // commits what queued up during its last transaction.
+        let n = if self.commits[i].pending.len() > 1 && self.rng.chance(30) {
+            self.commits[i].pending.len()
+        } else {
+            1
+        };
+        let group: Vec<Checkpoint> = self.commits[i].pending.drain(..n).collect();
+        if group.is_empty() {
             return;
-        };
-        let result = if self.commits[i].poisoned {
-            Err(StoreError::Backend(
-                "an earlier checkpoint failed; later ones are not applied".into(),
-            ))
-        } else {
-            self.store.commit(JOB, &cp)
-        };
-        if result.is_ok() {
-            self.applied += 1;
-            if let Err(v) = self.oracle_check() {
-                self.violation.get_or_insert(v);
-            }
-        } else {
-            self.commits[i].poisoned = true;
         }
-        self.commits[i].done.push(CommitDone {
-            checkpoint: cp,
-            result,
-            elapsed_ms: 0.0,
-        });
+        let results = if self.commits[i].poisoned {
+            group
+                .iter()
+                .map(|_| {
+                    Err(StoreError::Backend(
+                        "an earlier checkpoint failed; later ones are not applied".into(),
+                    ))
+                })
+                .collect()
+        } else {
+            crate::store::commit_in_order(&mut self.store, JOB, &group, Vec::new())
+        };
+        for (cp, result) in group.into_iter().zip(results) {
+            if result.is_ok() {
+                self.applied += 1;
+            } else {
+                self.commits[i].poisoned = true;
+            }
+            self.commits[i].done.push(CommitDone {
+                checkpoint: cp,
+                result,
+                elapsed_ms: 0.0,
+            });
+        }
+        if let Err(v) = self.oracle_check() {
+            self.violation.get_or_insert(v);
+        }
     }
 
     /// Every committed vnode agrees with the upstream table at its committed epoch.

@@ -243,37 +243,23 @@ impl StateStore for MemoryStore {
         Ok(out)
     }
 
-    fn commit(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+    fn commit_group(&mut self, job: &str, cps: &[Checkpoint]) -> Result<(), StoreError> {
         let mut jobs = self.jobs.lock().unwrap();
-        protocol::check_commit(&mut Tx(jobs.get(job)), job, cp)?;
-        let state = jobs.get_mut(job).expect("checked");
-        for m in &cp.rows {
-            match m {
-                RowMutation::Upsert { row, .. } => {
-                    state.rows.insert(row.key.clone(), row.value.clone());
-                }
-                RowMutation::Delete { key, .. } => {
-                    state.rows.remove(key);
-                }
-            }
+        // All or nothing: the group is applied to a copy that replaces the state only if every
+        // checkpoint passed.
+        let Some(current) = jobs.get_mut(job) else {
+            return protocol::check_commit(&mut Tx(None), job, cps.first().expect("a group"))
+                .map(|_| ());
+        };
+        if let [cp] = cps {
+            // Only the checks can fail, and they run before anything is applied.
+            return apply_checkpoint(current, job, cp);
         }
-        for v in &cp.vnodes {
-            state.vnodes.insert(v.vnode, v.clone());
+        let mut state = current.clone();
+        for cp in cps {
+            apply_checkpoint(&mut state, job, cp)?;
         }
-        for p in &cp.partitions {
-            state.partitions.insert(p.partition, p.clone());
-        }
-        if !cp.partitions.is_empty() {
-            // The job streams once every partition has committed in streaming.
-            let streaming = state.partitions.values().filter(|p| p.streaming).count();
-            state.row.phase = if streaming == state.row.partition_count as usize {
-                "streaming"
-            } else {
-                "log_store"
-            }
-            .into();
-        }
-        state.commits += 1;
+        jobs.insert(job.to_string(), state);
         Ok(())
     }
 
@@ -318,5 +304,41 @@ impl StateStore for MemoryStore {
             .get(job)
             .map(|j| j.rows.clone())
             .unwrap_or_default())
+    }
+}
+
+/// One checkpoint on a job's state: the protocol's checks, then (only if they pass) its rows and
+/// progress.
+fn apply_checkpoint(state: &mut JobState, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+    {
+        protocol::check_commit(&mut Tx(Some(state)), job, cp)?;
+        for m in &cp.rows {
+            match m {
+                RowMutation::Upsert { row, .. } => {
+                    state.rows.insert(row.key.clone(), row.value.clone());
+                }
+                RowMutation::Delete { key, .. } => {
+                    state.rows.remove(key);
+                }
+            }
+        }
+        for v in &cp.vnodes {
+            state.vnodes.insert(v.vnode, v.clone());
+        }
+        for p in &cp.partitions {
+            state.partitions.insert(p.partition, p.clone());
+        }
+        if !cp.partitions.is_empty() {
+            // The job streams once every partition has committed in streaming.
+            let streaming = state.partitions.values().filter(|p| p.streaming).count();
+            state.row.phase = if streaming == state.row.partition_count as usize {
+                "streaming"
+            } else {
+                "log_store"
+            }
+            .into();
+        }
+        state.commits += 1;
+        Ok(())
     }
 }

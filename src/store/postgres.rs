@@ -16,7 +16,7 @@ use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
     Vnode, VnodeProgress,
 };
-use crate::ports::{JobRow, SnapshotInfo, StateStore, StoreError};
+use crate::ports::{row_columns, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError};
 use crate::store::protocol::{self, TxRead};
 
 const SCHEMA: &str = "
@@ -413,80 +413,30 @@ impl StateStore for PostgresStore {
         })
     }
 
-    fn commit(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+    fn commit_group(&mut self, job: &str, cps: &[Checkpoint]) -> Result<(), StoreError> {
+        self.commit_group_decoded(job, cps, Vec::new())
+    }
+
+    fn commit_group_decoded(
+        &mut self,
+        job: &str,
+        cps: &[Checkpoint],
+        decoded: Vec<DecodedRows>,
+    ) -> Result<(), StoreError> {
+        // The transaction may be retried (a lost connection): decoded values are taken on the
+        // first attempt, and a retry decodes again.
+        let mut decoded = Some(decoded);
         self.with_tx(|tx, table, table_name| {
-            protocol::check_commit(&mut Tx(tx), job, cp)?;
-            // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
-            // within a checkpoint (coalesced), so one statement never touches a row twice.
-            let ncols = 3 + table.columns.len();
-            let cols: Vec<String> = table.columns.iter().map(|c| format!("\"{}\"", c.name)).collect();
-            let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
-            let mut upserts: Vec<UpsertRow> = Vec::new();
-            let mut deletes: Vec<Vec<u8>> = Vec::new();
-            for m in &cp.rows {
-                match m {
-                    RowMutation::Upsert { vnode, row, .. } => {
-                        let fields = table.column_values(&row.value).map_err(|e| {
-                            StoreError::Rejected(format!("row with key {} does not decode: {e}", crate::ports::key_hex(&row.key)))
-                        })?;
-                        let values = fields
-                            .into_iter()
-                            .zip(&table.columns)
-                            .map(|(v, c)| PgValue::of(c.ty, v, &c.name, &row.key))
-                            .collect::<Result<_, _>>()?;
-                        upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
-                    }
-                    RowMutation::Delete { key, .. } => deletes.push(key.clone()),
-                }
-            }
-            let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
-            for chunk in upserts.chunks(per_statement) {
-                let tuples: Vec<String> = (0..chunk.len())
-                    .map(|r| {
-                        let mut marks: Vec<String> = (1..=3).map(|c| format!("${}", r * ncols + c)).collect();
-                        marks.extend(table.columns.iter().enumerate().map(|(i, col)| placeholder(col.ty, r * ncols + 4 + i)));
-                        format!("({})", marks.join(", "))
-                    })
-                    .collect();
-                let sql = format!(
-                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
-                    cols.join(", "),
-                    tuples.join(", "),
-                    sets.join(", ")
-                );
-                let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
-                for (key, vnode, value, values) in chunk {
-                    params.push(key);
-                    params.push(vnode);
-                    params.push(value);
-                    params.extend(values.iter().map(|v| v.sql()));
-                }
-                tx.execute(&sql, &params).map_err(classify)?;
-            }
-            if !deletes.is_empty() {
-                tx.execute(&format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"), &[&deletes]).map_err(classify)?;
-            }
-            if !cp.vnodes.is_empty() {
-                let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
-                let epochs: Vec<i64> = cp.vnodes.iter().map(|v| v.epoch.0 as i64).collect();
-                let counts: Vec<i64> = cp.vnodes.iter().map(|v| v.row_count as i64).collect();
-                let finished: Vec<bool> = cp.vnodes.iter().map(|v| v.finished).collect();
-                let cursors: Vec<Option<Vec<u8>>> = cp.vnodes.iter().map(|v| v.cursor.clone()).collect();
-                tx.execute(
-                    "INSERT INTO kb_vnode_progress SELECT $1::text, * FROM UNNEST($2::int[], $3::bigint[], $4::bigint[], $5::bool[], $6::bytea[]) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
-                    &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
-                )
-                .map_err(classify)?;
-            }
-            for p in &cp.partitions {
-                tx.execute(
-                    "INSERT INTO kb_partition_progress VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = EXCLUDED.epoch, streaming = EXCLUDED.streaming",
-                    &[&job, &(p.partition as i32), &(p.next_offset as i64), &(p.epoch.0 as i64), &p.streaming],
-                )
-                .map_err(classify)?;
-            }
-            if !cp.partitions.is_empty() {
-                tx.execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job]).map_err(classify)?;
+            let mut pre = decoded.take().unwrap_or_default().into_iter();
+            for cp in cps {
+                apply_checkpoint(
+                    tx,
+                    table,
+                    table_name,
+                    job,
+                    cp,
+                    pre.next().unwrap_or_default(),
+                )?;
             }
             Ok(())
         })
@@ -556,6 +506,113 @@ impl StateStore for PostgresStore {
                 })
                 .collect())
         })
+    }
+}
+
+/// One checkpoint inside a transaction: the protocol's checks (which see the earlier checkpoints of
+/// the same group), then rows, vnode and partition progress, the job phase.
+fn apply_checkpoint(
+    tx: &mut Transaction<'_>,
+    table: &TableSchema,
+    table_name: &str,
+    job: &str,
+    cp: &Checkpoint,
+    decoded: DecodedRows,
+) -> Result<(), StoreError> {
+    {
+        protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let mut decoded = decoded.into_iter();
+        // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
+        // within a checkpoint (coalesced), so one statement never touches a row twice.
+        let ncols = 3 + table.columns.len();
+        let cols: Vec<String> = table
+            .columns
+            .iter()
+            .map(|c| format!("\"{}\"", c.name))
+            .collect();
+        let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
+        let mut upserts: Vec<UpsertRow> = Vec::new();
+        let mut deletes: Vec<Vec<u8>> = Vec::new();
+        for m in &cp.rows {
+            match m {
+                RowMutation::Upsert { vnode, row, .. } => {
+                    let fields = row_columns(table, row, decoded.next().flatten())?;
+                    let values = fields
+                        .into_iter()
+                        .zip(&table.columns)
+                        .map(|(v, c)| PgValue::of(c.ty, v, &c.name, &row.key))
+                        .collect::<Result<_, _>>()?;
+                    upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
+                }
+                RowMutation::Delete { key, .. } => {
+                    decoded.next();
+                    deletes.push(key.clone())
+                }
+            }
+        }
+        let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
+        for chunk in upserts.chunks(per_statement) {
+            let tuples: Vec<String> = (0..chunk.len())
+                .map(|r| {
+                    let mut marks: Vec<String> =
+                        (1..=3).map(|c| format!("${}", r * ncols + c)).collect();
+                    marks.extend(
+                        table
+                            .columns
+                            .iter()
+                            .enumerate()
+                            .map(|(i, col)| placeholder(col.ty, r * ncols + 4 + i)),
+                    );
+                    format!("({})", marks.join(", "))
+                })
+                .collect();
+            let sql = format!(
+                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+                    cols.join(", "),
+                    tuples.join(", "),
+                    sets.join(", ")
+                );
+            let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
+            for (key, vnode, value, values) in chunk {
+                params.push(key);
+                params.push(vnode);
+                params.push(value);
+                params.extend(values.iter().map(|v| v.sql()));
+            }
+            tx.execute(&sql, &params).map_err(classify)?;
+        }
+        if !deletes.is_empty() {
+            tx.execute(
+                &format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"),
+                &[&deletes],
+            )
+            .map_err(classify)?;
+        }
+        if !cp.vnodes.is_empty() {
+            let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
+            let epochs: Vec<i64> = cp.vnodes.iter().map(|v| v.epoch.0 as i64).collect();
+            let counts: Vec<i64> = cp.vnodes.iter().map(|v| v.row_count as i64).collect();
+            let finished: Vec<bool> = cp.vnodes.iter().map(|v| v.finished).collect();
+            let cursors: Vec<Option<Vec<u8>>> =
+                cp.vnodes.iter().map(|v| v.cursor.clone()).collect();
+            tx.execute(
+                    "INSERT INTO kb_vnode_progress SELECT $1::text, * FROM UNNEST($2::int[], $3::bigint[], $4::bigint[], $5::bool[], $6::bytea[]) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
+                    &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
+                )
+                .map_err(classify)?;
+        }
+        for p in &cp.partitions {
+            tx.execute(
+                    "INSERT INTO kb_partition_progress VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = EXCLUDED.epoch, streaming = EXCLUDED.streaming",
+                    &[&job, &(p.partition as i32), &(p.next_offset as i64), &(p.epoch.0 as i64), &p.streaming],
+                )
+                .map_err(classify)?;
+        }
+        if !cp.partitions.is_empty() {
+            tx.execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job])
+                .map_err(classify)?;
+        }
+        Ok(())
     }
 }
 

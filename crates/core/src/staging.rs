@@ -53,7 +53,7 @@ pub struct Staging {
 /// What a commit takes out of staging.
 #[derive(Debug, Default)]
 pub struct Taken {
-    /// Net mutations, ordered by key.
+    /// Net mutations, ordered by (vnode, key).
     pub rows: Vec<RowMutation>,
     pub counts: HashMap<Vnode, u64>,
 }
@@ -102,7 +102,9 @@ impl Staging {
             merged.extend(bucket.rows);
         }
         let mut rows: Vec<RowMutation> = merged.into_values().collect();
-        rows.sort_by(|a, b| a.key().cmp(b.key()));
+        // The stores cluster rows by (vnode, key), RisingWave's state-table layout: in that order a
+        // commit walks each B-tree once, left to right.
+        rows.sort_unstable_by(|a, b| (a.vnode(), a.key()).cmp(&(b.vnode(), b.key())));
         Taken { rows, counts }
     }
 
