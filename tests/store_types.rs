@@ -135,15 +135,28 @@ fn every_avro_type_round_trips_through_sqlite() {
     assert_eq!(get(5, "region"), S::Text("région-5".into()));
 }
 
+/// Both write paths: multi-row statements (12 rows) and `COPY … (FORMAT binary)` through a staging
+/// table (1,200 rows, over `COPY_FROM_ROWS`).
 #[test]
 fn every_avro_type_round_trips_through_postgres() {
+    for n in [12, 1_200] {
+        round_trip_through_postgres(n);
+    }
+}
+
+fn round_trip_through_postgres(n: i64) {
     let url = pg_url();
-    let tname = format!("typed_{}", std::process::id());
+    let tname = format!("typed_{}_{n}", std::process::id());
     let table = TableKind::Typed.schema().unwrap();
     let mut store = PostgresStore::open(&url, &tname, table.clone()).unwrap();
-    let job = format!("types-{}", std::process::id());
-    commit_rows(&mut store, &table, &job, &rows(12)).unwrap();
+    let job = format!("types-{}-{n}", std::process::id());
+    commit_rows(&mut store, &table, &job, &rows(n)).unwrap();
     let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let count: i64 = c
+        .query_one(&format!("SELECT count(*) FROM \"{tname}\""), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(count, n);
     let mut text = |id: i64, expr: &str| -> Option<String> {
         c.query_one(
             &format!("SELECT ({expr})::text FROM \"{tname}\" WHERE id = $1"),

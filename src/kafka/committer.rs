@@ -24,7 +24,7 @@ use crate::ports::{decode_rows, CommitDone, CommitPort, DecodedRows, StateStore,
 
 /// How many checkpoints may wait for the store before the worker blocks; also the largest group
 /// one transaction commits.
-const MAX_PENDING: usize = 2;
+const MAX_PENDING: usize = 4;
 
 /// The outcome of one commit.
 struct Done {

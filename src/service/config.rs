@@ -236,8 +236,9 @@ impl StoreConfig {
 #[serde(deny_unknown_fields)]
 pub struct LocalCheckpointConfig {
     /// Commit after this many snapshot rows. (Each pending checkpoint holds its rows and their
-    /// decoded columns in memory: 20,000 keeps a snapshot's peak RSS near 200 MiB where 50,000 took it
-    /// past 270 MiB, at the same speed — `docs/BENCHMARKS.md`.)
+    /// decoded columns in memory, and consecutive ones are group-committed anyway: 10,000 keeps a
+    /// 1M-row snapshot's peak RSS near 185 MiB where 50,000 took it past 270 MiB, at the same speed
+    /// — `docs/BENCHMARKS.md`.)
     #[serde(default = "default_rows")]
     pub max_rows: u64,
     /// Commit at least this often while rows are pending (milliseconds).
@@ -255,7 +256,7 @@ impl Default for LocalCheckpointConfig {
 }
 
 fn default_rows() -> u64 {
-    20_000
+    10_000
 }
 
 fn default_interval() -> u64 {

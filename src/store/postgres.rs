@@ -37,6 +37,10 @@ CREATE TABLE IF NOT EXISTS kb_leases (
 /// Rows per multi-row upsert, at most; wide rows get fewer (a statement takes 65,535 parameters).
 const ROWS_PER_STATEMENT: usize = 500;
 
+/// From this many upserts in one checkpoint, rows go through `COPY … (FORMAT binary)` into a
+/// temporary staging table and one `INSERT … SELECT … ON CONFLICT` (`copy_upserts`).
+const COPY_FROM_ROWS: usize = 1_000;
+
 /// `postgresql://user:secret@host/db` → `postgresql://user:***@host/db`, for logs and errors.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -550,6 +554,10 @@ fn apply_checkpoint(
                 }
             }
         }
+        if upserts.len() >= COPY_FROM_ROWS {
+            copy_upserts(tx, table, table_name, &cols, &sets, &upserts)?;
+            upserts.clear();
+        }
         let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
         for chunk in upserts.chunks(per_statement) {
             let tuples: Vec<String> = (0..chunk.len())
@@ -614,6 +622,88 @@ fn apply_checkpoint(
         }
         Ok(())
     }
+}
+
+/// The binary type a column is copied as: the type its [`PgValue`] binds (decimals and JSON as text,
+/// cast on the way into the table, as [`placeholder`] does).
+fn copy_type(ty: ColumnType) -> postgres::types::Type {
+    use postgres::types::Type;
+    match ty {
+        ColumnType::Integer => Type::INT8,
+        ColumnType::Boolean => Type::BOOL,
+        ColumnType::Real => Type::FLOAT8,
+        ColumnType::Blob => Type::BYTEA,
+        ColumnType::Text | ColumnType::Decimal | ColumnType::Json => Type::TEXT,
+    }
+}
+
+/// Many upserts at once: `COPY … FROM STDIN (FORMAT binary)` into a temporary table of this
+/// session (emptied at commit), then one `INSERT … SELECT … ON CONFLICT DO UPDATE`. Idempotent like
+/// the multi-row statements (a transaction replayed after a lost answer upserts the same rows
+/// again), where a `COPY` straight into the table would fail on the rows it already holds.
+fn copy_upserts(
+    tx: &mut Transaction<'_>,
+    table: &TableSchema,
+    table_name: &str,
+    cols: &[String],
+    sets: &[String],
+    upserts: &[UpsertRow],
+) -> Result<(), StoreError> {
+    use postgres::types::Type;
+    let stage = format!("kb_stage_{table_name}");
+    let stage_cols: Vec<String> = table
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("c{i} {}", copy_type(c.ty)))
+        .collect();
+    tx.batch_execute(&format!(
+        "CREATE TEMP TABLE IF NOT EXISTS \"{stage}\" (k BYTEA, v INT4, r BYTEA, {}) ON COMMIT DELETE ROWS",
+        stage_cols.join(", ")
+    ))
+    .map_err(classify)?;
+    let types: Vec<Type> = [Type::BYTEA, Type::INT4, Type::BYTEA]
+        .into_iter()
+        .chain(table.columns.iter().map(|c| copy_type(c.ty)))
+        .collect();
+    let sink = tx
+        .copy_in(&format!("COPY \"{stage}\" FROM STDIN (FORMAT binary)"))
+        .map_err(classify)?;
+    let mut writer = postgres::binary_copy::BinaryCopyInWriter::new(sink, &types);
+    let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(types.len());
+    for (key, vnode, value, values) in upserts {
+        row.clear();
+        row.push(key);
+        row.push(vnode);
+        row.push(value);
+        row.extend(values.iter().map(|v| v.sql()));
+        writer.write(&row).map_err(classify)?;
+    }
+    writer.finish().map_err(classify)?;
+    let selected: Vec<String> = table
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match c.ty {
+            ColumnType::Decimal => format!("c{i}::numeric"),
+            ColumnType::Json => format!("c{i}::jsonb"),
+            _ => format!("c{i}"),
+        })
+        .collect();
+    tx.execute(
+        &format!(
+            "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) SELECT k, v, r, {} FROM \"{stage}\" ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+            cols.join(", "),
+            selected.join(", "),
+            sets.join(", ")
+        ),
+        &[],
+    )
+    .map_err(classify)?;
+    // Emptied now too: a group commits several checkpoints in one transaction.
+    tx.batch_execute(&format!("TRUNCATE \"{stage}\""))
+        .map_err(classify)?;
+    Ok(())
 }
 
 #[cfg(test)]
