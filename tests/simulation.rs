@@ -224,3 +224,48 @@ fn random_schedules_under_reschedule() {
         assert!(rescheduled > 0, "no bitmap update reached the log store");
     }
 }
+
+/// `recreation.policy = "fail"`: the same random schedules; a vnode-bitmap update in the log store
+/// stops the job with the seed's exact error (never a recreation), and what was committed up to
+/// there agrees with the upstream (the oracle at every commit and at the stop). Schedules without
+/// such an update run to the end and must equal the final table.
+#[test]
+fn random_schedules_under_fail() {
+    use kafka_backfill::core::RecreationPolicy;
+    let seeds = env_u64("SIM_SEEDS", 1000);
+    let first = env_u64("SIM_FIRST_SEED", 0);
+    let (mut stopped, mut finished) = (0, 0);
+    let mut failures = Vec::new();
+    for seed in first..first + seeds {
+        let mut config = SimConfig::random(seed);
+        config.supervisor.policy = RecreationPolicy::Fail;
+        match run_config(config) {
+            Ok(r) => {
+                assert_eq!(r.recreations, 0, "seed {seed} under fail recreated: {r:?}");
+                match &r.stopped {
+                    Some(why) => {
+                        assert!(
+                            why.ends_with(
+                                "stopped: should not update vnode bitmap during consuming log store; recreation policy is `fail`"
+                            ),
+                            "seed {seed}: {why}"
+                        );
+                        stopped += 1;
+                    }
+                    None => finished += 1,
+                }
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    println!("fail: {seeds} seeds ran ({} failed); {stopped} stopped on the invariant error, {finished} ran to the end", failures.len());
+    if let Some(f) = failures.first() {
+        panic!(
+            "{} of {seeds} seeds failed under fail; first:\n{f}",
+            failures.len()
+        );
+    }
+    if seeds >= 200 {
+        assert!(stopped > 0 && finished > 0, "both outcomes exercised");
+    }
+}

@@ -126,6 +126,9 @@ pub struct SimReport {
     pub updates_by_phase: BTreeMap<Phase, u64>,
     /// Upstream was still writing when a worker first reached streaming.
     pub streamed_while_writing: bool,
+    /// Under `recreation.policy = "fail"`: the job stopped on the invariant error (the worker's
+    /// stop message), as that policy says; the oracle held at every commit up to there.
+    pub stopped: Option<String>,
 }
 
 type SimDriver = Driver<SimConsumer, SimCommitter, SimClock>;
@@ -160,6 +163,8 @@ pub struct Sim {
     freezes: u64,
     streamed_while_writing: bool,
     final_rows: usize,
+    /// Set when a worker stopped the job as the `fail` policy says (the run ends there).
+    stopped: Option<String>,
 }
 
 type SimResult<T> = Result<T, String>;
@@ -254,6 +259,7 @@ impl Sim {
             freezes: 0,
             streamed_while_writing: false,
             final_rows: 0,
+            stopped: None,
         }
     }
 
@@ -271,6 +277,9 @@ impl Sim {
                 return Err("upstream did not finish writing within max_steps".into());
             }
             self.step(true)?;
+            if self.stopped.is_some() {
+                return self.stopped_run(steps);
+            }
         }
         self.calm_down()?;
         let mut drained = 0u64;
@@ -283,9 +292,20 @@ impl Sim {
                 ));
             }
             self.step(false)?;
+            if self.stopped.is_some() {
+                return self.stopped_run(steps + drained);
+            }
         }
         self.steps = steps + drained;
         self.final_check()?;
+        Ok(self.report())
+    }
+
+    /// The end of a run the `fail` policy stopped: what was committed agrees with the upstream.
+    fn stopped_run(&mut self, steps: u64) -> SimResult<SimReport> {
+        self.steps = steps;
+        self.check()?;
+        self.world.borrow().oracle_check()?;
         Ok(self.report())
     }
 
@@ -476,6 +496,7 @@ impl Sim {
             phases_seen: stats.phases_seen,
             updates_by_phase: stats.updates_by_phase,
             streamed_while_writing: self.streamed_while_writing,
+            stopped: self.stopped.clone(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! after each (the oracle's verdict, the invariant error only in the log store, convergence).
 
 use super::{Sim, SimResult, JOB};
-use crate::core::{PartitionId, Phase};
+use crate::core::{CoreError, PartitionId, Phase, RecreationPolicy};
 use crate::ports::Polled;
 use crate::ports::{LogStore, StateStore};
 
@@ -69,6 +69,16 @@ impl Sim {
         let driver = self.workers[i].driver.as_mut().expect("runnable");
         let r = driver.step();
         self.world.borrow_mut().consumers[i].allowance = 0;
+        if let Err(e) = &r {
+            // The `fail` policy stops the job on the seed's error, and only on it.
+            let seed_error = CoreError::VnodeBitmapUpdateDuringLogStore.to_string();
+            if self.config.supervisor.policy == RecreationPolicy::Fail
+                && e.reason.starts_with(&seed_error)
+            {
+                self.stopped = Some(format!("worker {id}: {e}"));
+                return self.check();
+            }
+        }
         r.map_err(|e| format!("worker {id}: {e}"))?;
         self.check()
     }
