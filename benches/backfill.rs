@@ -696,6 +696,90 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     ((t0 - t_join).as_secs_f64(), (t1 - t0).as_secs_f64())
 }
 
+/// Time to finish one backfill when a second process joins in the middle of the log store, under
+/// `policy` (`reschedule` or `recreate`): process A starts; once its `/status` shows the log-store
+/// phase, process B starts; both run with `--exit-when-caught-up` on one durable PostgreSQL store.
+/// Returns (seconds from A's start to the last exit, the job's recreations as the store counts them).
+fn scale_out_mid_log_store(
+    bin: &Path,
+    bootstrap: &str,
+    pg: &str,
+    d: &Path,
+    topic: &str,
+    policy: &str,
+) -> (f64, i64) {
+    let job = format!("scaleout{policy}{}", rand_suffix());
+    let table = format!("bench_{job}");
+    let store = format!("kind = \"postgres\"\nurl = \"{pg}\"\ntable = \"{table}\"");
+    let body = job_toml(
+        &job,
+        topic,
+        bootstrap,
+        &d.join("snapshot"),
+        &store,
+        1,
+        policy,
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (cfg_a, cfg_b) = (
+        d.join(format!("{job}-a.toml")),
+        d.join(format!("{job}-b.toml")),
+    );
+    std::fs::write(
+        &cfg_a,
+        format!("[http]\nlisten = \"127.0.0.1:{port}\"\n[log]\nlevel = \"warn\"\n{body}"),
+    )
+    .unwrap();
+    write_job_toml(&cfg_b, &body);
+    let spawn = |cfg: &Path, prefix: &str| {
+        Command::new(bin)
+            .args([
+                "run",
+                "--exit-when-caught-up",
+                "--worker-prefix",
+                prefix,
+                "--config",
+            ])
+            .arg(cfg)
+            .spawn()
+            .unwrap()
+    };
+    let t = Instant::now();
+    let mut a = spawn(&cfg_a, "a");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let in_log = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status"))
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .is_some_and(|v| v["jobs"][0]["workers"][0]["phase"] == "log_store");
+        if in_log {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never reached the log store");
+        assert!(
+            a.try_wait().unwrap().is_none(),
+            "A finished before the log store was seen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut b = spawn(&cfg_b, "b");
+    for c in [&mut a, &mut b] {
+        let status = c.wait().unwrap();
+        assert!(status.success(), "a process exited with {status}");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let mut client = postgres::Client::connect(pg, postgres::NoTls).unwrap();
+    let recreations: i64 = client
+        .query_one("SELECT recreations FROM kb_jobs WHERE job = $1", &[&job])
+        .unwrap()
+        .get(0);
+    (secs, recreations)
+}
+
 fn pg_settings(url: &str) -> (String, String) {
     let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
     let get = |c: &mut postgres::Client, s: &str| -> String {
@@ -1006,6 +1090,32 @@ fn main() {
             format!("{turnaround:.2} s"),
             json!(turnaround),
         );
+    }
+
+    // ---- scaling out in the middle of the log store: reschedule vs recreate ---------------------
+    if a.want("reschedule") {
+        eprintln!("a scale-out mid log store, reschedule vs recreate…");
+        let d = dir("scaleout");
+        let topic = format!("bench-scaleout-{}", rand_suffix());
+        produce(
+            &bootstrap,
+            &topic,
+            4,
+            a.snapshot_rows / 5,
+            a.log_changes / 2,
+            100,
+            &d,
+        );
+        for policy in ["reschedule", "recreate"] {
+            let (secs, recreations) =
+                scale_out_mid_log_store(&a.bin, &bootstrap, &pg, &d, &topic, policy);
+            r.figure(
+                &format!("r_scale_out_mid_log_store_{policy}"),
+                &format!("time to finish one backfill ({} snapshot rows, {} changes, 4 partitions, {pg_label}) when a second process joins mid log store, recreation.policy = {policy}: first start → last exit; recreations {recreations}", a.snapshot_rows / 5, a.log_changes / 2),
+                format!("{secs:.1} s"),
+                json!({"seconds": secs, "recreations": recreations}),
+            );
+        }
     }
 
     // ---- scale: workers, processes, partitions on durable PostgreSQL ------------------------------

@@ -152,12 +152,37 @@ enum Command {
         throttle: u64,
     },
     /// Print a running service's /status for a person.
+    /// Read or set a running job's live rate limits (per worker per second; 0 = none), through the
+    /// service's write endpoint (`http.admin = true`); every worker applies them within a second
+    /// and they are kept in the store across restarts.
+    RateLimit {
+        #[arg(long, default_value = "http://127.0.0.1:9465")]
+        url: String,
+        #[arg(long)]
+        job: String,
+        /// Snapshot rows per second.
+        #[arg(long)]
+        snapshot: Option<u64>,
+        /// Log records per second.
+        #[arg(long)]
+        log: Option<u64>,
+    },
     Status {
         #[arg(long, default_value = "http://127.0.0.1:9464")]
         url: String,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
+        /// Keep watching: a progress bar per job and phase with lag, epoch lag, rate and ETA (plain
+        /// lines when stdout is not a terminal), refreshed every --interval-ms.
+        #[arg(long, conflicts_with = "json")]
+        watch: bool,
+        /// With --watch: refresh period.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// With --watch: exit 0 once every job has caught up.
+        #[arg(long, requires = "watch")]
+        until_caught_up: bool,
     },
 }
 
@@ -241,7 +266,47 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { url, json } => {
+        Command::RateLimit {
+            url,
+            job,
+            snapshot,
+            log,
+        } => {
+            let mut query = Vec::new();
+            if let Some(n) = snapshot {
+                query.push(format!("snapshot={n}"));
+            }
+            if let Some(n) = log {
+                query.push(format!("log={n}"));
+            }
+            let target = format!("{}/admin/jobs/{job}/rate-limit", url.trim_end_matches('/'));
+            let (code, body) = if query.is_empty() {
+                kafka_backfill::service::http::get(&target)?
+            } else {
+                kafka_backfill::service::http::request(
+                    "POST",
+                    &format!("{target}?{}", query.join("&")),
+                )?
+            };
+            anyhow::ensure!(code == 200, "{target} answered {code}: {}", body.trim());
+            print!("{body}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status {
+            watch: true,
+            url,
+            interval_ms,
+            until_caught_up,
+            ..
+        } => {
+            kafka_backfill::service::watch::watch(
+                &url,
+                std::time::Duration::from_millis(interval_ms),
+                until_caught_up,
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { url, json, .. } => {
             let (code, body) = kafka_backfill::service::http::get(&format!(
                 "{}/status",
                 url.trim_end_matches('/')
@@ -292,11 +357,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if !config.http.listen.is_empty() {
                 let addr = kafka_backfill::service::http::spawn(
                     &config.http.listen,
-                    board.clone(),
+                    kafka_backfill::service::http::status_router(board.clone()),
                     kafka_backfill::service::http::Limits::of(&config.http),
                     shutdown.clone(),
                 )?;
                 tracing::info!(%addr, "serving /metrics /livez /readyz /status");
+            }
+            if config.http.admin {
+                let addr = kafka_backfill::service::http::spawn(
+                    &config.http.admin_listen,
+                    kafka_backfill::service::http::admin_router(),
+                    kafka_backfill::service::http::Limits::of(&config.http),
+                    shutdown.clone(),
+                )
+                .context("http.admin_listen")?;
+                tracing::info!(%addr, "serving /admin/jobs/{{name}}/rate-limit");
             }
             let r = job::run(
                 &config,

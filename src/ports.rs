@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use crate::core::{
-    Checkpoint, ClaimedPartition, Epoch, LogRecord, PartitionId, PartitionProgress, Row, Vnode,
-    VnodeProgress,
+    Checkpoint, ClaimedPartition, Epoch, LogRecord, PartitionId, PartitionProgress, RateLimits,
+    Row, Vnode, VnodeProgress,
 };
 
 /// What a snapshot says about itself (DESIGN.md §3).
@@ -215,6 +215,12 @@ pub trait StateStore: Send {
     /// Committed progress of every vnode that has some.
     fn committed_vnodes(&mut self, job: &str)
         -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError>;
+    /// The job's live rate limits, if they were ever set (`kafka-backfill rate-limit`).
+    fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError>;
+    /// Sets the job's live rate limits; they outlive restarts and recreations.
+    fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError>;
+    /// The worker holding each leased partition (its last claim).
+    fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError>;
     /// Committed progress of every partition that has some.
     fn committed_partitions(
         &mut self,

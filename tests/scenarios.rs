@@ -9,6 +9,11 @@ const CP: BarrierKind = BarrierKind::Checkpoint;
 const NB: BarrierKind = BarrierKind::Barrier;
 
 fn calm(seed: u64, vnodes: u32, partitions: u32, rows: u32) -> Sim {
+    Sim::new(calm_config(seed, vnodes, partitions, rows))
+}
+
+/// A scripted run's shape: no churn, no chaos; workers and upstream moved by the test.
+fn calm_config(seed: u64, vnodes: u32, partitions: u32, rows: u32) -> SimConfig {
     let mut c = SimConfig::random(seed);
     c.vnode_count = vnodes;
     c.partition_count = partitions;
@@ -21,7 +26,7 @@ fn calm(seed: u64, vnodes: u32, partitions: u32, rows: u32) -> Sim {
     c.local_checkpoint_rows = 3;
     c.max_fetch_batch = 4;
     c.max_steps = 20_000;
-    Sim::new(c)
+    c
 }
 
 fn phase_is(i: usize, p: Phase) -> impl Fn(&Sim) -> bool {
@@ -276,5 +281,83 @@ fn a_frozen_zombie_is_fenced_and_nothing_is_lost() {
         s.report().fenced >= 1,
         "the zombie's commit was not rejected"
     );
+    let _ = b;
+}
+
+/// `calm`, under `recreation.policy = "reschedule"`.
+fn calm_rescheduling(seed: u64, vnodes: u32, partitions: u32, rows: u32) -> Sim {
+    let mut c = calm_config(seed, vnodes, partitions, rows);
+    c.supervisor.policy = kafka_backfill::core::RecreationPolicy::Reschedule;
+    Sim::new(c)
+}
+
+/// Under `reschedule`: nothing failed, nothing was recreated, and `at_least` updates were absorbed.
+fn absorbed(s: &Sim, at_least: u64) {
+    let r = s.report();
+    assert_eq!((r.bitmap_errors, r.recreations), (0, 0), "{r:?}");
+    assert!(r.rescheduled >= at_least, "{r:?}");
+    assert_eq!(s.generation(), 0);
+}
+
+#[test]
+fn under_reschedule_a_partition_moving_twice_before_its_first_checkpoint_loses_nothing() {
+    let mut s = calm_rescheduling(20, 16, 4, 20);
+    for _ in 0..30 {
+        s.write_epoch(4, CP);
+    }
+    let a = s.join().unwrap();
+    s.run_until(10_000, phase_is(a, Phase::LogStore)).unwrap();
+    // b takes partitions from a and, as soon as the rebalance has settled (no checkpoint barrier
+    // has passed under b), gives them back.
+    let b = s.join().unwrap();
+    assert!(!s.owned(b).is_empty(), "b took partitions");
+    s.leave(b).unwrap();
+    assert_eq!(s.owned(a).len(), 4, "back with a");
+    s.settle().unwrap();
+    absorbed(&s, 2);
+}
+
+#[test]
+fn under_reschedule_a_rebalance_between_a_checkpoint_barrier_and_its_commit_loses_nothing() {
+    let mut s = calm_rescheduling(21, 16, 4, 20);
+    for _ in 0..30 {
+        s.write_epoch(4, CP);
+    }
+    let a = s.join().unwrap();
+    s.run_until(10_000, phase_is(a, Phase::LogStore)).unwrap();
+    // A checkpoint handed to the committer and not yet applied when the group rebalances.
+    s.run_until(10_000, |s| s.pending_commits(0) > 0).unwrap();
+    assert_eq!(s.phase(a), Some(Phase::LogStore));
+    let _b = s.join().unwrap();
+    s.settle().unwrap();
+    absorbed(&s, 1);
+}
+
+#[test]
+fn under_reschedule_a_frozen_zombie_is_fenced_while_its_partitions_move() {
+    let mut s = calm_rescheduling(22, 16, 4, 20);
+    for _ in 0..40 {
+        s.write_epoch(4, CP);
+    }
+    let a = s.join().unwrap();
+    let b = s.join().unwrap();
+    s.run_until(10_000, |s| {
+        s.phase(0) == Some(Phase::LogStore) && s.phase(1) == Some(Phase::LogStore)
+    })
+    .unwrap();
+    // a stops answering past its session timeout; its partitions move to b mid log store.
+    s.freeze(a).unwrap();
+    let commits = s.store().commits("sim");
+    s.run_until(10_000, |s| {
+        s.owned(1).len() == 4 && s.store().commits("sim") > commits + 2
+    })
+    .unwrap();
+    s.thaw(a);
+    s.settle().unwrap();
+    assert!(
+        s.report().fenced >= 1,
+        "the zombie's commit was not rejected"
+    );
+    absorbed(&s, 1);
     let _ = b;
 }

@@ -86,6 +86,43 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
                 .map(|w| w["owned_vnodes"].as_u64().unwrap())
                 .sum();
             assert_eq!(vnodes, 256, "the workers own every vnode between them");
+            // Per vnode, from the store: all 256 streaming, finished, each owned by one of the
+            // two workers, and both workers own some.
+            let names: Vec<&str> = workers
+                .iter()
+                .map(|w| w["worker"].as_str().unwrap())
+                .collect();
+            let (code, body) = http_get(&format!("http://{addr}/status/jobs/service/vnodes"));
+            assert_eq!(code, 200, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let rows = v["vnodes"].as_array().unwrap();
+            assert_eq!(rows.len(), 256);
+            let mut owners = std::collections::BTreeSet::new();
+            for r in rows {
+                assert_eq!(
+                    (&r["phase"], &r["finished"]),
+                    (&"streaming".into(), &true.into()),
+                    "{r}"
+                );
+                assert!(r["epoch"].as_u64().unwrap() > 0, "{r}");
+                owners.insert(r["owner"].as_str().unwrap().to_string());
+            }
+            assert_eq!(
+                owners,
+                names.iter().map(|n| n.to_string()).collect(),
+                "owners are the two workers"
+            );
+            assert!(
+                rows.iter()
+                    .map(|r| r["row_count"].as_u64().unwrap())
+                    .sum::<u64>()
+                    > 0,
+                "rows were counted"
+            );
+            assert_eq!(
+                http_get(&format!("http://{addr}/status/jobs/nope/vnodes")).0,
+                404
+            );
             break;
         }
         assert!(Instant::now() < deadline, "not caught up: {s}");
@@ -93,6 +130,7 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
     }
     assert_eq!(http_get(&format!("http://{addr}/readyz")).0, 200);
     assert_eq!(http_get(&format!("http://{addr}/nope")).0, 404);
+    watch_plain_and_under_tmux(&addr);
 
     // The exposition is valid for promtool and holds the series.
     let (code, metrics) = http_get(&format!("http://{addr}/metrics"));
@@ -124,6 +162,7 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
         "kafka_backfill_checkpoint_commit_seconds_bucket",
         "kafka_backfill_log_records_applied_total",
         "kafka_backfill_epoch_lag_seconds",
+        "kafka_backfill_catch_up_eta_seconds",
         "kafka_backfill_partition_lag",
     ] {
         assert!(metrics.contains(series), "no {series} in:\n{metrics}");
@@ -274,4 +313,215 @@ fn a_connection_flood_neither_stops_livez_nor_the_job() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// `status --watch` on a caught-up job: plain lines into a pipe, ended by `--until-caught-up`;
+/// progress bars in a terminal (a detached tmux pane, read back with `capture-pane`).
+fn watch_plain_and_under_tmux(addr: &str) {
+    let url = format!("http://{addr}");
+    let args = [
+        "status",
+        "--watch",
+        "--until-caught-up",
+        "--interval-ms",
+        "200",
+        "--url",
+        url.as_str(),
+    ];
+    let out = Command::new(BIN).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "job service: snapshot 256/256 vnodes; log store: caught up"),
+        "plain lines when stdout is a pipe: {text}"
+    );
+
+    let session = format!("kbwatch{}", std::process::id());
+    let tmux = |a: &[&str]| {
+        let o = Command::new("tmux")
+            .args(["-f", "/dev/null"])
+            .args(a)
+            .output()
+            .expect("tmux");
+        assert!(
+            o.status.success(),
+            "tmux {a:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    tmux(&["new-session", "-d", "-s", &session, "-x", "150", "-y", "10"]);
+    tmux(&["set-option", "-t", &session, "remain-on-exit", "on"]);
+    // The live view (no --until-caught-up): read while it runs.
+    let cmd = [
+        BIN,
+        "status",
+        "--watch",
+        "--interval-ms",
+        "200",
+        "--url",
+        &url,
+    ]
+    .join(" ");
+    tmux(&["respawn-pane", "-k", "-t", &session, &cmd]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pane = loop {
+        let pane = tmux(&["capture-pane", "-p", "-t", &session]);
+        if pane.contains("256/256") && pane.contains("caught up") {
+            break pane;
+        }
+        assert!(Instant::now() < deadline, "no view in the terminal: {pane}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    tmux(&["kill-session", "-t", &session]);
+    assert!(
+        pane.contains("service snapshot vnodes") && pane.contains("256/256"),
+        "a snapshot bar: {pane}"
+    );
+    assert!(
+        pane.contains("service log store records")
+            && pane.contains("[=")
+            && pane.contains("caught up"),
+        "a log-store bar, drawn: {pane}"
+    );
+}
+
+/// The worker's `rate_limits` in `/status`, once it reports.
+fn worker_limits(addr: &str) -> Option<(u64, u64)> {
+    let (_, s) = http_get(&format!("http://{addr}/status"));
+    let v: serde_json::Value = serde_json::from_str(&s).ok()?;
+    let l = &v["jobs"][0]["workers"][0]["rate_limits"];
+    Some((
+        l["snapshot_rows_per_second"].as_u64()?,
+        l["log_records_per_second"].as_u64()?,
+    ))
+}
+
+fn wait_limits(addr: &str, want: (u64, u64), within: Duration) -> Duration {
+    let t = Instant::now();
+    while worker_limits(addr) != Some(want) {
+        assert!(
+            t.elapsed() < within,
+            "the worker reports {:?}, not {want:?}",
+            worker_limits(addr)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
+
+/// `kafka-backfill rate-limit` against a running job: applied by the worker within a second (as
+/// `/status` and the gauge show), kept in the store across a restart; the write endpoint listens
+/// only when `http.admin = true`, on its own (loopback) address.
+#[test]
+fn a_live_rate_limit_reaches_the_worker_within_a_second_and_survives_a_restart() {
+    let _g = serial();
+    let f = Fixture::new("ratelimit", 1, "max_rows_per_second = 400");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    f.set_http(&addr);
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(
+        &f.config,
+        text.replacen(
+            "[http]\n",
+            &format!("[http]\nadmin = true\nadmin_listen = \"{admin}\"\n"),
+            1,
+        ),
+    )
+    .unwrap();
+    f.produce(&["--partitions", "2", "--rows", "300", "--changes", "20000"]);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for(
+        "serving /admin/jobs/{name}/rate-limit",
+        Duration::from_secs(30),
+    );
+    // The configured limit holds until a live one is set.
+    wait_limits(&addr, (400, 400), Duration::from_secs(30));
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args([
+                "rate-limit",
+                "--url",
+                &format!("http://{admin}"),
+                "--job",
+                "ratelimit",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(&String::from_utf8_lossy(&out.stdout)).unwrap()
+    };
+    assert_eq!(cli(&[])["source"], "max_rows_per_second");
+    let set = cli(&["--log", "5000"]);
+    assert_eq!(
+        (
+            &set["snapshot_rows_per_second"],
+            &set["log_records_per_second"],
+            &set["source"]
+        ),
+        (&400.into(), &5000.into(), &"store".into()),
+        "a missing limit keeps its value"
+    );
+    let took = wait_limits(&addr, (400, 5000), Duration::from_secs(5));
+    assert!(
+        took <= Duration::from_secs(1),
+        "applied {took:?} after the answer"
+    );
+    let (_, metrics) = http_get(&format!("http://{addr}/metrics"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kafka_backfill_rate_limit{")
+                && l.contains("kind=\"log_records\"")
+                && l.ends_with(" 5000")),
+        "the gauge shows it"
+    );
+    cli(&["--snapshot", "700", "--log", "300"]);
+    wait_limits(&addr, (700, 300), Duration::from_secs(5));
+    // Bad input is refused, naming it; an unknown job is 404.
+    let bad = Command::new(BIN)
+        .args([
+            "rate-limit",
+            "--url",
+            &format!("http://{admin}"),
+            "--job",
+            "nope",
+            "--log",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("404"));
+    let (code, body) = kafka_backfill::service::http::request(
+        "POST",
+        &format!("http://{admin}/admin/jobs/ratelimit/rate-limit?log=x"),
+    )
+    .unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("log=\"x\": not a whole number"), "{body}");
+    assert_eq!(
+        worker_limits(&addr),
+        Some((700, 300)),
+        "a refused change changes nothing"
+    );
+    // A restart starts with the store's limits, not the configured ones.
+    run.signal("TERM");
+    assert!(run.wait_exit(Duration::from_secs(60)).success());
+    let mut again = f.spawn_run("a2", &[]);
+    again.wait_for("serving /metrics", Duration::from_secs(30));
+    wait_limits(&addr, (700, 300), Duration::from_secs(30));
+    again.signal("TERM");
+    assert!(again.wait_exit(Duration::from_secs(60)).success());
 }

@@ -11,7 +11,7 @@ use apache_avro::types::Value as Avro;
 use kafka_backfill::codec::TableSchema;
 use kafka_backfill::core::{
     vnode_of, Checkpoint, CheckpointCause, Epoch, PartitionId, PartitionMap, PartitionProgress,
-    Row, RowMutation, Vnode, VnodeProgress,
+    RateLimits, Row, RowMutation, Vnode, VnodeProgress,
 };
 use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
 use kafka_backfill::store::postgres::PostgresStore;
@@ -154,6 +154,10 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     );
     assert_ne!(ca[0].lease, cb[0].lease);
     let (la, lb) = (ca[0].lease, cb[0].lease);
+    assert_eq!(
+        b.owners(job).unwrap(),
+        BTreeMap::from([(0, "a".to_string()), (1, "b".to_string())])
+    );
 
     // A snapshot-phase checkpoint: a row and its vnode's cursor.
     let (key, datum, v) = row_in(0, 0);
@@ -296,6 +300,11 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         Some(&done(E5, true))
     );
 
+    assert_eq!(
+        a.owners(job).unwrap()[&0],
+        "b",
+        "the last claim holds the lease"
+    );
     // Fencing by lease: b took partition 0, so a's commit is refused and changes nothing.
     let (k2, _, v2) = row_in(0, 1);
     let mut stale = checkpoint(0, vec![(0, la)]);
@@ -307,6 +316,17 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         "{err}"
     );
 
+    // Live rate limits: none until set; set from one handle, read from another.
+    assert_eq!(a.rate_limits(job).unwrap(), None);
+    let limits = RateLimits {
+        snapshot_rows_per_second: 1_000,
+        log_records_per_second: 250,
+    };
+    a.set_rate_limits(job, limits).unwrap();
+    assert_eq!(b.rate_limits(job).unwrap(), Some(limits));
+    a.set_rate_limits(job, RateLimits::both(7)).unwrap();
+    assert_eq!(b.rate_limits(job).unwrap(), Some(RateLimits::both(7)));
+
     // Recreation: compare-and-set, discards rows and progress, fences the old generation.
     let row = a.recreate(job, 0).unwrap();
     assert_eq!((row.generation, row.recreations), (1, 1));
@@ -315,6 +335,15 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     assert!(a.rows(job).unwrap().is_empty());
     assert!(a.committed_vnodes(job).unwrap().is_empty());
     assert!(a.committed_partitions(job).unwrap().is_empty());
+    assert!(
+        a.owners(job).unwrap().is_empty(),
+        "recreation drops the leases"
+    );
+    assert_eq!(
+        a.rate_limits(job).unwrap(),
+        Some(RateLimits::both(7)),
+        "rate limits outlive a recreation"
+    );
     let err = b.commit(job, &log).unwrap_err();
     assert!(
         matches!(

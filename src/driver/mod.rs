@@ -45,7 +45,8 @@ pub struct DriverConfig {
     pub local_checkpoint: LocalCheckpointPolicy,
     /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
     pub max_epochs_ahead: usize,
-    /// Snapshot rows plus log records per second; 0 = unlimited.
+    /// Snapshot rows and log records per second each, until the store holds live limits
+    /// (`StateStore::rate_limits`); 0 = unlimited.
     pub max_rows_per_second: u64,
     /// Records handled between two looks at the scan, the clock and the watermarks.
     pub max_messages_per_round: usize,
@@ -151,8 +152,10 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     store_reachable: bool,
     /// Records handled per second, for the status report.
     rate: Rate,
-    /// The rows-per-second limit.
-    throttle: Throttle,
+    /// The snapshot rows-per-second limit.
+    snapshot_throttle: Throttle,
+    /// The log records-per-second limit.
+    log_throttle: Throttle,
     counters: HotCounters,
     last_house: Option<u64>,
     /// While backing off before a restart: when to restart.
@@ -197,7 +200,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             last_error: None,
             store_reachable: true,
             rate: Rate::new(now, 500),
-            throttle: Throttle::new(cfg_limit, now),
+            snapshot_throttle: Throttle::new(cfg_limit, now),
+            log_throttle: Throttle::new(cfg_limit, now),
             counters,
             last_house: None,
             restart_at: None,
@@ -246,13 +250,25 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
         let scanning = self.scan.is_some();
         let mut timeout = if scanning { 0 } else { self.cfg.idle_poll_ms };
-        // The throttle (a token bucket in the core) says how many records this round may handle.
+        // The throttles (token buckets in the core) say how many log records and snapshot rows
+        // this round may handle; when neither may, wait for the first that will.
         let want = self.cfg.max_messages_per_round;
-        let mut budget = self.throttle.allowance(self.clock.now_ms(), want);
-        if budget == 0 {
-            let wait = self.throttle.wait_ms();
+        let scan_want = self.cfg.max_scan_rows_per_round;
+        let now = self.clock.now_ms();
+        let mut budget = self.log_throttle.allowance(now, want);
+        let mut scan_budget = self.snapshot_throttle.allowance(now, scan_want);
+        if budget == 0 && (!scanning || scan_budget == 0) {
+            let wait = if scanning {
+                self.log_throttle
+                    .wait_ms()
+                    .min(self.snapshot_throttle.wait_ms())
+            } else {
+                self.log_throttle.wait_ms()
+            };
             self.clock.sleep_ms(wait);
-            budget = self.throttle.allowance(self.clock.now_ms(), want);
+            let now = self.clock.now_ms();
+            budget = self.log_throttle.allowance(now, want);
+            scan_budget = self.snapshot_throttle.allowance(now, scan_want);
         }
         let mut records = 0;
         while records < budget {
@@ -269,16 +285,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         self.settle(false);
         let mut rows = 0;
         if self.failure.is_none() {
-            let scan_budget = if self.throttle.limit() == 0 {
-                self.cfg.max_scan_rows_per_round
-            } else {
-                budget
-                    .saturating_sub(records)
-                    .min(self.cfg.max_scan_rows_per_round)
-            };
             rows = self.scan_batch(scan_budget);
         }
-        self.throttle.spend(records + rows);
+        self.log_throttle.spend(records);
+        self.snapshot_throttle.spend(rows);
         let now = self.clock.now_ms();
         let due = self
             .last_house

@@ -1,12 +1,13 @@
-//! Housekeeping: watermarks and read positions fed to the executor, the store's generation and
-//! reachability, and the worker's report on the status board (rate and ETA from the core).
+//! Housekeeping: watermarks and read positions fed to the executor, the store's generation,
+//! reachability and live rate limits, and the worker's report on the status board (rate and ETA from
+//! the core).
 
 use std::time::Instant;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Driver, WorkerReport};
-use crate::core::{Event, PartitionId, Phase};
+use crate::core::{Event, PartitionId, Phase, RateLimits};
 use crate::ports::{Clock, CommitPort, ConsumerPort};
 use crate::service::metrics::metrics;
 
@@ -49,6 +50,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     self.last_error = Some(e.to_string());
                 }
             }
+            self.read_rate_limits();
             if log_phase {
                 for p in owned {
                     if let Some(high) = self.consumer.high_watermark(p) {
@@ -88,6 +90,37 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
     }
 
+    /// The job's live rate limits from the store (every worker of every process reads them at
+    /// housekeeping, so a change reaches all within `housekeeping_ms`); until some are set, the
+    /// configured `max_rows_per_second` holds.
+    fn read_rate_limits(&mut self) {
+        match self.store.rate_limits(&self.cfg.job) {
+            Ok(Some(l)) => {
+                let now = self.clock.now_ms();
+                let old = self.rate_limits();
+                if l != old {
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, snapshot_rows_per_second = l.snapshot_rows_per_second, log_records_per_second = l.log_records_per_second, "rate limits changed");
+                }
+                self.snapshot_throttle
+                    .set_limit(l.snapshot_rows_per_second, now);
+                self.log_throttle.set_limit(l.log_records_per_second, now);
+            }
+            Ok(None) => {}
+            // Reachability is the job read's business; the limits in force stay.
+            Err(e) => {
+                debug!(job = %self.cfg.job, worker = %self.cfg.worker, error = %e, "rate limits not read")
+            }
+        }
+    }
+
+    /// The limits in force (0 = none).
+    pub fn rate_limits(&self) -> RateLimits {
+        RateLimits {
+            snapshot_rows_per_second: self.snapshot_throttle.limit(),
+            log_records_per_second: self.log_throttle.limit(),
+        }
+    }
+
     /// The worker's report on the status board, and its gauges.
     pub(super) fn publish(&mut self) {
         let status = self.exec.as_ref().map(|e| e.status());
@@ -100,6 +133,18 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             .as_ref()
             .and_then(|s| s.catch_up_eta_seconds(records_per_second));
         let m = metrics();
+        m.catch_up_eta_seconds
+            .with_label_values(&self.label())
+            .set(estimated_catch_up_seconds.unwrap_or(f64::NAN));
+        let limits = self.rate_limits();
+        for (kind, v) in [
+            ("snapshot_rows", limits.snapshot_rows_per_second),
+            ("log_records", limits.log_records_per_second),
+        ] {
+            m.rate_limit
+                .with_label_values(&[&self.cfg.job, &self.cfg.worker, kind])
+                .set(v as i64);
+        }
         if let Some(s) = &status {
             m.epoch_lag_seconds
                 .with_label_values(&self.label())
@@ -125,6 +170,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 last_error: self.last_error.clone(),
                 recreations,
                 store_reachable: self.store_reachable,
+                rate_limits: limits,
                 reported_at: Some(Instant::now()),
             },
         );

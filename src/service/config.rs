@@ -48,6 +48,19 @@ pub struct HttpConfig {
     /// A connection that has not sent its whole request head within this time is closed.
     #[serde(default = "default_header_timeout_ms")]
     pub header_timeout_ms: u64,
+    /// Serve the write endpoint (live rate limits, `kafka-backfill rate-limit`) on `admin_listen`.
+    /// Off by default: anyone who reaches it can slow a job down or lift its limits.
+    #[serde(default)]
+    pub admin: bool,
+    /// Where the write endpoint listens when `admin = true`: its own listener, loopback by default
+    /// (reach it with `kubectl port-forward` or from inside the pod), apart from the probes and
+    /// metrics on `listen`.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: String,
+}
+
+fn default_admin_listen() -> String {
+    "127.0.0.1:9465".into()
 }
 
 impl Default for HttpConfig {
@@ -56,6 +69,8 @@ impl Default for HttpConfig {
             listen: default_listen(),
             max_connections: default_max_connections(),
             header_timeout_ms: default_header_timeout_ms(),
+            admin: false,
+            admin_listen: default_admin_listen(),
         }
     }
 }
@@ -376,6 +391,12 @@ impl Config {
         }
         if self.http.max_connections == 0 {
             return Err(err("http.max_connections", "must be at least 1"));
+        }
+        if self.http.admin && self.http.admin_listen.is_empty() {
+            return Err(err(
+                "http.admin_listen",
+                "must be an address when http.admin = true",
+            ));
         }
         if self.http.header_timeout_ms == 0 {
             return Err(err("http.header_timeout_ms", "must be at least 1"));

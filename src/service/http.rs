@@ -10,12 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use axum::extract::Path;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::routing::get as route_get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -42,8 +44,8 @@ impl Limits {
     }
 }
 
-/// GET (and HEAD) only; any other method is 405, any other path 404.
-fn router(board: StatusBoard) -> Router {
+/// The status listener: GET (and HEAD) only; any other method is 405, any other path 404.
+pub fn status_router(board: StatusBoard) -> Router {
     Router::new()
         .route(
             "/metrics",
@@ -86,8 +88,93 @@ fn router(board: StatusBoard) -> Router {
                 )
             }),
         )
+        .route(
+            "/status/jobs/{name}/vnodes",
+            route_get(|Path(name): Path<String>| async move {
+                // Store reads block: off the runtime.
+                let read = tokio::task::spawn_blocking(move || {
+                    crate::service::job::job_vnodes(&name).map(|v| (name, v))
+                })
+                .await;
+                match read {
+                    Ok(Ok((_, Some(v)))) => (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        serde_json::to_string_pretty(&v).expect("json"),
+                    ),
+                    Ok(Ok((name, None))) => (
+                        StatusCode::NOT_FOUND,
+                        [(header::CONTENT_TYPE, "text/plain")],
+                        format!("no job named {name:?} in this process\n"),
+                    ),
+                    Ok(Err(e)) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(header::CONTENT_TYPE, "text/plain")],
+                        format!("{e:#}\n"),
+                    ),
+                    Err(e) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        [(header::CONTENT_TYPE, "text/plain")],
+                        format!("reading the vnodes failed: {e}\n"),
+                    ),
+                }
+            }),
+        )
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .with_state(board)
+}
+
+/// The write listener (`http.admin = true`, on `http.admin_listen`): a job's live rate limits.
+/// `GET /admin/jobs/{name}/rate-limit` reads them from the job's store; `POST` with the query
+/// `snapshot=N` and/or `log=N` (per worker per second, 0 = none; a missing one keeps its value) sets
+/// them in the store, which every worker of every process reads within its housekeeping interval.
+/// No request body is read.
+pub fn admin_router() -> Router {
+    use axum::http::Uri;
+    use axum::routing::MethodRouter;
+    fn reply(
+        r: Result<Option<Value>>,
+        name: &str,
+    ) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+        match r {
+            Ok(Some(v)) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                format!("{v}\n"),
+            ),
+            Ok(None) => (
+                StatusCode::NOT_FOUND,
+                [(header::CONTENT_TYPE, "text/plain")],
+                format!("no job named {name:?} in this process\n"),
+            ),
+            Err(e) => (
+                StatusCode::BAD_REQUEST,
+                [(header::CONTENT_TYPE, "text/plain")],
+                format!("{e:#}\n"),
+            ),
+        }
+    }
+    let route: MethodRouter = route_get(|Path(name): Path<String>| async move {
+        let n = name.clone();
+        let r =
+            tokio::task::spawn_blocking(move || crate::service::job::rate_limits_json(&n, None))
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the rate limits failed: {e}")));
+        reply(r, &name)
+    })
+    .post(|Path(name): Path<String>, uri: Uri| async move {
+        let n = name.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let change = crate::service::job::RateLimitChange::parse(uri.query().unwrap_or(""))?;
+            crate::service::job::rate_limits_json(&n, Some(change))
+        })
+        .await
+        .unwrap_or_else(|e| Err(anyhow::anyhow!("setting the rate limits failed: {e}")));
+        reply(r, &name)
+    });
+    Router::new()
+        .route("/admin/jobs/{name}/rate-limit", route)
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
 }
 
 /// Serves on its own thread until `shutdown` is set (then it stops accepting and lets requests in
@@ -100,7 +187,7 @@ fn router(board: StatusBoard) -> Router {
 /// request heads of at most 16 KiB, bodies never read.
 pub fn spawn(
     listen: &str,
-    board: StatusBoard,
+    router: Router,
     limits: Limits,
     shutdown: Arc<AtomicBool>,
 ) -> Result<SocketAddr> {
@@ -122,7 +209,7 @@ pub fn spawn(
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(serve(std_listener, router(board), limits, shutdown));
+            rt.block_on(serve(std_listener, router, limits, shutdown));
         })?;
     Ok(addr)
 }
@@ -187,6 +274,11 @@ async fn serve(
 
 /// A minimal GET for `kafka-backfill status`.
 pub fn get(url: &str) -> Result<(u16, String)> {
+    request("GET", url)
+}
+
+/// A minimal request without a body (`kafka-backfill rate-limit` posts its query).
+pub fn request(method: &str, url: &str) -> Result<(u16, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").context("only http:// URLs")?;
     let (host, path) = rest
@@ -197,7 +289,10 @@ pub fn get(url: &str) -> Result<(u16, String)> {
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     // One write: a request split over several segments may be read in part and answered early.
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
     )?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;

@@ -175,11 +175,16 @@ pub fn run(
     for job in &config.jobs {
         let prepared = prepare(job, true)?;
         let info = prepared.snapshot.info();
-        stores.push((
+        let map = PartitionMap::new(info.vnode_count, info.partition_count)?;
+        job_stores()
+            .lock()
+            .unwrap()
+            .insert(job.name.clone(), (map, prepared.open_store.clone()));
+        configured_limits().lock().unwrap().insert(
             job.name.clone(),
-            PartitionMap::new(info.vnode_count, info.partition_count)?,
-            prepared.open_store.clone(),
-        ));
+            crate::core::RateLimits::both(job.max_rows_per_second),
+        );
+        stores.push((job.name.clone(), map, prepared.open_store.clone()));
         let r = &job.recreation;
         let supervisor = Arc::new(Mutex::new(Supervisor::new(SupervisorConfig {
             policy: r.policy,
@@ -307,6 +312,115 @@ fn read_progress(
         all.push(progress);
     }
     Ok(all)
+}
+
+/// Each job this process runs: its partition map and store, for `/status/jobs/{name}/vnodes`.
+pub fn job_stores() -> &'static Mutex<BTreeMap<String, (PartitionMap, StoreFactory)>> {
+    static S: std::sync::OnceLock<Mutex<BTreeMap<String, (PartitionMap, StoreFactory)>>> =
+        std::sync::OnceLock::new();
+    S.get_or_init(Default::default)
+}
+
+/// `/status/jobs/{name}/vnodes` read from the job's store (`None`: no such job in this process).
+/// Blocking: the HTTP server calls it off its runtime.
+pub fn job_vnodes(name: &str) -> Result<Option<serde_json::Value>> {
+    let Some((map, open)) = job_stores().lock().unwrap().get(name).cloned() else {
+        return Ok(None);
+    };
+    let mut store = open().with_context(|| format!("job {name}: opening the store"))?;
+    let vnodes = store
+        .committed_vnodes(name)
+        .with_context(|| format!("job {name}: reading vnode progress"))?;
+    let partitions = store
+        .committed_partitions(name)
+        .with_context(|| format!("job {name}: reading partition progress"))?;
+    let owners = store
+        .owners(name)
+        .with_context(|| format!("job {name}: reading leases"))?;
+    Ok(Some(crate::service::status::vnodes_json(
+        name,
+        &map,
+        &vnodes,
+        &partitions,
+        &owners,
+    )))
+}
+
+/// A change of a job's live rate limits: each one given is set, a missing one keeps its value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateLimitChange {
+    pub snapshot: Option<u64>,
+    pub log: Option<u64>,
+}
+
+impl RateLimitChange {
+    /// From a query string: `snapshot=N&log=N` (per worker per second; 0 = none).
+    pub fn parse(query: &str) -> Result<Self> {
+        let mut c = RateLimitChange::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .with_context(|| format!("query {pair:?}: expected key=value"))?;
+            let n: u64 = v
+                .parse()
+                .with_context(|| format!("query {k}={v:?}: not a whole number"))?;
+            match k {
+                "snapshot" => c.snapshot = Some(n),
+                "log" => c.log = Some(n),
+                _ => bail!("query {k}: unknown; use snapshot=N and/or log=N"),
+            }
+        }
+        if c == RateLimitChange::default() {
+            bail!("nothing to set: give snapshot=N and/or log=N");
+        }
+        Ok(c)
+    }
+}
+
+/// Reads (`change` None) or changes a job's live rate limits in its store; `None` for a job this
+/// process does not run. The answer says what is in force from now on: the store's limits, or the
+/// configured `max_rows_per_second` for both while none were set. Blocking.
+pub fn rate_limits_json(
+    name: &str,
+    change: Option<RateLimitChange>,
+) -> Result<Option<serde_json::Value>> {
+    let Some((_, open)) = job_stores().lock().unwrap().get(name).cloned() else {
+        return Ok(None);
+    };
+    let configured = configured_limits().lock().unwrap().get(name).copied();
+    let mut store = open().with_context(|| format!("job {name}: opening the store"))?;
+    let current = store
+        .rate_limits(name)
+        .with_context(|| format!("job {name}: reading the rate limits"))?;
+    let (limits, source) = match (change, current) {
+        (Some(c), cur) => {
+            let base = cur.or(configured).unwrap_or_default();
+            let next = crate::core::RateLimits {
+                snapshot_rows_per_second: c.snapshot.unwrap_or(base.snapshot_rows_per_second),
+                log_records_per_second: c.log.unwrap_or(base.log_records_per_second),
+            };
+            store
+                .set_rate_limits(name, next)
+                .with_context(|| format!("job {name}: setting the rate limits"))?;
+            info!(job = %name, snapshot_rows_per_second = next.snapshot_rows_per_second, log_records_per_second = next.log_records_per_second, "rate limits set");
+            (next, "store")
+        }
+        (None, Some(cur)) => (cur, "store"),
+        (None, None) => (configured.unwrap_or_default(), "max_rows_per_second"),
+    };
+    Ok(Some(serde_json::json!({
+        "job": name,
+        "snapshot_rows_per_second": limits.snapshot_rows_per_second,
+        "log_records_per_second": limits.log_records_per_second,
+        "source": source,
+    })))
+}
+
+/// Each job's configured `max_rows_per_second`, as both limits (what holds until live ones are set).
+fn configured_limits() -> &'static Mutex<BTreeMap<String, crate::core::RateLimits>> {
+    static S: std::sync::OnceLock<Mutex<BTreeMap<String, crate::core::RateLimits>>> =
+        std::sync::OnceLock::new();
+    S.get_or_init(Default::default)
 }
 
 /// The last job-level progress read by this process's runner, per job, for `/status`.

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub commit_seconds: HistogramVec,
     pub alignment_seconds: HistogramVec,
     pub epoch_lag_seconds: GaugeVec,
+    pub catch_up_eta_seconds: GaugeVec,
+    pub rate_limit: IntGaugeVec,
     pub partition_lag: IntGaugeVec,
     pub bitmap_updates: IntCounterVec,
     pub invariant_errors: IntCounterVec,
@@ -68,6 +70,15 @@ impl Metrics {
         )
         .expect("metric");
         r.register(Box::new(epoch_lag.clone())).expect("register");
+        let eta = GaugeVec::new(
+            Opts::new(
+                "kafka_backfill_catch_up_eta_seconds",
+                "While replaying the log: partition lag divided by the worker's rate (NaN with no estimate).",
+            ),
+            &["job_name", "worker"],
+        )
+        .expect("metric");
+        r.register(Box::new(eta.clone())).expect("register");
         let http_rejected = prometheus::IntCounter::new(
             "kafka_backfill_http_connections_rejected_total",
             "HTTP connections closed at once because http.max_connections were being served.",
@@ -91,6 +102,8 @@ impl Metrics {
                 &["job_name"],
             ),
             epoch_lag_seconds: epoch_lag,
+            catch_up_eta_seconds: eta,
+            rate_limit: gauge(&r, "kafka_backfill_rate_limit", "Rate limit in force per worker, by kind (snapshot_rows, log_records per second; 0 = none).", &["job_name", "worker", "kind"]),
             partition_lag: gauge(&r, "kafka_backfill_partition_lag", "High watermark minus committed offset.", &["job_name", "partition"]),
             bitmap_updates: counter(
                 &r,

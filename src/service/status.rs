@@ -24,6 +24,8 @@ pub struct WorkerReport {
     pub recreations: u64,
     /// The state store answered the last look (every 0.5 s); `/readyz` is false while it does not.
     pub store_reachable: bool,
+    /// The rate limits in force (0 = none): the store's live limits, or `max_rows_per_second`.
+    pub rate_limits: crate::core::RateLimits,
     /// When the worker's loop last reported (every 0.5 s while it runs); `/livez` fails when it stops.
     pub reported_at: Option<Instant>,
 }
@@ -81,6 +83,7 @@ pub fn status_json(board: &StatusBoard) -> Value {
                         "recreations": r.recreations,
                         "last_error": r.last_error,
                         "store_reachable": r.store_reachable,
+                        "rate_limits": r.rate_limits,
                     })
                 })
                 .collect();
@@ -93,6 +96,44 @@ pub fn status_json(board: &StatusBoard) -> Value {
         })
         .collect();
     json!({ "jobs": jobs })
+}
+
+/// `/status/jobs/{name}/vnodes`: every vnode of a job as its store has it committed — its partition,
+/// phase, epoch, row count, whether its snapshot is finished, and the worker holding its partition's
+/// lease (in any process). Phase: `snapshot` until the vnode's snapshot is finished (or before any
+/// progress), then `log_store`, then `streaming` once its partition has committed in the streaming
+/// phase.
+pub fn vnodes_json(
+    job: &str,
+    map: &crate::core::PartitionMap,
+    vnodes: &BTreeMap<crate::core::Vnode, crate::core::VnodeProgress>,
+    partitions: &BTreeMap<crate::core::PartitionId, crate::core::PartitionProgress>,
+    owners: &BTreeMap<crate::core::PartitionId, String>,
+) -> Value {
+    let rows: Vec<Value> = (0..map.vnode_count() as crate::core::Vnode)
+        .map(|v| {
+            let partition = map.partition_of(v);
+            let p = vnodes.get(&v);
+            let finished = p.is_some_and(|p| p.finished);
+            let phase = if !finished {
+                "snapshot"
+            } else if partitions.get(&partition).is_some_and(|p| p.streaming) {
+                "streaming"
+            } else {
+                "log_store"
+            };
+            json!({
+                "vnode": v,
+                "partition": partition,
+                "phase": phase,
+                "epoch": p.map(|p| p.epoch.0),
+                "row_count": p.map_or(0, |p| p.row_count),
+                "finished": finished,
+                "owner": owners.get(&partition),
+            })
+        })
+        .collect();
+    json!({ "job": job, "vnodes": rows })
 }
 
 /// Ready (Kubernetes may route to it) when every known worker has joined its group — owning no
@@ -157,6 +198,70 @@ mod tests {
             },
         );
         board
+    }
+
+    #[test]
+    fn vnodes_show_phase_owner_and_progress_from_the_store() {
+        use crate::core::{Epoch, PartitionProgress, VnodeProgress};
+        let map = PartitionMap::new(4, 2).unwrap();
+        let es = Epoch(1 << 16);
+        let (v_snap, v_log, v_stream) = (
+            map.vnodes_of(0).next().unwrap(),
+            map.vnodes_of(0).nth(1).unwrap(),
+            map.vnodes_of(1).next().unwrap(),
+        );
+        let vnodes = BTreeMap::from([
+            (
+                v_snap,
+                VnodeProgress {
+                    cursor: Some(vec![1]),
+                    row_count: 3,
+                    ..VnodeProgress::fresh(v_snap, es)
+                },
+            ),
+            (
+                v_log,
+                VnodeProgress {
+                    epoch: Epoch(2 << 16),
+                    finished: true,
+                    row_count: 7,
+                    ..VnodeProgress::fresh(v_log, es)
+                },
+            ),
+            (
+                v_stream,
+                VnodeProgress {
+                    epoch: Epoch(3 << 16),
+                    finished: true,
+                    ..VnodeProgress::fresh(v_stream, es)
+                },
+            ),
+        ]);
+        let partitions = BTreeMap::from([(
+            1,
+            PartitionProgress {
+                partition: 1,
+                next_offset: 9,
+                epoch: Epoch(3 << 16),
+                streaming: true,
+            },
+        )]);
+        let owners = BTreeMap::from([(0, "a-0".to_string())]);
+        let v = vnodes_json("j", &map, &vnodes, &partitions, &owners);
+        let row = |n: u16| v["vnodes"][n as usize].clone();
+        assert_eq!(v["vnodes"].as_array().unwrap().len(), 4);
+        assert_eq!(row(v_snap)["phase"], "snapshot");
+        assert_eq!(row(v_snap)["row_count"], 3);
+        assert_eq!(row(v_snap)["owner"], "a-0");
+        assert_eq!(row(v_log)["phase"], "log_store");
+        assert_eq!(row(v_log)["epoch"], 2u64 << 16);
+        assert_eq!(row(v_stream)["phase"], "streaming");
+        assert_eq!(row(v_stream)["owner"], Value::Null, "no lease");
+        let untouched = (0..4u16)
+            .find(|x| ![v_snap, v_log, v_stream].contains(x))
+            .unwrap();
+        assert_eq!(row(untouched)["phase"], "snapshot");
+        assert_eq!(row(untouched)["epoch"], Value::Null);
     }
 
     #[test]

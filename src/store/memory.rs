@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::core::{
-    Checkpoint, ClaimedPartition, LogRecord, PartitionId, PartitionMap, PartitionProgress, Row,
-    RowMutation, Vnode, VnodeProgress,
+    Checkpoint, ClaimedPartition, LogRecord, PartitionId, PartitionMap, PartitionProgress,
+    RateLimits, Row, RowMutation, Vnode, VnodeProgress,
 };
 use crate::ports::{
     JobRow, LogStore, RowIter, SnapshotInfo, SnapshotSource, SourceError, StateStore, StoreError,
@@ -102,6 +102,8 @@ struct JobState {
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
     jobs: Arc<Mutex<BTreeMap<String, JobState>>>,
+    /// Live rate limits per job (kept apart from the job's state, as they outlive recreations).
+    limits: Arc<Mutex<BTreeMap<String, RateLimits>>>,
 }
 
 impl MemoryStore {
@@ -294,6 +296,29 @@ impl StateStore for MemoryStore {
         job: &str,
     ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
         Ok(self.partition_progress(job))
+    }
+
+    fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError> {
+        Ok(self.limits.lock().unwrap().get(job).copied())
+    }
+
+    fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError> {
+        self.limits.lock().unwrap().insert(job.to_string(), limits);
+        Ok(())
+    }
+
+    fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
+        Ok(self
+            .jobs
+            .lock()
+            .unwrap()
+            .get(job)
+            .map_or_else(BTreeMap::new, |s| {
+                s.owners
+                    .iter()
+                    .map(|(p, o)| (*p, o.worker.clone()))
+                    .collect()
+            }))
     }
 
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {

@@ -13,8 +13,8 @@ use postgres::{Client, Transaction};
 use crate::codec::{ColumnType, ColumnValue, TableSchema};
 use crate::core::retry::Backoff;
 use crate::core::{
-    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
-    Vnode, VnodeProgress,
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
+    RowMutation, Vnode, VnodeProgress,
 };
 use crate::ports::{row_columns, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError};
 use crate::store::protocol::{self, TxRead};
@@ -30,6 +30,8 @@ CREATE TABLE IF NOT EXISTS kb_vnode_progress (
 CREATE TABLE IF NOT EXISTS kb_partition_progress (
   job TEXT NOT NULL, partition INT NOT NULL, next_offset BIGINT NOT NULL, epoch BIGINT NOT NULL,
   streaming BOOLEAN NOT NULL, PRIMARY KEY (job, partition));
+CREATE TABLE IF NOT EXISTS kb_rate_limits (
+  job TEXT PRIMARY KEY, snapshot_rows_per_second BIGINT NOT NULL, log_records_per_second BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INT NOT NULL, owner TEXT NOT NULL, lease BIGINT NOT NULL, PRIMARY KEY (job, partition));
 ";
@@ -508,6 +510,54 @@ impl StateStore for PostgresStore {
                     };
                     (p.partition, p)
                 })
+                .collect())
+        })
+    }
+
+    fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| {
+            Ok(tx
+                .query_opt(
+                    "SELECT snapshot_rows_per_second, log_records_per_second FROM kb_rate_limits WHERE job = $1",
+                    &[&job],
+                )
+                .map_err(classify)?
+                .map(|r| RateLimits {
+                    snapshot_rows_per_second: r.get::<_, i64>(0) as u64,
+                    log_records_per_second: r.get::<_, i64>(1) as u64,
+                }))
+        })
+    }
+
+    fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError> {
+        let job = job.to_string();
+        let (s, l) = (
+            limits.snapshot_rows_per_second as i64,
+            limits.log_records_per_second as i64,
+        );
+        self.with_tx(|tx, _, _| {
+            tx.execute(
+                "INSERT INTO kb_rate_limits VALUES ($1, $2, $3) ON CONFLICT (job) DO UPDATE SET snapshot_rows_per_second = EXCLUDED.snapshot_rows_per_second, log_records_per_second = EXCLUDED.log_records_per_second",
+                &[&job, &s, &l],
+            )
+            .map_err(classify)?;
+            Ok(())
+        })
+    }
+
+    fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| {
+            let rows = tx
+                .query(
+                    "SELECT partition, owner FROM kb_leases WHERE job = $1",
+                    &[&job],
+                )
+                .map_err(classify)?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get::<_, i32>(0) as PartitionId, r.get(1)))
                 .collect())
         })
     }

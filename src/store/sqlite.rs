@@ -15,8 +15,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::codec::{ColumnValue, TableSchema};
 use crate::core::{
-    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
-    Vnode, VnodeProgress,
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
+    RowMutation, Vnode, VnodeProgress,
 };
 use crate::ports::{row_columns, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError};
 use crate::store::protocol::{self, TxRead};
@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS kb_vnode_progress (
 CREATE TABLE IF NOT EXISTS kb_partition_progress (
   job TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL, epoch INTEGER NOT NULL,
   streaming INTEGER NOT NULL, PRIMARY KEY (job, partition)
+);
+CREATE TABLE IF NOT EXISTS kb_rate_limits (
+  job TEXT PRIMARY KEY, snapshot_rows_per_second INTEGER NOT NULL,
+  log_records_per_second INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INTEGER NOT NULL, owner TEXT NOT NULL, lease INTEGER NOT NULL,
@@ -620,6 +624,45 @@ impl StateStore for SqliteStore {
         job: &str,
     ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
         self.partition_progress(job)
+    }
+
+    fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT snapshot_rows_per_second, log_records_per_second FROM kb_rate_limits WHERE job = ?1")
+            .map_err(classify)?
+            .query_row([job], |r| {
+                Ok(RateLimits {
+                    snapshot_rows_per_second: r.get::<_, i64>(0)? as u64,
+                    log_records_per_second: r.get::<_, i64>(1)? as u64,
+                })
+            })
+            .optional()
+            .map_err(classify)
+    }
+
+    fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO kb_rate_limits VALUES (?1, ?2, ?3)",
+                params![
+                    job,
+                    limits.snapshot_rows_per_second as i64,
+                    limits.log_records_per_second as i64
+                ],
+            )
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT partition, owner FROM kb_leases WHERE job = ?1")
+            .map_err(classify)?;
+        let rows = stmt
+            .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(classify)?;
+        rows.map(|r| r.map_err(classify)).collect()
     }
 
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {

@@ -79,6 +79,24 @@ impl Rate {
     }
 }
 
+/// A job's live rate limits, per worker (0 = none): snapshot rows and log records per second. Set
+/// while the job runs (`kafka-backfill rate-limit`), kept in the store, read by every worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RateLimits {
+    pub snapshot_rows_per_second: u64,
+    pub log_records_per_second: u64,
+}
+
+impl RateLimits {
+    /// Both limits the same (the `max_rows_per_second` setting).
+    pub fn both(per_second: u64) -> Self {
+        RateLimits {
+            snapshot_rows_per_second: per_second,
+            log_records_per_second: per_second,
+        }
+    }
+}
+
 /// A rows-per-second limit as a token bucket (burst: 50 ms worth, at least one record).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Throttle {
@@ -105,6 +123,16 @@ impl Throttle {
 
     pub fn limit(&self) -> u64 {
         self.per_second
+    }
+
+    /// A new limit from now on; tokens already earned are kept up to the new burst.
+    pub fn set_limit(&mut self, per_second: u64, now_ms: u64) {
+        if per_second == self.per_second {
+            return;
+        }
+        self.allowance(now_ms, 0);
+        self.per_second = per_second;
+        self.tokens = self.tokens.min(self.burst());
     }
 
     /// How many records may be handled now, at most `want`.
@@ -166,6 +194,29 @@ mod tests {
         // One burst (50) up front, then 1,000/s.
         assert!((1_000..=1_050).contains(&handled), "{handled}");
         assert_eq!(t.limit(), 1_000);
+    }
+
+    #[test]
+    fn a_limit_changed_mid_run_holds_from_then_on() {
+        let mut t = Throttle::new(1_000, 0);
+        let run = |t: &mut Throttle, from: u64, to: u64| {
+            let (mut handled, mut now) = (0, from);
+            while now < to {
+                let n = t.allowance(now, 10_000);
+                t.spend(n);
+                handled += n;
+                now += t.wait_ms().max(1);
+            }
+            handled
+        };
+        let first = run(&mut t, 0, 1_000);
+        t.set_limit(100, 1_000);
+        let second = run(&mut t, 1_000, 2_000);
+        assert!((1_000..=1_050).contains(&first), "{first}");
+        assert!((95..=110).contains(&second), "{second} at 100/s");
+        t.set_limit(0, 2_000);
+        assert_eq!(t.allowance(2_000, 777), 777, "0 lifts the limit");
+        assert_eq!(RateLimits::both(5).log_records_per_second, 5);
     }
 
     #[test]
