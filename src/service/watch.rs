@@ -114,7 +114,7 @@ pub fn watch(url: &str, interval: Duration, until_caught_up: bool) -> Result<()>
         ProgressDrawTarget::hidden()
     });
     multi.set_move_cursor(true);
-    let style = ProgressStyle::with_template("{prefix:<24} [{bar:32}] {pos:>9}/{len:<9} {msg}")
+    let style = ProgressStyle::with_template("{prefix:<28} [{bar:32}] {pos:>9}/{len:<9} {msg}")
         .expect("template")
         .progress_chars("=> ");
     let mut bars: BTreeMap<String, Bars> = BTreeMap::new();
