@@ -84,6 +84,23 @@ pub struct TableSchema {
 }
 
 impl TableSchema {
+    /// The row columns as a `CREATE TABLE` lists them, quoted, with `type_of` giving each column's
+    /// SQL type (`ColumnType::sqlite` or `ColumnType::postgres`) and `NOT NULL` unless nullable.
+    pub fn column_ddl(&self, type_of: fn(ColumnType) -> &'static str) -> String {
+        self.columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "\"{}\" {}{}",
+                    c.name,
+                    type_of(c.ty),
+                    if c.nullable { "" } else { " NOT NULL" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Parses a row schema (an Avro record) and checks the primary-key fields exist.
     pub fn parse(json: &str, primary_key: &[String]) -> Result<Self, CodecError> {
         let value: serde_json::Value =

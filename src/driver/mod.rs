@@ -30,7 +30,7 @@ use crate::ports::{
     Clock, CommitPort, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError,
 };
 use crate::service::metrics::metrics;
-pub use crate::service::status::{StatusBoard, WorkerReport};
+use crate::service::status::{StatusBoard, WorkerReport};
 
 mod commits;
 mod events;

@@ -27,7 +27,7 @@ use crate::kafka::committer::Committer;
 use crate::ports::{Clock, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError};
 use crate::service::metrics::metrics;
 
-pub use crate::service::status::{StatusBoard, WorkerReport};
+use crate::service::status::StatusBoard;
 
 /// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
 const MAX_MESSAGES_PER_ROUND: usize = 10_000;

@@ -168,21 +168,9 @@ impl PostgresStore {
     pub fn open(url: &str, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
         crate::ports::check_table_name(table_name)?;
         let mut client = connect(url)?;
-        let cols: Vec<String> = table
-            .columns
-            .iter()
-            .map(|c| {
-                format!(
-                    "\"{}\" {}{}",
-                    c.name,
-                    c.ty.postgres(),
-                    if c.nullable { "" } else { " NOT NULL" }
-                )
-            })
-            .collect();
         let ddl = format!(
             "{SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL);",
-            cols.join(", ")
+            table.column_ddl(ColumnType::postgres)
         );
         // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
         if client.batch_execute(&ddl).is_err() {

@@ -230,21 +230,9 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(classify)?;
         conn.execute_batch(SCHEMA).map_err(classify)?;
-        let cols: Vec<String> = table
-            .columns
-            .iter()
-            .map(|c| {
-                format!(
-                    "\"{}\" {}{}",
-                    c.name,
-                    c.ty.sqlite(),
-                    if c.nullable { "" } else { " NOT NULL" }
-                )
-            })
-            .collect();
         conn.execute_batch(&format!(
             "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB NOT NULL, _kb_vnode INTEGER NOT NULL, {}, _kb_row BLOB NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key)) WITHOUT ROWID;",
-            cols.join(", ")
+            table.column_ddl(crate::codec::ColumnType::sqlite)
         ))
         .map_err(classify)?;
         Ok(SqliteStore {
