@@ -335,6 +335,7 @@ fn job_config(
             recreation: RecreationConfig::default(),
             max_rows_per_second: 0,
             max_epochs_ahead: 256,
+            rate_limit: Default::default(),
         }],
     }
 }

@@ -35,6 +35,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         match d.result {
             Ok(()) => {
                 self.stats.commits += 1;
+                self.adaptive.observe_commit(d.elapsed_ms);
                 let m = metrics();
                 m.commit_seconds
                     .with_label_values(&[&job])

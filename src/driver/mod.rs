@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use tracing::{error, info, warn};
 
 use crate::core::{
-    ClaimedPartition, Event, Executor, JobSpec, LocalCheckpointPolicy, PartitionId, PartitionMap,
-    Phase, Rate, Row, ScanId, ScanStart, Supervisor, Throttle, Verdict, Vnode, WorkerFailure,
-    WorkerStatus,
+    Adaptive, AdaptiveConfig, ClaimedPartition, Event, Executor, JobSpec, LocalCheckpointPolicy,
+    PartitionId, PartitionMap, Phase, Rate, RateLimits, Row, ScanId, ScanStart, Supervisor,
+    Throttle, Verdict, Vnode, WorkerFailure, WorkerStatus,
 };
 use crate::ports::{
     Clock, CommitPort, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError,
@@ -48,6 +48,8 @@ pub struct DriverConfig {
     /// Snapshot rows and log records per second each, until the store holds live limits
     /// (`StateStore::rate_limits`); 0 = unlimited.
     pub max_rows_per_second: u64,
+    /// Adaptive rate limiting: a cap under the limits, by AIMD on commit latency (`core::Adaptive`).
+    pub adaptive: AdaptiveConfig,
     /// Records handled between two looks at the scan, the clock and the watermarks.
     pub max_messages_per_round: usize,
     /// Snapshot rows fed per step, at most.
@@ -156,6 +158,10 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     snapshot_throttle: Throttle,
     /// The log records-per-second limit.
     log_throttle: Throttle,
+    /// The live (or configured) limits; the throttles hold these under the adaptive cap.
+    live_limits: RateLimits,
+    /// The adaptive cap (off unless configured).
+    adaptive: Adaptive,
     counters: HotCounters,
     last_house: Option<u64>,
     /// While backing off before a restart: when to restart.
@@ -182,6 +188,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let now = clock.now_ms();
         let counters = HotCounters::new(&cfg.job);
         let cfg_limit = cfg.max_rows_per_second;
+        let cfg_adaptive = cfg.adaptive;
         let mut d = Driver {
             cfg,
             consumer,
@@ -202,6 +209,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             rate: Rate::new(now, 500),
             snapshot_throttle: Throttle::new(cfg_limit, now),
             log_throttle: Throttle::new(cfg_limit, now),
+            live_limits: RateLimits::both(cfg_limit),
+            adaptive: Adaptive::new(cfg_adaptive),
             counters,
             last_house: None,
             restart_at: None,

@@ -92,18 +92,14 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
 
     /// The job's live rate limits from the store (every worker of every process reads them at
     /// housekeeping, so a change reaches all within `housekeeping_ms`); until some are set, the
-    /// configured `max_rows_per_second` holds.
+    /// configured `max_rows_per_second` holds. Then the adaptive cap's decision, and both applied.
     fn read_rate_limits(&mut self) {
         match self.store.rate_limits(&self.cfg.job) {
             Ok(Some(l)) => {
-                let now = self.clock.now_ms();
-                let old = self.rate_limits();
-                if l != old {
+                if l != self.live_limits {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, snapshot_rows_per_second = l.snapshot_rows_per_second, log_records_per_second = l.log_records_per_second, "rate limits changed");
                 }
-                self.snapshot_throttle
-                    .set_limit(l.snapshot_rows_per_second, now);
-                self.log_throttle.set_limit(l.log_records_per_second, now);
+                self.live_limits = l;
             }
             Ok(None) => {}
             // Reachability is the job read's business; the limits in force stay.
@@ -111,6 +107,32 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 debug!(job = %self.cfg.job, worker = %self.cfg.worker, error = %e, "rate limits not read")
             }
         }
+        let now = self.clock.now_ms();
+        let (ceiling, epoch_lag) = match self.exec.as_ref().map(|e| e.status()) {
+            Some(s) if s.phase == Phase::Snapshot => (
+                self.live_limits.snapshot_rows_per_second,
+                s.epoch_lag_seconds,
+            ),
+            Some(s) => (self.live_limits.log_records_per_second, s.epoch_lag_seconds),
+            None => (self.live_limits.log_records_per_second, 0.0),
+        };
+        let before = self.adaptive.cap();
+        let cap = self
+            .adaptive
+            .decide(now, self.rate.per_second(), epoch_lag, ceiling);
+        if cap != before {
+            info!(job = %self.cfg.job, worker = %self.cfg.worker, cap = ?cap, "adaptive rate cap changed");
+        }
+        // The cap lowers a limit, or sets one where there is none.
+        let under = |limit: u64| match (limit, cap) {
+            (l, None) => l,
+            (0, Some(c)) => c,
+            (l, Some(c)) => l.min(c),
+        };
+        self.snapshot_throttle
+            .set_limit(under(self.live_limits.snapshot_rows_per_second), now);
+        self.log_throttle
+            .set_limit(under(self.live_limits.log_records_per_second), now);
     }
 
     /// The limits in force (0 = none).

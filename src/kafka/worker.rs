@@ -51,6 +51,8 @@ pub struct WorkerSetup {
     pub board: StatusBoard,
     /// Snapshot rows plus log records per second; 0 = unlimited.
     pub max_rows_per_second: u64,
+    /// Adaptive rate limiting (`[jobs.rate_limit]`).
+    pub adaptive: crate::core::AdaptiveConfig,
     /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
     /// often is costly).
     pub max_epochs_ahead: usize,
@@ -394,6 +396,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         local_checkpoint: setup.local_checkpoint,
         max_epochs_ahead: setup.max_epochs_ahead,
         max_rows_per_second: setup.max_rows_per_second,
+        adaptive: setup.adaptive,
         max_messages_per_round: MAX_MESSAGES_PER_ROUND,
         max_scan_rows_per_round: 1_000,
         idle_poll_ms: 50,

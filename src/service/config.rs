@@ -143,6 +143,60 @@ pub struct JobConfig {
     /// partition before it is paused. More uses memory for fewer pauses.
     #[serde(default = "default_ahead")]
     pub max_epochs_ahead: usize,
+    /// Adaptive rate limiting (off unless a target or a lag bound is set).
+    #[serde(default)]
+    pub rate_limit: AdaptiveRateConfig,
+}
+
+/// `[jobs.rate_limit]`: each worker caps its own rate by AIMD on its checkpoint commit latency
+/// (`kafka_backfill_core::Adaptive`), under the live or configured limits.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveRateConfig {
+    /// Halve the rate when the p99 of checkpoint commit latency over a window exceeds this many ms
+    /// (a shared downstream database under load); raise it again under 80 % of it.
+    #[serde(default)]
+    pub target_commit_p99_ms: Option<u64>,
+    /// Never slow down past this epoch lag (seconds): over it, the rate is raised instead.
+    #[serde(default)]
+    pub max_epoch_lag_secs: Option<u64>,
+    /// The lowest rate the adaptive mode sets (records or rows per second per worker).
+    #[serde(default = "default_min_rate")]
+    pub min_per_second: u64,
+    /// How often it decides (seconds).
+    #[serde(default = "default_adaptive_window")]
+    pub window_secs: u64,
+}
+
+impl Default for AdaptiveRateConfig {
+    fn default() -> Self {
+        AdaptiveRateConfig {
+            target_commit_p99_ms: None,
+            max_epoch_lag_secs: None,
+            min_per_second: default_min_rate(),
+            window_secs: default_adaptive_window(),
+        }
+    }
+}
+
+impl AdaptiveRateConfig {
+    /// The core's view of it.
+    pub fn core(&self) -> crate::core::AdaptiveConfig {
+        crate::core::AdaptiveConfig {
+            target_commit_p99_ms: self.target_commit_p99_ms.map(|t| t as f64),
+            max_epoch_lag_secs: self.max_epoch_lag_secs.map(|t| t as f64),
+            floor: self.min_per_second,
+            window_ms: self.window_secs * 1000,
+        }
+    }
+}
+
+fn default_min_rate() -> u64 {
+    100
+}
+
+fn default_adaptive_window() -> u64 {
+    5
 }
 
 fn default_ahead() -> usize {
@@ -460,6 +514,22 @@ impl Config {
                 }
                 _ => {}
             }
+            if job.rate_limit.target_commit_p99_ms == Some(0) {
+                return Err(err(
+                    at("rate_limit.target_commit_p99_ms"),
+                    "must be at least 1",
+                ));
+            }
+            if job.rate_limit.window_secs == 0 || job.rate_limit.min_per_second == 0 {
+                return Err(err(
+                    at(if job.rate_limit.window_secs == 0 {
+                        "rate_limit.window_secs"
+                    } else {
+                        "rate_limit.min_per_second"
+                    }),
+                    "must be at least 1",
+                ));
+            }
             if job.local_checkpoint.max_rows == 0 {
                 return Err(err(at("local_checkpoint.max_rows"), "must be at least 1"));
             }
@@ -729,6 +799,31 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "jobs[0].vnode_count: must be 1..=32768");
+        let rate =
+            |extra: &str| Config::parse(&format!("{GOOD}rate_limit = {{ {extra} }}\n"), "t.toml");
+        assert_eq!(
+            rate("target_commit_p99_ms = 0").unwrap_err().to_string(),
+            "jobs[0].rate_limit.target_commit_p99_ms: must be at least 1"
+        );
+        assert_eq!(
+            rate("window_secs = 0").unwrap_err().to_string(),
+            "jobs[0].rate_limit.window_secs: must be at least 1"
+        );
+        assert!(rate("target_p99 = 3")
+            .unwrap_err()
+            .to_string()
+            .starts_with("jobs[0].rate_limit.target_p99: unknown field"));
+        let c = rate("target_commit_p99_ms = 200, max_epoch_lag_secs = 60").unwrap();
+        let a = c.jobs[0].rate_limit.core();
+        assert_eq!(
+            (
+                a.target_commit_p99_ms,
+                a.max_epoch_lag_secs,
+                a.floor,
+                a.window_ms
+            ),
+            (Some(200.0), Some(60.0), 100, 5_000)
+        );
         let e = Config::parse(
             &GOOD.replace(
                 "\"bootstrap.servers\"",

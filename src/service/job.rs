@@ -220,6 +220,7 @@ pub fn run(
                 shutdown: shutdown.clone(),
                 board: board.clone(),
                 max_rows_per_second: job.max_rows_per_second,
+                adaptive: job.rate_limit.core(),
                 max_epochs_ahead: job.max_epochs_ahead,
                 reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
             };

@@ -47,6 +47,7 @@ impl Sim {
             },
             max_epochs_ahead: self.config.max_epochs_ahead,
             max_rows_per_second: 0,
+            adaptive: crate::core::AdaptiveConfig::default(),
             max_messages_per_round: 64,
             max_scan_rows_per_round: self.config.max_fetch_batch as usize,
             idle_poll_ms: 0,

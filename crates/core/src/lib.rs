@@ -33,5 +33,5 @@ pub use progress::{
     Checkpoint, CheckpointCause, JobProgress, Lease, PartitionProgress, RowMutation, VnodeProgress,
 };
 pub use supervisor::{RecreationPolicy, Supervisor, SupervisorConfig, Verdict, WorkerFailure};
-pub use throughput::{Rate, RateLimits, Throttle};
+pub use throughput::{Adaptive, AdaptiveConfig, Rate, RateLimits, Throttle};
 pub use vnode::{vnode_of, PartitionId, PartitionMap, Vnode, VnodeBitmap};

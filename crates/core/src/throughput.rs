@@ -1,5 +1,6 @@
-//! How fast a worker goes and when it will have caught up: the smoothed rate, the lag, the ETA, and
-//! the throttle that holds a rows-per-second limit. Pure functions of counts and a clock the driver
+//! How fast a worker goes and when it will have caught up: the smoothed rate, the lag, the ETA, the
+//! throttle that holds a rows-per-second limit, and the adaptive cap (AIMD on commit latency) under
+//! it. Pure functions of counts and a clock the driver
 //! passes in; `/status`, the metrics and the loop all read them from here.
 
 use crate::executor::{PartitionStatus, WorkerStatus};
@@ -95,6 +96,129 @@ impl RateLimits {
             log_records_per_second: per_second,
         }
     }
+}
+
+/// Adaptive rate limiting: what to hold and within which bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AdaptiveConfig {
+    /// Checkpoint commit latency (p99 over a window, in ms) to stay under; `None`: not adaptive on
+    /// latency. Over it the rate is halved; under 80 % of it the rate grows again.
+    pub target_commit_p99_ms: Option<f64>,
+    /// Epoch lag (seconds) past which the rate is never lowered and is raised: freshness bounds how
+    /// far the service may slow itself down.
+    pub max_epoch_lag_secs: Option<f64>,
+    /// The lowest rate it sets (records or rows per second).
+    pub floor: u64,
+    /// How often it decides, in ms (it needs some commits per window to judge).
+    pub window_ms: u64,
+}
+
+impl AdaptiveConfig {
+    pub fn enabled(&self) -> bool {
+        self.target_commit_p99_ms.is_some() || self.max_epoch_lag_secs.is_some()
+    }
+}
+
+/// AIMD on the worker's own checkpoint commit latency: a cap on its rate that is halved when commits
+/// get slower than the target (a shared downstream database under load) and raised by a tenth of the
+/// ceiling (of itself when there is none) per window with headroom, never below `floor`, never above the configured limit (`ceiling`; 0 = none,
+/// and then the cap is lifted once it is well above what the worker does anyway). Decides once per
+/// window; the driver applies the cap under the live limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adaptive {
+    cfg: AdaptiveConfig,
+    /// The cap in force (`None`: none).
+    cap: Option<f64>,
+    samples: Vec<f64>,
+    window_start: Option<u64>,
+}
+
+impl Adaptive {
+    pub fn new(cfg: AdaptiveConfig) -> Self {
+        Adaptive {
+            cfg,
+            cap: None,
+            samples: Vec::new(),
+            window_start: None,
+        }
+    }
+
+    /// One committed checkpoint's latency.
+    pub fn observe_commit(&mut self, ms: f64) {
+        if self.cfg.enabled() {
+            self.samples.push(ms);
+        }
+    }
+
+    /// The cap in force (records or rows per second; `None`: none).
+    pub fn cap(&self) -> Option<u64> {
+        self.cap.map(|c| c.round() as u64)
+    }
+
+    /// At each housekeeping round: once a window is over, lower, raise or keep the cap, from the
+    /// window's commit p99 (its maximum below 100 samples), the worker's epoch lag and its current
+    /// rate. Returns the cap in force.
+    pub fn decide(
+        &mut self,
+        now_ms: u64,
+        observed_rate: f64,
+        epoch_lag_secs: f64,
+        ceiling: u64,
+    ) -> Option<u64> {
+        if !self.cfg.enabled() {
+            return None;
+        }
+        let start = *self.window_start.get_or_insert(now_ms);
+        if now_ms.saturating_sub(start) < self.cfg.window_ms {
+            return self.cap();
+        }
+        self.window_start = Some(now_ms);
+        let samples = std::mem::take(&mut self.samples);
+        let floor = self.cfg.floor.max(1) as f64;
+        let lag_over = self
+            .cfg
+            .max_epoch_lag_secs
+            .is_some_and(|m| epoch_lag_secs > m);
+        let p99 = percentile(samples, 0.99);
+        let (slow, headroom) = match (self.cfg.target_commit_p99_ms, p99) {
+            (Some(t), Some(p)) => (p > t, p < 0.8 * t),
+            // No target, or no commit in the window: nothing to judge latency by.
+            (Some(_), None) => (false, false),
+            (None, _) => (false, true),
+        };
+        let current = self
+            .cap
+            .unwrap_or(if ceiling > 0 {
+                ceiling as f64
+            } else {
+                observed_rate
+            })
+            .max(floor);
+        if slow && !lag_over {
+            self.cap = Some((current / 2.0).max(floor));
+        } else if (headroom || lag_over) && self.cap.is_some() {
+            let step = (if ceiling > 0 { ceiling as f64 } else { current } / 10.0).max(floor);
+            let next = current + step;
+            self.cap = if ceiling > 0 && next >= ceiling as f64 {
+                Some(ceiling as f64)
+            } else if ceiling == 0 && next > 2.0 * observed_rate.max(floor) {
+                None
+            } else {
+                Some(next)
+            };
+        }
+        self.cap()
+    }
+}
+
+/// The `p` quantile of `samples` (`None` when empty).
+fn percentile(mut samples: Vec<f64>, p: f64) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    Some(samples[i])
 }
 
 /// A rows-per-second limit as a token bucket (burst: 50 ms worth, at least one record).
@@ -217,6 +341,142 @@ mod tests {
         t.set_limit(0, 2_000);
         assert_eq!(t.allowance(2_000, 777), 777, "0 lifts the limit");
         assert_eq!(RateLimits::both(5).log_records_per_second, 5);
+    }
+
+    /// A worker against a shared database whose commit latency grows with the worker's rate and
+    /// with a competing load: `latency = 5 ms + rate / 1000 + load`. Simulated for 120 s, a
+    /// decision every 2 s, one commit every 100 ms.
+    fn simulate(
+        a: &mut Adaptive,
+        ceiling: u64,
+        demand: f64,
+        load_ms: impl Fn(u64) -> f64,
+        from: u64,
+        to: u64,
+    ) -> Vec<(u64, f64, f64)> {
+        let mut out = Vec::new();
+        let mut now = from;
+        while now < to {
+            // The worker goes as fast as its demand, its cap and the configured limit allow.
+            let limit = match (a.cap(), ceiling) {
+                (Some(c), _) => c as f64,
+                (None, 0) => demand,
+                (None, c) => c as f64,
+            };
+            let rate = limit.min(demand);
+            let latency = 5.0 + rate / 1000.0 + load_ms(now);
+            a.observe_commit(latency);
+            a.decide(now, rate, 1.0, ceiling);
+            out.push((now, rate, latency));
+            now += 100;
+        }
+        out
+    }
+
+    fn config(target: f64) -> AdaptiveConfig {
+        AdaptiveConfig {
+            target_commit_p99_ms: Some(target),
+            max_epoch_lag_secs: None,
+            floor: 100,
+            window_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn adaptive_holds_the_commit_latency_near_its_target_under_a_competing_load() {
+        // Unloaded, 50k/s gives 55 ms; the target is 40 ms. From 60 s on, a competing load adds 20 ms.
+        let mut a = Adaptive::new(config(40.0));
+        let load = |now: u64| if now >= 60_000 { 20.0 } else { 0.0 };
+        let run = simulate(&mut a, 0, 50_000.0, load, 0, 120_000);
+        let p99 = |from: u64, to: u64| {
+            percentile(
+                run.iter()
+                    .filter(|(t, _, _)| (from..to).contains(t))
+                    .map(|(_, _, l)| *l)
+                    .collect(),
+                0.99,
+            )
+            .unwrap()
+        };
+        let mean_rate = |from: u64, to: u64| {
+            let r: Vec<f64> = run
+                .iter()
+                .filter(|(t, _, _)| (from..to).contains(t))
+                .map(|(_, r, _)| *r)
+                .collect();
+            r.iter().sum::<f64>() / r.len() as f64
+        };
+        // Settled before the load: under the target at most by one AIMD tooth, and busy.
+        assert!(
+            p99(20_000, 60_000) <= 40.0 * 1.15,
+            "{}",
+            p99(20_000, 60_000)
+        );
+        assert!(
+            mean_rate(20_000, 60_000) > 15_000.0,
+            "{}",
+            mean_rate(20_000, 60_000)
+        );
+        // With the load it backs off further and still holds the target.
+        assert!(
+            p99(80_000, 120_000) <= 40.0 * 1.15,
+            "{}",
+            p99(80_000, 120_000)
+        );
+        assert!(
+            mean_rate(80_000, 120_000) < mean_rate(20_000, 60_000),
+            "it slowed down for the other load"
+        );
+        assert!(a.cap().unwrap() >= 100, "never below the floor");
+    }
+
+    #[test]
+    fn adaptive_gives_back_the_rate_when_the_load_goes_and_respects_the_ceiling() {
+        let mut a = Adaptive::new(config(40.0));
+        let load = |now: u64| if now < 30_000 { 60.0 } else { 0.0 };
+        let run = simulate(&mut a, 20_000, 50_000.0, load, 0, 120_000);
+        let last = run.last().unwrap();
+        assert_eq!(
+            last.1, 20_000.0,
+            "back at the configured limit once the load is gone"
+        );
+        assert!(
+            run.iter().all(|(_, r, _)| *r <= 20_000.0),
+            "never above the ceiling"
+        );
+        assert!(
+            run.iter().any(|(_, r, _)| *r < 5_000.0),
+            "it had backed off under the load"
+        );
+    }
+
+    #[test]
+    fn the_epoch_lag_bound_stops_the_slowdown_and_no_config_means_no_cap() {
+        let mut a = Adaptive::new(AdaptiveConfig {
+            max_epoch_lag_secs: Some(30.0),
+            ..config(10.0)
+        });
+        a.observe_commit(100.0);
+        assert_eq!(
+            a.decide(0, 10_000.0, 1.0, 0),
+            None,
+            "the first window starts"
+        );
+        a.observe_commit(100.0);
+        assert_eq!(
+            a.decide(2_000, 10_000.0, 1.0, 0),
+            Some(5_000),
+            "slow: halved"
+        );
+        a.observe_commit(100.0);
+        assert_eq!(
+            a.decide(4_000, 5_000.0, 45.0, 0),
+            Some(5_500),
+            "slow, but the epoch lag is past its bound: raised"
+        );
+        let mut off = Adaptive::new(AdaptiveConfig::default());
+        off.observe_commit(1_000.0);
+        assert_eq!(off.decide(10_000, 1.0, 100.0, 0), None);
     }
 
     #[test]
