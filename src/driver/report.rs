@@ -94,7 +94,13 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// housekeeping, so a change reaches all within `housekeeping_ms`); until some are set, the
     /// configured `max_rows_per_second` holds. Then the adaptive cap's decision, and both applied.
     fn read_rate_limits(&mut self) {
-        match self.store.rate_limits(&self.cfg.job) {
+        // Not while the store is away: the job read has just waited out its retries.
+        let read = if self.store_reachable {
+            self.store.rate_limits(&self.cfg.job)
+        } else {
+            Ok(None)
+        };
+        match read {
             Ok(Some(l)) => {
                 if l != self.live_limits {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, snapshot_rows_per_second = l.snapshot_rows_per_second, log_records_per_second = l.log_records_per_second, "rate limits changed");
