@@ -114,7 +114,14 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             }
         }
         let now = self.clock.now_ms();
-        let (ceiling, epoch_lag) = match self.exec.as_ref().map(|e| e.status()) {
+        // The phase and epoch lag only matter to an adaptive cap (a status is a whole snapshot of
+        // the executor; `publish` builds one anyway).
+        let status = self
+            .adaptive
+            .enabled()
+            .then(|| self.exec.as_ref().map(|e| e.status()))
+            .flatten();
+        let (ceiling, epoch_lag) = match status {
             Some(s) if s.phase == Phase::Snapshot => (
                 self.live_limits.snapshot_rows_per_second,
                 s.epoch_lag_seconds,

@@ -143,6 +143,11 @@ impl Adaptive {
         }
     }
 
+    /// Whether it decides anything (a target or a lag bound is configured).
+    pub fn enabled(&self) -> bool {
+        self.cfg.enabled()
+    }
+
     /// One committed checkpoint's latency.
     pub fn observe_commit(&mut self, ms: f64) {
         if self.cfg.enabled() {
