@@ -697,6 +697,10 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     ((t0 - t_join).as_secs_f64(), (t1 - t0).as_secs_f64())
 }
 
+/// Snapshot rows and changes of the scale-out figure (the full run's sizes).
+const SCALE_OUT_ROWS: u64 = 200_000;
+const SCALE_OUT_CHANGES: u64 = 500_000;
+
 /// Time to finish one backfill when a second process joins in the middle of the log store, under
 /// `policy` (`reschedule` or `recreate`): process A starts; once its `/status` shows the log-store
 /// phase, process B starts; both run with `--exit-when-caught-up` on one durable PostgreSQL store.
@@ -768,6 +772,34 @@ fn scale_out_mid_log_store(
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut b = spawn(&cfg_b, "b");
+    // The figure means something only if the join lands in A's log store: A's own metrics must count
+    // the bitmap update there (rescheduled, or the invariant error under `recreate`) before A exits.
+    let outcome = if policy == "reschedule" {
+        "rescheduled"
+    } else {
+        "invariant_error"
+    };
+    loop {
+        let seen = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/metrics"))
+            .ok()
+            .is_some_and(|(_, body)| {
+                body.lines().any(|l| {
+                    l.starts_with("kafka_backfill_vnode_bitmap_updates_total{")
+                        && l.contains("phase=\"log_store\"")
+                        && l.contains(&format!("outcome=\"{outcome}\""))
+                        && !l.ends_with(" 0")
+                })
+            });
+        if seen {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never saw the join");
+        assert!(
+            a.try_wait().unwrap().is_none(),
+            "A finished before the join landed in its log store (make the log longer)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for c in [&mut a, &mut b] {
         let status = c.wait().unwrap();
         assert!(status.success(), "a process exited with {status}");
@@ -1098,21 +1130,16 @@ fn main() {
         eprintln!("a scale-out mid log store, reschedule vs recreate…");
         let d = dir("scaleout");
         let topic = format!("bench-scaleout-{}", rand_suffix());
-        produce(
-            &bootstrap,
-            &topic,
-            4,
-            a.snapshot_rows / 5,
-            a.log_changes / 2,
-            100,
-            &d,
-        );
+        // Fixed sizes, whatever `--quick`/`--ci` say: the log store must outlast a group join
+        // (≈ 2.5 s, figure h) for the second process to land in it (checked in the function).
+        let (rows, changes) = (SCALE_OUT_ROWS, SCALE_OUT_CHANGES);
+        produce(&bootstrap, &topic, 4, rows, changes, 100, &d);
         for policy in ["reschedule", "recreate"] {
             let (secs, recreations) =
                 scale_out_mid_log_store(&a.bin, &bootstrap, &pg, &d, &topic, policy);
             r.figure(
                 &format!("r_scale_out_mid_log_store_{policy}"),
-                &format!("time to finish one backfill ({} snapshot rows, {} changes, 4 partitions, {pg_label}) when a second process joins mid log store, recreation.policy = {policy}: first start → last exit; recreations {recreations}", a.snapshot_rows / 5, a.log_changes / 2),
+                &format!("time to finish one backfill ({rows} snapshot rows, {changes} changes, 4 partitions, {pg_label}) when a second process joins mid log store, recreation.policy = {policy}: first start → last exit; recreations {recreations}"),
                 format!("{secs:.1} s"),
                 json!({"seconds": secs, "recreations": recreations}),
             );
