@@ -1,6 +1,7 @@
 //! Scaling a running backfill on real processes (real Kafka, the PostgreSQL store, dynamic
 //! membership): 1 → 3 processes during the snapshot phase, one of them killed with `kill -9` in the
-//! log store (3 → 2), then 2 → 4 while the others are mid log store. Under
+//! log store (3 → 2), then 2 → 4 while the others are mid log store; in the streaming phase, with
+//! new changes arriving, 4 → 2 (two stop) and 2 → 3. Under
 //! `recreation.policy = "reschedule"` no process raises the invariant error, the job is never
 //! recreated, and the table ends exactly equal to `verify`'s expectation; the same schedule under
 //! `recreate` recreates the job (the contrast) and ends exact too.
@@ -37,7 +38,8 @@ fn one_three_two_four(policy: &str) -> (Vec<String>, i64, Fixture) {
         "--epoch-changes",
         "200",
     ]);
-    let args = ["--exit-when-caught-up"];
+    // Processes stay up into the streaming phase (no --exit-when-caught-up).
+    let args: [&str; 0] = [];
     let mut a = f.spawn_run("a", &args);
     a.wait_for("to=\"snapshot\"", MIN);
     // 1 → 3 during the snapshot.
@@ -57,25 +59,91 @@ fn one_three_two_four(policy: &str) -> (Vec<String>, i64, Fixture) {
     // 2 → 4 while the others replay the log.
     let mut d = f.spawn_run("d", &args);
     let mut e = f.spawn_run("e", &args);
-    let mut survivors: Vec<(&str, &mut Runner)> =
-        vec![("a", &mut a), ("b", &mut b), ("d", &mut d), ("e", &mut e)];
-    for (name, r) in survivors.iter_mut() {
+    d.wait_for("partitions assigned", MIN);
+    e.wait_for("partitions assigned", MIN);
+    // The streaming phase: the whole job (every partition) streams, as the store records it.
+    wait_job_phase(&f.name, "streaming", 5 * MIN);
+    // New changes arrive while the group changes under them.
+    let writer = f.append(&[
+        "--changes",
+        "12000",
+        "--rate",
+        "1500",
+        "--seed",
+        "7",
+        "--key-space",
+        "12000",
+    ]);
+    let assigned = |r: &Runner| r.log_text().matches("partitions assigned").count();
+    let (a_before, b_before) = (assigned(&a), assigned(&b));
+    // 4 → 2 in the streaming phase: two processes leave (graceful stop).
+    for (name, r) in [("d", &mut d), ("e", &mut e)] {
+        r.signal("TERM");
         assert!(
-            r.wait_exit(5 * MIN).success(),
+            r.wait_exit(MIN).success(),
             "process {name}: {}",
             tail(&r.log_text())
         );
     }
-    let text = f.verify_eventually(MIN);
+    // The survivors take over what d and e owned: they are assigned again.
+    let deadline = std::time::Instant::now() + MIN;
+    while assigned(&a) + assigned(&b) == a_before + b_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nobody took over d's and e's partitions:\n{}",
+            tail(&a.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 2 → 3 in the streaming phase.
+    let mut g = f.spawn_run("g", &args);
+    g.wait_for("partitions assigned", MIN);
+    let out = writer.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every change, the appended ones too, reaches the table while a, b and g stream.
+    let text = f.verify_eventually(2 * MIN);
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    let mut survivors: Vec<(&str, &mut Runner)> = vec![("a", &mut a), ("b", &mut b), ("g", &mut g)];
+    for (name, r) in survivors.iter_mut() {
+        r.signal("TERM");
+        assert!(
+            r.wait_exit(MIN).success(),
+            "process {name}: {}",
+            tail(&r.log_text())
+        );
+    }
     let mut logs: Vec<String> = survivors.iter().map(|(_, r)| r.log_text()).collect();
-    logs.push(c.log_text());
+    logs.extend([c.log_text(), d.log_text(), e.log_text()]);
     let mut pg = postgres::Client::connect(&pg_url(), postgres::NoTls).unwrap();
     let recreations: i64 = pg
         .query_one("SELECT recreations FROM kb_jobs WHERE job = $1", &[&f.name])
         .unwrap()
         .get(0);
     (logs, recreations, f)
+}
+
+/// Waits until the store's job row shows `phase`.
+fn wait_job_phase(job: &str, phase: &str, within: Duration) {
+    let mut pg = postgres::Client::connect(&pg_url(), postgres::NoTls).unwrap();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let now: Option<String> = pg
+            .query_opt("SELECT phase FROM kb_jobs WHERE job = $1", &[&job])
+            .unwrap()
+            .map(|r| r.get(0));
+        if now.as_deref() == Some(phase) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "job {job} not in {phase} within {within:?} (now {now:?})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
