@@ -51,6 +51,10 @@ struct Args {
     only: Option<String>,
     profile: String,
     bin: PathBuf,
+    /// The adaptive figure's `target_commit_p99_ms`.
+    adaptive_target_ms: u64,
+    /// The adaptive figure's competing application, transactions per second in all.
+    load_tps: f64,
 }
 
 fn args() -> Args {
@@ -85,6 +89,8 @@ fn args() -> Args {
         commit_samples: num("--commit-samples", samples) as usize,
         out: PathBuf::from(get("--json").unwrap_or("target/bench/results.json".into())),
         only: get("--only"),
+        adaptive_target_ms: num("--adaptive-target-ms", 100),
+        load_tps: num("--load-tps", 150) as f64,
         bin: PathBuf::from(std::env::var("KB_BIN").unwrap_or_else(|_| {
             format!(
                 "target/{}/kafka-backfill",
@@ -813,6 +819,208 @@ fn scale_out_mid_log_store(
     (secs, recreations)
 }
 
+/// One run of the adaptive figure: what the job and the competing application saw in the window.
+struct LoadedRun {
+    /// Every checkpoint commit in the window (ms, as the worker logs it: the store transaction).
+    commit_ms: Vec<f64>,
+    /// Changes committed per second in the window.
+    changes_per_second: f64,
+    /// The competing application's transactions in the window: latency from when each was due
+    /// (open loop: a late start counts) to its commit, in ms.
+    load_ms: Vec<f64>,
+}
+
+/// The competing application: `threads` connections, each due to run one transaction every
+/// `1 / per_second` s (open loop) — 100 random single-row updates of `bench_load` and a durable
+/// commit — until `stop`. Returns (when each transaction was due, its latency in ms).
+fn competing_load(
+    pg: &str,
+    threads: usize,
+    per_second: f64,
+    stop: Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<(Instant, f64)>>> {
+    let mut c = postgres::Client::connect(pg, postgres::NoTls).unwrap();
+    c.batch_execute(
+        "DROP TABLE IF EXISTS bench_load; \
+         CREATE TABLE bench_load (id INT PRIMARY KEY, n BIGINT NOT NULL, v TEXT NOT NULL); \
+         INSERT INTO bench_load SELECT g, 0, repeat('x', 200) FROM generate_series(0, 99999) g;",
+    )
+    .unwrap();
+    (0..threads)
+        .map(|i| {
+            let (pg, stop) = (pg.to_string(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = postgres::Client::connect(&pg, postgres::NoTls).unwrap();
+                let update = c
+                    .prepare("UPDATE bench_load SET n = n + 1, v = md5(v) || substr(v, 33) WHERE id = $1")
+                    .unwrap();
+                let every = Duration::from_secs_f64(1.0 / per_second);
+                let mut due = Instant::now();
+                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1);
+                let mut out = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let now = Instant::now();
+                    if now < due {
+                        std::thread::sleep(due - now);
+                    }
+                    let mut tx = c.transaction().unwrap();
+                    for _ in 0..100 {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        // Each connection its own rows: no deadlocks between them.
+                        let id = (seed % 100_000) as usize / threads * threads + i;
+                        tx.execute(&update, &[&(id as i32)]).unwrap();
+                    }
+                    tx.commit().unwrap();
+                    out.push((due, due.elapsed().as_secs_f64() * 1000.0));
+                    due += every;
+                }
+                out
+            })
+        })
+        .collect()
+}
+
+/// Runs the job (one worker, durable PostgreSQL store, log level debug into a file) over `topic`,
+/// with the competing load on or off and adaptive rate limiting at `target_ms` or off; measures the
+/// `window` that follows `warmup` in the log store.
+#[allow(clippy::too_many_arguments)]
+fn loaded_run(
+    bin: &Path,
+    bootstrap: &str,
+    pg: &str,
+    d: &Path,
+    topic: &str,
+    load: Option<(usize, f64)>,
+    target_ms: Option<u64>,
+    (warmup, window): (Duration, Duration),
+) -> LoadedRun {
+    let job = format!("adaptive{}", rand_suffix());
+    let store = format!("kind = \"postgres\"\nurl = \"{pg}\"\ntable = \"bench_{job}\"");
+    let mut body = job_toml(
+        &job,
+        topic,
+        bootstrap,
+        &d.join("snapshot"),
+        &store,
+        1,
+        "recreate",
+    );
+    if let Ok(r) = std::env::var("KB_SWEEP_RATE") {
+        body = body.replace(
+            "max_epochs_ahead",
+            &format!("max_rows_per_second = {r}\nmax_epochs_ahead"),
+        );
+    }
+    if let Some(t) = target_ms {
+        body.push_str(&format!(
+            "[jobs.rate_limit]\ntarget_commit_p99_ms = {t}\nwindow_secs = 2\n"
+        ));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = d.join(format!("{job}.toml"));
+    std::fs::write(
+        &cfg,
+        format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{body}"),
+    )
+    .unwrap();
+    let log = d.join(format!("{job}.log"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load_threads = load.map(|(threads, rate)| competing_load(pg, threads, rate, stop.clone()));
+    let mut child = Command::new(bin)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "kafka_backfill=debug,librdkafka=warn")
+        .env("NO_COLOR", "1")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let in_log = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status"))
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .is_some_and(|v| v["jobs"][0]["workers"][0]["phase"] == "log_store");
+        if in_log {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reached the log store");
+        assert!(child.try_wait().unwrap().is_none(), "the job exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(warmup);
+    let (from, t_from) = (
+        std::fs::metadata(&log).unwrap().len() as usize,
+        Instant::now(),
+    );
+    std::thread::sleep(window);
+    let (to, t_to) = (
+        std::fs::metadata(&log).unwrap().len() as usize,
+        Instant::now(),
+    );
+    assert!(child.try_wait().unwrap().is_none(), "the job exited");
+    let still = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status"))
+        .ok()
+        .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+        .is_some_and(|v| v["jobs"][0]["workers"][0]["phase"] == "log_store");
+    assert!(
+        still,
+        "the backlog ran out before the window ended (more changes)"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let load_ms = load_threads
+        .into_iter()
+        .flatten()
+        .flat_map(|h| h.join().unwrap())
+        .filter(|(due, _)| *due >= t_from && *due < t_to)
+        .map(|(_, ms)| ms)
+        .collect();
+    let text = std::fs::read(&log).unwrap();
+    let text = String::from_utf8_lossy(&text[from..to]);
+    let field = |line: &str, name: &str| -> Option<f64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    let (mut commit_ms, mut changes) = (Vec::new(), 0.0);
+    for line in text.lines().filter(|l| l.contains(" committed ")) {
+        if let (Some(ms), Some(rows)) = (field(line, "ms="), field(line, "rows=")) {
+            commit_ms.push(ms);
+            changes += rows;
+        }
+    }
+    LoadedRun {
+        commit_ms,
+        changes_per_second: changes / window.as_secs_f64(),
+        load_ms,
+    }
+}
+
+/// "p99 X ms (N samples)" from ≥ 200 samples, else "max of N: X ms"; and the p99 if there is one.
+fn p99_shown(mut v: Vec<f64>) -> (String, Option<f64>) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n == 0 {
+        return ("no samples".into(), None);
+    }
+    if n >= 200 {
+        let p = |q: f64| v[((n as f64 - 1.0) * q).round() as usize];
+        (
+            format!("p50 {:.1} ms, p99 {:.1} ms ({n} samples)", p(0.5), p(0.99)),
+            Some(p(0.99)),
+        )
+    } else {
+        (format!("max of {n}: {:.1} ms", v[n - 1]), None)
+    }
+}
+
 fn pg_settings(url: &str) -> (String, String) {
     let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
     let get = |c: &mut postgres::Client, s: &str| -> String {
@@ -1144,6 +1352,122 @@ fn main() {
                 json!({"seconds": secs, "recreations": recreations}),
             );
         }
+    }
+
+    // ---- adaptive rate limiting against a competing application on the same PostgreSQL ----------
+    if a.want("adaptive") {
+        eprintln!("adaptive rate limiting under a competing load…");
+        // (changes, then seconds of warm-up and of window: unlimited runs, adaptive runs). The
+        // adaptive runs settle first (a decision a second, a p99 from 100 commits).
+        let (changes, unlimited, adaptive) = match a.size {
+            "full" => (3_000_000, (8, 20), (30, 60)),
+            "quick" => (1_500_000, (5, 8), (15, 30)),
+            _ => (150_000, (2, 2), (2, 2)),
+        };
+        let secs = |(w, n): (u64, u64)| (Duration::from_secs(w), Duration::from_secs(n));
+        let target: u64 = a.adaptive_target_ms;
+        let load = Some((2usize, a.load_tps / 2.0));
+        let d = dir("adaptive");
+        let topic = format!("bench-adaptive-{}", rand_suffix());
+        // Small checkpoints (1,000 changes: 500 per epoch, a checkpoint every 2 barriers) for
+        // enough commit samples in the window.
+        workload::produce(&Workload {
+            bootstrap: bootstrap.clone(),
+            topic: topic.clone(),
+            partitions: 4,
+            vnode_count: 256,
+            rows: 1_000,
+            key_space: 100_000,
+            changes,
+            changes_per_epoch: 500,
+            checkpoint_every: 2,
+            update_percent: 70,
+            row_size: 100,
+            rate: 0,
+            out: d.clone(),
+            seed: 42,
+            progress: false,
+            append: false,
+            table: Default::default(),
+            kafka_properties: Default::default(),
+            transactional: false,
+        })
+        .unwrap();
+        let what = format!("{pg_label}; 1 worker replaying the log (1,000 changes per checkpoint); the competing application: 2 connections, {:.0} transactions/s in all, each 100 random row updates and a durable commit, timed from when it was due; window {} s after {} s in the log store ({} s after {} s when adaptive)", a.load_tps, unlimited.1, unlimited.0, adaptive.1, adaptive.0);
+        let mut p99s = BTreeMap::new();
+        for (id, label, with_load, t) in [
+            (
+                "alone_unlimited",
+                "no competing load, no rate limit",
+                false,
+                None,
+            ),
+            (
+                "loaded_unlimited",
+                "competing load, no rate limit",
+                true,
+                None,
+            ),
+            (
+                "loaded_adaptive",
+                "competing load, adaptive",
+                true,
+                Some(target),
+            ),
+            (
+                "alone_adaptive",
+                "no competing load, adaptive",
+                false,
+                Some(target),
+            ),
+        ] {
+            let run = loaded_run(
+                &a.bin,
+                &bootstrap,
+                &pg,
+                &d,
+                &topic,
+                if with_load { load } else { None },
+                t,
+                secs(if t.is_some() && with_load {
+                    adaptive
+                } else {
+                    unlimited
+                }),
+            );
+            let (commits, p99) = p99_shown(run.commit_ms.clone());
+            let (load_shown, load_p99) = p99_shown(run.load_ms.clone());
+            let t_shown = t.map_or(String::new(), |t| format!(" (target_commit_p99_ms = {t})"));
+            r.figure(
+                &format!("k_{id}"),
+                &format!("{label}{t_shown}: the job's checkpoint commits, its committed changes/s, and the competing application's transactions — {what}"),
+                format!(
+                    "commits {commits}; {} changes/s; competing transactions {}",
+                    fmt_rate(run.changes_per_second),
+                    if with_load { load_shown } else { "none".into() }
+                ),
+                json!({"commit_p99_ms": p99, "commit_samples": run.commit_ms.len(), "changes_per_second": run.changes_per_second, "load_p99_ms": load_p99, "load_samples": run.load_ms.len()}),
+            );
+            p99s.insert(id, (p99, load_p99));
+        }
+        let (adaptive, _) = p99s["loaded_adaptive"];
+        r.target(
+            &format!("adaptive: the job's commit p99 under the competing load within ±25 % of target_commit_p99_ms = {target} (≥ 200 samples)"),
+            adaptive.map_or("too few samples".into(), |p| {
+                format!("{p:.1} ms ({:.2}× the target)", p / target as f64)
+            }),
+            adaptive.map(|p| (p / target as f64 - 1.0).abs() <= 0.25),
+        );
+        let (unl, adp) = (p99s["loaded_unlimited"].1, p99s["loaded_adaptive"].1);
+        r.target(
+            "adaptive: the competing application's transaction p99 lower than beside the unlimited job",
+            format!(
+                "{} → {}",
+                unl.map_or("-".into(), |p| format!("{p:.1} ms")),
+                adp.map_or("-".into(), |p| format!("{p:.1} ms"))
+            ),
+            unl.zip(adp).map(|(u, a)| a < u),
+        );
     }
 
     // ---- scale: workers, processes, partitions on durable PostgreSQL ------------------------------

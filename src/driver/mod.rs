@@ -48,7 +48,7 @@ pub struct DriverConfig {
     /// Snapshot rows and log records per second each, until the store holds live limits
     /// (`StateStore::rate_limits`); 0 = unlimited.
     pub max_rows_per_second: u64,
-    /// Adaptive rate limiting: a cap under the limits, by AIMD on commit latency (`core::Adaptive`).
+    /// Adaptive rate limiting: a cap under the limits, holding the commit latency p99 at a target (`core::Adaptive`).
     pub adaptive: AdaptiveConfig,
     /// Records handled between two looks at the scan, the clock and the watermarks.
     pub max_messages_per_round: usize,

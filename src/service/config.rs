@@ -148,13 +148,14 @@ pub struct JobConfig {
     pub rate_limit: AdaptiveRateConfig,
 }
 
-/// `[jobs.rate_limit]`: each worker caps its own rate by AIMD on its checkpoint commit latency
-/// (`kafka_backfill_core::Adaptive`), under the live or configured limits.
+/// `[jobs.rate_limit]`: each worker caps its own rate to hold the p99 of its checkpoint commit
+/// latency at a target (`kafka_backfill_core::Adaptive`), under the live or configured limits.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdaptiveRateConfig {
-    /// Halve the rate when the p99 of checkpoint commit latency over a window exceeds this many ms
-    /// (a shared downstream database under load); raise it again under 80 % of it.
+    /// Hold the p99 of checkpoint commit latency at this many ms (a shared downstream database under
+    /// load): every commit over it lowers the rate by a tenth, every commit under it raises the rate
+    /// by a 99th of that, so 1 % of commits end up over it; at most halved per window.
     #[serde(default)]
     pub target_commit_p99_ms: Option<u64>,
     /// Never slow down past this epoch lag (seconds): over it, the rate is raised instead.
