@@ -149,13 +149,13 @@ pub struct JobConfig {
 }
 
 /// `[jobs.rate_limit]`: each worker caps its own rate to hold the p99 of its checkpoint commit
-/// latency at a target (`kafka_backfill_core::Adaptive`), under the live or configured limits.
+/// latency under a target (`kafka_backfill_core::Adaptive`), under the live or configured limits.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdaptiveRateConfig {
-    /// Hold the p99 of checkpoint commit latency at this many ms (a shared downstream database under
-    /// load): every commit over it lowers the rate by a tenth, every commit under it raises the rate
-    /// by a 99th of that, so 1 % of commits end up over it; at most halved per window.
+    /// Hold the p99 of checkpoint commit latency under this many ms (a shared downstream database
+    /// under load): every commit over it lowers the rate by a tenth, every commit under it raises the
+    /// rate by a 199th of that, so 0.5 % of commits end up over it; at most halved per window.
     #[serde(default)]
     pub target_commit_p99_ms: Option<u64>,
     /// Never slow down past this epoch lag (seconds): over it, the rate is raised instead.

@@ -101,9 +101,9 @@ impl RateLimits {
 /// Adaptive rate limiting: what to hold and within which bounds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AdaptiveConfig {
-    /// Checkpoint commit latency (ms) whose p99 the rate is held at; `None`: not adaptive on
-    /// latency. Each commit over it lowers the rate by a tenth, each under it raises it by a 99th
-    /// of that (see `Adaptive`).
+    /// Checkpoint commit latency (ms) the p99 is held under; `None`: not adaptive on latency. Each
+    /// commit over it lowers the rate by a tenth, each under it raises it by a 199th of that (see
+    /// `Adaptive`).
     pub target_commit_p99_ms: Option<f64>,
     /// Epoch lag (seconds) past which the rate is never lowered and is raised: freshness bounds how
     /// far the service may slow itself down.
@@ -120,14 +120,15 @@ impl AdaptiveConfig {
     }
 }
 
-/// Rate control on the worker's own checkpoint commit latency, holding its p99 at the target: a
+/// Rate control on the worker's own checkpoint commit latency, holding its p99 under the target: a
 /// cap on the rate that every commit over the target lowers by a tenth (`CUT`) and every commit under
-/// it raises by a 99th of that — so the cap settles where 1 % of commits are over the target, the
-/// p99. A lone slow commit (a WAL flush, a checkpoint of the database) costs a tenth, recovered over
+/// it raises by a 199th of that — so the cap settles where 0.5 % of commits are over the target, and
+/// the p99 under it. A lone slow commit (a WAL flush, a checkpoint of the database) costs a tenth, recovered over
 /// the next hundred commits; many halve the cap at most per window, and the window after a cut cuts
 /// nothing (its commits were mostly submitted at the old rate). With clear headroom
-/// (`CLEAR_SAMPLES` commits in a row under 80 % of the target) the cap grows by as much as those
-/// commits leave room for, up to a quarter. Never below `floor`, never above the configured limit
+/// (`CLEAR_SAMPLES` commits in a row under 80 % of the target) the cap grows by the square root of
+/// the room those commits leave (latency grows faster than the rate near a database's limit), up to
+/// a quarter. Never below `floor`, never above the configured limit
 /// (`ceiling`; 0 = none, and then the cap is lifted once it is twice what the worker does anyway).
 /// Past `max_epoch_lag_secs` of epoch lag it is raised by a tenth per window, never lowered.
 /// Decides once per window; the driver applies the cap under the live limits.
@@ -144,7 +145,7 @@ pub struct Adaptive {
     window_start: Option<u64>,
 }
 
-/// The cut per commit over the target (the raise per commit under it is `CUT / 99`).
+/// The cut per commit over the target (the raise per commit under it is `CUT / 199`).
 const CUT: f64 = 0.1;
 
 /// Commits in a row under 80 % of the target that make clear headroom.
@@ -217,10 +218,10 @@ impl Adaptive {
                     };
                 }
                 let tracked = ((1.0 - CUT).powi(over as i32)
-                    * (1.0 + CUT / 99.0).powi(under as i32))
+                    * (1.0 + CUT / 199.0).powi(under as i32))
                 .clamp(0.5, 1.25);
                 if self.clear.0 >= CLEAR_SAMPLES {
-                    let room = (0.8 * t / self.clear.1.max(1e-3)).clamp(1.0, 1.25);
+                    let room = (0.8 * t / self.clear.1.max(1e-3)).sqrt().clamp(1.0, 1.25);
                     self.clear = (0, 0.0);
                     tracked.max(room)
                 } else {
@@ -506,10 +507,10 @@ mod tests {
             window_ms: 1_000,
             ..config(40.0)
         };
-        // 30k/s: 35 ms, under the 40 ms target; one commit in 150 stalls (under 1 %: the p99 holds).
+        // 30k/s: 35 ms, under the 40 ms target; one commit in 300 stalls (under 0.5 %: the p99 holds).
         // A p99 over one window's ten commits would be the stall, and halve the rate each time.
         let mut a = Adaptive::new(cfg);
-        let rates = noisy(&mut a, 30_000.0, 150, 120);
+        let rates = noisy(&mut a, 30_000.0, 300, 120);
         let lowest = rates.iter().cloned().fold(f64::MAX, f64::min);
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
         assert!(
