@@ -7,36 +7,16 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::{free_port, http_get, pg_url, serial, Fixture};
+use support::{free_port, pg_url, serial, status, wait_status, Fixture};
 
-/// The first worker's phase and log-records limit in force, from `/status`.
-fn worker(addr: &str) -> Option<(String, u64)> {
-    let (_, s) = http_get(&format!("http://{addr}/status"));
-    let v: serde_json::Value = serde_json::from_str(&s).ok()?;
-    let w = &v["jobs"][0]["workers"][0];
+/// The first worker's phase and log-records limit in force.
+fn phase_and_limit(w: &serde_json::Value) -> Option<(&str, u64)> {
     Some((
-        w["phase"].as_str()?.to_string(),
+        w["phase"].as_str()?,
         w["rate_limits"]["log_records_per_second"].as_u64()?,
     ))
-}
-
-fn wait(addr: &str, what: &str, within: Duration, ok: impl Fn(&str, u64) -> bool) {
-    let t = Instant::now();
-    loop {
-        if let Some((phase, limit)) = worker(addr) {
-            if ok(&phase, limit) {
-                return;
-            }
-        }
-        assert!(
-            t.elapsed() < within,
-            "{what}: the worker reports {:?}",
-            worker(addr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -66,11 +46,11 @@ fn a_competing_writer_slows_the_commits_and_the_worker_yields_then_recovers() {
     ]);
     let mut run = f.spawn_run("a", &[]);
     let minute = Duration::from_secs(60);
-    wait(
+    wait_status(
         &addr,
-        "in the log store at the configured limit",
         minute,
-        |p, l| p == "log_store" && l == 3000,
+        "in the log store at the configured limit",
+        |w| phase_and_limit(w) == Some(("log_store", 3000)),
     );
     // The competing writer: transactions that hold the vnode-progress table for 400 ms each.
     let stop = Arc::new(AtomicBool::new(false));
@@ -86,17 +66,19 @@ fn a_competing_writer_slows_the_commits_and_the_worker_yields_then_recovers() {
             }
         })
     };
-    wait(&addr, "the worker lowered its rate", minute, |p, l| {
-        p == "log_store" && l < 3000
+    wait_status(&addr, minute, "the worker lowered its rate", |w| {
+        phase_and_limit(w).is_some_and(|(p, l)| p == "log_store" && l < 3000)
     });
-    let (_, lowered) = worker(&addr).unwrap();
+    let lowered = phase_and_limit(&status(&addr)["jobs"][0]["workers"][0])
+        .expect("a worker in /status")
+        .1;
     stop.store(true, Ordering::SeqCst);
     load.join().unwrap();
-    wait(
+    wait_status(
         &addr,
-        "the rate came back once the load stopped",
         minute,
-        |_, l| l > lowered,
+        "the rate came back once the load stopped",
+        |w| phase_and_limit(w).is_some_and(|(_, l)| l > lowered),
     );
     let log = run.log_text();
     assert!(

@@ -5,9 +5,9 @@
 mod support;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::{free_port, http_get, pg_url, serial, Fixture};
+use support::{free_port, http_get, pg_url, serial, status, wait_status, Fixture};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -22,24 +22,6 @@ fn script(name: &str, arg: &str) {
         "scripts/{name} {arg}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn status(addr: &str) -> serde_json::Value {
-    let (_, body) = http_get(&format!("http://{addr}/status"));
-    serde_json::from_str(&body).unwrap_or_default()
-}
-
-/// Waits until `/status` satisfies `ok` for the first worker.
-fn wait_status(addr: &str, within: Duration, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
-    let deadline = Instant::now() + within;
-    loop {
-        let s = status(addr);
-        if ok(&s["jobs"][0]["workers"][0]) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {what}: {s}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

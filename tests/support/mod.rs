@@ -412,6 +412,30 @@ pub fn http_get(url: &str) -> (u16, String) {
 /// streaming (while more changes arrive), restarting each time; the final run must verify clean.
 /// The most advanced phase any worker of a killed process had reached, by its log: `streaming` once
 /// a worker entered it, else `log_store` once one entered that, else `snapshot`.
+/// The process's `/status` (null while it does not answer).
+pub fn status(addr: &str) -> serde_json::Value {
+    let (_, body) = http_get(&format!("http://{addr}/status"));
+    serde_json::from_str(&body).unwrap_or_default()
+}
+
+/// Waits until `/status` satisfies `ok` for the first worker.
+pub fn wait_status(
+    addr: &str,
+    within: Duration,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = status(addr);
+        if ok(&s["jobs"][0]["workers"][0]) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub fn phase_at_death(log: &str) -> &'static str {
     if log.contains("to=\"streaming\"") {
         "streaming"
