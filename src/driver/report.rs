@@ -71,12 +71,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// returned record has been fed.
     pub(super) fn report_read_position(&mut self, p: PartitionId) {
         let Some(exec) = &self.exec else { return };
-        let fed = exec
-            .status()
-            .partitions
-            .iter()
-            .find(|s| s.partition == p)
-            .map(|s| s.next_offset);
+        let fed = exec.next_offset(p);
         let delivered = self.position.get(&p).copied();
         let Some(read) = self.consumer.read_position(p) else {
             return;

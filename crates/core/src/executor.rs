@@ -939,6 +939,12 @@ impl Executor {
 
     // ----- status -----------------------------------------------------------------------------
 
+    /// The next offset fed for an owned partition (`None`: not owned) — `status()` without building
+    /// all of it.
+    pub fn next_offset(&self, p: PartitionId) -> Option<u64> {
+        self.partitions.get(&p).map(|s| s.next_offset)
+    }
+
     pub fn status(&self) -> WorkerStatus {
         let log_started = matches!(self.phase, Phase::LogStore | Phase::Streaming);
         // The checkpoint epoch the store and `verify` use: every owned vnode is complete up to it.

@@ -638,6 +638,12 @@ fn read_to_moves_past_offsets_that_hold_no_records() {
     })
     .unwrap();
     assert_eq!(x.status().partitions[0].next_offset, 3);
+    assert_eq!(
+        x.next_offset(0),
+        Some(3),
+        "the same, without a whole status"
+    );
+    assert_eq!(x.next_offset(99), None, "not owned");
 }
 
 #[test]
