@@ -4,7 +4,7 @@
 # measures and every target with met/missed, and writes JSON (--json FILE, default
 # target/bench/results.json).
 #   scripts/bench.sh            full size: 1M changes per log topic (4, 16, 64 partitions), a 1M-row
-#                               snapshot, 1M- and 10M-record backlogs, medians of 3 (~15 minutes)
+#                               snapshot, 1M- and 10M-record backlogs, medians of 3 (~20 minutes)
 #   scripts/bench.sh --quick    a tenth of that, one repetition each
 #   scripts/bench.sh --ci       just enough to prove every section still runs (.ci/run uses it with
 #                               KB_BENCH_PROFILE=dev, reusing the test build; never judged on a time)

@@ -991,7 +991,6 @@ fn op_index(op: Op) -> usize {
     Op::ALL.iter().position(|o| *o == op).expect("op")
 }
 
-/// `UPDATE_DELETE` must be immediately followed by its `UPDATE_INSERT` in the same partition.
 #[cfg(test)]
 #[path = "executor_tests.rs"]
 mod tests;
