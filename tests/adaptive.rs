@@ -22,10 +22,7 @@ fn phase_and_limit(w: &serde_json::Value) -> Option<(&str, u64)> {
 #[test]
 fn a_competing_writer_slows_the_commits_and_the_worker_yields_then_recovers() {
     let _g = serial();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     let f = Fixture::new(
         &format!("adaptive{stamp}"),
         1,

@@ -13,16 +13,9 @@ use kafka_backfill::core::{vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionM
 use kafka_backfill::workload::{typed_row, TableKind};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
-use support::{pg_url, serial, Fixture, BIN};
+use support::{pg_url, serial, stamp, Fixture, BIN};
 
 const MIN: Duration = Duration::from_secs(60);
-
-fn stamp() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
 
 fn verify_clean(f: &Fixture, expected: &str) -> String {
     let out = Command::new(BIN)

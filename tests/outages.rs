@@ -28,10 +28,7 @@ fn script(name: &str, arg: &str) {
 fn postgres_stopped_and_started_mid_log_store_then_verify_is_exact() {
     let _g = serial();
     let url = pg_url();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     let f = Fixture::new(&format!("pgout{stamp}"), 1, "max_rows_per_second = 4000");
     f.use_postgres(&url);
     let addr = format!("127.0.0.1:{}", free_port());

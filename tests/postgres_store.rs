@@ -13,10 +13,7 @@ use support::{pg_url, serial, Fixture};
 fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
     let _g = serial();
     let url = pg_url();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     let f = Fixture::new(&format!("zombie{stamp}"), 1, "");
     f.use_postgres(&url);
     f.produce(&["--partitions", "4", "--rows", "2000", "--changes", "3000"]);
@@ -70,10 +67,7 @@ fn two_processes_share_postgres_and_a_frozen_zombie_is_fenced() {
 fn kill_9_in_every_phase_on_postgres_then_restart_verifies_clean() {
     let _g = serial();
     let url = pg_url();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     let f = Fixture::new(&format!("pgkill{stamp}"), 2, "max_rows_per_second = 5000");
     f.use_postgres(&url);
     support::kill_9_in_every_phase(&f);
@@ -83,10 +77,7 @@ fn kill_9_in_every_phase_on_postgres_then_restart_verifies_clean() {
 fn a_postgres_table_as_the_snapshot_source() {
     let _g = serial();
     let url = pg_url();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     let f = Fixture::new(&format!("pgsnap{stamp}"), 2, "");
     f.produce(&["--partitions", "4", "--rows", "5000", "--changes", "5000"]);
     let snap = format!("snap_{stamp}");

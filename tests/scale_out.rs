@@ -16,10 +16,7 @@ const MIN: Duration = Duration::from_secs(60);
 
 /// Runs the schedule; returns every process's log and the job's recreations (from the store).
 fn one_three_two_four(policy: &str) -> (Vec<String>, i64, Fixture) {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     // Throttled so that every phase lasts while processes come and go.
     let f = Fixture::new(
         &format!("scale{policy}{stamp}"),

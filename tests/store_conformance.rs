@@ -391,10 +391,7 @@ fn sqlite() {
 #[test]
 fn postgres() {
     let url = support::pg_url();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let stamp = support::stamp();
     let tname = format!("conformance_{stamp}");
     conformance(
         &|| Box::new(PostgresStore::open(&url, &tname, table()).unwrap()),

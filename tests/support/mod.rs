@@ -412,6 +412,14 @@ pub fn http_get(url: &str) -> (u16, String) {
 /// streaming (while more changes arrive), restarting each time; the final run must verify clean.
 /// The most advanced phase any worker of a killed process had reached, by its log: `streaming` once
 /// a worker entered it, else `log_store` once one entered that, else `snapshot`.
+/// Milliseconds since the epoch: a suffix that keeps names unique in the shared PostgreSQL database.
+pub fn stamp() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
 /// The process's `/status` (null while it does not answer).
 pub fn status(addr: &str) -> serde_json::Value {
     let (_, body) = http_get(&format!("http://{addr}/status"));
