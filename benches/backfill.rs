@@ -186,7 +186,24 @@ fn produce(
     row_size: usize,
     out: &Path,
 ) -> workload::WorkloadReport {
-    workload::produce(&Workload {
+    workload::produce(&log_workload(
+        bootstrap, topic, partitions, rows, changes, row_size, out,
+    ))
+    .unwrap()
+}
+
+/// The benchmark's workload shape (2,000 changes per epoch, a checkpoint every 5 barriers, 70 %
+/// updates, at least 100,000 keys); sections that need another shape change fields of it.
+fn log_workload(
+    bootstrap: &str,
+    topic: &str,
+    partitions: u32,
+    rows: u64,
+    changes: u64,
+    row_size: usize,
+    out: &Path,
+) -> Workload {
+    Workload {
         bootstrap: bootstrap.into(),
         topic: topic.into(),
         partitions,
@@ -206,8 +223,7 @@ fn produce(
         table: Default::default(),
         kafka_properties: Default::default(),
         transactional: false,
-    })
-    .unwrap()
+    }
 }
 
 fn topic_records(bootstrap: &str, topic: &str, partitions: u32) -> u64 {
@@ -703,6 +719,38 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     ((t0 - t_join).as_secs_f64(), (t1 - t0).as_secs_f64())
 }
 
+/// A free local port for a process's HTTP listener.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The first worker's phase in `/status` of the process listening on `port` (`None` while it does
+/// not answer).
+fn first_worker_phase(port: u16) -> Option<String> {
+    let (_, body) =
+        kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status")).ok()?;
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["jobs"][0]["workers"][0]["phase"]
+        .as_str()
+        .map(String::from)
+}
+
+/// Polls `seen` every 20 ms until it holds; fails if `child` exits first or at `deadline`.
+fn wait_while_running(child: &mut Child, deadline: Instant, what: &str, seen: impl Fn() -> bool) {
+    while !seen() {
+        assert!(Instant::now() < deadline, "never seen: {what}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the process exited before {what} was seen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Snapshot rows and changes of the scale-out figure (the full run's sizes).
 const SCALE_OUT_ROWS: u64 = 200_000;
 const SCALE_OUT_CHANGES: u64 = 500_000;
@@ -731,11 +779,7 @@ fn scale_out_mid_log_store(
         1,
         policy,
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let (cfg_a, cfg_b) = (
         d.join(format!("{job}-a.toml")),
         d.join(format!("{job}-b.toml")),
@@ -762,21 +806,9 @@ fn scale_out_mid_log_store(
     let t = Instant::now();
     let mut a = spawn(&cfg_a, "a");
     let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let in_log = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status"))
-            .ok()
-            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-            .is_some_and(|v| v["jobs"][0]["workers"][0]["phase"] == "log_store");
-        if in_log {
-            break;
-        }
-        assert!(Instant::now() < deadline, "A never reached the log store");
-        assert!(
-            a.try_wait().unwrap().is_none(),
-            "A finished before the log store was seen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_while_running(&mut a, deadline, "A in the log store", || {
+        first_worker_phase(port).as_deref() == Some("log_store")
+    });
     let mut b = spawn(&cfg_b, "b");
     // The figure means something only if the join lands in A's log store: A's own metrics must count
     // the bitmap update there (rescheduled, or the invariant error under `recreate`) before A exits.
@@ -785,27 +817,18 @@ fn scale_out_mid_log_store(
     } else {
         "invariant_error"
     };
-    loop {
-        let seen = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/metrics"))
-            .ok()
-            .is_some_and(|(_, body)| {
+    wait_while_running(&mut a, deadline, "the join landed in A's log store", || {
+        kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/metrics")).is_ok_and(
+            |(_, body)| {
                 body.lines().any(|l| {
                     l.starts_with("kafka_backfill_vnode_bitmap_updates_total{")
                         && l.contains("phase=\"log_store\"")
                         && l.contains(&format!("outcome=\"{outcome}\""))
                         && !l.ends_with(" 0")
                 })
-            });
-        if seen {
-            break;
-        }
-        assert!(Instant::now() < deadline, "A never saw the join");
-        assert!(
-            a.try_wait().unwrap().is_none(),
-            "A finished before the join landed in its log store (make the log longer)"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            },
+        )
+    });
     for c in [&mut a, &mut b] {
         let status = c.wait().unwrap();
         assert!(status.success(), "a process exited with {status}");
@@ -918,11 +941,7 @@ fn loaded_run(
             "[jobs.rate_limit]\ntarget_commit_p99_ms = {t}\nwindow_secs = 2\n"
         ));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let cfg = d.join(format!("{job}.toml"));
     std::fs::write(
         &cfg,
@@ -941,18 +960,9 @@ fn loaded_run(
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let in_log = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status"))
-            .ok()
-            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-            .is_some_and(|v| v["jobs"][0]["workers"][0]["phase"] == "log_store");
-        if in_log {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never reached the log store");
-        assert!(child.try_wait().unwrap().is_none(), "the job exited");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_while_running(&mut child, deadline, "the job in the log store", || {
+        first_worker_phase(port).as_deref() == Some("log_store")
+    });
     std::thread::sleep(warmup);
     let (from, t_from) = (
         std::fs::metadata(&log).unwrap().len() as usize,
@@ -964,12 +974,9 @@ fn loaded_run(
         Instant::now(),
     );
     assert!(child.try_wait().unwrap().is_none(), "the job exited");
-    let still = kafka_backfill::service::http::get(&format!("http://127.0.0.1:{port}/status"))
-        .ok()
-        .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-        .is_some_and(|v| v["jobs"][0]["workers"][0]["phase"] == "log_store");
-    assert!(
-        still,
+    assert_eq!(
+        first_worker_phase(port).as_deref(),
+        Some("log_store"),
         "the backlog ran out before the window ended (more changes)"
     );
     child.kill().unwrap();
@@ -1373,25 +1380,9 @@ fn main() {
         // Small checkpoints (1,000 changes: 500 per epoch, a checkpoint every 2 barriers) for
         // enough commit samples in the window.
         workload::produce(&Workload {
-            bootstrap: bootstrap.clone(),
-            topic: topic.clone(),
-            partitions: 4,
-            vnode_count: 256,
-            rows: 1_000,
-            key_space: 100_000,
-            changes,
             changes_per_epoch: 500,
             checkpoint_every: 2,
-            update_percent: 70,
-            row_size: 100,
-            rate: 0,
-            out: d.clone(),
-            seed: 42,
-            progress: false,
-            append: false,
-            table: Default::default(),
-            kafka_properties: Default::default(),
-            transactional: false,
+            ..log_workload(&bootstrap, &topic, 4, 1_000, changes, 100, &d)
         })
         .unwrap();
         let what = format!("{pg_label}; 1 worker replaying the log (1,000 changes per checkpoint); the competing application: 2 connections, {:.0} transactions/s in all, each 100 random row updates and a durable commit, timed from when it was due; window {} s after {} s in the log store ({} s after {} s when adaptive)", a.load_tps, unlimited.1, unlimited.0, adaptive.1, adaptive.0);
