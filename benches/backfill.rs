@@ -177,19 +177,8 @@ fn dir(name: &str) -> PathBuf {
 
 /// The log shape: 2,000 changes per epoch, a checkpoint barrier every 5 barriers, ids from
 /// 100,000 keys, 70 % of changes to existing rows updates.
-fn produce(
-    bootstrap: &str,
-    topic: &str,
-    partitions: u32,
-    rows: u64,
-    changes: u64,
-    row_size: usize,
-    out: &Path,
-) -> workload::WorkloadReport {
-    workload::produce(&log_workload(
-        bootstrap, topic, partitions, rows, changes, row_size, out,
-    ))
-    .unwrap()
+fn produce(w: Workload) -> workload::WorkloadReport {
+    workload::produce(&w).unwrap()
 }
 
 /// The benchmark's workload shape (2,000 changes per epoch, a checkpoint every 5 barriers, 70 %
@@ -611,7 +600,7 @@ fn peak_memory(bin: &Path, bootstrap: &str, records: u64, partitions: u32) -> (u
     let name = format!("mem{records}");
     let d = dir(&name);
     let topic = format!("bench-{name}-{}", rand_suffix());
-    produce(
+    produce(log_workload(
         bootstrap,
         &topic,
         partitions,
@@ -619,7 +608,7 @@ fn peak_memory(bin: &Path, bootstrap: &str, records: u64, partitions: u32) -> (u
         (records as f64 / 1.35) as u64,
         100,
         &d,
-    );
+    ));
     let actual = topic_records(bootstrap, &topic, partitions);
     let cfg = d.join("job.toml");
     let store = format!(
@@ -648,7 +637,9 @@ fn peak_memory(bin: &Path, bootstrap: &str, records: u64, partitions: u32) -> (u
 fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     let d = dir("recreate");
     let topic = format!("bench-recreate-{}", rand_suffix());
-    produce(bootstrap, &topic, partitions, 20_000, 400_000, 100, &d);
+    produce(log_workload(
+        bootstrap, &topic, partitions, 20_000, 400_000, 100, &d,
+    ));
     let job_name = format!("recreate{}", rand_suffix());
     let mut config = job_config(
         &job_name,
@@ -1088,7 +1079,7 @@ fn main() {
             );
             let d = dir(&format!("log{partitions}"));
             let topic = format!("bench-log{partitions}-{}", rand_suffix());
-            produce(
+            produce(log_workload(
                 &bootstrap,
                 &topic,
                 partitions,
@@ -1096,7 +1087,7 @@ fn main() {
                 a.log_changes,
                 100,
                 &d,
-            );
+            ));
             let records = topic_records(&bootstrap, &topic, partitions);
             log_topics.push((partitions, topic, d, records));
         }
@@ -1195,7 +1186,15 @@ fn main() {
         eprintln!("snapshot: {} rows…", a.snapshot_rows);
         let d = dir("snap");
         let topic = format!("bench-snap-{}", rand_suffix());
-        produce(&bootstrap, &topic, 4, a.snapshot_rows, 1_000, 150, &d);
+        produce(log_workload(
+            &bootstrap,
+            &topic,
+            4,
+            a.snapshot_rows,
+            1_000,
+            150,
+            &d,
+        ));
         let (rows, decode, mean) = bare_decode(&d.join("snapshot"));
         r.figure(
             "e_bare_read_rows_per_s",
@@ -1348,7 +1347,7 @@ fn main() {
         // Fixed sizes, whatever `--quick`/`--ci` say: the log store must outlast a group join
         // (≈ 2.5 s, figure h) for the second process to land in it (checked in the function).
         let (rows, changes) = (SCALE_OUT_ROWS, SCALE_OUT_CHANGES);
-        produce(&bootstrap, &topic, 4, rows, changes, 100, &d);
+        produce(log_workload(&bootstrap, &topic, 4, rows, changes, 100, &d));
         for policy in ["reschedule", "recreate"] {
             let (secs, recreations) =
                 scale_out_mid_log_store(&a.bin, &bootstrap, &pg, &d, &topic, policy);
@@ -1379,12 +1378,11 @@ fn main() {
         let topic = format!("bench-adaptive-{}", rand_suffix());
         // Small checkpoints (1,000 changes: 500 per epoch, a checkpoint every 2 barriers) for
         // enough commit samples in the window.
-        workload::produce(&Workload {
+        produce(Workload {
             changes_per_epoch: 500,
             checkpoint_every: 2,
             ..log_workload(&bootstrap, &topic, 4, 1_000, changes, 100, &d)
-        })
-        .unwrap();
+        });
         let what = format!("{pg_label}; 1 worker replaying the log (1,000 changes per checkpoint); the competing application: 2 connections, {:.0} transactions/s in all, each 100 random row updates and a durable commit, timed from when it was due; window {} s after {} s in the log store ({} s after {} s when adaptive)", a.load_tps, unlimited.1, unlimited.0, adaptive.1, adaptive.0);
         let mut p99s = BTreeMap::new();
         for (id, label, with_load, t) in [
@@ -1468,7 +1466,15 @@ fn main() {
         let mut topics = log_topics.clone();
         let d = dir("log64");
         let topic = format!("bench-log64-{}", rand_suffix());
-        produce(&bootstrap, &topic, 64, 10_000, a.log_changes, 100, &d);
+        produce(log_workload(
+            &bootstrap,
+            &topic,
+            64,
+            10_000,
+            a.log_changes,
+            100,
+            &d,
+        ));
         let records = topic_records(&bootstrap, &topic, 64);
         topics.push((64, topic, d, records));
         let cases: Vec<(u32, usize, u32)> = vec![
