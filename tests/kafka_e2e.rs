@@ -100,19 +100,27 @@ fn a_second_consumer_joining_during_the_snapshot_replans_without_loss() {
     f.verify_eventually(MIN);
 }
 
+/// The log `join_mid_log_store` produces unless told otherwise.
+const LOG_STORE_JOIN: [&str; 8] = [
+    "--partitions",
+    "4",
+    "--rows",
+    "500",
+    "--changes",
+    "20000",
+    "--epoch-changes",
+    "200",
+];
+
 /// A job throttled into a long log store: `a` runs it, `b` joins once `a` has committed in the log
 /// store, and both are waited for (`--exit-when-caught-up`) after `a` logs `a_logs`.
 fn join_mid_log_store(f: &Fixture, a_logs: &[&str]) -> (String, String) {
-    f.produce(&[
-        "--partitions",
-        "4",
-        "--rows",
-        "500",
-        "--changes",
-        "20000",
-        "--epoch-changes",
-        "200",
-    ]);
+    join_mid_log_store_of(f, &LOG_STORE_JOIN, a_logs)
+}
+
+/// [`join_mid_log_store`] on the log `produce` writes with `produce_args`.
+fn join_mid_log_store_of(f: &Fixture, produce_args: &[&str], a_logs: &[&str]) -> (String, String) {
+    f.produce(produce_args);
     let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
     a.wait_for("to=\"log_store\"", MIN);
     a.wait_for("cause=Barrier", MIN);
@@ -146,6 +154,46 @@ fn a_second_consumer_joining_during_the_log_store_recreates_the_job() {
         jobs[0][0] >= 1 && jobs[0][1] >= 1,
         "generation/recreations {:?}",
         jobs[0]
+    );
+    f.verify_eventually(MIN);
+}
+
+/// One rebalance seen by the four workers of one process in the log store is one recreation: the
+/// job ends at generation 1 with `max_recreations = 1` untouched (each worker's failure is judged by
+/// its own executor's generation, so a failure handled after another worker's recreation only
+/// restarts; a compare-and-set another process won is not counted).
+#[test]
+fn one_rebalance_seen_by_four_workers_of_one_process_is_one_recreation() {
+    let _g = serial();
+    let f = Fixture::new("fourone", 4, "max_rows_per_second = 1500");
+    f.edit_config(
+        "backoff_initial_ms = 100\nbackoff_max_ms = 1000\n",
+        "max_recreations = 1\nbackoff_initial_ms = 3000\nbackoff_max_ms = 3000\n",
+    );
+    let (a_log, _) = join_mid_log_store_of(
+        &f,
+        &[
+            "--partitions",
+            "8",
+            "--rows",
+            "4000",
+            "--changes",
+            "40000",
+            "--epoch-changes",
+            "200",
+        ],
+        &["recreating the job"],
+    );
+    let errors = a_log
+        .matches("should not update vnode bitmap during consuming log store")
+        .count();
+    assert!(errors >= 2, "a's workers raised the error {errors} time(s)");
+    let jobs: Vec<Vec<i64>> = f.sql("SELECT generation, recreations FROM kb_jobs");
+    assert_eq!(
+        jobs[0],
+        vec![1, 1],
+        "one recreation\n{}",
+        support::tail(&a_log)
     );
     f.verify_eventually(MIN);
 }

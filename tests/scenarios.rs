@@ -361,3 +361,40 @@ fn under_reschedule_a_frozen_zombie_is_fenced_while_its_partitions_move() {
     absorbed(&s, 1);
     let _ = b;
 }
+
+/// One rebalance seen by four workers of one process in the log store: each raises the invariant
+/// error, but it is one recreation (generation + 1) and one use of `max_recreations`: the
+/// supervisor recreates from the *failed executor's* generation, and a failure from a generation
+/// already recreated only restarts the worker under the new one.
+#[test]
+fn one_rebalance_seen_by_four_workers_is_one_recreation() {
+    // A snapshot long enough that all four join while every worker is still in it.
+    let mut c = calm_config(12, 32, 8, 1_500);
+    c.key_space = 4_096;
+    c.supervisor.max_recreations = 1;
+    // As in production (500 ms by default): the group settles before the recreated job restarts.
+    c.supervisor.backoff_initial_ms = 500;
+    let mut s = Sim::new(c);
+    for _ in 0..400 {
+        s.write_epoch(4, CP);
+    }
+    let ws: Vec<usize> = (0..4).map(|_| s.join().unwrap()).collect();
+    s.run_until(20_000, |s| {
+        ws.iter().all(|&w| s.phase(w) == Some(Phase::LogStore))
+    })
+    .unwrap();
+    let gen = s.generation();
+    let _fifth = s.join().unwrap();
+    s.settle().unwrap();
+    let r = s.report();
+    // Every worker of the old generation stopped on it: the invariant error, or its revocation's
+    // commit fenced by the recreation that came first.
+    assert!(
+        r.bitmap_errors >= 1 && r.bitmap_errors + r.fenced >= 4,
+        "{r:?}"
+    );
+    assert_eq!(s.generation(), gen + 1, "one recreation: {r:?}");
+    assert_eq!(r.recreations, 1, "{r:?}");
+    assert_eq!(s.store().job_row("sim").unwrap().recreations, 1);
+    assert_eq!(r.stopped, None, "the cap of 1 was not used up: {r:?}");
+}

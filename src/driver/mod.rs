@@ -166,6 +166,10 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     last_house: Option<u64>,
     /// While backing off before a restart: when to restart.
     restart_at: Option<u64>,
+    /// The generation of the executor last started: a failure is the supervisor's to judge by the
+    /// generation of the executor that failed, never by the store's current one (which another
+    /// worker's recreation may already have moved on).
+    generation: u64,
     stats: DriverStats,
 }
 
@@ -214,6 +218,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             counters,
             last_house: None,
             restart_at: None,
+            generation: 0,
             stats: DriverStats::default(),
         };
         d.start_executor()?;
@@ -354,6 +359,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             .generation
             .with_label_values(&self.label())
             .set(row.generation as i64);
+        self.generation = row.generation;
         self.exec = Some(Executor::new(spec, self.clock.now_ms()));
         self.scan = None;
         self.paused_at.clear();
@@ -390,22 +396,18 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
 
     /// A failure goes to the supervisor: stop, or recreate / restart after a backoff.
     fn handle_failure(&mut self, f: WorkerFailure) -> Result<(), Stopped> {
-        let generation = self
-            .store
-            .job(&self.cfg.job)
-            .ok()
-            .flatten()
-            .map_or(0, |r| r.generation);
+        let generation = self.generation;
         self.last_error = Some(f.to_string());
         self.publish();
         let now = self.clock.now_ms();
-        let verdict = self
-            .supervisor
-            .lock()
-            .unwrap()
-            .on_failure(&f, generation, now);
+        // The supervisor stays locked through the store's compare-and-set: the job's other workers
+        // in this process see the recreation's outcome, not a decision still in flight.
+        let supervisor = self.supervisor.clone();
+        let mut supervisor = supervisor.lock().unwrap();
+        let verdict = supervisor.on_failure(&f, generation, now);
         match verdict {
             Verdict::Stop { reason } => {
+                drop(supervisor);
                 error!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "job stopped");
                 Err(self.stopped(reason))
             }
@@ -417,18 +419,24 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     .store
                     .recreate(&self.cfg.job, from_generation)
                     .map_err(|e| self.stopped(format!("recreating the job: {e}")))?;
-                if row.generation == from_generation + 1 {
+                let applied = row.generation == from_generation + 1;
+                supervisor.recreation_outcome(applied, now);
+                drop(supervisor);
+                if applied {
                     self.stats.recreations += 1;
                     metrics()
                         .recreations
                         .with_label_values(&[&self.cfg.job, "vnode_bitmap_update_in_log_store"])
                         .inc();
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
+                } else {
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, from_generation, backoff_ms, "the job was already recreated by another process; restarting under its generation");
                 }
-                info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
                 self.begin_restart(backoff_ms)
             }
             Verdict::Restart { backoff_ms } => {
-                info!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, backoff_ms, "restarting the worker from the store");
+                drop(supervisor);
+                info!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, generation, backoff_ms, "restarting the worker from the store");
                 self.begin_restart(backoff_ms)
             }
         }
@@ -467,7 +475,12 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 self.publish();
                 // The store is still away (or worse): the supervisor decides, within its bound.
                 let now = self.clock.now_ms();
-                let verdict = self.supervisor.lock().unwrap().on_failure(&f, 0, now);
+                let generation = self.generation;
+                let verdict = self
+                    .supervisor
+                    .lock()
+                    .unwrap()
+                    .on_failure(&f, generation, now);
                 match verdict {
                     Verdict::Restart { backoff_ms } => {
                         warn!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, backoff_ms, "restart failed; retrying");

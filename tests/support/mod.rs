@@ -110,6 +110,13 @@ backoff_max_ms = 1000
         std::fs::write(&self.config, text).unwrap();
     }
 
+    /// Replaces `from` with `to` in this fixture's config (once; `from` must be there).
+    pub fn edit_config(&self, from: &str, to: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        assert!(text.contains(from), "{from:?} is not in the config");
+        std::fs::write(&self.config, text.replacen(from, to, 1)).unwrap();
+    }
+
     pub fn db(&self) -> PathBuf {
         self.dir.join("state.sqlite")
     }

@@ -2,6 +2,14 @@
 //!
 //! It decides, it does not act: the driver bumps the generation in the store (a compare-and-set that
 //! fences every worker of the old generation), sleeps the backoff and restarts the workers.
+//!
+//! One rebalance is one recreation, however many workers saw it: every worker of the job raises the
+//! invariant error with the generation of *its own failed executor*. The first failure from a
+//! generation decides a recreation from it; a later failure from a generation already recreated (or
+//! older) only restarts that worker under the new generation, uses none of `max_recreations` and
+//! doubles no backoff. The cap counts recreations that *applied* (the driver reports each
+//! compare-and-set's outcome with [`Supervisor::recreation_outcome`]): a compare-and-set that another
+//! process won is not this process's recreation.
 
 use std::collections::VecDeque;
 
@@ -90,8 +98,13 @@ pub enum Verdict {
 #[derive(Clone, Debug)]
 pub struct Supervisor {
     config: SupervisorConfig,
+    /// When each applied recreation happened, within the window.
     recreations: VecDeque<u64>,
+    /// Recreations applied since start.
     total: u64,
+    /// The newest generation a recreation was decided from: failures from it or older are already
+    /// handled (their executors are fenced by the generation after it).
+    recreated_from: Option<u64>,
     /// When restarts for an unavailable store happened, within [`UNAVAILABLE_WINDOW_MS`].
     unavailable: VecDeque<u64>,
 }
@@ -110,15 +123,28 @@ impl Supervisor {
             config,
             recreations: VecDeque::new(),
             total: 0,
+            recreated_from: None,
             unavailable: VecDeque::new(),
         }
     }
 
-    /// Recreations decided since start.
+    /// Recreations applied since start (decided here and won in the store).
     pub fn recreations(&self) -> u64 {
         self.total
     }
 
+    /// The outcome of a [`Verdict::Recreate`]'s compare-and-set in the store: `applied` when this
+    /// process bumped the generation (counted against `max_recreations`), not when another process
+    /// had already (the job was recreated once, by it).
+    pub fn recreation_outcome(&mut self, applied: bool, now_ms: u64) {
+        if applied {
+            self.recreations.push_back(now_ms);
+            self.total += 1;
+        }
+    }
+
+    /// What to do with a worker's failure. `generation` is the generation of the executor that
+    /// failed (not the store's current one: another worker may have recreated the job since).
     pub fn on_failure(&mut self, failure: &WorkerFailure, generation: u64, now_ms: u64) -> Verdict {
         match failure {
             WorkerFailure::Fenced(_) => Verdict::Restart {
@@ -154,6 +180,12 @@ impl Supervisor {
                         ),
                     };
                 }
+                if self.recreated_from.is_some_and(|g| generation <= g) {
+                    // Another worker's failure from this generation already recreated the job.
+                    return Verdict::Restart {
+                        backoff_ms: FENCED_RESTART_MS,
+                    };
+                }
                 while self
                     .recreations
                     .front()
@@ -177,8 +209,7 @@ impl Supervisor {
                     .backoff_initial_ms
                     .saturating_mul(1u64 << recent.min(20))
                     .min(self.config.backoff_max_ms);
-                self.recreations.push_back(now_ms);
-                self.total += 1;
+                self.recreated_from = Some(generation);
                 Verdict::Recreate {
                     from_generation: generation,
                     backoff_ms,
@@ -211,7 +242,13 @@ mod tests {
             backoff_max_ms: 250,
             ..Default::default()
         });
-        let v: Vec<Verdict> = (0..4).map(|i| s.on_failure(&bitmap(), i, i * 10)).collect();
+        let v: Vec<Verdict> = (0..4)
+            .map(|i| {
+                let v = s.on_failure(&bitmap(), i, i * 10);
+                s.recreation_outcome(matches!(v, Verdict::Recreate { .. }), i * 10);
+                v
+            })
+            .collect();
         assert_eq!(
             v[..3],
             [
@@ -241,7 +278,70 @@ mod tests {
             s.on_failure(&bitmap(), 3, 20_000),
             Verdict::Recreate { .. }
         ));
+        s.recreation_outcome(true, 20_000);
         assert_eq!(s.recreations(), 4);
+    }
+
+    #[test]
+    fn one_rebalance_seen_by_many_workers_is_one_recreation() {
+        let mut s = Supervisor::new(SupervisorConfig {
+            max_recreations: 1,
+            backoff_initial_ms: 100,
+            ..Default::default()
+        });
+        // The first worker's failure from generation 4 decides the recreation 4 -> 5 ...
+        assert_eq!(
+            s.on_failure(&bitmap(), 4, 0),
+            Verdict::Recreate {
+                from_generation: 4,
+                backoff_ms: 100
+            }
+        );
+        s.recreation_outcome(true, 0);
+        // ... three more workers of the same (failed) generation only restart under generation 5,
+        // however late their failure is handled, and the cap of 1 is not used up by them.
+        for at in [1, 2, 5_000] {
+            assert_eq!(
+                s.on_failure(&bitmap(), 4, at),
+                Verdict::Restart {
+                    backoff_ms: FENCED_RESTART_MS
+                }
+            );
+        }
+        assert_eq!(s.recreations(), 1);
+        // A failure of an even older executor is no new rebalance either.
+        assert!(matches!(
+            s.on_failure(&bitmap(), 3, 6_000),
+            Verdict::Restart { .. }
+        ));
+        // A rebalance of generation 5 is a new one: the cap of 1 stops it.
+        assert!(matches!(
+            s.on_failure(&bitmap(), 5, 7_000),
+            Verdict::Stop { .. }
+        ));
+    }
+
+    #[test]
+    fn a_recreation_another_process_applied_is_not_counted_here() {
+        let mut s = Supervisor::new(SupervisorConfig {
+            max_recreations: 1,
+            ..Default::default()
+        });
+        assert!(matches!(
+            s.on_failure(&bitmap(), 0, 0),
+            Verdict::Recreate { .. }
+        ));
+        // The compare-and-set found generation 1 already: the other process recreated.
+        s.recreation_outcome(false, 0);
+        assert_eq!(s.recreations(), 0);
+        // This process may still recreate once from the next generation.
+        assert!(matches!(
+            s.on_failure(&bitmap(), 1, 10),
+            Verdict::Recreate {
+                from_generation: 1,
+                ..
+            }
+        ));
     }
 
     #[test]
