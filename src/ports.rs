@@ -91,6 +91,13 @@ pub enum StoreError {
         expected: String,
         found: String,
     },
+    /// A table belongs to the one job recorded with it in the store's `kb_jobs`.
+    #[error("table {table} belongs to job {owner} in this store; job {job} refused before writing anything (give job {job} its own `[jobs.store] table`, or delete job {owner}'s row from kb_jobs if that job is gone for good)")]
+    TableOwned {
+        table: String,
+        owner: String,
+        job: String,
+    },
     #[error("job {job}: commit would break an invariant: {detail}")]
     Invariant { job: String, detail: String },
     #[error("job {job} does not exist in the store")]
@@ -173,7 +180,10 @@ pub fn key_hex(key: &[u8]) -> String {
 
 /// Durable state of jobs.
 pub trait StateStore: Send {
-    /// Creates the job row at generation 0 if absent; checks a present one against `info`.
+    /// Creates the job row at generation 0 if absent; checks a present one against `info`. A table
+    /// belongs to one job: if another job of this store is recorded with the store's table the call
+    /// is refused ([`StoreError::TableOwned`]) before anything is written, and so is a job recorded
+    /// with another table (`StoreError::JobMismatch`, what = "table").
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError>;
     fn job(&mut self, job: &str) -> Result<Option<JobRow>, StoreError>;
     /// Takes ownership of partitions for `worker` under `generation`: new leases, and the committed
@@ -280,14 +290,17 @@ pub trait ConsumerPort {
     /// The next record or group event, waiting at most `timeout_ms`.
     fn poll(&mut self, timeout_ms: u64) -> Option<Polled>;
     /// Completes an assignment: each partition starts at the given offset (`None`: wherever the
-    /// group would start it; the loop seeks before it reads).
-    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]);
-    /// Completes a revocation.
-    fn unassign(&mut self, partitions: &[PartitionId]);
+    /// group would start it; the loop seeks before it reads). An error is the worker's failure (a
+    /// worker must never believe it owns partitions it does not fetch).
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String>;
+    /// Completes a revocation. An error is the worker's failure.
+    fn unassign(&mut self, partitions: &[PartitionId]) -> Result<(), String>;
     /// Moves the fetch position (retried within a bound by the implementation).
     fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String>;
-    fn pause(&mut self, partition: PartitionId);
-    fn resume(&mut self, partition: PartitionId);
+    /// Stops fetching the partition (alignment back-pressure). An error is the worker's failure.
+    fn pause(&mut self, partition: PartitionId) -> Result<(), String>;
+    /// Fetches the partition again. An error is the worker's failure.
+    fn resume(&mut self, partition: PartitionId) -> Result<(), String>;
     /// Group offsets (informational: the store holds the truth); `sync` waits.
     fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool);
     /// The partition's high watermark, if known.

@@ -368,6 +368,51 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         .all(|x| *x == VnodeProgress::fresh(x.vnode, ES)));
 }
 
+/// A table belongs to one job: another job on it, or the job on another table, is refused before
+/// anything is written. `open(table)` opens the store on `table`.
+fn table_ownership(open: &dyn Fn(&str) -> Box<dyn StateStore>, t: &str, u: &str, a: &str, b: &str) {
+    let info = info();
+    let mut on_t = open(t);
+    on_t.ensure_job(a, &info).unwrap();
+    on_t.ensure_job(a, &info)
+        .expect("the owner itself may start again");
+    match on_t.ensure_job(b, &info) {
+        Err(StoreError::TableOwned { table, owner, job }) => {
+            assert_eq!((table.as_str(), owner.as_str(), job.as_str()), (t, a, b))
+        }
+        other => panic!("a second job on {t} was not refused: {other:?}"),
+    }
+    assert_eq!(on_t.job(b).unwrap(), None, "the refused job left a row");
+    let msg = on_t.ensure_job(b, &info).unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("table {t} belongs to job {a}")),
+        "{msg}"
+    );
+    // The same job name over a different snapshot is refused too.
+    let mut other_snapshot = info.clone();
+    other_snapshot.snapshot_epoch = E1;
+    assert!(matches!(
+        on_t.ensure_job(a, &other_snapshot),
+        Err(StoreError::JobMismatch {
+            what: "snapshot epoch",
+            ..
+        })
+    ));
+    // The owner moved onto another table of the same store is refused; the other job may have it.
+    let mut on_u = open(u);
+    match on_u.ensure_job(a, &info) {
+        Err(StoreError::JobMismatch {
+            what: "table",
+            expected,
+            found,
+            ..
+        }) => assert_eq!((expected.as_str(), found.as_str()), (u, t)),
+        other => panic!("job {a} moved onto {u} was not refused: {other:?}"),
+    }
+    on_u.ensure_job(b, &info).unwrap();
+    assert_eq!(on_t.job(a).unwrap().unwrap().generation, 0);
+}
+
 #[cfg(feature = "testing")]
 #[test]
 fn memory() {
@@ -375,16 +420,48 @@ fn memory() {
     conformance(&|| Box::new(store.clone()), "conformance");
 }
 
-#[test]
-fn sqlite() {
+/// A new SQLite file for one test, `name`.
+fn fresh_sqlite(name: &str) -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("conformance-{}", std::process::id()));
+        .join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("state.sqlite");
     let _ = std::fs::remove_file(&path);
+    path
+}
+
+#[test]
+fn sqlite() {
+    let path = fresh_sqlite("conformance");
     conformance(
         &|| Box::new(SqliteStore::open(&path, "accounts", table()).unwrap()),
         "conformance",
+    );
+}
+
+#[test]
+fn sqlite_table_ownership() {
+    let path = fresh_sqlite("ownership");
+    table_ownership(
+        &|t| Box::new(SqliteStore::open(&path, t, table()).unwrap()),
+        "accounts",
+        "accounts_b",
+        "a",
+        "b",
+    );
+}
+
+#[test]
+fn postgres_table_ownership() {
+    let url = support::pg_url();
+    let stamp = support::stamp();
+    let (t, u) = (format!("owned_{stamp}"), format!("owned_b_{stamp}"));
+    table_ownership(
+        &|t| Box::new(PostgresStore::open(&url, t, table()).unwrap()),
+        &t,
+        &u,
+        &format!("a-{stamp}"),
+        &format!("b-{stamp}"),
     );
 }
 

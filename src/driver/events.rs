@@ -52,7 +52,13 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 })
                 .collect(),
         };
-        self.consumer.assign(&starts);
+        if let Err(e) = self.consumer.assign(&starts) {
+            // The group says this worker owns them but the client will not fetch them: no restart
+            // in place can mend that; the job stops and its process is restarted.
+            return self.fail(WorkerFailure::Fatal(format!(
+                "{e}; the worker cannot fetch partitions the group assigned it"
+            )));
+        }
         if let Some(claims) = claims {
             self.feed(Event::Assigned(claims));
             self.settle(true);
@@ -77,7 +83,11 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 .partition_lag
                 .remove_label_values(&[&self.cfg.job, &p.to_string()]);
         }
-        self.consumer.unassign(&parts);
+        if let Err(e) = self.consumer.unassign(&parts) {
+            self.fail(WorkerFailure::Fatal(format!(
+                "{e}; the revocation could not be acknowledged"
+            )));
+        }
     }
 
     pub(super) fn on_record(
@@ -188,17 +198,23 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         }
                         self.position.insert(partition, offset);
                     }
-                    self.consumer.resume(partition);
+                    if let Err(e) = self.consumer.resume(partition) {
+                        return self.fail(WorkerFailure::Unavailable(e));
+                    }
                     self.paused_at.remove(&partition);
                 }
                 Decision::Pause(p) => {
                     debug!(worker = %self.cfg.worker, partition = p, "pause");
-                    self.consumer.pause(p);
+                    if let Err(e) = self.consumer.pause(p) {
+                        return self.fail(WorkerFailure::Unavailable(e));
+                    }
                     self.paused_at.insert(p, self.clock.now_ms());
                 }
                 Decision::Resume(p) => {
                     debug!(worker = %self.cfg.worker, partition = p, "resume");
-                    self.consumer.resume(p);
+                    if let Err(e) = self.consumer.resume(p) {
+                        return self.fail(WorkerFailure::Unavailable(e));
+                    }
                     if let Some(t) = self.paused_at.remove(&p) {
                         metrics()
                             .alignment_seconds

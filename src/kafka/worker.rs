@@ -94,19 +94,12 @@ impl ClientContext for Ctx {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         metrics().kafka_errors.with_label_values(&[&self.job]).inc();
         let fatal = error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal);
-        let reason = if fatal
-            && (reason.contains("FENCED_INSTANCE_ID") || reason.contains("instance"))
-        {
-            // Another member took this group.instance.id. librdkafka will not recover; the worker
-            // stops (and the process exits, failing /livez).
-            format!("{reason}; another consumer joined with this worker's group.instance.id — give every worker a distinct one")
-        } else {
-            reason.to_string()
-        };
-        self.events
-            .lock()
-            .unwrap()
-            .push_back(Polled::ClientError { reason, fatal });
+        // A fatal error's own code is read from the client when the loop polls it
+        // (`KafkaConsumer::poll`, `fatal_reason`).
+        self.events.lock().unwrap().push_back(Polled::ClientError {
+            reason: reason.to_string(),
+            fatal,
+        });
     }
 }
 
@@ -150,6 +143,21 @@ impl ConsumerContext for Ctx {
 }
 
 type Kc = BaseConsumer<Ctx>;
+
+/// A fatal client error as operators read it, from librdkafka's fatal error *code* (never a
+/// substring of its text): a fenced `group.instance.id` says what to do about it.
+fn fatal_reason(
+    fatal: Option<(rdkafka::types::RDKafkaErrorCode, String)>,
+    reason: String,
+) -> String {
+    match fatal {
+        Some((rdkafka::types::RDKafkaErrorCode::FencedInstanceId, text)) => format!(
+            "{text}; another consumer joined with this worker's group.instance.id — give every worker a distinct one"
+        ),
+        Some((code, text)) => format!("{text} ({code:?})"),
+        None => reason,
+    }
+}
 
 /// librdkafka as the loop's [`ConsumerPort`]; records are decoded here.
 pub struct KafkaConsumer {
@@ -210,7 +218,17 @@ impl KafkaConsumer {
     }
 
     fn next_event(&self) -> Option<Polled> {
-        self.events.lock().unwrap().pop_front()
+        let e = self.events.lock().unwrap().pop_front()?;
+        Some(match e {
+            Polled::ClientError {
+                reason,
+                fatal: true,
+            } => Polled::ClientError {
+                reason: fatal_reason(self.consumer.client().fatal_error(), reason),
+                fatal: true,
+            },
+            other => other,
+        })
     }
 }
 
@@ -240,32 +258,40 @@ impl ConsumerPort for KafkaConsumer {
         }
     }
 
-    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) {
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String> {
         let mut tpl = TopicPartitionList::new();
         for (p, offset) in starts {
             match offset {
-                Some(o) => {
-                    let _ =
-                        tpl.add_partition_offset(&self.topic, *p as i32, Offset::Offset(*o as i64));
-                }
+                Some(o) => tpl
+                    .add_partition_offset(&self.topic, *p as i32, Offset::Offset(*o as i64))
+                    .map_err(|e| {
+                        format!("topic {} partition {p}: start offset {o}: {e}", self.topic)
+                    })?,
                 None => {
                     tpl.add_partition(&self.topic, *p as i32);
                 }
             }
         }
-        if let Err(e) = self.consumer.incremental_assign(&tpl) {
-            error!(error = %e, "incremental_assign failed");
-        }
+        self.consumer.incremental_assign(&tpl).map_err(|e| {
+            format!(
+                "assigning topic {} partitions {:?}: {e}",
+                self.topic,
+                starts.iter().map(|s| s.0).collect::<Vec<_>>()
+            )
+        })
     }
 
-    fn unassign(&mut self, partitions: &[PartitionId]) {
+    fn unassign(&mut self, partitions: &[PartitionId]) -> Result<(), String> {
         let mut tpl = TopicPartitionList::new();
         for p in partitions {
             tpl.add_partition(&self.topic, *p as i32);
         }
-        if let Err(e) = self.consumer.incremental_unassign(&tpl) {
-            error!(error = %e, "incremental_unassign failed");
-        }
+        self.consumer.incremental_unassign(&tpl).map_err(|e| {
+            format!(
+                "unassigning topic {} partitions {partitions:?}: {e}",
+                self.topic
+            )
+        })
     }
 
     /// Seeks under [`Backoff::SEEK`](crate::core::retry::Backoff::SEEK): librdkafka refuses a seek
@@ -286,12 +312,16 @@ impl ConsumerPort for KafkaConsumer {
         r.map_err(|e| e.to_string())
     }
 
-    fn pause(&mut self, partition: PartitionId) {
-        let _ = self.consumer.pause(&self.tpl(partition));
+    fn pause(&mut self, partition: PartitionId) -> Result<(), String> {
+        self.consumer
+            .pause(&self.tpl(partition))
+            .map_err(|e| format!("pausing topic {} partition {partition}: {e}", self.topic))
     }
 
-    fn resume(&mut self, partition: PartitionId) {
-        let _ = self.consumer.resume(&self.tpl(partition));
+    fn resume(&mut self, partition: PartitionId) -> Result<(), String> {
+        self.consumer
+            .resume(&self.tpl(partition))
+            .map_err(|e| format!("resuming topic {} partition {partition}: {e}", self.topic))
     }
 
     fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool) {
@@ -361,7 +391,11 @@ impl ConsumerPort for KafkaConsumer {
             let _ = self.consumer.poll(Duration::from_millis(50));
             while let Some(e) = self.next_event() {
                 if let Polled::Revoked { partitions, .. } = e {
-                    self.unassign(&partitions);
+                    if let Err(e) = self.unassign(&partitions) {
+                        // Closing anyway: the group times the member out instead.
+                        warn!(error = %e, "unassign while closing failed");
+                        break;
+                    }
                 }
             }
             if self.assignment().is_empty() {

@@ -205,7 +205,7 @@ impl ConsumerPort for SimConsumer {
         })
     }
 
-    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) {
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String> {
         let mut w = self.world.borrow_mut();
         for &(p, offset) in starts {
             // Without a claimed offset the group would start at its own committed offset: the
@@ -213,9 +213,10 @@ impl ConsumerPort for SimConsumer {
             let from = offset.unwrap_or_else(|| w.info.start_of(p).map_or(0, |s| s.next_offset));
             w.consumers[self.i].assigned.insert(p, (from, false));
         }
+        Ok(())
     }
 
-    fn unassign(&mut self, partitions: &[PartitionId]) {
+    fn unassign(&mut self, partitions: &[PartitionId]) -> Result<(), String> {
         let mut w = self.world.borrow_mut();
         // The loop's contract: a revocation is acknowledged only once every commit before it is
         // durable (the new owner starts from the store).
@@ -230,6 +231,7 @@ impl ConsumerPort for SimConsumer {
         for p in partitions {
             w.consumers[self.i].assigned.remove(p);
         }
+        Ok(())
     }
 
     fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String> {
@@ -243,22 +245,24 @@ impl ConsumerPort for SimConsumer {
         }
     }
 
-    fn pause(&mut self, partition: PartitionId) {
+    fn pause(&mut self, partition: PartitionId) -> Result<(), String> {
         if let Some(a) = self.world.borrow_mut().consumers[self.i]
             .assigned
             .get_mut(&partition)
         {
             a.1 = true;
         }
+        Ok(())
     }
 
-    fn resume(&mut self, partition: PartitionId) {
+    fn resume(&mut self, partition: PartitionId) -> Result<(), String> {
         if let Some(a) = self.world.borrow_mut().consumers[self.i]
             .assigned
             .get_mut(&partition)
         {
             a.1 = false;
         }
+        Ok(())
     }
 
     fn commit_offsets(&mut self, _progress: &[PartitionProgress], _sync: bool) {}

@@ -347,14 +347,29 @@ impl StateStore for PostgresStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         let table_name = self.table_name.clone();
         let row = self.with_tx(|tx, _, _| {
+            // Serialises job creation on this table: two jobs starting at once cannot both find it free.
+            tx.execute("LOCK TABLE kb_jobs IN SHARE ROW EXCLUSIVE MODE", &[])
+                .map_err(classify)?;
+            let owners: Vec<String> = tx
+                .query("SELECT job FROM kb_jobs WHERE table_name = $1", &[&table_name])
+                .map_err(classify)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let recorded: Option<String> = tx
+                .query_opt("SELECT table_name FROM kb_jobs WHERE job = $1", &[&job])
+                .map_err(classify)?
+                .map(|r| r.get(0));
+            protocol::check_table_owner(job, &table_name, &owners, recorded.as_deref())?;
             tx.execute(
                 "INSERT INTO kb_jobs VALUES ($1, $2, $3, $4, 0, 'snapshot', 0, 1, $5) ON CONFLICT (job) DO NOTHING",
                 &[&job, &(info.snapshot_epoch.0 as i64), &(info.vnode_count as i32), &(info.partition_count as i32), &table_name],
             )
             .map_err(classify)?;
-            job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })
+            let row = job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+            protocol::check_job_matches(&row, info)?;
+            Ok(row)
         })?;
-        protocol::check_job_matches(&row, info)?;
         Ok(row)
     }
 

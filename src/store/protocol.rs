@@ -239,6 +239,33 @@ pub fn check_job_matches(row: &JobRow, info: &SnapshotInfo) -> Result<(), StoreE
     Ok(())
 }
 
+/// A table belongs to one job: `owners` are the jobs recorded with `table` in the store's `kb_jobs`,
+/// `recorded` the table `job`'s own row names (absent for a new job). Checked inside the
+/// transaction that would create the job row, so nothing is written when it fails.
+pub fn check_table_owner(
+    job: &str,
+    table: &str,
+    owners: &[String],
+    recorded: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(owner) = owners.iter().find(|o| o.as_str() != job) {
+        return Err(StoreError::TableOwned {
+            table: table.into(),
+            owner: owner.clone(),
+            job: job.into(),
+        });
+    }
+    match recorded {
+        Some(t) if t != table => Err(StoreError::JobMismatch {
+            job: job.into(),
+            what: "table",
+            expected: table.into(),
+            found: t.into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A recreation applies only if the job is still in `from_generation` (compare-and-set: of many
 /// workers raising the error, one recreation happens).
 pub fn recreation_applies(row: &JobRow, from_generation: u64) -> bool {

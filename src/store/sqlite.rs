@@ -460,21 +460,40 @@ impl TxRead for Tx<'_> {
 
 impl StateStore for SqliteStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
-        self.conn
-            .execute(
-                "INSERT OR IGNORE INTO kb_jobs VALUES (?1, ?2, ?3, ?4, 0, 'snapshot', 0, 1, ?5)",
-                params![
-                    job,
-                    info.snapshot_epoch.0 as i64,
-                    info.vnode_count,
-                    info.partition_count,
-                    self.table_name
-                ],
-            )
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(classify)?;
-        let row =
-            Self::job_row(&self.conn, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+        let owners = tx
+            .prepare("SELECT job FROM kb_jobs WHERE table_name = ?1")
+            .and_then(|mut q| {
+                q.query_map([&self.table_name], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<String>, _>>()
+            })
+            .map_err(classify)?;
+        let recorded: Option<String> = tx
+            .query_row(
+                "SELECT table_name FROM kb_jobs WHERE job = ?1",
+                [job],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(classify)?;
+        protocol::check_table_owner(job, &self.table_name, &owners, recorded.as_deref())?;
+        tx.execute(
+            "INSERT OR IGNORE INTO kb_jobs VALUES (?1, ?2, ?3, ?4, 0, 'snapshot', 0, 1, ?5)",
+            params![
+                job,
+                info.snapshot_epoch.0 as i64,
+                info.vnode_count,
+                info.partition_count,
+                self.table_name
+            ],
+        )
+        .map_err(classify)?;
+        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         protocol::check_job_matches(&row, info)?;
+        tx.commit().map_err(classify)?;
         Ok(row)
     }
 
