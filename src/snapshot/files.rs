@@ -30,7 +30,6 @@ pub const FILE_CACHE: usize = 2;
 /// `manifest.json`, exactly as `schemas/snapshot_manifest.schema.json` describes it (the tests
 /// validate both ways).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Manifest {
     /// `Es`, RisingWave's epoch layout.
     pub snapshot_epoch: Epoch,
@@ -50,7 +49,6 @@ pub struct Manifest {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ManifestFile {
     /// Relative to the manifest's folder.
     pub path: String,
@@ -63,7 +61,6 @@ pub struct ManifestFile {
 /// Where a partition's log starts: the offset just after the barrier with `prev = Es`, and that
 /// barrier's `curr`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ManifestStart {
     pub partition: crate::core::PartitionId,
     pub next_offset: u64,
@@ -178,6 +175,9 @@ type FileRows = std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>;
 pub struct SnapshotFiles {
     dir: PathBuf,
     pub manifest: Manifest,
+    /// Keys of `manifest.json` this release does not know and ignored (paths such as
+    /// `start.0.streaming`), warned about once at open.
+    pub ignored_keys: Vec<String>,
     pub table: TableSchema,
     info: SnapshotInfo,
     /// The files of each vnode, as indexes into `manifest.files`.
@@ -192,8 +192,18 @@ impl SnapshotFiles {
     pub fn open(dir: &Path) -> Result<Self, SourceError> {
         let mpath = dir.join("manifest.json");
         let text = fs::read_to_string(&mpath).map_err(|e| file_err(&mpath, e))?;
-        let manifest: Manifest = serde_json::from_str(&text)
+        // Keys this release does not know are ignored with one warning naming them: a manifest
+        // written for an earlier release (whose `start[]` entries carried `streaming`) or by a later
+        // writer still opens. Every key this release needs is required and typed.
+        let mut ignored_keys = Vec::new();
+        let manifest: Manifest =
+            serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(&text), |path| {
+                ignored_keys.push(path.to_string())
+            })
             .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?;
+        if !ignored_keys.is_empty() {
+            tracing::warn!(file = %mpath.display(), keys = %ignored_keys.join(", "), "manifest.json: ignoring keys this release does not know");
+        }
         let table = TableSchema::parse(&manifest.row_schema.to_string(), &manifest.primary_key)
             .map_err(|e: CodecError| file_err(&mpath, e))?;
         let canonical = table.schema.canonical_form();
@@ -240,6 +250,7 @@ impl SnapshotFiles {
         Ok(SnapshotFiles {
             dir: dir.to_path_buf(),
             manifest,
+            ignored_keys,
             table,
             info,
             by_vnode,
