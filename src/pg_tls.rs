@@ -58,6 +58,31 @@ pub struct ConnectError {
     pub permanent: bool,
 }
 
+/// The sslmode values [`connect`] knows.
+const SSL_MODES: [&str; 5] = ["disable", "prefer", "require", "verify-ca", "verify-full"];
+
+/// Checks a URL as [`connect`] will read it, without connecting: the scheme, the connection
+/// string and `sslmode`. Errors say what is wrong (the URL is never printed).
+pub fn check_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
+        let scheme = url.split_once("://").map_or("(none)", |(s, _)| s);
+        return Err(format!(
+            "scheme {scheme}: a PostgreSQL URL starts with postgresql://"
+        ));
+    }
+    let (rest, opts) = split_tls_options(url);
+    if !SSL_MODES.contains(&opts.mode.as_str()) {
+        return Err(format!(
+            "sslmode {} is not one of {}",
+            opts.mode,
+            SSL_MODES.join(", ")
+        ));
+    }
+    rest.parse::<postgres::Config>()
+        .map(drop)
+        .map_err(|e| format!("not a PostgreSQL connection URL: {e}"))
+}
+
 /// Connects as the URL says, TLS included. Errors name the (redacted) URL and the cause.
 pub fn connect(url: &str) -> Result<Client, ConnectError> {
     let (rest, opts) = split_tls_options(url);
@@ -77,7 +102,8 @@ pub fn connect(url: &str) -> Result<Client, ConnectError> {
         "verify-full" => (true, true),
         other => {
             return Err(fail(format!(
-                "sslmode {other} is not one of disable, prefer, require, verify-ca, verify-full"
+                "sslmode {other} is not one of {}",
+                SSL_MODES.join(", ")
             )))
         }
     };

@@ -10,6 +10,26 @@ pub mod worker;
 
 /// The consumer properties kafka-backfill owns, with the value it sets and why: the one list the
 /// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (README "Configuration").
+/// librdkafka's own check of the job's properties (with the managed ones set as the worker sets
+/// them), without creating a client: every name must be a property and every value valid for it.
+/// Returns the offending key and librdkafka's reason.
+pub fn check_properties(
+    kafka: &std::collections::BTreeMap<String, String>,
+) -> Result<(), (String, String)> {
+    let mut config = rdkafka::ClientConfig::new();
+    for (k, v) in kafka {
+        config.set(k, v);
+    }
+    for (k, v, _) in MANAGED_CONSUMER_KEYS {
+        config.set(k, v);
+    }
+    match config.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(rdkafka::error::KafkaError::ClientConfig(_, reason, key, _)) => Err((key, reason)),
+        Err(other) => Err((String::new(), other.to_string())),
+    }
+}
+
 pub const MANAGED_CONSUMER_KEYS: [(&str, &str, &str); 6] = [
     (
         "isolation.level",

@@ -2,9 +2,15 @@
 //! `config/example.toml`; unknown keys, wrong types and impossible combinations are rejected at start-up
 //! with the key's path.
 //!
-//! Environment overrides: `KB_<JOB>_KAFKA_<PROPERTY>` is not supported; instead any value may be
-//! written as `"${ENV_NAME}"` and is replaced by that variable at load time (for secrets such as
-//! `sasl.password`).
+//! Two ways in from the environment: any string value may be written as `"${ENV_NAME}"` and is
+//! replaced by that variable at load time (for secrets such as `sasl.password`), and any key may be
+//! overridden by a `KAFKA_BACKFILL__…` variable ([`ENV_PREFIX`]). Values under `kafka` are strings
+//! (a number or boolean is kept as its text, in the file and in overrides); other keys are typed.
+//!
+//! [`Config::validate`] checks everything `run` would refuse before it touches a broker or a store
+//! (librdkafka's own check of every property name and value, PostgreSQL URLs and their TLS options,
+//! listen addresses, the log filter, reserved table names, two jobs on one table); `check-config`
+//! is that validation and nothing more: reachability is not checked.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -121,8 +127,9 @@ pub struct JobConfig {
     #[serde(default = "default_vnodes")]
     pub vnode_count: u32,
     /// librdkafka properties passed through as they are (`bootstrap.servers`, `group.id`, SASL/SSL …).
-    /// The keys in `kafka::MANAGED_CONSUMER_KEYS` are set by kafka-backfill and refused here.
-    #[serde(default)]
+    /// The keys in `kafka::MANAGED_CONSUMER_KEYS` are set by kafka-backfill and refused here, unless
+    /// set to the very value kafka-backfill enforces. A number or boolean is kept as its text.
+    #[serde(default, deserialize_with = "kafka_properties")]
     pub kafka: BTreeMap<String, String>,
     /// Where the snapshot comes from.
     pub snapshot: SnapshotConfig,
@@ -379,6 +386,34 @@ fn default_backoff_max() -> u64 {
     30_000
 }
 
+/// librdkafka properties: any scalar, kept as its text (`session.timeout.ms = 45000` and
+/// `"enable.idempotence" = true` are librdkafka's `"45000"` and `"true"`).
+fn kafka_properties<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Integer(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let raw = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Scalar::Text(s) => s,
+                Scalar::Integer(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+                Scalar::Bool(b) => b.to_string(),
+            };
+            (k, text)
+        })
+        .collect())
+}
+
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]
@@ -422,11 +457,21 @@ impl Config {
             err(format!("{origin}{span}"), e.message().trim().to_string())
         })?;
         substitute_env_values(&mut doc, "")?;
+        let mut set_by = Vec::new();
         for (k, v) in overrides {
-            apply_override(&mut doc, k, v)?;
+            set_by.push((apply_override(&mut doc, k, v)?, k.clone()));
         }
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
+        // An error at a key an override set names the variable that set it.
+        let blame = |e: ConfigError| match set_by
+            .iter()
+            .rev()
+            .find(|(path, _)| same_key(&e.path, path))
+        {
+            Some((_, var)) => err(format!("{} (set by {var})", e.path), e.message),
+            None => e,
+        };
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
+            .map_err(|e| {
                 let path = e.path().to_string();
                 let path = if path == "." {
                     origin.to_string()
@@ -434,9 +479,26 @@ impl Config {
                     path
                 };
                 err(path, e.inner().message().trim().to_string())
-            })?;
-        config.validate()?;
+            })
+            .map_err(blame)?;
+        config.validate().map_err(blame)?;
         Ok(config)
+    }
+
+    /// What validation accepted but an operator should know (a managed key set to the value
+    /// kafka-backfill enforces anyway), as `key path: note` lines for `check-config`.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        for (i, job) in self.jobs.iter().enumerate() {
+            for (k, value, _) in crate::kafka::MANAGED_CONSUMER_KEYS {
+                if job.kafka.get(k).is_some_and(|v| v == value) {
+                    notes.push(format!(
+                        "jobs[{i}].kafka.\"{k}\": {value} is what kafka-backfill sets anyway; the key can be removed"
+                    ));
+                }
+            }
+        }
+        notes
     }
 
     /// Checks what types cannot: ranges, combinations, uniqueness.
@@ -456,7 +518,24 @@ impl Config {
         if self.http.header_timeout_ms == 0 {
             return Err(err("http.header_timeout_ms", "must be at least 1"));
         }
+        let listen = listen_addr("http.listen", &self.http.listen)?;
+        if self.http.admin {
+            let admin = listen_addr("http.admin_listen", &self.http.admin_listen)?;
+            if admin.is_some() && admin == listen {
+                return Err(err(
+                    "http.admin_listen",
+                    "is http.listen's address: the write endpoint needs its own listener",
+                ));
+            }
+        }
+        if let Some(level) = &self.log.level {
+            tracing_subscriber::EnvFilter::builder()
+                .parse(level)
+                .map_err(|e| err("log.level", format!("{level:?} is not a log filter: {e}")))?;
+        }
         let mut names = std::collections::BTreeSet::new();
+        // (store identity, table) → the job that writes it.
+        let mut tables: BTreeMap<(String, String), String> = BTreeMap::new();
         for (i, job) in self.jobs.iter().enumerate() {
             let at = |k: &str| format!("jobs[{i}].{k}");
             if job.name.is_empty()
@@ -485,20 +564,63 @@ impl Config {
                     format!("must be 1..={MAX_VNODE_COUNT}"),
                 ));
             }
-            if !job.kafka.contains_key("bootstrap.servers") {
-                return Err(err(at("kafka"), "bootstrap.servers is required"));
+            match job.kafka.get("bootstrap.servers") {
+                None => return Err(err(at("kafka"), "bootstrap.servers is required")),
+                Some(b) if b.trim().is_empty() => {
+                    return Err(err(at("kafka.\"bootstrap.servers\""), "empty"))
+                }
+                _ => {}
+            }
+            if job
+                .kafka
+                .get("group.id")
+                .is_some_and(|g| g.trim().is_empty())
+            {
+                return Err(err(
+                    at("kafka.\"group.id\""),
+                    "empty (leave it out for kafka-backfill-<job name>)",
+                ));
             }
             for (k, value, why) in crate::kafka::MANAGED_CONSUMER_KEYS {
-                if job.kafka.contains_key(k) {
+                if job.kafka.get(k).is_some_and(|v| v != value) {
                     return Err(err(
                         at(&format!("kafka.\"{k}\"")),
                         format!("is managed by kafka-backfill (always {value}: {why}); remove it"),
                     ));
                 }
             }
+            crate::kafka::check_properties(&job.kafka)
+                .map_err(|(k, m)| err(at(&format!("kafka.\"{k}\"")), m))?;
             let table = job.store.table();
             if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(err(at("store.table"), "use letters, digits and _"));
+            }
+            if table.to_ascii_lowercase().starts_with("kb_") {
+                return Err(err(
+                    at("store.table"),
+                    format!("{table}: names starting with kb_ are kafka-backfill's own tables"),
+                ));
+            }
+            let store_id = match &job.store {
+                StoreConfig::Sqlite { path, .. } => format!("sqlite:{}", lexical(path).display()),
+                StoreConfig::Postgres { url, .. } => {
+                    crate::pg_tls::check_url(url.expose()).map_err(|m| err(at("store.url"), m))?;
+                    format!("postgres:{}", url.expose())
+                }
+            };
+            if let Some(other) =
+                tables.insert((store_id, table.to_ascii_lowercase()), job.name.clone())
+            {
+                return Err(err(
+                    at("store.table"),
+                    format!(
+                        "job {} writes table {table} of this store too; a table belongs to one job",
+                        other
+                    ),
+                ));
+            }
+            if let SnapshotConfig::Postgres { url, .. } = &job.snapshot {
+                crate::pg_tls::check_url(url.expose()).map_err(|m| err(at("snapshot.url"), m))?;
             }
             match &job.store {
                 StoreConfig::Sqlite { path, .. } if path.as_os_str().is_empty() => {
@@ -544,6 +666,53 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A listen address (`host:port`); empty = off.
+fn listen_addr(key: &str, value: &str) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    use std::net::ToSocketAddrs;
+    value
+        .parse::<std::net::SocketAddr>()
+        .map(Some)
+        .or_else(|_| {
+            // A host name (`localhost:9464`) resolves locally, without a network.
+            value
+                .to_socket_addrs()
+                .map(|mut a| a.next())
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| {
+            err(
+                key,
+                format!("{value:?} is not a host:port listen address: {e}"),
+            )
+        })
+}
+
+/// A path with `.` and `..` folded (no file system access): `./state.sqlite` and `state.sqlite`
+/// are one store.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir if out.file_name().is_some() => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Whether a validation or type error at `error_path` is at the key an override set at `set`
+/// (paths compared without the quoting validation puts around dotted Kafka keys).
+fn same_key(error_path: &str, set: &str) -> bool {
+    let e = error_path.replace('"', "");
+    e == set || e.starts_with(&format!("{set}.")) || e.starts_with(&format!("{set}["))
 }
 
 /// `KEY=VALUE` pairs (from the command line) as librdkafka properties; `${ENV}` in a value is
@@ -605,27 +774,52 @@ impl JobConfig {
 /// Environment overrides: `KAFKA_BACKFILL__HTTP__LISTEN=0.0.0.0:9464`,
 /// `KAFKA_BACKFILL__JOBS__0__WORKERS=4`, `KAFKA_BACKFILL__JOBS__0__KAFKA__bootstrap.servers=…`: the path
 /// after the prefix, `__`-separated (table keys lower-cased, except under `kafka`), array items by index.
-/// Values are read as TOML scalars when they parse as one, else as strings.
+/// A Kafka property may also be written in a form a shell can export: upper case with `_` for `.`
+/// (`KAFKA_BACKFILL__JOBS__0__KAFKA__SESSION_TIMEOUT_MS=45000` sets `session.timeout.ms`).
+/// Values under `kafka` are strings, and so is a value replacing a string of the file
+/// (`…__TOPIC=12345` is the topic `"12345"`); elsewhere a value is read as a TOML scalar when it
+/// parses as one (`…__WORKERS=4`), else as a string.
 pub const ENV_PREFIX: &str = "KAFKA_BACKFILL__";
 
-fn apply_override(doc: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
+/// Applies one override; returns the key path it set (`jobs[0].workers`), for errors to name it.
+fn apply_override(doc: &mut toml::Table, key: &str, value: &str) -> Result<String, ConfigError> {
     let path: Vec<&str> = key[ENV_PREFIX.len()..].split("__").collect();
-    let parsed: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+    let scalar: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
+        .filter(|v| !matches!(v, toml::Value::Table(_) | toml::Value::Array(_)))
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let text = toml::Value::String(value.to_string());
+    // A string in the file stays a string; a key under `kafka` is always one.
+    let typed = |existing: Option<&toml::Value>, in_kafka: bool| {
+        if in_kafka || matches!(existing, Some(toml::Value::String(_))) {
+            text.clone()
+        } else {
+            scalar.clone()
+        }
+    };
     let mut node = doc;
     let mut in_kafka = false;
+    let mut at = String::new();
     for (i, seg) in path.iter().enumerate() {
         let name = if in_kafka {
-            seg.to_string()
+            if !seg.contains('.') && seg.chars().all(|c| !c.is_ascii_lowercase()) {
+                seg.to_ascii_lowercase().replace('_', ".")
+            } else {
+                seg.to_string()
+            }
         } else {
             seg.to_lowercase()
         };
+        if !at.is_empty() {
+            at.push('.');
+        }
+        at.push_str(&name);
         let last = i + 1 == path.len();
         if last {
-            node.insert(name, parsed);
-            return Ok(());
+            let v = typed(node.get(&name), in_kafka);
+            node.insert(name, v);
+            return Ok(at);
         }
         in_kafka = name == "kafka";
         let entry = node
@@ -643,18 +837,20 @@ fn apply_override(doc: &mut toml::Table, key: &str, value: &str) -> Result<(), C
                 let item = items
                     .get_mut(idx)
                     .ok_or_else(|| err(key, format!("{name} has no item {idx}")))?;
+                at.push_str(&format!("[{idx}]"));
                 if i + 2 == path.len() {
-                    *item = parsed;
-                    return Ok(());
+                    *item = typed(Some(item), false);
+                    return Ok(at);
                 }
                 // Skip the index segment.
                 match item {
                     toml::Value::Table(t) => {
-                        return apply_override(
+                        let rest = apply_override(
                             t,
                             &format!("{ENV_PREFIX}{}", path[i + 2..].join("__")),
                             value,
-                        );
+                        )?;
+                        return Ok(format!("{at}.{rest}"));
                     }
                     _ => return Err(err(key, format!("{name}[{idx}] is not a table"))),
                 }
@@ -662,7 +858,7 @@ fn apply_override(doc: &mut toml::Table, key: &str, value: &str) -> Result<(), C
             _ => return Err(err(key, format!("{name} is not a table"))),
         };
     }
-    Ok(())
+    Ok(at)
 }
 
 fn line_of(text: &str, offset: usize) -> String {
@@ -856,9 +1052,161 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         assert_eq!(c.jobs[0].workers, 3);
         assert_eq!(c.jobs[0].kafka["group.id"], "g1");
         let e = Config::parse_with(GOOD, "t.toml", &[o("JOBS__0__WORKERS", "0")]).unwrap_err();
-        assert_eq!(e.to_string(), "jobs[0].workers: must be 1..=64");
+        assert_eq!(
+            e.to_string(),
+            "jobs[0].workers (set by KAFKA_BACKFILL__JOBS__0__WORKERS): must be 1..=64"
+        );
         let e = Config::parse_with(GOOD, "t.toml", &[o("JOBS__0__WORKERZ", "2")]).unwrap_err();
         assert!(e.to_string().contains("unknown field `workerz`"), "{e}");
+    }
+
+    /// Every mistake `run` would refuse (or that would misbehave) is refused by validation, which is
+    /// all `check-config` runs, naming the key.
+    #[test]
+    fn validation_refuses_what_run_would_refuse() {
+        let refused = |text: &str| {
+            Config::parse_with(text, "t.toml", &[])
+                .unwrap_err()
+                .to_string()
+        };
+        let kafka = |extra: &str| {
+            GOOD.replace(
+                "kafka = { \"bootstrap.servers\" = \"127.0.0.1:19092\" }",
+                &format!("kafka = {{ \"bootstrap.servers\" = \"127.0.0.1:19092\", {extra} }}"),
+            )
+        };
+        let e = refused(&kafka("\"session.timout.ms\" = \"1\""));
+        assert!(
+            e.starts_with("jobs[0].kafka.\"session.timout.ms\": No such configuration property"),
+            "{e}"
+        );
+        let e = refused(&kafka("\"session.timeout.ms\" = \"soon\""));
+        assert!(
+            e.starts_with("jobs[0].kafka.\"session.timeout.ms\": "),
+            "{e}"
+        );
+        let e = refused(&kafka("\"group.id\" = \"\""));
+        assert!(e.starts_with("jobs[0].kafka.\"group.id\": empty"), "{e}");
+        let e = refused(&GOOD.replace("127.0.0.1:19092", " "));
+        assert_eq!(e, "jobs[0].kafka.\"bootstrap.servers\": empty");
+        let store = |s: &str| {
+            GOOD.replace(
+                "store = { kind = \"sqlite\", path = \"state.sqlite\", table = \"accounts\" }",
+                s,
+            )
+        };
+        let e = refused(&store(
+            "store = { kind = \"postgres\", url = \"postgresql://u@h/db?sslmode=verify_full\", table = \"t\" }",
+        ));
+        assert!(
+            e.starts_with("jobs[0].store.url: sslmode verify_full is not one of"),
+            "{e}"
+        );
+        let e = refused(&GOOD.replace(
+            "snapshot = { kind = \"files\", dir = \"snap\" }",
+            "snapshot = { kind = \"postgres\", url = \"mysql://u@h/db\", name = \"s\" }",
+        ));
+        assert!(e.starts_with("jobs[0].snapshot.url: scheme mysql"), "{e}");
+        let e = refused(&format!("[http]\nlisten = \"nine-four-six-four\"\n{GOOD}"));
+        assert!(
+            e.starts_with("http.listen: \"nine-four-six-four\" is not a host:port"),
+            "{e}"
+        );
+        let e = refused(&format!(
+            "[http]\nlisten = \"127.0.0.1:9464\"\nadmin = true\nadmin_listen = \"127.0.0.1:9464\"\n{GOOD}"
+        ));
+        assert!(
+            e.starts_with("http.admin_listen: is http.listen's address"),
+            "{e}"
+        );
+        let e = refused(&format!("[log]\nlevel = \"verbose=[\"\n{GOOD}"));
+        assert!(
+            e.starts_with("log.level: \"verbose=[\" is not a log filter"),
+            "{e}"
+        );
+        let e = refused(&store(
+            "store = { kind = \"sqlite\", path = \"state.sqlite\", table = \"kb_jobs\" }",
+        ));
+        assert!(
+            e.starts_with("jobs[0].store.table: kb_jobs: names starting with kb_"),
+            "{e}"
+        );
+        let two = format!(
+            "{GOOD}{}",
+            GOOD.replace("\"accounts\"\ntopic", "\"other\"\ntopic")
+                .replace("path = \"state.sqlite\"", "path = \"./state.sqlite\"")
+        );
+        let e = refused(&two);
+        assert_eq!(
+            e,
+            "jobs[1].store.table: job accounts writes table accounts of this store too; a table belongs to one job"
+        );
+        // The value kafka-backfill enforces is accepted, with a note.
+        let c = Config::parse_with(
+            &kafka("\"isolation.level\" = \"read_committed\""),
+            "t.toml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.notes().len(), 1, "{:?}", c.notes());
+        let e = refused(&kafka("\"isolation.level\" = \"read_uncommitted\""));
+        assert!(e.contains("is managed by kafka-backfill"), "{e}");
+    }
+
+    #[test]
+    fn kafka_values_are_text_in_the_file_and_in_overrides() {
+        let o = |k: &str, v: &str| (format!("KAFKA_BACKFILL__{k}"), v.to_string());
+        let text = GOOD.replace(
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\"",
+            "\"bootstrap.servers\" = \"127.0.0.1:19092\", \"session.timeout.ms\" = 45000, \"enable.idempotence\" = true",
+        );
+        let c = Config::parse_with(&text, "t.toml", &[]).unwrap();
+        assert_eq!(c.jobs[0].kafka["session.timeout.ms"], "45000");
+        assert_eq!(c.jobs[0].kafka["enable.idempotence"], "true");
+        let c = Config::parse_with(
+            GOOD,
+            "t.toml",
+            &[
+                o("JOBS__0__KAFKA__session.timeout.ms", "45000"),
+                o("JOBS__0__KAFKA__enable.idempotence", "true"),
+                o("JOBS__0__KAFKA__FETCH_WAIT_MAX_MS", "50"),
+                o("JOBS__0__TOPIC", "12345"),
+            ],
+        )
+        .unwrap();
+        let k = &c.jobs[0].kafka;
+        assert_eq!(
+            (
+                k["session.timeout.ms"].as_str(),
+                k["enable.idempotence"].as_str(),
+                k["fetch.wait.max.ms"].as_str()
+            ),
+            ("45000", "true", "50")
+        );
+        assert_eq!(c.jobs[0].topic, "12345");
+        // An error at a key an override set names the variable.
+        let e = Config::parse_with(GOOD, "t.toml", &[o("JOBS__0__WORKERS", "many")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "jobs[0].workers (set by KAFKA_BACKFILL__JOBS__0__WORKERS): invalid type"
+            ),
+            "{e}"
+        );
+        let e = Config::parse_with(
+            GOOD,
+            "t.toml",
+            &[o("JOBS__0__KAFKA__SESSION_TIMEOUT_MS", "soon")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "jobs[0].kafka.\"session.timeout.ms\" (set by KAFKA_BACKFILL__JOBS__0__KAFKA__SESSION_TIMEOUT_MS): "
+            ),
+            "{e}"
+        );
     }
 
     #[test]
