@@ -149,6 +149,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         table: Default::default(),
         kafka_properties: Default::default(),
         transactional: false,
+        snapshot_layout: Default::default(),
     })?;
     println!(
         "snapshot at epoch {} ({} rows) and log written; the table at the last checkpoint has {} rows",

@@ -92,6 +92,10 @@ enum Command {
         /// transactions of deletes that must never be applied.
         #[arg(long)]
         transactional: bool,
+        /// How the snapshot's rows are laid out in files: one file per vnode in key order, or one
+        /// file of every vnode in random order (as a data-lake export usually is).
+        #[arg(long, value_enum, default_value_t)]
+        snapshot_layout: kafka_backfill::workload::SnapshotLayout,
     },
     /// Check a job's snapshot and log topic against the wire contract without materialising
     /// anything: every violation is listed; exit 1 if there is any.
@@ -425,6 +429,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             table,
             properties,
             transactional,
+            snapshot_layout,
         } => {
             init_logs(LogFormat::Text, None);
             let w = Workload {
@@ -447,6 +452,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 table,
                 kafka_properties: kafka_backfill::service::config::parse_properties(&properties)?,
                 transactional,
+                snapshot_layout,
             };
             let r = workload::produce(&w)?;
             if append {

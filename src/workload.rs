@@ -21,7 +21,7 @@ use crate::core::{
     vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap, PartitionProgress, Vnode,
 };
 use crate::rng::SimRng;
-use crate::snapshot::files::{write_files, write_manifest, Manifest};
+use crate::snapshot::files::{write_files, write_manifest, write_single_file, Manifest};
 
 /// The example table's row schema.
 pub const EXAMPLE_ROW_SCHEMA: &str = include_str!("../schemas/example_row.avsc");
@@ -48,6 +48,17 @@ pub enum TableKind {
     /// `schemas/typed_row.avsc`: every Avro type (NaN, ±Inf and −0.0 doubles among them), primary
     /// key `[region, id]` (not in field order).
     Typed,
+}
+
+/// How `produce` lays the snapshot's rows out in files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SnapshotLayout {
+    /// One file per vnode, rows in key order (what the reader handles best).
+    #[default]
+    PerVnode,
+    /// One file holding every vnode's rows in random order, as a data-lake export usually is (the
+    /// reader spills it by vnode: `snapshot::files`).
+    SingleFile,
 }
 
 impl TableKind {
@@ -201,6 +212,8 @@ pub struct Workload {
     pub append: bool,
     /// Which table to generate.
     pub table: TableKind,
+    /// How the snapshot's files are laid out.
+    pub snapshot_layout: SnapshotLayout,
     /// More librdkafka properties for every client (security: `security.protocol`, SASL, TLS).
     pub kafka_properties: BTreeMap<String, String>,
     /// Write with a transactional producer: one transaction per checkpoint (committed at its
@@ -339,8 +352,10 @@ impl Writer<'_> {
 }
 
 /// Writes a table's rows as a snapshot-format folder (files + manifest) at `epoch`.
+#[allow(clippy::too_many_arguments)]
 fn write_table(
     dir: &std::path::Path,
+    layout: SnapshotLayout,
     table: &TableSchema,
     map: PartitionMap,
     topic: &str,
@@ -358,7 +373,12 @@ fn write_table(
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
-    let files = write_files(dir, table, by_vnode)?;
+    let files = match layout {
+        SnapshotLayout::PerVnode => write_files(dir, table, by_vnode)?,
+        SnapshotLayout::SingleFile => {
+            vec![write_single_file(dir, table, by_vnode, rows.len() as u64)?]
+        }
+    };
     write_manifest(
         dir,
         &Manifest {
@@ -506,7 +526,16 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             });
         }
         let snapshot_dir = w.out.join("snapshot");
-        write_table(&snapshot_dir, &table, map, &w.topic, es, &rows, start)?;
+        write_table(
+            &snapshot_dir,
+            w.snapshot_layout,
+            &table,
+            map,
+            &w.topic,
+            es,
+            &rows,
+            start,
+        )?;
         let n = rows.len() as u64;
         (rows, es, epoch, n)
     };
@@ -623,6 +652,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     let final_rows = checkpoint_rows.len() as u64;
     write_table(
         &w.out.join("expected"),
+        SnapshotLayout::PerVnode,
         &table,
         map,
         &w.topic,

@@ -53,6 +53,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         table: Default::default(),
         kafka_properties: Default::default(),
         transactional: false,
+        snapshot_layout: Default::default(),
     })
     .unwrap();
     let mut kafka = BTreeMap::new();

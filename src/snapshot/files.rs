@@ -1,4 +1,4 @@
-//! The snapshot as Avro object container files plus `manifest.json` (DESIGN.md §3).
+//! The snapshot as Avro object container files plus `manifest.json` (docs/DESIGN.md §3).
 //!
 //! The writer (`produce`) writes one file per vnode, rows sorted by key bytes, codec `null`. The
 //! reader takes any layout `schemas/snapshot_manifest.schema.json` allows: a file may hold many
@@ -9,8 +9,16 @@
 //! header schema must be the manifest's `row_schema` (compared in Avro's Parsing Canonical Form).
 //!
 //! Rows are handed on as datum bytes without building values; any Avro tool reads the files
-//! (`tests` reads one with apache-avro). A file that holds several vnodes is decoded once and kept
-//! (at most [`FILE_CACHE`] such files) while its vnodes are scanned.
+//! (`tests` reads one with apache-avro).
+//!
+//! Memory is bounded by a vnode, not by a file: files are read block by block, never whole. A file
+//! that lists one vnode is read straight into that vnode's scan. A file that lists several is read
+//! once, the first time one of its vnodes is scanned, and its rows are *spilled* — appended, as they
+//! come, to at most [`SPILL_BUCKETS`] bucket files (a vnode's rows all in bucket `vnode mod
+//! buckets`) in a private folder under the system's temporary directory (`TMPDIR`), removed when
+//! the snapshot is dropped. A vnode's scan then reads only its bucket, keeps only its own rows and
+//! sorts them: peak memory is about one vnode's rows whatever the file's size (`docs/BENCHMARKS.md`,
+//! the single-file snapshot).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -24,8 +32,8 @@ use crate::ports::{RowIter, SnapshotInfo, SnapshotSource, SourceError};
 
 const MAGIC: &[u8; 4] = b"Obj\x01";
 const ROWS_PER_BLOCK: usize = 4096;
-/// Multi-vnode files kept decoded at once.
-pub const FILE_CACHE: usize = 2;
+/// Bucket files a multi-vnode file is spilled into, at most (one open file each while spilling).
+pub const SPILL_BUCKETS: usize = 256;
 
 /// `manifest.json`, exactly as `schemas/snapshot_manifest.schema.json` describes it (the tests
 /// validate both ways).
@@ -104,38 +112,8 @@ pub fn write_files(
         }
         let name = format!("vnode-{vnode:05}.avro");
         let path = dir.join(&name);
-        let f = fs::File::create(&path).map_err(|e| file_err(&path, e))?;
-        let mut w = BufWriter::new(f);
-        let sync: [u8; 16] = sync_marker(vnode);
-        let mut header = Vec::new();
-        header.extend_from_slice(MAGIC);
-        put_long(&mut header, 2);
-        for (k, v) in [
-            ("avro.schema", schema_json.as_bytes()),
-            ("avro.codec", b"null".as_slice()),
-        ] {
-            put_long(&mut header, k.len() as i64);
-            header.extend_from_slice(k.as_bytes());
-            put_long(&mut header, v.len() as i64);
-            header.extend_from_slice(v);
-        }
-        put_long(&mut header, 0);
-        header.extend_from_slice(&sync);
-        w.write_all(&header).map_err(|e| file_err(&path, e))?;
         let count = rows.len();
-        let datums: Vec<Vec<u8>> = rows.into_values().collect();
-        for chunk in datums.chunks(ROWS_PER_BLOCK) {
-            let size: usize = chunk.iter().map(|d| d.len()).sum();
-            let mut block = Vec::with_capacity(size + 20);
-            put_long(&mut block, chunk.len() as i64);
-            put_long(&mut block, size as i64);
-            w.write_all(&block).map_err(|e| file_err(&path, e))?;
-            for d in chunk {
-                w.write_all(d).map_err(|e| file_err(&path, e))?;
-            }
-            w.write_all(&sync).map_err(|e| file_err(&path, e))?;
-        }
-        w.flush().map_err(|e| file_err(&path, e))?;
+        write_container(&path, &schema_json, sync_marker(vnode), rows.values())?;
         files.push(ManifestFile {
             path: name,
             vnodes: vec![vnode],
@@ -143,6 +121,79 @@ pub fn write_files(
         });
     }
     Ok(files)
+}
+
+/// Writes every row into one file, `snapshot.avro`, in an order shuffled by `seed` (vnodes
+/// interleaved, keys unsorted: the layout of a typical data-lake export).
+pub fn write_single_file(
+    dir: &Path,
+    table: &TableSchema,
+    rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>>,
+    seed: u64,
+) -> Result<ManifestFile, SourceError> {
+    fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
+    let vnodes: Vec<Vnode> = rows
+        .iter()
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(v, _)| *v)
+        .collect();
+    let mut all: Vec<Vec<u8>> = rows.into_values().flat_map(|r| r.into_values()).collect();
+    let mut rng = crate::rng::SimRng::new(seed);
+    for i in (1..all.len()).rev() {
+        all.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let name = "snapshot.avro".to_string();
+    let path = dir.join(&name);
+    write_container(
+        &path,
+        &table.json.to_string(),
+        sync_marker(Vnode::MAX),
+        all.iter(),
+    )?;
+    Ok(ManifestFile {
+        path: name,
+        vnodes,
+        rows: all.len() as u64,
+    })
+}
+
+/// Writes one container file (codec `null`) of these datums, in this order.
+fn write_container<'a>(
+    path: &Path,
+    schema_json: &str,
+    sync: [u8; 16],
+    datums: impl Iterator<Item = &'a Vec<u8>>,
+) -> Result<(), SourceError> {
+    let f = fs::File::create(path).map_err(|e| file_err(path, e))?;
+    let mut w = BufWriter::new(f);
+    let mut header = Vec::new();
+    header.extend_from_slice(MAGIC);
+    put_long(&mut header, 2);
+    for (k, v) in [
+        ("avro.schema", schema_json.as_bytes()),
+        ("avro.codec", b"null".as_slice()),
+    ] {
+        put_long(&mut header, k.len() as i64);
+        header.extend_from_slice(k.as_bytes());
+        put_long(&mut header, v.len() as i64);
+        header.extend_from_slice(v);
+    }
+    put_long(&mut header, 0);
+    header.extend_from_slice(&sync);
+    w.write_all(&header).map_err(|e| file_err(path, e))?;
+    let datums: Vec<&Vec<u8>> = datums.collect();
+    for chunk in datums.chunks(ROWS_PER_BLOCK) {
+        let size: usize = chunk.iter().map(|d| d.len()).sum();
+        let mut block = Vec::with_capacity(20);
+        put_long(&mut block, chunk.len() as i64);
+        put_long(&mut block, size as i64);
+        w.write_all(&block).map_err(|e| file_err(path, e))?;
+        for d in chunk {
+            w.write_all(d).map_err(|e| file_err(path, e))?;
+        }
+        w.write_all(&sync).map_err(|e| file_err(path, e))?;
+    }
+    w.flush().map_err(|e| file_err(path, e))
 }
 
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, SourceError> {
@@ -168,8 +219,22 @@ fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
     }
 }
 
-/// One decoded file's rows, by vnode.
-type FileRows = std::sync::Arc<BTreeMap<Vnode, Vec<Row>>>;
+/// A multi-vnode file spilled into bucket files: vnode `v`'s rows are all in bucket `v % buckets`,
+/// each row as `vnode u32, key length u32, key, datum length u32, datum` (little-endian).
+struct Spill {
+    dir: PathBuf,
+    buckets: usize,
+}
+
+impl Spill {
+    fn bucket(&self, vnode: Vnode) -> PathBuf {
+        self.dir
+            .join(format!("bucket-{:05}.rows", vnode as usize % self.buckets))
+    }
+}
+
+/// Spill folders get distinct names within a process.
+static SPILL_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A snapshot on disk, opened through its manifest.
 pub struct SnapshotFiles {
@@ -182,8 +247,20 @@ pub struct SnapshotFiles {
     info: SnapshotInfo,
     /// The files of each vnode, as indexes into `manifest.files`.
     by_vnode: BTreeMap<Vnode, Vec<usize>>,
-    /// Decoded multi-vnode files, rows bucketed by vnode, most recently used last.
-    cache: std::sync::Mutex<Vec<(usize, FileRows)>>,
+    /// Multi-vnode files spilled so far, by index into `manifest.files`.
+    spills: std::sync::Mutex<BTreeMap<usize, std::sync::Arc<Spill>>>,
+    /// This snapshot's spill folder (created on the first spill, removed on drop).
+    spill_root: PathBuf,
+}
+
+impl Drop for SnapshotFiles {
+    fn drop(&mut self) {
+        if self.spill_root.exists() {
+            if let Err(e) = fs::remove_dir_all(&self.spill_root) {
+                tracing::warn!(dir = %self.spill_root.display(), error = %e, "could not remove the snapshot's spill folder");
+            }
+        }
+    }
 }
 
 impl SnapshotFiles {
@@ -254,7 +331,12 @@ impl SnapshotFiles {
             table,
             info,
             by_vnode,
-            cache: std::sync::Mutex::new(Vec::new()),
+            spills: std::sync::Mutex::new(BTreeMap::new()),
+            spill_root: std::env::temp_dir().join(format!(
+                "kafka-backfill-spill-{}-{}",
+                std::process::id(),
+                SPILL_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            )),
         })
     }
 
@@ -267,22 +349,17 @@ impl SnapshotFiles {
         read_container(path, &self.table)
     }
 
-    /// The rows of file `index`, bucketed by vnode; a row of a vnode the file does not list is an
-    /// error naming the file.
-    fn file_rows(&self, index: usize) -> Result<FileRows, SourceError> {
-        {
-            let mut cache = self.cache.lock().unwrap();
-            if let Some(pos) = cache.iter().position(|(i, _)| *i == index) {
-                let entry = cache.remove(pos);
-                let rows = entry.1.clone();
-                cache.push(entry);
-                return Ok(rows);
-            }
-        }
+    /// Calls `each(n, key, datum)` for every row of file `index` in file order, checking that its
+    /// key hashes to a vnode the manifest lists for the file (an error names the file and row).
+    fn for_each_row(
+        &self,
+        index: usize,
+        mut each: impl FnMut(Vnode, Vec<u8>, Vec<u8>) -> Result<(), SourceError>,
+    ) -> Result<(), SourceError> {
         let f = &self.manifest.files[index];
         let path = self.dir.join(&f.path);
-        let mut buckets: BTreeMap<Vnode, Vec<Row>> = BTreeMap::new();
-        for (n, value) in read_container(&path, &self.table)?.into_iter().enumerate() {
+        let mut n = 0u64;
+        for_each_datum(&path, &self.table, |value| {
             let key = self
                 .table
                 .key_of_datum(&value)
@@ -296,17 +373,95 @@ impl SnapshotFiles {
                     ),
                 ));
             }
-            buckets.entry(vnode).or_default().push(Row { key, value });
+            n += 1;
+            each(vnode, key, value)
+        })
+    }
+
+    /// File `index` (listing several vnodes) spilled into bucket files, once.
+    fn spill(&self, index: usize) -> Result<std::sync::Arc<Spill>, SourceError> {
+        let mut spills = self.spills.lock().unwrap();
+        if let Some(s) = spills.get(&index) {
+            return Ok(s.clone());
         }
-        let rows = std::sync::Arc::new(buckets);
-        if f.vnodes.len() > 1 {
-            let mut cache = self.cache.lock().unwrap();
-            if cache.len() >= FILE_CACHE {
-                cache.remove(0);
+        let f = &self.manifest.files[index];
+        let spill = Spill {
+            dir: self.spill_root.join(format!("file-{index:05}")),
+            buckets: f.vnodes.len().clamp(1, SPILL_BUCKETS),
+        };
+        fs::create_dir_all(&spill.dir).map_err(|e| file_err(&spill.dir, e))?;
+        let mut writers: BTreeMap<usize, BufWriter<fs::File>> = BTreeMap::new();
+        let started = std::time::Instant::now();
+        let mut rows = 0u64;
+        self.for_each_row(index, |vnode, key, value| {
+            let b = vnode as usize % spill.buckets;
+            let w = match writers.entry(b) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let p = spill.bucket(vnode);
+                    let file = fs::File::create(&p).map_err(|e| file_err(&p, e))?;
+                    v.insert(BufWriter::with_capacity(64 * 1024, file))
+                }
+            };
+            let mut put = |bytes: &[u8]| w.write_all(bytes);
+            put(&u32::from(vnode).to_le_bytes())
+                .and_then(|_| put(&(key.len() as u32).to_le_bytes()))
+                .and_then(|_| put(&key))
+                .and_then(|_| put(&(value.len() as u32).to_le_bytes()))
+                .and_then(|_| put(&value))
+                .map_err(|e| file_err(&spill.bucket(vnode), format!("spilling: {e}")))?;
+            rows += 1;
+            Ok(())
+        })?;
+        for (b, mut w) in writers {
+            w.flush()
+                .map_err(|e| file_err(&spill.dir.join(format!("bucket-{b:05}.rows")), e))?;
+        }
+        tracing::info!(file = %self.dir.join(&f.path).display(), rows, buckets = spill.buckets, ms = started.elapsed().as_millis() as u64, spill = %spill.dir.display(), "multi-vnode snapshot file spilled by vnode");
+        let spill = std::sync::Arc::new(spill);
+        spills.insert(index, spill.clone());
+        Ok(spill)
+    }
+
+    /// Vnode `vnode`'s rows of file `index`, in file order.
+    fn rows_of(&self, index: usize, vnode: Vnode, out: &mut Vec<Row>) -> Result<(), SourceError> {
+        if self.manifest.files[index].vnodes.len() <= 1 {
+            return self.for_each_row(index, |_, key, value| {
+                out.push(Row { key, value });
+                Ok(())
+            });
+        }
+        let spill = self.spill(index)?;
+        let path = spill.bucket(vnode);
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
+            // No row of this bucket's vnodes in the file.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(file_err(&path, e)),
+        };
+        let mut r = std::io::BufReader::with_capacity(64 * 1024, file);
+        let bad = |e: std::io::Error| file_err(&path, format!("reading the spill: {e}"));
+        loop {
+            let mut head = [0u8; 4];
+            match std::io::Read::read_exact(&mut r, &mut head) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(bad(e)),
             }
-            cache.push((index, rows.clone()));
+            let v = u32::from_le_bytes(head);
+            let field = |r: &mut std::io::BufReader<fs::File>| -> std::io::Result<Vec<u8>> {
+                let mut len = [0u8; 4];
+                std::io::Read::read_exact(r, &mut len)?;
+                let mut bytes = vec![0u8; u32::from_le_bytes(len) as usize];
+                std::io::Read::read_exact(r, &mut bytes)?;
+                Ok(bytes)
+            };
+            let key = field(&mut r).map_err(bad)?;
+            let value = field(&mut r).map_err(bad)?;
+            if v == u32::from(vnode) {
+                out.push(Row { key, value });
+            }
         }
-        Ok(rows)
     }
 }
 
@@ -401,28 +556,81 @@ fn read_header(path: &Path) -> Result<Header, SourceError> {
 
 /// Reads one container file (any supported codec), checking every datum.
 fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, SourceError> {
-    let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
-    let corrupt = |what: String| file_err(path, format!("corrupt container file: {what}"));
-    let header = parse_header(path, &bytes)?;
-    let mut buf = &bytes[header.len..];
     let mut rows = Vec::new();
+    for_each_datum(path, table, |d| {
+        rows.push(d);
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+/// A zig-zag varint from a reader; `None` at a clean end of input before its first byte.
+fn read_long(r: &mut impl std::io::Read) -> std::io::Result<Option<i64>> {
+    let mut value: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let mut b = [0u8; 1];
+        if r.read(&mut b)? == 0 {
+            return if shift == 0 {
+                Ok(None)
+            } else {
+                Err(std::io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        if shift > 63 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "varint too long",
+            ));
+        }
+        value |= u64::from(b[0] & 0x7f) << shift;
+        if b[0] & 0x80 == 0 {
+            return Ok(Some((value >> 1) as i64 ^ -((value & 1) as i64)));
+        }
+        shift += 7;
+    }
+}
+
+/// Calls `each` with every datum of a container file (any supported codec), checked against the
+/// schema, reading one block at a time (memory: one block, never the file).
+fn for_each_datum(
+    path: &Path,
+    table: &TableSchema,
+    mut each: impl FnMut(Vec<u8>) -> Result<(), SourceError>,
+) -> Result<(), SourceError> {
+    use std::io::{Read, Seek};
+    let corrupt = |what: String| file_err(path, format!("corrupt container file: {what}"));
+    let header = read_header(path)?;
+    let mut f = fs::File::open(path).map_err(|e| file_err(path, e))?;
+    f.seek(std::io::SeekFrom::Start(header.len as u64))
+        .map_err(|e| file_err(path, e))?;
+    let mut r = std::io::BufReader::with_capacity(256 * 1024, f);
     let mut block_no = 0;
-    while !buf.is_empty() {
-        let count = get_long(&mut buf)
-            .ok_or_else(|| corrupt(format!("block {block_no}: truncated count")))?;
-        let size = get_long(&mut buf)
+    let mut data = Vec::new();
+    loop {
+        let count = match read_long(&mut r) {
+            Ok(None) => return Ok(()),
+            Ok(Some(c)) => c,
+            Err(_) => return Err(corrupt(format!("block {block_no}: truncated count"))),
+        };
+        let size = read_long(&mut r)
+            .ok()
+            .flatten()
             .ok_or_else(|| corrupt(format!("block {block_no}: truncated size")))?;
         let size = usize::try_from(size)
             .map_err(|_| corrupt(format!("block {block_no}: negative size")))?;
-        if count < 0 || buf.len() < size.saturating_add(16) {
+        if count < 0 {
             return Err(corrupt(format!("block {block_no}: truncated")));
         }
-        let (data, rest) = buf.split_at(size);
-        if rest[..16] != header.sync[..] {
+        data.resize(size, 0);
+        let mut sync = [0u8; 16];
+        r.read_exact(&mut data)
+            .and_then(|_| r.read_exact(&mut sync))
+            .map_err(|_| corrupt(format!("block {block_no}: truncated")))?;
+        if sync != header.sync {
             return Err(corrupt(format!("block {block_no}: sync marker mismatch")));
         }
-        buf = &rest[16..];
-        let mut block = data.to_vec();
+        let mut block = std::mem::take(&mut data);
         header
             .codec
             .decompress(&mut block)
@@ -434,7 +642,7 @@ fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, Sour
             crate::codec::skip_datum(&table.schema, &mut probe)
                 .map_err(|e| corrupt(format!("block {block_no} row {i}: {e}")))?;
             let used = before.len() - probe.len();
-            rows.push(before[..used].to_vec());
+            each(before[..used].to_vec())?;
             d = probe;
         }
         if !d.is_empty() {
@@ -443,9 +651,9 @@ fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, Sour
                 d.len()
             )));
         }
+        data = block;
         block_no += 1;
     }
-    Ok(rows)
 }
 
 impl SnapshotSource for SnapshotFiles {
@@ -459,10 +667,7 @@ impl SnapshotSource for SnapshotFiles {
         };
         let mut rows: Vec<Row> = Vec::new();
         for &i in files {
-            let buckets = self.file_rows(i)?;
-            if let Some(r) = buckets.get(&vnode) {
-                rows.extend(r.iter().cloned());
-            }
+            self.rows_of(i, vnode, &mut rows)?;
         }
         rows.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         if let Some(w) = rows.windows(2).find(|w| w[0].key == w[1].key) {
@@ -599,20 +804,24 @@ mod tests {
     /// (key, datum) rows by vnode.
     type ByVnode = BTreeMap<Vnode, Vec<(Vec<u8>, Vec<u8>)>>;
 
+    /// Row `id` of the example table with a payload of `payload` bytes, as a datum.
+    fn datum(t: &TableSchema, id: i64, payload: usize) -> Vec<u8> {
+        t.encode_row(&Value::Record(vec![
+            ("id".into(), Value::Long(id)),
+            ("owner".into(), Value::String(format!("o{id}"))),
+            ("balance".into(), Value::Long(id)),
+            ("version".into(), Value::Long(0)),
+            ("payload".into(), Value::String("y".repeat(payload))),
+        ]))
+        .unwrap()
+    }
+
     /// Rows of the example table by vnode (16 vnodes).
     fn rows_by_vnode(n: i64) -> ByVnode {
         let t = table();
         let mut out: ByVnode = BTreeMap::new();
         for id in 0..n {
-            let datum = t
-                .encode_row(&Value::Record(vec![
-                    ("id".into(), Value::Long(id)),
-                    ("owner".into(), Value::String(format!("o{id}"))),
-                    ("balance".into(), Value::Long(id)),
-                    ("version".into(), Value::Long(0)),
-                    ("payload".into(), Value::String("y".repeat(30))),
-                ]))
-                .unwrap();
+            let datum = datum(&t, id, 30);
             let key = t.key_of_datum(&datum).unwrap();
             out.entry(vnode_of(&key, 16))
                 .or_default()
@@ -681,6 +890,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One file of more vnodes than spill buckets, rows shuffled: every vnode scans exactly (its
+    /// bucket shared with others), the file is spilled once, and the spill folder goes with the
+    /// snapshot.
+    #[test]
+    fn a_file_of_many_vnodes_is_spilled_once_by_vnode_and_cleaned_up() {
+        let t = table();
+        let vnodes = 600u32;
+        let mut rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+        for id in 0..3_000i64 {
+            let datum = datum(&t, id, 10);
+            let key = t.key_of_datum(&datum).unwrap();
+            rows.entry(vnode_of(&key, vnodes))
+                .or_default()
+                .insert(key, datum);
+        }
+        let dir = tmp("spill");
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = write_single_file(&dir, &t, rows.clone(), 9).unwrap();
+        assert!(file.vnodes.len() > SPILL_BUCKETS);
+        write_manifest(
+            &dir,
+            &Manifest {
+                vnode_count: vnodes,
+                ..manifest_with(vec![file])
+            },
+        )
+        .unwrap();
+        let s = SnapshotFiles::open(&dir).unwrap();
+        let root = s.spill_root.clone();
+        assert!(!root.exists(), "nothing is spilled before a scan");
+        for v in 0..vnodes as Vnode {
+            let want: Vec<Row> = rows
+                .get(&v)
+                .map(|r| {
+                    r.iter()
+                        .map(|(k, d)| Row {
+                            key: k.clone(),
+                            value: d.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let got: Vec<Row> = s.scan(v, None).unwrap().map(|r| r.unwrap()).collect();
+            assert_eq!(got, want, "vnode {v}");
+        }
+        assert_eq!(s.spills.lock().unwrap().len(), 1, "spilled once");
+        let buckets = std::fs::read_dir(root.join("file-00000")).unwrap().count();
+        assert_eq!(buckets, SPILL_BUCKETS);
+        drop(s);
+        assert!(!root.exists(), "the spill folder outlived the snapshot");
     }
 
     #[test]
