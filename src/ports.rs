@@ -11,7 +11,7 @@ use crate::core::{
     Row, Vnode, VnodeProgress,
 };
 
-/// What a snapshot says about itself (DESIGN.md §3).
+/// What a snapshot says about itself (docs/DESIGN.md §3).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotInfo {
     pub snapshot_epoch: Epoch,
@@ -56,7 +56,7 @@ pub trait LogStore {
     fn high_watermark(&self, partition: PartitionId) -> u64;
 }
 
-/// The job row (DESIGN.md §4).
+/// The job row (docs/DESIGN.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct JobRow {
     pub job: String,
@@ -238,6 +238,11 @@ pub trait StateStore: Send {
     ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError>;
 }
 
+/// Opens a state store handle (one per worker thread and committer; a job's runtime keeps a few for
+/// its own reads).
+pub type StoreFactory =
+    std::sync::Arc<dyn Fn() -> Result<Box<dyn StateStore>, StoreError> + Send + Sync>;
+
 /// A SQL table name the stores accept (it is quoted into statements): letters, digits and `_`.
 pub fn check_table_name(name: &str) -> Result<(), StoreError> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -318,8 +323,17 @@ pub trait ConsumerPort {
 pub struct CommitDone {
     pub checkpoint: Checkpoint,
     pub result: Result<(), StoreError>,
-    pub elapsed_ms: f64,
+    /// The latency of the store transaction that carried this checkpoint, on the *first* checkpoint
+    /// of that transaction only (`None` on the others of its group): a transaction is one sample of
+    /// commit latency (the histogram, the adaptive rate limit), however many checkpoints it held.
+    pub transaction_ms: Option<f64>,
+    /// How many checkpoints that transaction carried.
+    pub group_size: usize,
 }
+
+/// How many checkpoints may wait for the store before the worker blocks; also the largest group one
+/// transaction commits. The production committer and the simulation use this one bound.
+pub const MAX_PENDING_COMMITS: usize = 4;
 
 /// Checkpoint commits, applied in submission order while the loop goes on; after one fails none
 /// later is applied. Production: `kafka::committer` (a thread); simulation: completions whenever the
@@ -331,8 +345,9 @@ pub trait CommitPort {
     fn finished(&mut self) -> Vec<CommitDone>;
     /// Waits for every pending commit.
     fn drain(&mut self) -> Vec<CommitDone>;
-    /// After a failure: waits for what is pending (results discarded) and starts afresh.
-    fn restart(&mut self) -> Result<(), StoreError>;
+    /// After a failure: waits for what is pending and starts afresh. Returns the outcomes the
+    /// failed executor never took (its commits that applied are still commits, and are reported).
+    fn restart(&mut self) -> Result<Vec<CommitDone>, StoreError>;
 }
 
 /// Time as the loop sees it.
@@ -341,4 +356,121 @@ pub trait Clock {
     fn now_ms(&self) -> u64;
     /// Throttling waits.
     fn sleep_ms(&mut self, ms: u64);
+}
+
+/// What a worker reports of itself at every housekeeping round (and on failures): what `/status`,
+/// `/readyz`, `/livez` and the job runner see of it.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerReport {
+    pub status: Option<crate::core::WorkerStatus>,
+    /// Snapshot rows plus log records handled per second (smoothed, `core::Rate`).
+    pub records_per_second: f64,
+    /// Partition lag divided by the rate, while the log is being replayed
+    /// (`WorkerStatus::catch_up_eta_seconds`).
+    pub estimated_catch_up_seconds: Option<f64>,
+    pub caught_up: bool,
+    pub last_error: Option<String>,
+    /// Recreations this process's supervisor applied for the job.
+    pub recreations: u64,
+    /// The state store answered the last look; `/readyz` is false while it does not.
+    pub store_reachable: bool,
+    /// The rate limits in force (0 = none): the store's live limits, or `max_rows_per_second`.
+    pub rate_limits: RateLimits,
+}
+
+/// How a vnode-bitmap update (a rebalance seen by a worker) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BitmapOutcome {
+    /// Allowed in its phase (snapshot: re-planned; streaming: absorbed).
+    Applied,
+    /// In the log store under `recreation.policy = "reschedule"`: absorbed.
+    Rescheduled,
+    /// In the log store: the invariant error.
+    InvariantError,
+}
+
+impl BitmapOutcome {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BitmapOutcome::Applied => "applied",
+            BitmapOutcome::Rescheduled => "rescheduled",
+            BitmapOutcome::InvariantError => "invariant_error",
+        }
+    }
+}
+
+/// How a worker's failure was classified (`core::WorkerFailure`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    Core,
+    Fenced,
+    Unavailable,
+    Fatal,
+}
+
+impl FailureKind {
+    pub fn of(f: &crate::core::WorkerFailure) -> Self {
+        match f {
+            crate::core::WorkerFailure::Core(_) => FailureKind::Core,
+            crate::core::WorkerFailure::Fenced(_) => FailureKind::Fenced,
+            crate::core::WorkerFailure::Unavailable(_) => FailureKind::Unavailable,
+            crate::core::WorkerFailure::Fatal(_) => FailureKind::Fatal,
+        }
+    }
+}
+
+/// What a worker's loop tells the rest of the process about what it did: typed events, one per
+/// thing that happened. The loop's only way to be seen — it imports neither metrics nor the status
+/// board. The service implements it with Prometheus and the status board
+/// (`service::observe::ServiceObserver`); the simulation with counters it checks against its
+/// oracle (`sim::observe`).
+#[derive(Clone, Debug)]
+pub enum WorkerEvent {
+    /// One log change record fed to the executor.
+    Change(crate::core::Op),
+    /// One snapshot row fed to the executor.
+    SnapshotRow,
+    /// A record that did not decode.
+    DecodeError,
+    /// librdkafka reported an error (a broker away, authentication); it reconnects by itself
+    /// unless the error is fatal.
+    KafkaError { fatal: bool },
+    /// A checkpoint committed. `transaction_ms` is set on the first checkpoint of each store
+    /// transaction only: one latency sample per transaction.
+    CommitApplied {
+        cause: crate::core::CheckpointCause,
+        transaction_ms: Option<f64>,
+        group_size: usize,
+    },
+    /// A vnode-bitmap update (assignment or revocation) in `phase`.
+    BitmapUpdate {
+        phase: crate::core::Phase,
+        outcome: BitmapOutcome,
+    },
+    /// The invariant error was raised (after the checkpoint before it was durable).
+    InvariantError { phase: crate::core::Phase },
+    PhaseChanged {
+        from: crate::core::Phase,
+        to: crate::core::Phase,
+    },
+    /// This worker's compare-and-set recreated the job (it applied).
+    Recreated,
+    /// The worker failed; the supervisor decides next.
+    Failed(FailureKind),
+    /// An executor started at this generation.
+    Generation(u64),
+    /// A partition was paused for alignment this long before it resumed.
+    AlignmentWait { seconds: f64 },
+    /// The worker no longer owns this partition (its lag is its new owner's to report).
+    PartitionReleased(PartitionId),
+    /// Whether the state store answered the worker's last look.
+    StoreReachable(bool),
+    /// The worker's periodic report.
+    Report(WorkerReport),
+}
+
+/// Where a worker's [`WorkerEvent`]s go.
+pub trait Observer: Send {
+    fn observe(&mut self, event: WorkerEvent);
 }

@@ -1,6 +1,8 @@
 //! The architecture's rules, checked on the source: the core (its own crate, `crates/core`, whose
 //! dependencies are serde, thiserror and crc32fast only) does no I/O and reads no clock; the worker
-//! loop talks to the world only through its ports.
+//! loop talks to the world only through its ports (its observer included: no metrics, no status
+//! board, no clock of its own); and the layers import downwards only — the service composes the
+//! loop, Kafka and the stores, none of which reaches back up into it.
 
 use std::path::Path;
 
@@ -77,7 +79,29 @@ fn the_worker_loop_talks_to_the_world_through_its_ports() {
             "std::net",
             "std::thread",
             "SystemTime",
+            "Instant",
+            "crate::service",
+            "crate::kafka",
+            "crate::store::sqlite",
+            "crate::store::postgres",
+            "prometheus",
+            "BaseConsumer",
+            "Connection",
         ],
     );
     assert!(found.is_empty(), "I/O in the loop:\n{}", found.join("\n"));
+}
+
+/// No circle between the loop, Kafka and the service: Kafka, the stores and the snapshot sources
+/// know neither the loop nor the service; the loop knows neither Kafka nor the service (above).
+#[test]
+fn the_layers_import_downwards_only() {
+    for dir in ["src/kafka", "src/store", "src/snapshot", "src/codec"] {
+        let found = uses(dir, &["crate::service", "crate::driver", "crate::sim"]);
+        assert!(
+            found.is_empty(),
+            "{dir} reaches up into the loop or the service:\n{}",
+            found.join("\n")
+        );
+    }
 }

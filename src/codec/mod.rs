@@ -1,4 +1,4 @@
-//! The wire format (DESIGN.md §3): Avro single-object encoding of log records, the table's row schema
+//! The wire format (docs/DESIGN.md §3): Avro single-object encoding of log records, the table's row schema
 //! and its primary-key bytes.
 //!
 //! This module owns encoding and decoding; it knows nothing of Kafka or stores. Decoding a change

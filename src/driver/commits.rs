@@ -6,8 +6,7 @@ use tracing::{debug, error, warn};
 
 use super::Driver;
 use crate::core::{PartitionProgress, WorkerFailure};
-use crate::ports::{Clock, CommitDone, CommitPort, ConsumerPort, StoreError};
-use crate::service::metrics::metrics;
+use crate::ports::{Clock, CommitDone, CommitPort, ConsumerPort, StoreError, WorkerEvent};
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// Takes in finished commits (all pending ones when `wait`): metrics and group offsets for each
@@ -34,16 +33,16 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let cp = d.checkpoint;
         match d.result {
             Ok(()) => {
-                self.stats.commits += 1;
-                self.adaptive.observe_commit(d.elapsed_ms);
-                let m = metrics();
-                m.commit_seconds
-                    .with_label_values(&[&job])
-                    .observe(d.elapsed_ms / 1000.0);
-                m.checkpoints
-                    .with_label_values(&[&job, &format!("{:?}", cp.cause).to_lowercase()])
-                    .inc();
-                debug!(job = %job, worker = %self.cfg.worker, cause = ?cp.cause, epoch = ?cp.epoch, rows = cp.rows.len(), ms = d.elapsed_ms as u64, "committed");
+                // One latency sample per store transaction, not per checkpoint it carried.
+                if let Some(ms) = d.transaction_ms {
+                    self.adaptive.observe_commit(ms);
+                }
+                self.observer.observe(WorkerEvent::CommitApplied {
+                    cause: cp.cause,
+                    transaction_ms: d.transaction_ms,
+                    group_size: d.group_size,
+                });
+                debug!(job = %job, worker = %self.cfg.worker, cause = ?cp.cause, epoch = ?cp.epoch, rows = cp.rows.len(), transaction_ms = d.transaction_ms.map(|ms| ms as u64), group = d.group_size, "committed");
                 if !cp.partitions.is_empty() {
                     self.consumer.commit_offsets(&cp.partitions, false);
                 }

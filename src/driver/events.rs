@@ -7,8 +7,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Driver, Scan};
 use crate::core::{CoreError, Decision, Event, LogRecord, PartitionId, Phase, Row, WorkerFailure};
-use crate::ports::{Clock, CommitPort, ConsumerPort, Polled};
-use crate::service::metrics::metrics;
+use crate::ports::{BitmapOutcome, Clock, CommitPort, ConsumerPort, Polled, WorkerEvent};
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     pub(super) fn on_polled(&mut self, polled: Polled) {
@@ -22,6 +21,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             Polled::Revoked { partitions, lost } => self.on_revoked(partitions, lost),
             Polled::ClientError { reason, fatal } => {
                 warn!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "Kafka client error");
+                self.observer.observe(WorkerEvent::KafkaError { fatal });
                 self.last_error = Some(format!("Kafka: {reason}"));
                 if fatal {
                     self.fail(WorkerFailure::Fatal(format!("fatal Kafka error: {reason}")));
@@ -78,10 +78,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         for p in &parts {
             self.position.remove(p);
             self.paused_at.remove(p);
-            // Its new owner reports its lag; a stale series here would double it.
-            let _ = metrics()
-                .partition_lag
-                .remove_label_values(&[&self.cfg.job, &p.to_string()]);
+            self.observer.observe(WorkerEvent::PartitionReleased(*p));
         }
         if let Err(e) = self.consumer.unassign(&parts) {
             self.fail(WorkerFailure::Fatal(format!(
@@ -105,7 +102,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         match record {
             Ok(record) => {
                 if let LogRecord::Change(c) = &record {
-                    self.counters.log_records[c.op as usize].inc();
+                    self.observer.observe(WorkerEvent::Change(c.op));
                 }
                 self.feed(Event::Record {
                     partition,
@@ -114,10 +111,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 })
             }
             Err(reason) => {
-                metrics()
-                    .decode_errors
-                    .with_label_values(&[&self.cfg.job])
-                    .inc();
+                self.observer.observe(WorkerEvent::DecodeError);
                 self.feed(Event::Undecodable {
                     partition,
                     offset,
@@ -142,20 +136,16 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         match exec.handle(event) {
             Ok(ds) => {
                 if update {
-                    *self.stats.updates_by_phase.entry(phase).or_default() += 1;
                     let outcome = if ds.iter().any(|d| matches!(d, Decision::Fail(_))) {
-                        "invariant_error"
+                        BitmapOutcome::InvariantError
                     } else if phase == Phase::LogStore {
                         info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?moved, "vnode bitmap updated during log store: rescheduled");
-                        self.stats.rescheduled += 1;
-                        "rescheduled"
+                        BitmapOutcome::Rescheduled
                     } else {
-                        "applied"
+                        BitmapOutcome::Applied
                     };
-                    metrics()
-                        .bitmap_updates
-                        .with_label_values(&[&self.cfg.job, phase.as_str(), outcome])
-                        .inc();
+                    self.observer
+                        .observe(WorkerEvent::BitmapUpdate { phase, outcome });
                 }
                 self.execute(phase, ds);
             }
@@ -216,21 +206,15 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         return self.fail(WorkerFailure::Unavailable(e));
                     }
                     if let Some(t) = self.paused_at.remove(&p) {
-                        metrics()
-                            .alignment_seconds
-                            .with_label_values(&[&self.cfg.job])
-                            .observe(self.clock.now_ms().saturating_sub(t) as f64 / 1000.0);
+                        let seconds = self.clock.now_ms().saturating_sub(t) as f64 / 1000.0;
+                        self.observer
+                            .observe(WorkerEvent::AlignmentWait { seconds });
                     }
                 }
                 Decision::PhaseChanged { from, to } => {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, from = from.as_str(), to = to.as_str(), "phase changed");
-                    self.stats.phases_seen.insert(to);
-                    for p in Phase::ALL {
-                        metrics()
-                            .phase
-                            .with_label_values(&[&self.cfg.job, &self.cfg.worker, p.as_str()])
-                            .set((p == to) as i64);
-                    }
+                    self.observer
+                        .observe(WorkerEvent::PhaseChanged { from, to });
                 }
                 Decision::Restart { reason } => {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "restarting from the store");
@@ -242,15 +226,9 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         return;
                     }
                     if e == CoreError::VnodeBitmapUpdateDuringLogStore {
-                        metrics()
-                            .invariant_errors
-                            .with_label_values(&[&self.cfg.job])
-                            .inc();
-                        *self
-                            .stats
-                            .bitmap_errors_by_phase
-                            .entry(phase_before)
-                            .or_default() += 1;
+                        self.observer.observe(WorkerEvent::InvariantError {
+                            phase: phase_before,
+                        });
                     }
                     error!(job = %self.cfg.job, worker = %self.cfg.worker, "{e}");
                     return self.fail(WorkerFailure::Core(e));
@@ -293,7 +271,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             let event = match scan.rows.pop_front() {
                 Some(row) => {
                     rows += 1;
-                    self.counters.snapshot_rows.inc();
+                    self.observer.observe(WorkerEvent::SnapshotRow);
                     Event::SnapshotRow {
                         scan: id,
                         vnode,

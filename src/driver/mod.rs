@@ -1,6 +1,7 @@
 //! The one worker loop: one consumer-group member driving one [`Executor`], generic over its ports
-//! ([`ConsumerPort`], [`CommitPort`], [`Clock`]). `kafka::worker` runs it on librdkafka and the
-//! committer thread; `sim` runs the very same loop on simulated members, commits that complete when
+//! ([`ConsumerPort`], [`CommitPort`], [`Clock`], [`Observer`]). `service::worker` runs it on
+//! librdkafka (`kafka::consumer`), the committer thread (`store::committer`) and the service's
+//! observer; `sim` runs the very same loop on simulated members, commits that complete when
 //! the simulator decides, and a simulated clock.
 //!
 //! Each [`Driver::step`] polls records and group events, feeds them to the executor and carries out its
@@ -13,10 +14,12 @@
 //! restart keeps the consumer (and so the group membership and assignment) and rebuilds the
 //! executor from the store.
 //!
-//! The loop owns no decision (the core does) and does no I/O of its own: everything goes through the
-//! ports and the [`StateStore`].
+//! The loop owns no decision (the core does) and does no I/O of its own: the consumer, the committer,
+//! the clock, the store and the snapshot are its ports, and what it did goes out as typed
+//! [`WorkerEvent`]s to its [`Observer`] — it never imports the service, metrics or the status board
+//! (`tests/architecture.rs` fails if it does, or reads a clock of its own).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tracing::{error, info, warn};
@@ -27,10 +30,9 @@ use crate::core::{
     Throttle, Verdict, Vnode, WorkerFailure, WorkerStatus,
 };
 use crate::ports::{
-    Clock, CommitPort, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError,
+    Clock, CommitPort, ConsumerPort, FailureKind, Observer, Polled, SnapshotSource, StateStore,
+    StoreError, WorkerEvent, WorkerReport,
 };
-use crate::service::metrics::metrics;
-use crate::service::status::{StatusBoard, WorkerReport};
 
 mod commits;
 mod events;
@@ -79,45 +81,11 @@ impl std::fmt::Display for Stopped {
 
 impl std::error::Error for Stopped {}
 
-/// What one driver did, for the simulation's report (production reads metrics instead).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DriverStats {
-    pub commits: u64,
-    pub fenced: u64,
-    pub recreations: u64,
-    /// Vnode-bitmap updates absorbed in the log-store phase (`reschedule`).
-    pub rescheduled: u64,
-    /// Invariant errors raised, by the phase the worker was in.
-    pub bitmap_errors_by_phase: BTreeMap<Phase, u64>,
-    /// Vnode-bitmap updates (assignments and revocations) by the phase the worker was in.
-    pub updates_by_phase: BTreeMap<Phase, u64>,
-    pub phases_seen: BTreeSet<Phase>,
-}
-
 struct Scan {
     id: ScanId,
     queue: VecDeque<ScanStart>,
     current: Option<Vnode>,
     rows: VecDeque<Row>,
-}
-
-struct HotCounters {
-    /// Indexed by `Op as usize`.
-    log_records: Vec<prometheus::IntCounter>,
-    snapshot_rows: prometheus::IntCounter,
-}
-
-impl HotCounters {
-    fn new(job: &str) -> Self {
-        let m = metrics();
-        HotCounters {
-            log_records: crate::core::Op::ALL
-                .iter()
-                .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
-                .collect(),
-            snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
-        }
-    }
 }
 
 /// A store error as the supervisor sees it: transient → unavailable (restart, bounded), fencing →
@@ -141,7 +109,7 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     store: Box<dyn StateStore>,
     snapshot: Arc<dyn SnapshotSource>,
     supervisor: Arc<Mutex<Supervisor>>,
-    board: StatusBoard,
+    observer: Box<dyn Observer>,
     map: PartitionMap,
     exec: Option<Executor>,
     scan: Option<Scan>,
@@ -162,7 +130,6 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     live_limits: RateLimits,
     /// The adaptive cap (off unless configured).
     adaptive: Adaptive,
-    counters: HotCounters,
     last_house: Option<u64>,
     /// While backing off before a restart: when to restart.
     restart_at: Option<u64>,
@@ -170,7 +137,6 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     /// generation of the executor that failed, never by the store's current one (which another
     /// worker's recreation may already have moved on).
     generation: u64,
-    stats: DriverStats,
 }
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
@@ -184,13 +150,12 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         store: Box<dyn StateStore>,
         snapshot: Arc<dyn SnapshotSource>,
         supervisor: Arc<Mutex<Supervisor>>,
-        board: StatusBoard,
+        observer: Box<dyn Observer>,
     ) -> Result<Self, WorkerFailure> {
         let info = snapshot.info();
         let map = PartitionMap::new(info.vnode_count, info.partition_count)
             .map_err(|e| WorkerFailure::Fatal(e.to_string()))?;
         let now = clock.now_ms();
-        let counters = HotCounters::new(&cfg.job);
         let cfg_limit = cfg.max_rows_per_second;
         let cfg_adaptive = cfg.adaptive;
         let mut d = Driver {
@@ -201,7 +166,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             store,
             snapshot,
             supervisor,
-            board,
+            observer,
             map,
             exec: None,
             scan: None,
@@ -215,11 +180,9 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             log_throttle: Throttle::new(cfg_limit, now),
             live_limits: RateLimits::both(cfg_limit),
             adaptive: Adaptive::new(cfg_adaptive),
-            counters,
             last_house: None,
             restart_at: None,
             generation: 0,
-            stats: DriverStats::default(),
         };
         d.start_executor()?;
         Ok(d)
@@ -231,10 +194,6 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
 
     pub fn status(&self) -> Option<WorkerStatus> {
         self.exec.as_ref().map(|e| e.status())
-    }
-
-    pub fn stats(&self) -> &DriverStats {
-        &self.stats
     }
 
     /// Whether the worker is backing off before a restart.
@@ -333,13 +292,18 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
     }
 
-    fn label(&self) -> [&str; 2] {
-        [self.cfg.job.as_str(), self.cfg.worker.as_str()]
-    }
-
     fn start_executor(&mut self) -> Result<(), WorkerFailure> {
-        // A fresh committer: the old one may hold checkpoints of the failed executor.
-        self.committer.restart().map_err(store_failure)?;
+        // A fresh committer: the old one may hold checkpoints of the failed executor. Those that
+        // applied are commits all the same (reported, never fed to the new executor).
+        for d in self.committer.restart().map_err(store_failure)? {
+            if d.result.is_ok() {
+                self.observer.observe(WorkerEvent::CommitApplied {
+                    cause: d.checkpoint.cause,
+                    transaction_ms: d.transaction_ms,
+                    group_size: d.group_size,
+                });
+            }
+        }
         let info = self.snapshot.info().clone();
         let row = self
             .store
@@ -355,10 +319,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             max_epochs_ahead: self.cfg.max_epochs_ahead,
             reschedule: self.cfg.reschedule,
         };
-        metrics()
-            .generation
-            .with_label_values(&self.label())
-            .set(row.generation as i64);
+        self.observer
+            .observe(WorkerEvent::Generation(row.generation));
         self.generation = row.generation;
         self.exec = Some(Executor::new(spec, self.clock.now_ms()));
         self.scan = None;
@@ -385,9 +347,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
 
     fn fail(&mut self, f: WorkerFailure) {
         if self.failure.is_none() {
-            if matches!(f, WorkerFailure::Fenced(_)) {
-                self.stats.fenced += 1;
-            }
+            self.observer
+                .observe(WorkerEvent::Failed(FailureKind::of(&f)));
             self.failure = Some(f);
         }
         self.exec = None;
@@ -423,11 +384,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 supervisor.recreation_outcome(applied, now);
                 drop(supervisor);
                 if applied {
-                    self.stats.recreations += 1;
-                    metrics()
-                        .recreations
-                        .with_label_values(&[&self.cfg.job, "vnode_bitmap_update_in_log_store"])
-                        .inc();
+                    self.observer.observe(WorkerEvent::Recreated);
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
                 } else {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, from_generation, backoff_ms, "the job was already recreated by another process; restarting under its generation");

@@ -2,14 +2,11 @@
 //! reachability and live rate limits, and the worker's report on the status board (rate and ETA from
 //! the core).
 
-use std::time::Instant;
-
 use tracing::{debug, info, warn};
 
 use super::{Driver, WorkerReport};
 use crate::core::{Event, PartitionId, Phase, RateLimits};
-use crate::ports::{Clock, CommitPort, ConsumerPort};
-use crate::service::metrics::metrics;
+use crate::ports::{Clock, CommitPort, ConsumerPort, WorkerEvent};
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// Watermarks, the generation check and the status report (when `due`); the clock always.
@@ -24,10 +21,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         info!(job = %self.cfg.job, worker = %self.cfg.worker, "state store reachable again");
                     }
                     self.store_reachable = true;
-                    metrics()
-                        .store_unreachable
-                        .with_label_values(&self.label())
-                        .set(0);
+                    self.observer.observe(WorkerEvent::StoreReachable(true));
                     if let Some(row) = row {
                         // The core decides what the job's generation means for this executor.
                         self.feed(Event::JobGeneration {
@@ -43,10 +37,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         warn!(job = %self.cfg.job, worker = %self.cfg.worker, error = %e, "state store unreachable");
                     }
                     self.store_reachable = false;
-                    metrics()
-                        .store_unreachable
-                        .with_label_values(&self.label())
-                        .set(1);
+                    self.observer.observe(WorkerEvent::StoreReachable(false));
                     self.last_error = Some(e.to_string());
                 }
             }
@@ -151,7 +142,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
     }
 
-    /// The worker's report on the status board, and its gauges.
+    /// The worker's report, to its observer (the status board and the gauges, in the service).
     pub(super) fn publish(&mut self) {
         let status = self.exec.as_ref().map(|e| e.status());
         let now = self.clock.now_ms();
@@ -162,47 +153,18 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let estimated_catch_up_seconds = status
             .as_ref()
             .and_then(|s| s.catch_up_eta_seconds(records_per_second));
-        let m = metrics();
-        m.catch_up_eta_seconds
-            .with_label_values(&self.label())
-            .set(estimated_catch_up_seconds.unwrap_or(f64::NAN));
-        let limits = self.rate_limits();
-        for (kind, v) in [
-            ("snapshot_rows", limits.snapshot_rows_per_second),
-            ("log_records", limits.log_records_per_second),
-        ] {
-            m.rate_limit
-                .with_label_values(&[&self.cfg.job, &self.cfg.worker, kind])
-                .set(v as i64);
-        }
-        if let Some(s) = &status {
-            m.epoch_lag_seconds
-                .with_label_values(&self.label())
-                .set(s.epoch_lag_seconds);
-            for p in &s.partitions {
-                if let Some(lag) = p.lag() {
-                    m.partition_lag
-                        .with_label_values(&[&self.cfg.job, &p.partition.to_string()])
-                        .set(lag as i64);
-                }
-            }
-        }
         let caught_up = status.as_ref().is_some_and(|s| s.caught_up);
         let recreations = self.supervisor.lock().unwrap().recreations();
-        let mut board = self.board.lock().unwrap();
-        board.entry(self.cfg.job.clone()).or_default().insert(
-            self.cfg.worker.clone(),
-            WorkerReport {
-                status,
-                records_per_second,
-                estimated_catch_up_seconds,
-                caught_up,
-                last_error: self.last_error.clone(),
-                recreations,
-                store_reachable: self.store_reachable,
-                rate_limits: limits,
-                reported_at: Some(Instant::now()),
-            },
-        );
+        let report = WorkerReport {
+            status,
+            records_per_second,
+            estimated_catch_up_seconds,
+            caught_up,
+            last_error: self.last_error.clone(),
+            recreations,
+            store_reachable: self.store_reachable,
+            rate_limits: self.rate_limits(),
+        };
+        self.observer.observe(WorkerEvent::Report(report));
     }
 }

@@ -1,5 +1,6 @@
-//! The production worker: the loop of [`crate::driver`] on librdkafka ([`KafkaConsumer`], the
-//! [`ConsumerPort`]), the committer thread ([`Committer`], the [`CommitPort`]) and the system clock.
+//! librdkafka as the worker loop's [`ConsumerPort`] ([`KafkaConsumer`]): subscription with the
+//! managed settings, records decoded on the worker thread, rebalances as events, and every client
+//! call's failure returned to the loop. It decides nothing and knows nothing of the service.
 //!
 //! librdkafka calls the rebalance callback inside `poll`; [`Ctx`] only queues it as a
 //! [`Polled::Assigned`] / [`Polled::Revoked`] event, returned by the next `poll` after the record of
@@ -9,9 +10,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::Message;
@@ -20,68 +21,15 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use crate::codec::LogCodec;
-use crate::core::{LocalCheckpointPolicy, PartitionId, PartitionProgress, Supervisor};
-use crate::driver::{Driver, DriverConfig};
+use crate::core::{PartitionId, PartitionProgress};
 use crate::kafka::admin::{cached_high_watermark, client_config};
-use crate::kafka::committer::Committer;
-use crate::ports::{Clock, ConsumerPort, Polled, SnapshotSource, StateStore, StoreError};
-use crate::service::metrics::metrics;
-
-use crate::service::status::StatusBoard;
-
-/// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
-const MAX_MESSAGES_PER_ROUND: usize = 10_000;
-
-/// Opens a state store handle for one worker.
-pub type StoreFactory = Arc<dyn Fn() -> Result<Box<dyn StateStore>, StoreError> + Send + Sync>;
-
-/// Everything a worker thread needs.
-#[derive(Clone)]
-pub struct WorkerSetup {
-    pub job: String,
-    pub topic: String,
-    pub worker: String,
-    pub kafka: BTreeMap<String, String>,
-    pub snapshot: Arc<dyn SnapshotSource>,
-    pub codec: Arc<LogCodec>,
-    pub open_store: StoreFactory,
-    pub local_checkpoint: LocalCheckpointPolicy,
-    pub supervisor: Arc<Mutex<Supervisor>>,
-    pub shutdown: Arc<AtomicBool>,
-    pub board: StatusBoard,
-    /// Snapshot rows plus log records per second; 0 = unlimited.
-    pub max_rows_per_second: u64,
-    /// Adaptive rate limiting (`[jobs.rate_limit]`).
-    pub adaptive: crate::core::AdaptiveConfig,
-    /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
-    /// often is costly).
-    pub max_epochs_ahead: usize,
-    /// `recreation.policy = "reschedule"`.
-    pub reschedule: bool,
-}
-
-/// Wall-clock time; throttling sleeps the thread.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
-    }
-
-    fn sleep_ms(&mut self, ms: u64) {
-        std::thread::sleep(Duration::from_millis(ms));
-    }
-}
+use crate::ports::{ConsumerPort, Polled};
 
 type Events = Arc<Mutex<VecDeque<Polled>>>;
 
 /// The consumer context: rebalance callbacks and client errors become [`Polled`] events.
 pub struct Ctx {
     events: Events,
-    job: String,
     topic: String,
     /// Set when the consumer closes: there is no loop to complete rebalances any more, so the
     /// callback completes them itself (librdkafka's close waits for the revocation's unassign).
@@ -92,7 +40,6 @@ impl ClientContext for Ctx {
     /// librdkafka's own errors (a broker away, authentication): visible in `/status` `last_error`
     /// and counted while they last; librdkafka reconnects by itself.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        metrics().kafka_errors.with_label_values(&[&self.job]).inc();
         let fatal = error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal);
         // A fatal error's own code is read from the client when the loop polls it
         // (`KafkaConsumer::poll`, `fatal_reason`).
@@ -159,6 +106,15 @@ fn fatal_reason(
     }
 }
 
+/// What a consumer of a job is made from.
+pub struct ConsumerSetup {
+    pub job: String,
+    pub topic: String,
+    /// The job's librdkafka properties (the managed ones are set over them).
+    pub kafka: BTreeMap<String, String>,
+    pub codec: Arc<LogCodec>,
+}
+
 /// librdkafka as the loop's [`ConsumerPort`]; records are decoded here.
 pub struct KafkaConsumer {
     consumer: Kc,
@@ -170,7 +126,7 @@ pub struct KafkaConsumer {
 
 impl KafkaConsumer {
     /// A consumer of the job's topic, subscribed, with the managed settings.
-    pub fn subscribe(setup: &WorkerSetup) -> Result<Self> {
+    pub fn subscribe(setup: &ConsumerSetup) -> Result<Self> {
         let mut config = client_config(&setup.kafka);
         for (k, v, _) in crate::kafka::MANAGED_CONSUMER_KEYS {
             config.set(k, v);
@@ -194,7 +150,6 @@ impl KafkaConsumer {
         let consumer: Kc = config
             .create_with_context(Ctx {
                 events: events.clone(),
-                job: setup.job.clone(),
                 topic: setup.topic.clone(),
                 closing: closing.clone(),
             })
@@ -410,51 +365,5 @@ impl Drop for KafkaConsumer {
     /// on complete in the callback.
     fn drop(&mut self) {
         self.closing.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Runs one worker until shutdown or a failure the supervisor will not retry.
-pub fn run_worker(setup: WorkerSetup) -> Result<()> {
-    let store = (setup.open_store)()
-        .with_context(|| format!("opening the state store of job {}", setup.job))?;
-    let committer = Committer::new(
-        setup.job.clone(),
-        setup.open_store.clone(),
-        Some(Arc::new(setup.codec.table.clone())),
-    );
-    let consumer = KafkaConsumer::subscribe(&setup)?;
-    let cfg = DriverConfig {
-        job: setup.job.clone(),
-        topic: setup.topic.clone(),
-        worker: setup.worker.clone(),
-        local_checkpoint: setup.local_checkpoint,
-        max_epochs_ahead: setup.max_epochs_ahead,
-        max_rows_per_second: setup.max_rows_per_second,
-        adaptive: setup.adaptive,
-        max_messages_per_round: MAX_MESSAGES_PER_ROUND,
-        max_scan_rows_per_round: 1_000,
-        idle_poll_ms: 50,
-        housekeeping_ms: 500,
-        static_member: setup.kafka.contains_key("group.instance.id"),
-        reschedule: setup.reschedule,
-    };
-    let mut driver = Driver::new(
-        cfg,
-        consumer,
-        committer,
-        SystemClock,
-        store,
-        setup.snapshot.clone(),
-        setup.supervisor.clone(),
-        setup.board.clone(),
-    )
-    .map_err(|f| anyhow!("{f}"))?;
-    info!(job = %setup.job, worker = %setup.worker, topic = %setup.topic, "worker started");
-    loop {
-        if setup.shutdown.load(Ordering::SeqCst) {
-            driver.shutdown();
-            return Ok(());
-        }
-        driver.step()?;
     }
 }

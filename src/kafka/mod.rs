@@ -5,8 +5,7 @@
 //! librdkafka calls are synchronous here and run on dedicated threads, never on a tokio worker.
 
 pub mod admin;
-pub mod committer;
-pub mod worker;
+pub mod consumer;
 
 /// The consumer properties kafka-backfill owns, with the value it sets and why: the one list the
 /// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (README "Configuration").

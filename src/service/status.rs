@@ -8,30 +8,24 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::core::WorkerStatus;
+pub use crate::ports::WorkerReport;
 
-/// What the status page and the job runner see of a worker.
-#[derive(Clone, Debug, Default)]
-pub struct WorkerReport {
-    pub status: Option<WorkerStatus>,
-    /// Snapshot rows plus log records handled per second (smoothed, `core::Rate`).
-    pub records_per_second: f64,
-    /// Partition lag divided by the rate, while the log is being replayed
-    /// (`WorkerStatus::catch_up_eta_seconds`).
-    pub estimated_catch_up_seconds: Option<f64>,
-    pub caught_up: bool,
-    pub last_error: Option<String>,
-    pub recreations: u64,
-    /// The state store answered the last look (every 0.5 s); `/readyz` is false while it does not.
-    pub store_reachable: bool,
-    /// The rate limits in force (0 = none): the store's live limits, or `max_rows_per_second`.
-    pub rate_limits: crate::core::RateLimits,
-    /// When the worker's loop last reported (every 0.5 s while it runs); `/livez` fails when it stops.
-    pub reported_at: Option<Instant>,
+/// A worker's last report and when it arrived (`/livez` fails when a worker stops reporting).
+#[derive(Clone, Debug)]
+pub struct Reported {
+    pub report: WorkerReport,
+    pub reported_at: Instant,
+}
+
+impl std::ops::Deref for Reported {
+    type Target = WorkerReport;
+    fn deref(&self) -> &WorkerReport {
+        &self.report
+    }
 }
 
 /// Shared between the workers of a process and the HTTP endpoints: job → worker → report.
-pub type StatusBoard = Arc<Mutex<BTreeMap<String, BTreeMap<String, WorkerReport>>>>;
+pub type StatusBoard = Arc<Mutex<BTreeMap<String, BTreeMap<String, Reported>>>>;
 
 /// The `/status` document.
 pub fn status_json(board: &StatusBoard) -> Value {
@@ -157,7 +151,7 @@ pub fn live(board: &StatusBoard) -> bool {
     let board = board.lock().unwrap();
     board.values().all(|ws| {
         ws.values()
-            .all(|r| r.reported_at.is_none_or(|t| t.elapsed() < LIVENESS_STALL))
+            .all(|r| r.reported_at.elapsed() < LIVENESS_STALL)
     })
 }
 
@@ -190,11 +184,15 @@ mod tests {
         let board = crate::service::job::new_board();
         board.lock().unwrap().entry("j".into()).or_default().insert(
             "w".into(),
-            WorkerReport {
-                status: Some(x.status()),
-                store_reachable,
-                reported_at: Instant::now().checked_sub(reported),
-                ..Default::default()
+            Reported {
+                report: WorkerReport {
+                    status: Some(x.status()),
+                    store_reachable,
+                    ..Default::default()
+                },
+                reported_at: Instant::now()
+                    .checked_sub(reported)
+                    .unwrap_or_else(Instant::now),
             },
         );
         board

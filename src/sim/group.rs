@@ -5,11 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    add_stats, CommitQueue, ConsumerState, Sim, SimClock, SimCommitter, SimConsumer, SimResult,
-    SimWorker, JOB,
+    CommitQueue, ConsumerState, Sim, SimClock, SimCommitter, SimConsumer, SimResult, SimWorker, JOB,
 };
 use crate::core::{LocalCheckpointPolicy, PartitionId, RecreationPolicy};
-use crate::driver::{Driver, DriverConfig, DriverStats};
+use crate::driver::{Driver, DriverConfig};
 use crate::ports::Polled;
 
 impl Sim {
@@ -29,7 +28,6 @@ impl Sim {
             alive: true,
             frozen: false,
             rejoin_in: None,
-            past: DriverStats::default(),
         });
         self.start_driver(i)?;
         Ok(i)
@@ -71,7 +69,10 @@ impl Sim {
             Box::new(self.store.clone()),
             self.snapshot.clone(),
             self.supervisor.clone(),
-            self.board.clone(),
+            Box::new(super::SimObserver {
+                worker: self.workers[i].id.clone(),
+                counts: self.counts.clone(),
+            }),
         )
         .map_err(|f| format!("worker {} did not start: {f}", self.workers[i].id))?;
         self.workers[i].driver = Some(driver);
@@ -79,9 +80,7 @@ impl Sim {
     }
 
     pub(super) fn drop_driver(&mut self, i: usize) {
-        if let Some(d) = self.workers[i].driver.take() {
-            add_stats(&mut self.workers[i].past, d.stats());
-        }
+        self.workers[i].driver = None;
     }
 
     pub(super) fn members(&self) -> Vec<usize> {
@@ -253,7 +252,7 @@ impl Sim {
         w.rejoin_in = None;
         let mut world = self.world.borrow_mut();
         world.consumers[i] = ConsumerState::default();
-        world.commits[i] = CommitQueue::default();
+        world.drop_commits(i);
     }
 
     pub(super) fn restart_in_place(&mut self, i: usize) -> SimResult<()> {
@@ -261,7 +260,7 @@ impl Sim {
         self.drop_driver(i);
         {
             let mut w = self.world.borrow_mut();
-            w.commits[i] = CommitQueue::default();
+            w.drop_commits(i);
             w.consumers[i] = ConsumerState::default();
             if self.workers[i].member && !holds.is_empty() {
                 w.consumers[i]

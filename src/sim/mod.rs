@@ -20,24 +20,21 @@ use crate::core::{
     vnode_of, Barrier, BarrierKind, Epoch, LogRecord, PartitionId, PartitionMap, PartitionProgress,
     Phase, Supervisor, SupervisorConfig, Vnode,
 };
-use crate::driver::{Driver, DriverStats};
+use crate::driver::Driver;
 use crate::ports::{LogStore, SnapshotInfo, StateStore};
 pub use crate::rng::SimRng;
-use crate::service::status::StatusBoard;
 use crate::store::memory::{MemoryLog, MemorySnapshot, MemoryStore};
+use observe::{SimCounts, SimObserver};
 use upstream::{key_bytes, Upstream};
 use world::{CommitQueue, ConsumerState, Shared, SimClock, SimCommitter, SimConsumer, World};
 
 mod group;
+pub mod observe;
 mod upstream;
 mod work;
 mod world;
 
 const JOB: &str = "sim";
-
-/// Checkpoints a worker may have waiting before `submit` waits for the oldest (as the committer
-/// thread's channel does).
-const MAX_PENDING_COMMITS: usize = 2;
 
 /// The shape of one simulated run.
 #[derive(Clone, Debug)]
@@ -141,8 +138,6 @@ struct SimWorker {
     frozen: bool,
     /// After a thaw: steps until the worker learns its assignment was lost and rejoins.
     rejoin_in: Option<u64>,
-    /// What this worker's earlier drivers did (before a crash-restart).
-    past: DriverStats,
 }
 
 /// One simulated job.
@@ -154,7 +149,8 @@ pub struct Sim {
     store: MemoryStore,
     workers: Vec<SimWorker>,
     supervisor: Arc<Mutex<Supervisor>>,
-    board: StatusBoard,
+    /// What every worker reported through its observer.
+    counts: Arc<Mutex<SimCounts>>,
     /// The partitions the group wants each member to hold after the last rebalance.
     target: BTreeMap<usize, BTreeSet<PartitionId>>,
     steps: u64,
@@ -241,6 +237,7 @@ impl Sim {
             consumers: Vec::new(),
             commits: Vec::new(),
             applied: 0,
+            unreported: 0,
             violation: None,
         }));
         Sim {
@@ -251,7 +248,7 @@ impl Sim {
             store,
             workers: Vec::new(),
             supervisor,
-            board: StatusBoard::default(),
+            counts: Default::default(),
             target: BTreeMap::new(),
             steps: 0,
             rebalances: 0,
@@ -474,12 +471,15 @@ impl Sim {
         &self.info
     }
 
-    /// What the run did so far.
+    /// What the run did so far, as the workers' observers counted it.
     pub fn report(&self) -> SimReport {
-        let mut stats = DriverStats::default();
-        for w in &self.workers {
-            for s in std::iter::once(&w.past).chain(w.driver.as_ref().map(|d| d.stats())) {
-                add_stats(&mut stats, s);
+        let c = self.counts.lock().unwrap();
+        let mut updates_by_phase: BTreeMap<Phase, u64> = BTreeMap::new();
+        let mut rescheduled = 0;
+        for ((phase, outcome), n) in &c.updates {
+            *updates_by_phase.entry(*phase).or_default() += n;
+            if *outcome == crate::ports::BitmapOutcome::Rescheduled {
+                rescheduled += n;
             }
         }
         SimReport {
@@ -488,31 +488,22 @@ impl Sim {
             rebalances: self.rebalances,
             crashes: self.crashes,
             freezes: self.freezes,
-            fenced: stats.fenced,
-            bitmap_errors: stats.bitmap_errors_by_phase.values().sum(),
-            recreations: stats.recreations,
-            rescheduled: stats.rescheduled,
+            fenced: c.fenced,
+            bitmap_errors: c.invariant_errors.len() as u64,
+            recreations: c.recreations,
+            rescheduled,
             final_rows: self.final_rows,
-            phases_seen: stats.phases_seen,
-            updates_by_phase: stats.updates_by_phase,
+            phases_seen: c.phases_seen.clone(),
+            updates_by_phase,
             streamed_while_writing: self.streamed_while_writing,
             stopped: self.stopped.clone(),
         }
     }
-}
 
-fn add_stats(into: &mut DriverStats, s: &DriverStats) {
-    into.commits += s.commits;
-    into.fenced += s.fenced;
-    into.recreations += s.recreations;
-    into.rescheduled += s.rescheduled;
-    for (p, n) in &s.bitmap_errors_by_phase {
-        *into.bitmap_errors_by_phase.entry(*p).or_default() += n;
+    /// What the observers counted.
+    pub fn counts(&self) -> SimCounts {
+        self.counts.lock().unwrap().clone()
     }
-    for (p, n) in &s.updates_by_phase {
-        *into.updates_by_phase.entry(*p).or_default() += n;
-    }
-    into.phases_seen.extend(s.phases_seen.iter().copied());
 }
 
 static EMPTY: Vec<u8> = Vec::new();

@@ -88,19 +88,17 @@ impl Sim {
         if let Some(v) = self.world.borrow().violation.clone() {
             return Err(v);
         }
-        for w in &self.workers {
-            for s in std::iter::once(&w.past).chain(w.driver.as_ref().map(|d| d.stats())) {
-                if let Some(phase) = s
-                    .bitmap_errors_by_phase
-                    .keys()
-                    .find(|p| **p != Phase::LogStore)
-                {
-                    return Err(format!(
-                        "worker {} raised the invariant error outside the log-store phase ({phase:?})",
-                        w.id
-                    ));
-                }
-            }
+        if let Some((worker, phase)) = self
+            .counts
+            .lock()
+            .unwrap()
+            .invariant_errors
+            .iter()
+            .find(|(_, p)| *p != Phase::LogStore)
+        {
+            return Err(format!(
+                "worker {worker} raised the invariant error outside the log-store phase ({phase:?})"
+            ));
         }
         if self.world.borrow().upstream.writing()
             && self
@@ -160,6 +158,41 @@ impl Sim {
                 ));
             }
         }
+        // What operators would see agrees with the oracle: every commit the store applied was
+        // reported exactly once (but those whose outcome a crash took with it), every recreation
+        // the store counts was reported by the worker whose compare-and-set applied it.
+        let c = self.counts.lock().unwrap();
+        let unreported: u64 = w.unreported
+            + w.commits
+                .iter()
+                .map(|q| q.done.iter().filter(|d| d.result.is_ok()).count() as u64)
+                .sum::<u64>();
+        if c.commits + unreported != w.applied {
+            return Err(format!(
+                "observers counted {} commits (+{unreported} whose report a crash lost), the store applied {}",
+                c.commits, w.applied
+            ));
+        }
+        let recreations = self.store.job_row(JOB).map_or(0, |r| r.recreations);
+        if c.recreations != recreations {
+            return Err(format!(
+                "observers counted {} recreations, the store {recreations}",
+                c.recreations
+            ));
+        }
+        let raised_in_log_store = c.invariant_errors.len() as u64;
+        let updates_ending_in_it: u64 = c
+            .updates
+            .iter()
+            .filter(|((_, o), _)| *o == crate::ports::BitmapOutcome::InvariantError)
+            .map(|(_, n)| n)
+            .sum();
+        if raised_in_log_store > updates_ending_in_it {
+            return Err(format!(
+                "{raised_in_log_store} invariant errors raised, but only {updates_ending_in_it} bitmap updates ended in one"
+            ));
+        }
+        drop(c);
         drop(w);
         self.final_rows = rows.len();
         Ok(())

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
 use super::upstream::Upstream;
-use super::{SimConfig, SimResult, EMPTY, JOB, MAX_PENDING_COMMITS};
+use super::{SimConfig, SimResult, EMPTY, JOB};
 use crate::core::{
     vnode_of, Checkpoint, Epoch, PartitionId, PartitionMap, PartitionProgress, Vnode,
 };
+use crate::ports::MAX_PENDING_COMMITS;
 use crate::ports::{
     Clock, CommitDone, CommitPort, ConsumerPort, LogStore, Polled, SnapshotInfo, StateStore,
     StoreError,
@@ -69,11 +70,19 @@ pub(super) struct World {
     pub(super) commits: Vec<CommitQueue>,
     /// Commits applied to the store.
     pub(super) applied: u64,
+    /// Applied commits whose outcome never reached a worker (a crash dropped its committer).
+    pub(super) unreported: u64,
     /// The first oracle violation.
     pub(super) violation: Option<String>,
 }
 
 impl World {
+    /// Member `i`'s committer is gone with it (a crash): outcomes not taken are never reported.
+    pub(super) fn drop_commits(&mut self, i: usize) {
+        let q = std::mem::take(&mut self.commits[i]);
+        self.unreported += q.done.iter().filter(|d| d.result.is_ok()).count() as u64;
+    }
+
     /// Applies member `i`'s oldest pending checkpoint (the committer thread's work), then checks
     /// the oracle.
     pub(super) fn apply_commit(&mut self, i: usize) {
@@ -100,16 +109,19 @@ impl World {
         } else {
             crate::store::commit_in_order(&mut self.store, JOB, &group, Vec::new())
         };
-        for (cp, result) in group.into_iter().zip(results) {
+        let group_size = group.len();
+        for (n, (cp, result)) in group.into_iter().zip(results).enumerate() {
             if result.is_ok() {
                 self.applied += 1;
             } else {
                 self.commits[i].poisoned = true;
             }
+            // Simulated time does not pass inside a transaction; one sample per transaction.
             self.commits[i].done.push(CommitDone {
                 checkpoint: cp,
                 result,
-                elapsed_ms: 0.0,
+                transaction_ms: (n == 0).then_some(0.0),
+                group_size,
             });
         }
         if let Err(v) = self.oracle_check() {
@@ -314,13 +326,14 @@ impl CommitPort for SimCommitter {
         std::mem::take(&mut w.commits[self.i].done)
     }
 
-    fn restart(&mut self) -> Result<(), StoreError> {
+    fn restart(&mut self) -> Result<Vec<CommitDone>, StoreError> {
         let mut w = self.world.borrow_mut();
         while !w.commits[self.i].pending.is_empty() {
             w.apply_commit(self.i);
         }
+        let done = std::mem::take(&mut w.commits[self.i].done);
         w.commits[self.i] = CommitQueue::default();
-        Ok(())
+        Ok(done)
     }
 }
 

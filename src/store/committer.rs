@@ -19,18 +19,18 @@ use std::time::{Duration, Instant};
 
 use crate::codec::TableSchema;
 use crate::core::Checkpoint;
-use crate::kafka::worker::StoreFactory;
-use crate::ports::{decode_rows, CommitDone, CommitPort, DecodedRows, StateStore, StoreError};
-
-/// How many checkpoints may wait for the store before the worker blocks; also the largest group
-/// one transaction commits.
-const MAX_PENDING: usize = 4;
+use crate::ports::{
+    decode_rows, CommitDone, CommitPort, DecodedRows, StateStore, StoreError, StoreFactory,
+    MAX_PENDING_COMMITS as MAX_PENDING,
+};
 
 /// The outcome of one commit.
 struct Done {
     checkpoint: Checkpoint,
     result: Result<(), StoreError>,
-    elapsed: Duration,
+    /// The transaction's latency, on its first checkpoint only.
+    transaction: Option<Duration>,
+    group_size: usize,
 }
 
 /// The committer thread of one worker, as the loop's [`CommitPort`].
@@ -85,12 +85,12 @@ impl CommitPort for Committer {
         })
     }
 
-    fn restart(&mut self) -> Result<(), StoreError> {
-        if let Some(mut t) = self.thread.take() {
-            let _ = t.drain();
-        }
+    fn restart(&mut self) -> Result<Vec<CommitDone>, StoreError> {
+        let left = self.thread.take().map_or_else(Vec::new, |mut t| {
+            t.drain().into_iter().map(Done::into_port).collect()
+        });
         self.thread = Some(Thread::start(self.job.clone(), (self.open_store)()?));
-        Ok(())
+        Ok(left)
     }
 }
 
@@ -99,7 +99,8 @@ impl Done {
         CommitDone {
             checkpoint: self.checkpoint,
             result: self.result,
-            elapsed_ms: self.elapsed.as_secs_f64() * 1000.0,
+            transaction_ms: self.transaction.map(|d| d.as_secs_f64() * 1000.0),
+            group_size: self.group_size,
         }
     }
 }
@@ -147,13 +148,15 @@ impl Thread {
                         crate::store::commit_in_order(store.as_mut(), &job, &group, decoded)
                     };
                     let elapsed = t.elapsed();
-                    for (checkpoint, result) in group.into_iter().zip(results) {
+                    let group_size = group.len();
+                    for (i, (checkpoint, result)) in group.into_iter().zip(results).enumerate() {
                         poisoned |= result.is_err();
                         if done_tx
                             .send(Done {
                                 checkpoint,
                                 result,
-                                elapsed,
+                                transaction: (i == 0).then_some(elapsed),
+                                group_size,
                             })
                             .is_err()
                         {

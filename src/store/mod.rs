@@ -1,7 +1,10 @@
 //! State stores: the protocol every store enforces (`protocol`), written once, and the backends,
 //! which implement only its primitives: `sqlite` (one file), `postgres` (shared by workers on many
-//! machines) and `memory` (the test double the simulation uses; feature `testing`).
+//! machines) and `memory` (the test double the simulation uses; feature `testing`). `committer` is
+//! the production [`crate::ports::CommitPort`]: a worker's checkpoints applied on a thread of their
+//! own, in order, group-committed.
 
+pub mod committer;
 #[cfg(any(test, feature = "testing"))]
 pub mod memory;
 pub mod postgres;
@@ -11,9 +14,12 @@ pub mod sqlite;
 use crate::core::Checkpoint;
 use crate::ports::{DecodedRows, StateStore, StoreError};
 
-/// Commits a group as one transaction; if that fails, one at a time (so the checkpoints before the
-/// failing one are applied, and the failure is the failing checkpoint's own), stopping at the first
-/// failure.
+/// Commits a group as one transaction. If the store *refused* it (a permanent error: a value it
+/// cannot hold, a broken invariant), the checkpoints are tried one at a time, so those before the
+/// culprit are applied and the failure is the culprit's own, stopping at the first failure. A
+/// transient failure (the store away: it already retried within its deadline) or fencing is the
+/// whole group's: retrying each checkpoint alone would wait out the deadline again for each (the
+/// loop blocked for minutes), and the worker restarts from what is committed anyway.
 pub fn commit_in_order(
     store: &mut dyn StateStore,
     job: &str,
@@ -21,7 +27,11 @@ pub fn commit_in_order(
     decoded: Vec<DecodedRows>,
 ) -> Vec<Result<(), StoreError>> {
     let whole = store.commit_group_decoded(job, group, decoded);
-    if whole.is_ok() || group.len() == 1 {
+    let split = match &whole {
+        Ok(()) => false,
+        Err(e) => group.len() > 1 && !e.is_transient() && !e.is_fenced(),
+    };
+    if !split {
         return group.iter().map(|_| whole.clone()).collect();
     }
     let mut out = Vec::with_capacity(group.len());
@@ -35,4 +45,122 @@ pub fn commit_in_order(
         out.push(r);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::core::{
+        CheckpointCause, PartitionId, PartitionProgress, RateLimits, Vnode, VnodeProgress,
+    };
+    use crate::ports::{JobRow, SnapshotInfo};
+
+    /// A store whose group commits fail with `error` (the single commits of a split succeed),
+    /// counting the transactions it was asked for.
+    struct Failing {
+        error: StoreError,
+        transactions: usize,
+    }
+
+    impl StateStore for Failing {
+        fn ensure_job(&mut self, _: &str, _: &SnapshotInfo) -> Result<JobRow, StoreError> {
+            unreachable!()
+        }
+        fn job(&mut self, _: &str) -> Result<Option<JobRow>, StoreError> {
+            unreachable!()
+        }
+        fn claim(
+            &mut self,
+            _: &str,
+            _: u64,
+            _: &str,
+            _: &[PartitionId],
+            _: &SnapshotInfo,
+        ) -> Result<Vec<crate::core::ClaimedPartition>, StoreError> {
+            unreachable!()
+        }
+        fn commit_group(&mut self, _: &str, group: &[Checkpoint]) -> Result<(), StoreError> {
+            self.transactions += 1;
+            if group.len() > 1 {
+                Err(self.error.clone())
+            } else {
+                Ok(())
+            }
+        }
+        fn recreate(&mut self, _: &str, _: u64) -> Result<JobRow, StoreError> {
+            unreachable!()
+        }
+        fn rows(&mut self, _: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+            unreachable!()
+        }
+        fn committed_vnodes(
+            &mut self,
+            _: &str,
+        ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
+            unreachable!()
+        }
+        fn rate_limits(&mut self, _: &str) -> Result<Option<RateLimits>, StoreError> {
+            unreachable!()
+        }
+        fn set_rate_limits(&mut self, _: &str, _: RateLimits) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        fn owners(&mut self, _: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
+            unreachable!()
+        }
+        fn committed_partitions(
+            &mut self,
+            _: &str,
+        ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
+            unreachable!()
+        }
+    }
+
+    fn group(n: usize) -> Vec<Checkpoint> {
+        (0..n)
+            .map(|_| Checkpoint {
+                generation: 0,
+                worker: "w".into(),
+                cause: CheckpointCause::Barrier,
+                epoch: None,
+                leases: Vec::new(),
+                rows: Vec::new(),
+                vnodes: Vec::new(),
+                partitions: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_transient_or_fencing_group_failure_is_the_whole_groups_in_one_transaction() {
+        for error in [
+            StoreError::Backend("connection refused".into()),
+            StoreError::StaleGeneration {
+                job: "j".into(),
+                attempted: 0,
+                current: 1,
+            },
+        ] {
+            let mut store = Failing {
+                error: error.clone(),
+                transactions: 0,
+            };
+            let results = commit_in_order(&mut store, "j", &group(4), Vec::new());
+            assert_eq!(store.transactions, 1, "{error}: retried one by one");
+            assert!(results.iter().all(|r| r.as_ref() == Err(&error)));
+        }
+    }
+
+    #[test]
+    fn a_refused_group_is_split_to_find_the_culprit() {
+        let mut store = Failing {
+            error: StoreError::Rejected("value too long".into()),
+            transactions: 0,
+        };
+        let results = commit_in_order(&mut store, "j", &group(3), Vec::new());
+        assert_eq!(store.transactions, 4);
+        assert!(results.iter().all(|r| r.is_ok()));
+    }
 }

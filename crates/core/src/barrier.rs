@@ -1,4 +1,4 @@
-//! Barriers and log records: the values the log store carries (DESIGN.md §2, §3).
+//! Barriers and log records: the values the log store carries (docs/DESIGN.md §2, §3).
 
 use super::epoch::Epoch;
 use super::vnode::Vnode;

@@ -1,4 +1,4 @@
-//! The log's per-record contract (DESIGN.md §3 and §5, invariants 2 and 5): barrier chains, the same
+//! The log's per-record contract (docs/DESIGN.md §3 and §5, invariants 2 and 5): barrier chains, the same
 //! epoch's barrier agreeing across partitions, a change's epoch, vnode routing and update pairs.
 //!
 //! Written once and used twice: the [`Executor`](super::Executor) stops at the first violation;

@@ -1,4 +1,4 @@
-//! Persisted progress in RisingWave's layout (DESIGN.md §4) and the checkpoint that carries it.
+//! Persisted progress in RisingWave's layout (docs/DESIGN.md §4) and the checkpoint that carries it.
 //!
 //! A [`Checkpoint`] is what one store transaction must apply atomically: rows, vnode progress,
 //! partition progress, fenced by generation and partition leases. This module only describes it; the
@@ -104,6 +104,29 @@ pub enum CheckpointCause {
     Shutdown,
 }
 
+impl CheckpointCause {
+    pub const ALL: [CheckpointCause; 6] = [
+        CheckpointCause::Local,
+        CheckpointCause::SnapshotDone,
+        CheckpointCause::Barrier,
+        CheckpointCause::Rebalance,
+        CheckpointCause::CaughtUp,
+        CheckpointCause::Shutdown,
+    ];
+
+    /// The name operators see (metric label `cause`), snake_case.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointCause::Local => "local",
+            CheckpointCause::SnapshotDone => "snapshot_done",
+            CheckpointCause::Barrier => "barrier",
+            CheckpointCause::Rebalance => "rebalance",
+            CheckpointCause::CaughtUp => "caught_up",
+            CheckpointCause::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// One atomic store transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
@@ -125,7 +148,7 @@ impl Checkpoint {
     }
 }
 
-/// A job's progress over all its vnodes, from what the store has committed (DESIGN.md §6
+/// A job's progress over all its vnodes, from what the store has committed (docs/DESIGN.md §6
 /// "Job-level completion"): a job is caught up only when every partition has committed in the
 /// streaming phase, so no process reports the job done on the strength of its own part.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]

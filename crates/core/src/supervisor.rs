@@ -1,4 +1,4 @@
-//! The job supervisor's policy: what to do when a worker stops with an error (DESIGN.md §6).
+//! The job supervisor's policy: what to do when a worker stops with an error (docs/DESIGN.md §6).
 //!
 //! It decides, it does not act: the driver bumps the generation in the store (a compare-and-set that
 //! fences every worker of the old generation), sleeps the backoff and restarts the workers.

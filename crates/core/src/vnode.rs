@@ -1,4 +1,4 @@
-//! Vnodes, vnode bitmaps and the partition ↔ vnode-range mapping (DESIGN.md §2).
+//! Vnodes, vnode bitmaps and the partition ↔ vnode-range mapping (docs/DESIGN.md §2).
 //!
 //! `vnode(key) = crc32(key bytes) mod V`; partition `p` of `P` owns `[p·V/P, (p+1)·V/P)`. The mapping is
 //! fixed for the life of a job: a different partition count is an error, never a silent remap.

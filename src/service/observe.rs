@@ -1,0 +1,148 @@
+//! The service's side of the worker loop's [`Observer`] port: each [`WorkerEvent`] becomes its
+//! Prometheus series (`metrics`) and the worker's entry on the status board (`status`). The loop
+//! never touches either; this module is the only place where what a worker did turns into what
+//! operators see, so the simulation (`sim::observe`) can stand in for it and check the counts.
+
+use std::time::Instant;
+
+use crate::core::{CheckpointCause, Op, Phase};
+use crate::ports::{Observer, WorkerEvent};
+use crate::service::metrics::metrics;
+use crate::service::status::{Reported, StatusBoard};
+
+/// One worker's observer: its series resolved once (the per-record ones are hot), and the board.
+pub struct ServiceObserver {
+    job: String,
+    worker: String,
+    board: StatusBoard,
+    changes: Vec<prometheus::IntCounter>,
+    snapshot_rows: prometheus::IntCounter,
+    checkpoints: Vec<prometheus::IntCounter>,
+}
+
+impl ServiceObserver {
+    pub fn new(job: &str, worker: &str, board: StatusBoard) -> Self {
+        let m = metrics();
+        ServiceObserver {
+            job: job.to_string(),
+            worker: worker.to_string(),
+            board,
+            // Indexed by `Op as usize` and by position in `CheckpointCause::ALL`.
+            changes: Op::ALL
+                .iter()
+                .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
+                .collect(),
+            snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
+            checkpoints: CheckpointCause::ALL
+                .iter()
+                .map(|c| m.checkpoints.with_label_values(&[job, c.as_str()]))
+                .collect(),
+        }
+    }
+
+    fn label(&self) -> [&str; 2] {
+        [self.job.as_str(), self.worker.as_str()]
+    }
+}
+
+impl Observer for ServiceObserver {
+    fn observe(&mut self, event: WorkerEvent) {
+        let m = metrics();
+        match event {
+            WorkerEvent::Change(op) => self.changes[op as usize].inc(),
+            WorkerEvent::SnapshotRow => self.snapshot_rows.inc(),
+            WorkerEvent::DecodeError => m.decode_errors.with_label_values(&[&self.job]).inc(),
+            WorkerEvent::KafkaError { .. } => m.kafka_errors.with_label_values(&[&self.job]).inc(),
+            WorkerEvent::CommitApplied {
+                cause,
+                transaction_ms,
+                ..
+            } => {
+                let i = CheckpointCause::ALL
+                    .iter()
+                    .position(|c| *c == cause)
+                    .expect("every cause is listed");
+                self.checkpoints[i].inc();
+                if let Some(ms) = transaction_ms {
+                    m.commit_seconds
+                        .with_label_values(&[&self.job])
+                        .observe(ms / 1000.0);
+                }
+            }
+            WorkerEvent::BitmapUpdate { phase, outcome } => m
+                .bitmap_updates
+                .with_label_values(&[&self.job, phase.as_str(), outcome.as_str()])
+                .inc(),
+            WorkerEvent::InvariantError { .. } => {
+                m.invariant_errors.with_label_values(&[&self.job]).inc()
+            }
+            WorkerEvent::PhaseChanged { to, .. } => {
+                for p in Phase::ALL {
+                    m.phase
+                        .with_label_values(&[&self.job, &self.worker, p.as_str()])
+                        .set((p == to) as i64);
+                }
+            }
+            WorkerEvent::Recreated => m
+                .recreations
+                .with_label_values(&[&self.job, "vnode_bitmap_update_in_log_store"])
+                .inc(),
+            WorkerEvent::Failed(_) => {}
+            WorkerEvent::Generation(g) => {
+                m.generation.with_label_values(&self.label()).set(g as i64)
+            }
+            WorkerEvent::AlignmentWait { seconds } => m
+                .alignment_seconds
+                .with_label_values(&[&self.job])
+                .observe(seconds),
+            WorkerEvent::PartitionReleased(p) => {
+                // Its new owner reports its lag; a stale series here would double it. Absent when
+                // it was never reported: nothing to remove.
+                let _ = m
+                    .partition_lag
+                    .remove_label_values(&[&self.job, &p.to_string()]);
+            }
+            WorkerEvent::StoreReachable(up) => m
+                .store_unreachable
+                .with_label_values(&self.label())
+                .set(!up as i64),
+            WorkerEvent::Report(report) => {
+                m.catch_up_eta_seconds
+                    .with_label_values(&self.label())
+                    .set(report.estimated_catch_up_seconds.unwrap_or(f64::NAN));
+                for (kind, v) in [
+                    ("snapshot_rows", report.rate_limits.snapshot_rows_per_second),
+                    ("log_records", report.rate_limits.log_records_per_second),
+                ] {
+                    m.rate_limit
+                        .with_label_values(&[&self.job, &self.worker, kind])
+                        .set(v as i64);
+                }
+                if let Some(s) = &report.status {
+                    m.epoch_lag_seconds
+                        .with_label_values(&self.label())
+                        .set(s.epoch_lag_seconds);
+                    for p in &s.partitions {
+                        if let Some(lag) = p.lag() {
+                            m.partition_lag
+                                .with_label_values(&[&self.job, &p.partition.to_string()])
+                                .set(lag as i64);
+                        }
+                    }
+                }
+                self.board
+                    .lock()
+                    .unwrap()
+                    .entry(self.job.clone())
+                    .or_default()
+                    .insert(
+                        self.worker.clone(),
+                        Reported {
+                            report,
+                            reported_at: Instant::now(),
+                        },
+                    );
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The composition root of one worker: its librdkafka consumer (`kafka::consumer`), its committer
+//! thread (`store::committer`), the system clock and the service's observer, put together around the
+//! one loop (`driver`) on a thread of its own. The job runner (`service::job`) starts one per
+//! configured worker.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use tracing::info;
+
+use crate::codec::LogCodec;
+use crate::core::{LocalCheckpointPolicy, Supervisor};
+use crate::driver::{Driver, DriverConfig};
+use crate::kafka::consumer::{ConsumerSetup, KafkaConsumer};
+use crate::ports::{Clock, SnapshotSource, StoreFactory};
+use crate::service::observe::ServiceObserver;
+use crate::service::status::StatusBoard;
+use crate::store::committer::Committer;
+
+/// Messages handled between two looks at the snapshot scan, the clock and the watermarks.
+const MAX_MESSAGES_PER_ROUND: usize = 10_000;
+
+/// Everything a worker thread needs.
+#[derive(Clone)]
+pub struct WorkerSetup {
+    pub job: String,
+    pub topic: String,
+    pub worker: String,
+    pub kafka: BTreeMap<String, String>,
+    pub snapshot: Arc<dyn SnapshotSource>,
+    pub codec: Arc<LogCodec>,
+    pub open_store: StoreFactory,
+    pub local_checkpoint: LocalCheckpointPolicy,
+    pub supervisor: Arc<Mutex<Supervisor>>,
+    pub shutdown: Arc<AtomicBool>,
+    pub board: StatusBoard,
+    /// Snapshot rows plus log records per second; 0 = unlimited.
+    pub max_rows_per_second: u64,
+    /// Adaptive rate limiting (`[jobs.rate_limit]`).
+    pub adaptive: crate::core::AdaptiveConfig,
+    /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
+    /// often is costly).
+    pub max_epochs_ahead: usize,
+    /// `recreation.policy = "reschedule"`.
+    pub reschedule: bool,
+}
+
+/// Wall-clock time; throttling sleeps the thread.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    fn sleep_ms(&mut self, ms: u64) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+}
+
+/// Runs one worker until shutdown or a failure the supervisor will not retry.
+pub fn run_worker(setup: WorkerSetup) -> Result<()> {
+    let store = (setup.open_store)()
+        .with_context(|| format!("opening the state store of job {}", setup.job))?;
+    let committer = Committer::new(
+        setup.job.clone(),
+        setup.open_store.clone(),
+        Some(Arc::new(setup.codec.table.clone())),
+    );
+    let consumer = KafkaConsumer::subscribe(&ConsumerSetup {
+        job: setup.job.clone(),
+        topic: setup.topic.clone(),
+        kafka: setup.kafka.clone(),
+        codec: setup.codec.clone(),
+    })?;
+    let cfg = DriverConfig {
+        job: setup.job.clone(),
+        topic: setup.topic.clone(),
+        worker: setup.worker.clone(),
+        local_checkpoint: setup.local_checkpoint,
+        max_epochs_ahead: setup.max_epochs_ahead,
+        max_rows_per_second: setup.max_rows_per_second,
+        adaptive: setup.adaptive,
+        max_messages_per_round: MAX_MESSAGES_PER_ROUND,
+        max_scan_rows_per_round: 1_000,
+        idle_poll_ms: 50,
+        housekeeping_ms: 500,
+        static_member: setup.kafka.contains_key("group.instance.id"),
+        reschedule: setup.reschedule,
+    };
+    let mut driver = Driver::new(
+        cfg,
+        consumer,
+        committer,
+        SystemClock,
+        store,
+        setup.snapshot.clone(),
+        setup.supervisor.clone(),
+        Box::new(ServiceObserver::new(
+            &setup.job,
+            &setup.worker,
+            setup.board.clone(),
+        )),
+    )
+    .map_err(|f| anyhow!("{f}"))?;
+    info!(job = %setup.job, worker = %setup.worker, topic = %setup.topic, "worker started");
+    loop {
+        if setup.shutdown.load(Ordering::SeqCst) {
+            driver.shutdown();
+            return Ok(());
+        }
+        driver.step()?;
+    }
+}
