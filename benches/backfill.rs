@@ -412,6 +412,7 @@ fn timed_run(config: &Config) -> (f64, f64) {
             },
             s,
             b,
+            Default::default(),
         )
     });
     let (mut t_snap, mut t_log, mut t_stream) = (None, None, None);
@@ -700,6 +701,7 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
                 },
                 s,
                 board,
+                Default::default(),
             )
         })
     };

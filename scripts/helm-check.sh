@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Helm chart, checked offline (CI runs this; README "Kubernetes"):
+# The Helm chart, checked offline (CI runs this; docs/OPERATIONS.md "Kubernetes"):
 #  - `helm lint --strict` with the default values and every deploy/helm/examples/*.yaml;
 #  - each render validated against Kubernetes' own schemas by kubernetes-validate (bundled, --strict);
 #    the PodMonitor (a CRD those schemas lack) is checked field by field;

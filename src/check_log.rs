@@ -1,5 +1,5 @@
 //! `check-log`: reads a job's snapshot and log topic without materialising anything and reports every
-//! violation of the wire contract it finds (README "Wire format"), so that a producer written in
+//! violation of the wire contract it finds (docs/WIRE.md), so that a producer written in
 //! another language can be checked before a job depends on it.
 //!
 //! Owns only reading and reporting: the per-record rules are the core's

@@ -189,7 +189,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
             worker_prefix: Some(prefix.to_string()),
             ..Default::default()
         };
-        std::thread::spawn(move || job::run(&config, &opts, stop, board))
+        std::thread::spawn(move || job::run(&config, &opts, stop, board, Default::default()))
     };
     let a = runner("a", board_a.clone(), stop_a.clone());
     let mut b = None;

@@ -1,6 +1,6 @@
 //! kafka-backfill: backfill a table from a snapshot plus a Kafka change log, then keep it streaming.
 //!
-//! See README.md, "Architecture", for the codemap and the invariants.
+//! See docs/ARCHITECTURE.md for the codemap and the invariants, docs/DESIGN.md for the contract.
 
 /// The process allocator: mimalloc. Rows are allocated on a worker thread (fetch, decode, staging)
 /// and freed on its committer thread; with glibc's malloc those cross-thread frees contend on arena

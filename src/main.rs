@@ -25,8 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the configured jobs.
+    /// Run the configured jobs until SIGTERM/SIGINT (a second signal exits at once).
     Run {
+        /// The configuration file (TOML; docs/OPERATIONS.md "Configuration reference").
         #[arg(long, short)]
         config: PathBuf,
         /// Exit 0 once every vnode of every job has caught up (read from the store, so a process
@@ -37,18 +38,23 @@ enum Command {
         /// With --exit-when-caught-up: seconds to wait for progress of the job's other vnodes.
         #[arg(long, default_value_t = 60)]
         job_wait_secs: u64,
-        /// Prefix of this process's worker names (default p<pid>).
+        /// Prefix of this process's worker names (default: <hostname>-p<pid>).
         #[arg(long)]
         worker_prefix: Option<String>,
     },
-    /// Write a generated table: snapshot files at Es, then changes and barriers into the topic.
+    /// Write a generated table: snapshot files at the snapshot epoch Es, then changes and barriers
+    /// into the topic, then the table expected at the last checkpoint (for `verify`).
     Produce {
+        /// Kafka bootstrap servers.
         #[arg(long, default_value = "127.0.0.1:19092")]
         bootstrap: String,
+        /// The log topic (created with --partitions when absent).
         #[arg(long, default_value = "accounts-log")]
         topic: String,
+        /// Partitions of the topic.
         #[arg(long, default_value_t = 4)]
         partitions: u32,
+        /// Vnodes of the table (the job's vnode_count).
         #[arg(long, default_value_t = 256)]
         vnodes: u32,
         /// Rows in the snapshot.
@@ -60,13 +66,16 @@ enum Command {
         /// Changes after the snapshot.
         #[arg(long, default_value_t = 50_000)]
         changes: u64,
+        /// Changes per epoch (between two barriers).
         #[arg(long, default_value_t = 500)]
         epoch_changes: u64,
+        /// Every n-th barrier is a checkpoint (the last one always is).
         #[arg(long, default_value_t = 4)]
         checkpoint_every: u64,
         /// Percent of changes to existing rows that are updates (the rest delete).
         #[arg(long, default_value_t = 70)]
         update_percent: u64,
+        /// Approximate size of a row in bytes.
         #[arg(long, default_value_t = 100)]
         row_size: usize,
         /// Changes per second (0 = as fast as possible).
@@ -75,6 +84,7 @@ enum Command {
         /// Folder for snapshot/ and expected/.
         #[arg(long, default_value = ".run/demo")]
         out: PathBuf,
+        /// Seed of the generator (the same seed writes the same table and log).
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Continue the log written earlier into --out (same topic): more changes, no new snapshot.
@@ -100,6 +110,7 @@ enum Command {
     /// Check a job's snapshot and log topic against the wire contract without materialising
     /// anything: every violation is listed; exit 1 if there is any.
     CheckLog {
+        /// The configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Job name (default: the only job).
@@ -111,6 +122,7 @@ enum Command {
     },
     /// Compare a job's materialised table with the writer's expected table.
     Verify {
+        /// The configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Job name (default: the only job).
@@ -151,25 +163,31 @@ enum Command {
         /// Add a second worker during the log-store phase: see the invariant error and the recreation.
         #[arg(long)]
         rescale: bool,
+        /// Folder for the snapshot, the expected table and the SQLite store.
         #[arg(long, default_value = ".run/demo")]
         dir: PathBuf,
+        /// Partitions of the demo topic.
         #[arg(long, default_value_t = 4)]
         partitions: u32,
+        /// Rows in the snapshot.
         #[arg(long, default_value_t = 20_000)]
         rows: u64,
+        /// Changes after the snapshot.
         #[arg(long, default_value_t = 60_000)]
         changes: u64,
-        /// Snapshot rows plus log records per second per worker (0 = unlimited).
+        /// At most this many snapshot rows per second and, separately, log records per second, per
+        /// worker (0 = unlimited).
         #[arg(long, default_value_t = 20_000)]
         throttle: u64,
     },
-    /// Print a running service's /status for a person.
     /// Read or set a running job's live rate limits (per worker per second; 0 = none), through the
     /// service's write endpoint (`http.admin = true`); every worker applies them within a second
-    /// and they are kept in the store across restarts.
+    /// and they are kept in the store across restarts. Without --snapshot and --log: read them.
     RateLimit {
+        /// The service's write endpoint (`http.admin_listen`, port 9465 by default).
         #[arg(long, default_value = "http://127.0.0.1:9465")]
         url: String,
+        /// The job's name.
         #[arg(long)]
         job: String,
         /// Snapshot rows per second.
@@ -179,7 +197,9 @@ enum Command {
         #[arg(long)]
         log: Option<u64>,
     },
+    /// Print a running service's /status for a person (or --json, or --watch it live).
     Status {
+        /// The service's read-only endpoint (`http.listen`, port 9464 by default).
         #[arg(long, default_value = "http://127.0.0.1:9464")]
         url: String,
         /// Print the raw JSON.
@@ -373,10 +393,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 std::time::Duration::from_secs(config.shutdown_grace_secs),
             )?;
             let board = job::new_board();
+            let runtimes = kafka_backfill::service::runtime::Runtimes::default();
             if !config.http.listen.is_empty() {
                 let addr = kafka_backfill::service::http::spawn(
                     &config.http.listen,
-                    kafka_backfill::service::http::status_router(board.clone()),
+                    kafka_backfill::service::http::status_router(board.clone(), runtimes.clone()),
                     kafka_backfill::service::http::Limits::of(&config.http),
                     shutdown.clone(),
                 )?;
@@ -385,7 +406,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if config.http.admin {
                 let addr = kafka_backfill::service::http::spawn(
                     &config.http.admin_listen,
-                    kafka_backfill::service::http::admin_router(),
+                    kafka_backfill::service::http::admin_router(runtimes.clone()),
                     kafka_backfill::service::http::Limits::of(&config.http),
                     shutdown.clone(),
                 )
@@ -401,6 +422,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
                 shutdown,
                 board,
+                runtimes,
             );
             match r {
                 Err(e) if e.downcast_ref::<job::JobIncomplete>().is_some() => {
@@ -602,5 +624,29 @@ fn print_status(v: &serde_json::Value) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// What a new user reads: every subcommand and every flag says what it is.
+    #[test]
+    fn every_subcommand_and_flag_is_described() {
+        let cli = Cli::command();
+        let mut undescribed = Vec::new();
+        for sub in cli.get_subcommands() {
+            if sub.get_about().is_none() {
+                undescribed.push(sub.get_name().to_string());
+            }
+            for arg in sub.get_arguments() {
+                if arg.get_id() != "help" && arg.get_help().is_none() {
+                    undescribed.push(format!("{} --{}", sub.get_name(), arg.get_id()));
+                }
+            }
+        }
+        assert!(undescribed.is_empty(), "no help text: {undescribed:?}");
     }
 }

@@ -169,14 +169,7 @@ pub fn row_columns(
         })
 }
 
-/// Key bytes as hex for errors, cut after 32 bytes.
-pub fn key_hex(key: &[u8]) -> String {
-    let mut s: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
-    if key.len() > 32 {
-        s.push_str(&format!("… ({} bytes)", key.len()));
-    }
-    s
-}
+pub use crate::core::error::key_hex;
 
 /// Durable state of jobs.
 pub trait StateStore: Send {
@@ -254,7 +247,7 @@ pub fn check_table_name(name: &str) -> Result<(), StoreError> {
 }
 
 /// The job-row phase after a checkpoint that carries partition progress: `streaming` once every
-/// partition of the job has committed in the streaming phase, else `log_store` (README "Where state
+/// partition of the job has committed in the streaming phase, else `log_store` (docs/OPERATIONS.md "Where state
 /// lives"). `{streaming}` is the SQL test of a streaming partition-progress row.
 pub fn job_phase_sql(streaming: &str, placeholder: &str) -> String {
     format!(

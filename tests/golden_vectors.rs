@@ -78,7 +78,7 @@ fn vectors() -> Value {
         }));
     }
     json!({
-        "$comment": "Golden vectors of the wire format (README \"Wire format\"). For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. Checked by tests/golden_vectors.rs.",
+        "$comment": "Golden vectors of the wire format (docs/WIRE.md). For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. Checked by tests/golden_vectors.rs.",
         "tables": tables,
     })
 }

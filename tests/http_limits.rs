@@ -14,7 +14,10 @@ fn server(max_connections: usize, header_timeout: Duration) -> (SocketAddr, Arc<
     let stop = Arc::new(AtomicBool::new(false));
     let addr = spawn(
         "127.0.0.1:0",
-        kafka_backfill::service::http::status_router(kafka_backfill::service::job::new_board()),
+        kafka_backfill::service::http::status_router(
+            kafka_backfill::service::job::new_board(),
+            Default::default(),
+        ),
         Limits {
             max_connections,
             header_timeout,

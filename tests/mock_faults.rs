@@ -129,6 +129,7 @@ fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
             },
             st,
             b,
+            Default::default(),
         )
     });
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -1,4 +1,4 @@
-//! Every Avro type a row may use, through both SQL stores: the typed columns read back as README's
+//! Every Avro type a row may use, through both SQL stores: the typed columns read back as docs/OPERATIONS.md's
 //! "Column types" table says, and a value a store cannot hold (or a table it cannot write) is a
 //! permanent error naming the column, never one to retry.
 

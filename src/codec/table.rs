@@ -6,7 +6,7 @@ use apache_avro::Schema;
 use super::skip::skip;
 use super::wire::CodecError;
 
-/// How a column is stored downstream: one kind per Avro type (README "Column types").
+/// How a column is stored downstream: one kind per Avro type (docs/OPERATIONS.md "Column types").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ColumnType {
     /// int, long, date, time-*, timestamp-*, local-timestamp-*: the Avro number as it is.

@@ -8,7 +8,7 @@ pub mod admin;
 pub mod consumer;
 
 /// The consumer properties kafka-backfill owns, with the value it sets and why: the one list the
-/// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (README "Configuration").
+/// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (docs/OPERATIONS.md "Configuration reference").
 /// librdkafka's own check of the job's properties (with the managed ones set as the worker sets
 /// them), without creating a client: every name must be a property and every value valid for it.
 /// Returns the offending key and librdkafka's reason.

@@ -141,7 +141,8 @@ pub struct JobConfig {
     /// What to do on the log-store invariant error.
     #[serde(default)]
     pub recreation: RecreationConfig,
-    /// Throttle: at most about this many snapshot rows plus log records per second per worker
+    /// Throttle: at most about this many snapshot rows per second and, separately, this many log
+    /// records per second, per worker
     /// (0 = unlimited). Limits the load on the snapshot source and the store; demos use it to make
     /// the phases visible.
     #[serde(default)]

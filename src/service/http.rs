@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::service::metrics::metrics;
+use crate::service::runtime::{RateLimitChange, Runtimes};
 use crate::service::status::{live, ready, status_json, StatusBoard};
 
 /// How the endpoint protects itself (`[http]` in the configuration).
@@ -45,7 +46,7 @@ impl Limits {
 }
 
 /// The status listener: GET (and HEAD) only; any other method is 405, any other path 404.
-pub fn status_router(board: StatusBoard) -> Router {
+pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
     Router::new()
         .route(
             "/metrics",
@@ -58,7 +59,7 @@ pub fn status_router(board: StatusBoard) -> Router {
         )
         .route(
             "/livez",
-            route_get(|State(board): State<StatusBoard>| async move {
+            route_get(|State((board, _)): State<Shared>| async move {
                 if live(&board) {
                     (StatusCode::OK, "ok\n")
                 } else {
@@ -71,7 +72,7 @@ pub fn status_router(board: StatusBoard) -> Router {
         )
         .route(
             "/readyz",
-            route_get(|State(board): State<StatusBoard>| async move {
+            route_get(|State((board, _)): State<Shared>| async move {
                 if ready(&board) {
                     (StatusCode::OK, "ready\n")
                 } else {
@@ -81,55 +82,61 @@ pub fn status_router(board: StatusBoard) -> Router {
         )
         .route(
             "/status",
-            route_get(|State(board): State<StatusBoard>| async move {
+            route_get(|State((board, jobs)): State<Shared>| async move {
                 (
                     [(header::CONTENT_TYPE, "application/json")],
-                    serde_json::to_string_pretty(&status_json(&board)).expect("json"),
+                    serde_json::to_string_pretty(&status_json(&board, &jobs)).expect("json"),
                 )
             }),
         )
         .route(
             "/status/jobs/{name}/vnodes",
-            route_get(|Path(name): Path<String>| async move {
-                // Store reads block: off the runtime.
-                let read = tokio::task::spawn_blocking(move || {
-                    crate::service::job::job_vnodes(&name).map(|v| (name, v))
-                })
-                .await;
-                match read {
-                    Ok(Ok((_, Some(v)))) => (
-                        StatusCode::OK,
-                        [(header::CONTENT_TYPE, "application/json")],
-                        serde_json::to_string_pretty(&v).expect("json"),
-                    ),
-                    Ok(Ok((name, None))) => (
-                        StatusCode::NOT_FOUND,
-                        [(header::CONTENT_TYPE, "text/plain")],
-                        format!("no job named {name:?} in this process\n"),
-                    ),
-                    Ok(Err(e)) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        [(header::CONTENT_TYPE, "text/plain")],
-                        format!("{e:#}\n"),
-                    ),
-                    Err(e) => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        [(header::CONTENT_TYPE, "text/plain")],
-                        format!("reading the vnodes failed: {e}\n"),
-                    ),
-                }
-            }),
+            route_get(
+                |State((_, jobs)): State<Shared>, Path(name): Path<String>| async move {
+                    // Store reads block: off the runtime.
+                    let read = tokio::task::spawn_blocking(move || match jobs.get(&name) {
+                        Some(job) => job.vnodes_json().map(|v| (name, Some(v))),
+                        None => Ok((name, None)),
+                    })
+                    .await;
+                    match read {
+                        Ok(Ok((_, Some(v)))) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "application/json")],
+                            serde_json::to_string_pretty(&v).expect("json"),
+                        ),
+                        Ok(Ok((name, None))) => (
+                            StatusCode::NOT_FOUND,
+                            [(header::CONTENT_TYPE, "text/plain")],
+                            format!("no job named {name:?} in this process\n"),
+                        ),
+                        Ok(Err(e)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            [(header::CONTENT_TYPE, "text/plain")],
+                            format!("{e:#}\n"),
+                        ),
+                        Err(e) => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(header::CONTENT_TYPE, "text/plain")],
+                            format!("reading the vnodes failed: {e}\n"),
+                        ),
+                    }
+                },
+            ),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .with_state(board)
+        .with_state((board, jobs))
 }
+
+/// What the status routes read: the workers' reports and the jobs' runtimes.
+type Shared = (StatusBoard, Runtimes);
 
 /// The write listener (`http.admin = true`, on `http.admin_listen`): a job's live rate limits.
 /// `GET /admin/jobs/{name}/rate-limit` reads them from the job's store; `POST` with the query
 /// `snapshot=N` and/or `log=N` (per worker per second, 0 = none; a missing one keeps its value) sets
 /// them in the store, which every worker of every process reads within its housekeeping interval.
 /// No request body is read.
-pub fn admin_router() -> Router {
+pub fn admin_router(jobs: Runtimes) -> Router {
     use axum::http::Uri;
     use axum::routing::MethodRouter;
     fn reply(
@@ -154,23 +161,33 @@ pub fn admin_router() -> Router {
             ),
         }
     }
-    let route: MethodRouter = route_get(|Path(name): Path<String>| async move {
-        let n = name.clone();
-        let r =
-            tokio::task::spawn_blocking(move || crate::service::job::rate_limits_json(&n, None))
-                .await
-                .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the rate limits failed: {e}")));
-        reply(r, &name)
+    let read = jobs.clone();
+    let route: MethodRouter = route_get(move |Path(name): Path<String>| {
+        let jobs = read.clone();
+        async move {
+            let n = name.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                jobs.get(&n).map(|j| j.rate_limits_json(None)).transpose()
+            })
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the rate limits failed: {e}")));
+            reply(r, &name)
+        }
     })
-    .post(|Path(name): Path<String>, uri: Uri| async move {
-        let n = name.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            let change = crate::service::job::RateLimitChange::parse(uri.query().unwrap_or(""))?;
-            crate::service::job::rate_limits_json(&n, Some(change))
-        })
-        .await
-        .unwrap_or_else(|e| Err(anyhow::anyhow!("setting the rate limits failed: {e}")));
-        reply(r, &name)
+    .post(move |Path(name): Path<String>, uri: Uri| {
+        let jobs = jobs.clone();
+        async move {
+            let n = name.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                let change = RateLimitChange::parse(uri.query().unwrap_or(""))?;
+                jobs.get(&n)
+                    .map(|j| j.rate_limits_json(Some(change)))
+                    .transpose()
+            })
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("setting the rate limits failed: {e}")));
+            reply(r, &name)
+        }
     });
     Router::new()
         .route("/admin/jobs/{name}/rate-limit", route)

@@ -1,5 +1,6 @@
 //! Runs the configured jobs: checks each job's snapshot, topic and store against its configuration,
-//! then runs its workers on dedicated threads under one supervisor per job.
+//! registers each job's runtime (`service::runtime`: its supervisor, store handles, progress and
+//! limits) and runs its workers on dedicated threads.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ use crate::core::{LocalCheckpointPolicy, PartitionMap, Supervisor, SupervisorCon
 use crate::ports::StoreFactory;
 use crate::ports::{SnapshotSource, StateStore};
 use crate::service::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
+use crate::service::runtime::{JobRuntime, Runtimes};
 use crate::service::status::StatusBoard;
 use crate::service::worker::{run_worker, WorkerSetup};
 use crate::snapshot::files::SnapshotFiles;
@@ -168,24 +170,16 @@ pub fn run(
     opts: &RunOptions,
     shutdown: Arc<AtomicBool>,
     board: StatusBoard,
+    runtimes: Runtimes,
 ) -> Result<()> {
     let prefix = opts.worker_prefix.clone().unwrap_or_else(default_prefix);
     let mut handles: Vec<(String, JoinHandle<Result<()>>)> = Vec::new();
     let mut expected = 0usize;
-    let mut stores = Vec::new();
+    let mut jobs: Vec<Arc<JobRuntime>> = Vec::new();
     for job in &config.jobs {
         let prepared = prepare(job, true)?;
         let info = prepared.snapshot.info();
         let map = PartitionMap::new(info.vnode_count, info.partition_count)?;
-        job_stores()
-            .lock()
-            .unwrap()
-            .insert(job.name.clone(), (map, prepared.open_store.clone()));
-        configured_limits().lock().unwrap().insert(
-            job.name.clone(),
-            crate::core::RateLimits::both(job.max_rows_per_second),
-        );
-        stores.push((job.name.clone(), map, prepared.open_store.clone()));
         let r = &job.recreation;
         let supervisor = Arc::new(Mutex::new(Supervisor::new(SupervisorConfig {
             policy: r.policy,
@@ -194,6 +188,15 @@ pub fn run(
             backoff_initial_ms: r.backoff_initial_ms,
             backoff_max_ms: r.backoff_max_ms,
         })));
+        let runtime = Arc::new(JobRuntime::new(
+            &job.name,
+            map,
+            supervisor.clone(),
+            prepared.open_store.clone(),
+            crate::core::RateLimits::both(job.max_rows_per_second),
+        ));
+        runtimes.insert(runtime.clone());
+        jobs.push(runtime);
         let mut kafka = job.kafka.clone();
         kafka
             .entry("group.id".into())
@@ -241,7 +244,7 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(100));
         if last_progress.elapsed() >= Duration::from_secs(2) {
             last_progress = std::time::Instant::now();
-            if let Err(e) = read_progress(&stores) {
+            if let Err(e) = read_progress(&jobs) {
                 // Shown in /status by the workers' own errors; the next read retries.
                 tracing::debug!(error = %format!("{e:#}"), "reading job progress");
             }
@@ -266,7 +269,7 @@ pub fn run(
                 .collect();
             if reports.len() == expected && reports.iter().all(|c| *c) {
                 drop(b);
-                match waiting.check(&stores, opts.job_wait) {
+                match waiting.check(&jobs, opts.job_wait) {
                     Ok(true) => {
                         info!("every vnode of every job has caught up; stopping");
                         shutdown.store(true, Ordering::SeqCst);
@@ -294,142 +297,8 @@ pub fn run(
 }
 
 /// Every job's progress over all its vnodes, as committed in its store.
-fn read_progress(
-    stores: &[(String, PartitionMap, StoreFactory)],
-) -> Result<Vec<crate::core::JobProgress>> {
-    let mut all = Vec::new();
-    for (job, map, open) in stores {
-        let mut store = open().with_context(|| format!("job {job}: opening the store"))?;
-        let vnodes = store
-            .committed_vnodes(job)
-            .with_context(|| format!("job {job}: reading progress"))?;
-        let partitions = store
-            .committed_partitions(job)
-            .with_context(|| format!("job {job}: reading progress"))?;
-        let progress = crate::core::JobProgress::of(*map, &vnodes, &partitions);
-        job_progress()
-            .lock()
-            .unwrap()
-            .insert(job.clone(), progress.clone());
-        all.push(progress);
-    }
-    Ok(all)
-}
-
-/// Each job this process runs: its partition map and store, for `/status/jobs/{name}/vnodes`.
-pub fn job_stores() -> &'static Mutex<BTreeMap<String, (PartitionMap, StoreFactory)>> {
-    static S: std::sync::OnceLock<Mutex<BTreeMap<String, (PartitionMap, StoreFactory)>>> =
-        std::sync::OnceLock::new();
-    S.get_or_init(Default::default)
-}
-
-/// `/status/jobs/{name}/vnodes` read from the job's store (`None`: no such job in this process).
-/// Blocking: the HTTP server calls it off its runtime.
-pub fn job_vnodes(name: &str) -> Result<Option<serde_json::Value>> {
-    let Some((map, open)) = job_stores().lock().unwrap().get(name).cloned() else {
-        return Ok(None);
-    };
-    let mut store = open().with_context(|| format!("job {name}: opening the store"))?;
-    let vnodes = store
-        .committed_vnodes(name)
-        .with_context(|| format!("job {name}: reading vnode progress"))?;
-    let partitions = store
-        .committed_partitions(name)
-        .with_context(|| format!("job {name}: reading partition progress"))?;
-    let owners = store
-        .owners(name)
-        .with_context(|| format!("job {name}: reading leases"))?;
-    Ok(Some(crate::service::status::vnodes_json(
-        name,
-        &map,
-        &vnodes,
-        &partitions,
-        &owners,
-    )))
-}
-
-/// A change of a job's live rate limits: each one given is set, a missing one keeps its value.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RateLimitChange {
-    pub snapshot: Option<u64>,
-    pub log: Option<u64>,
-}
-
-impl RateLimitChange {
-    /// From a query string: `snapshot=N&log=N` (per worker per second; 0 = none).
-    pub fn parse(query: &str) -> Result<Self> {
-        let mut c = RateLimitChange::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair
-                .split_once('=')
-                .with_context(|| format!("query {pair:?}: expected key=value"))?;
-            let n: u64 = v
-                .parse()
-                .with_context(|| format!("query {k}={v:?}: not a whole number"))?;
-            match k {
-                "snapshot" => c.snapshot = Some(n),
-                "log" => c.log = Some(n),
-                _ => bail!("query {k}: unknown; use snapshot=N and/or log=N"),
-            }
-        }
-        if c == RateLimitChange::default() {
-            bail!("nothing to set: give snapshot=N and/or log=N");
-        }
-        Ok(c)
-    }
-}
-
-/// Reads (`change` None) or changes a job's live rate limits in its store; `None` for a job this
-/// process does not run. The answer says what is in force from now on: the store's limits, or the
-/// configured `max_rows_per_second` for both while none were set. Blocking.
-pub fn rate_limits_json(
-    name: &str,
-    change: Option<RateLimitChange>,
-) -> Result<Option<serde_json::Value>> {
-    let Some((_, open)) = job_stores().lock().unwrap().get(name).cloned() else {
-        return Ok(None);
-    };
-    let configured = configured_limits().lock().unwrap().get(name).copied();
-    let mut store = open().with_context(|| format!("job {name}: opening the store"))?;
-    let current = store
-        .rate_limits(name)
-        .with_context(|| format!("job {name}: reading the rate limits"))?;
-    let (limits, source) = match (change, current) {
-        (Some(c), cur) => {
-            let base = cur.or(configured).unwrap_or_default();
-            let next = crate::core::RateLimits {
-                snapshot_rows_per_second: c.snapshot.unwrap_or(base.snapshot_rows_per_second),
-                log_records_per_second: c.log.unwrap_or(base.log_records_per_second),
-            };
-            store
-                .set_rate_limits(name, next)
-                .with_context(|| format!("job {name}: setting the rate limits"))?;
-            info!(job = %name, snapshot_rows_per_second = next.snapshot_rows_per_second, log_records_per_second = next.log_records_per_second, "rate limits set");
-            (next, "store")
-        }
-        (None, Some(cur)) => (cur, "store"),
-        (None, None) => (configured.unwrap_or_default(), "max_rows_per_second"),
-    };
-    Ok(Some(serde_json::json!({
-        "job": name,
-        "snapshot_rows_per_second": limits.snapshot_rows_per_second,
-        "log_records_per_second": limits.log_records_per_second,
-        "source": source,
-    })))
-}
-
-/// Each job's configured `max_rows_per_second`, as both limits (what holds until live ones are set).
-fn configured_limits() -> &'static Mutex<BTreeMap<String, crate::core::RateLimits>> {
-    static S: std::sync::OnceLock<Mutex<BTreeMap<String, crate::core::RateLimits>>> =
-        std::sync::OnceLock::new();
-    S.get_or_init(Default::default)
-}
-
-/// The last job-level progress read by this process's runner, per job, for `/status`.
-pub fn job_progress() -> &'static Mutex<BTreeMap<String, crate::core::JobProgress>> {
-    static P: std::sync::OnceLock<Mutex<BTreeMap<String, crate::core::JobProgress>>> =
-        std::sync::OnceLock::new();
-    P.get_or_init(Default::default)
+fn read_progress(jobs: &[Arc<JobRuntime>]) -> Result<Vec<crate::core::JobProgress>> {
+    jobs.iter().map(|j| j.read_progress()).collect()
 }
 
 /// The job-level completion check of `--exit-when-caught-up`, once a second.
@@ -444,11 +313,7 @@ struct JobWait {
 impl JobWait {
     /// Whether every job has caught up (from the store); an error once the rest of a job made no
     /// progress for `wait`.
-    fn check(
-        &mut self,
-        stores: &[(String, PartitionMap, StoreFactory)],
-        wait: Duration,
-    ) -> Result<bool> {
+    fn check(&mut self, jobs: &[Arc<JobRuntime>], wait: Duration) -> Result<bool> {
         let now = std::time::Instant::now();
         if self
             .last_check
@@ -457,7 +322,7 @@ impl JobWait {
             return Ok(false);
         }
         self.last_check = Some(now);
-        let all = read_progress(stores)?;
+        let all = read_progress(jobs)?;
         if all.iter().all(|p| p.caught_up) {
             return Ok(true);
         }
@@ -471,16 +336,16 @@ impl JobWait {
             .is_none_or(|t| now - t >= Duration::from_secs(10))
         {
             self.last_log = Some(now);
-            for ((job, _, _), p) in stores.iter().zip(&all).filter(|(_, p)| !p.caught_up) {
-                info!(job = %job, partitions_behind = ?p.partitions_behind, vnodes_snapshot = p.vnodes_snapshot, vnodes_log_store = p.vnodes_log_store, "this process has caught up; waiting for the rest of the job");
+            for (job, p) in jobs.iter().zip(&all).filter(|(_, p)| !p.caught_up) {
+                info!(job = %job.name, partitions_behind = ?p.partitions_behind, vnodes_snapshot = p.vnodes_snapshot, vnodes_log_store = p.vnodes_log_store, "this process has caught up; waiting for the rest of the job");
             }
         }
         if now - since >= wait {
-            let (job, p) = stores
+            let (job, p) = jobs
                 .iter()
                 .zip(&all)
                 .find(|(_, p)| !p.caught_up)
-                .map(|((j, _, _), p)| (j.clone(), p.clone()))
+                .map(|(j, p)| (j.name.clone(), p.clone()))
                 .expect("one job behind");
             return Err(JobIncomplete {
                 job,

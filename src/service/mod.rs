@@ -9,6 +9,7 @@ pub mod http;
 pub mod job;
 pub mod metrics;
 pub mod observe;
+pub mod runtime;
 pub mod status;
 pub mod watch;
 pub mod worker;

@@ -28,7 +28,7 @@ impl std::ops::Deref for Reported {
 pub type StatusBoard = Arc<Mutex<BTreeMap<String, BTreeMap<String, Reported>>>>;
 
 /// The `/status` document.
-pub fn status_json(board: &StatusBoard) -> Value {
+pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes) -> Value {
     let board = board.lock().unwrap();
     let jobs: Vec<Value> = board
         .iter()
@@ -81,11 +81,7 @@ pub fn status_json(board: &StatusBoard) -> Value {
                     })
                 })
                 .collect();
-            let progress = crate::service::job::job_progress()
-                .lock()
-                .unwrap()
-                .get(job)
-                .cloned();
+            let progress = jobs.progress_of(job);
             json!({ "job": job, "progress": progress, "workers": ws })
         })
         .collect();

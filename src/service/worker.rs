@@ -37,7 +37,7 @@ pub struct WorkerSetup {
     pub supervisor: Arc<Mutex<Supervisor>>,
     pub shutdown: Arc<AtomicBool>,
     pub board: StatusBoard,
-    /// Snapshot rows plus log records per second; 0 = unlimited.
+    /// Snapshot rows per second and, separately, log records per second; 0 = unlimited.
     pub max_rows_per_second: u64,
     /// Adaptive rate limiting (`[jobs.rate_limit]`).
     pub adaptive: crate::core::AdaptiveConfig,

@@ -128,7 +128,8 @@ impl SnapshotSource for PostgresSnapshot {
             let value: Vec<u8> = r.get(1);
             table.check_row(&value).map_err(|e| {
                 err(format!(
-                    "snapshot {name} (table {table_name}) row with key {key:?}: {e}"
+                    "snapshot {name} (table {table_name}) row with key {}: {e}",
+                    crate::ports::key_hex(&key)
                 ))
             })?;
             Ok(Row { key, value })

@@ -168,8 +168,10 @@ impl PostgresStore {
     pub fn open(url: &str, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
         crate::ports::check_table_name(table_name)?;
         let mut client = connect(url)?;
+        // `IF NOT EXISTS` on a present table is a NOTICE that the driver would log on every open
+        // (one per worker, committer and pooled handle): this session hears warnings and up only.
         let ddl = format!(
-            "{SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL);",
+            "SET client_min_messages TO warning; {SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL);",
             table.column_ddl(ColumnType::postgres)
         );
         // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.

@@ -175,7 +175,8 @@ backoff_max_ms = 1000
             .arg(&self.config)
             .args(["--worker-prefix", prefix])
             .args(args)
-            .env("RUST_LOG", "kafka_backfill=debug,librdkafka=warn")
+            // What a user sees by default (info) for every crate, and the service's debug lines.
+            .env("RUST_LOG", "info,kafka_backfill=debug,librdkafka=warn")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(file)

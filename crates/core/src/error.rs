@@ -4,6 +4,16 @@
 use super::epoch::Epoch;
 use super::vnode::{PartitionId, Vnode};
 
+/// Key bytes as hex for errors and logs, cut after 32 bytes (operators read `Display`, and a key is
+/// bytes, not a list of numbers).
+pub fn key_hex(key: &[u8]) -> String {
+    let mut s: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
+    if key.len() > 32 {
+        s.push_str(&format!("… ({} bytes)", key.len()));
+    }
+    s
+}
+
 /// The exact text of the seed error.
 pub const VNODE_BITMAP_UPDATE_IN_LOG_STORE: &str =
     "should not update vnode bitmap during consuming log store";
@@ -100,7 +110,9 @@ pub enum CoreError {
     },
 
     #[error(
-        "snapshot cursor of vnode {vnode} would go back: row key {key:?} is not after {cursor:?}"
+        "snapshot cursor of vnode {vnode} would go back: row key {} is not after {}",
+        key_hex(.key),
+        key_hex(.cursor)
     )]
     SnapshotCursorWentBack {
         vnode: Vnode,

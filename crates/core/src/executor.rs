@@ -97,7 +97,7 @@ impl PartitionState {
     }
 }
 
-/// A bounded catch-up test (see README, "Catch-up"): the high watermarks sampled when the probe was
+/// A bounded catch-up test (see docs/ARCHITECTURE.md, "Catch-up"): the high watermarks sampled when the probe was
 /// taken. The worker has caught up once every owned partition has been read to its target without a
 /// checkpoint barrier appearing beyond the last committed one.
 #[derive(Debug, Clone)]
@@ -173,7 +173,7 @@ pub struct Executor {
     failed: bool,
     counters: ExecutorCounters,
     /// A bad record stopped its partition: the others are read on until every checkpoint complete
-    /// before it is committed, then the executor fails with the record's error (README "Bad input").
+    /// before it is committed, then the executor fails with the record's error (docs/OPERATIONS.md "Bad input").
     poison: Option<Poison>,
     /// The group has answered at least once (an assignment, possibly empty).
     joined: bool,

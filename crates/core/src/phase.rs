@@ -83,7 +83,7 @@ pub enum Event {
         offset: u64,
         record: LogRecord,
     },
-    /// A record that did not decode: handled like any bad record (README "Bad input").
+    /// A record that did not decode: handled like any bad record (docs/OPERATIONS.md "Bad input").
     Undecodable {
         partition: PartitionId,
         offset: u64,

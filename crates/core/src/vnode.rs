@@ -149,6 +149,18 @@ impl fmt::Debug for VnodeBitmap {
 mod tests {
     use super::*;
 
+    /// Each vnode is its own bit: a bitmap holding one vnode holds no other (the `%`→`/` mutant
+    /// of `contains` tested bit `v / 64` and was not caught before).
+    #[test]
+    fn a_bitmap_holds_exactly_the_vnodes_set() {
+        for v in [1, 5, 63, 64, 70, 200] {
+            let mut b = VnodeBitmap::new(256);
+            b.set(v);
+            let held: Vec<Vnode> = (0..256).filter(|&x| b.contains(x)).collect();
+            assert_eq!(held, vec![v], "set {v}");
+        }
+    }
+
     #[test]
     fn partition_of_inverts_vnodes_of_for_every_shape() {
         for v in [1u32, 2, 7, 64, 255, 256, 1000] {
