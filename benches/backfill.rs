@@ -81,9 +81,9 @@ fn args() -> Args {
         "quick" => (100_000, 100_000, 100_000, 1_000_000, 1, 200),
         _ => (20_000, 20_000, 20_000, 100_000, 1, 20),
     };
-    // Rows of the single-file snapshot (about 165 bytes a row in the file: 2.2M rows ≈ 350 MiB).
+    // Rows of the single-file snapshot (about 130 bytes a row in the file: 2.5M rows ≈ 310 MiB).
     let (single_small, single_large) = match size {
-        "full" => (220_000, 2_200_000),
+        "full" => (250_000, 2_500_000),
         "quick" => (50_000, 500_000),
         _ => (5_000, 50_000),
     };

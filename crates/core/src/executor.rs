@@ -60,6 +60,9 @@ struct PartitionState {
     committed: PartitionProgress,
     /// Next offset expected from the log.
     next_offset: u64,
+    /// Just after the last *record* delivered (not moved by `ReadTo`, which skips what the consumer
+    /// never returns: transaction markers, aborted records).
+    record_end: u64,
     /// The epoch of data now arriving: `curr` of the last barrier delivered.
     open_epoch: Epoch,
     /// Barriers delivered since the last commit, with the offset just after each.
@@ -77,6 +80,7 @@ impl PartitionState {
         PartitionState {
             lease,
             next_offset: committed.next_offset,
+            record_end: committed.next_offset,
             open_epoch: committed.epoch,
             committed,
             barriers: VecDeque::new(),
@@ -90,6 +94,7 @@ impl PartitionState {
     /// Forgets uncommitted reads: the partition will be fetched again from its committed offset.
     fn rewind(&mut self) {
         self.next_offset = self.committed.next_offset;
+        self.record_end = self.committed.next_offset;
         self.open_epoch = self.committed.epoch;
         self.barriers.clear();
         self.pending_update_delete = None;
@@ -121,6 +126,10 @@ pub struct PartitionStatus {
     pub partition: PartitionId,
     pub committed_offset: u64,
     pub next_offset: u64,
+    /// The offset up to which nothing is left to commit: the committed offset, or the read position
+    /// when every record read is committed and only records the consumer never returns
+    /// (transaction markers, aborted records) lie beyond. Lag is counted from here.
+    pub settled_offset: u64,
     pub high_watermark: Option<u64>,
     pub open_epoch: Epoch,
     pub committed_epoch: Epoch,
@@ -729,6 +738,7 @@ impl Executor {
         p.open_epoch = moved.open_epoch;
         p.pending_update_delete = moved.pending_update_delete;
         p.next_offset = offset + 1;
+        p.record_end = offset + 1;
         match record {
             LogRecord::Change(change) => {
                 self.counters.changes[op_index(change.op)] += 1;
@@ -969,6 +979,11 @@ impl Executor {
                     partition: *p,
                     committed_offset: s.committed.next_offset,
                     next_offset: s.next_offset,
+                    settled_offset: if s.record_end <= s.committed.next_offset {
+                        s.committed.next_offset.max(s.next_offset)
+                    } else {
+                        s.committed.next_offset
+                    },
                     high_watermark: s.high_watermark,
                     open_epoch: s.open_epoch,
                     committed_epoch: s.committed.epoch,

@@ -631,6 +631,11 @@ fn read_to_moves_past_offsets_that_hold_no_records() {
     .unwrap();
     wm(&mut x);
     assert!(x.status().caught_up);
+    // Everything read is committed and only the marker lies beyond: no lag (it was 1, the marker
+    // counted as a record, for ever).
+    let p = &x.status().partitions[0];
+    assert_eq!((p.committed_offset, p.settled_offset), (2, 3));
+    assert_eq!(p.lag(), Some(0));
     // A ReadTo behind what was read changes nothing.
     x.handle(Event::ReadTo {
         partition: 0,
@@ -644,6 +649,16 @@ fn read_to_moves_past_offsets_that_hold_no_records() {
         "the same, without a whole status"
     );
     assert_eq!(x.next_offset(99), None, "not owned");
+    // A record read but not yet committed is lag again, counted from the committed offset.
+    x.handle(rec(0, 3, barrier(2, 3, BarrierKind::Barrier)))
+        .unwrap();
+    x.handle(Event::Watermark {
+        partition: 0,
+        high: 4,
+    })
+    .unwrap();
+    let p = &x.status().partitions[0];
+    assert_eq!((p.settled_offset, p.lag()), (2, Some(2)));
 }
 
 #[test]

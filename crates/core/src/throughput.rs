@@ -7,10 +7,11 @@ use crate::executor::{PartitionStatus, WorkerStatus};
 use crate::phase::Phase;
 
 impl PartitionStatus {
-    /// Records between what is committed and the log's end (`None` before the first watermark).
+    /// Records between what is settled (committed, or carrying no data past it: transaction
+    /// markers) and the log's end (`None` before the first watermark).
     pub fn lag(&self) -> Option<u64> {
         self.high_watermark
-            .map(|h| h.saturating_sub(self.committed_offset))
+            .map(|h| h.saturating_sub(self.settled_offset))
     }
 }
 

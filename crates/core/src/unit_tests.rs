@@ -274,6 +274,7 @@ fn status(phase: Phase, partitions: &[(u64, Option<u64>)]) -> WorkerStatus {
                 partition: i as u32,
                 committed_offset: *committed,
                 next_offset: *committed,
+                settled_offset: *committed,
                 high_watermark: *high,
                 open_epoch: Epoch(1 << 16),
                 committed_epoch: Epoch(1 << 16),
