@@ -449,8 +449,8 @@ pub enum WorkerEvent {
     },
     /// This worker's compare-and-set recreated the job (it applied).
     Recreated,
-    /// The worker failed; the supervisor decides next.
-    Failed(FailureKind),
+    /// The worker failed, in the executor of `generation`; the supervisor decides next.
+    Failed { kind: FailureKind, generation: u64 },
     /// An executor started at this generation.
     Generation(u64),
     /// A partition was paused for alignment this long before it resumed.

@@ -112,6 +112,34 @@ const LOG_STORE_JOIN: [&str; 8] = [
     "200",
 ];
 
+/// KIP-848: `"group.protocol" = "consumer"` (the broker assigns, incrementally) runs end to end: a
+/// second process joining during the snapshot is a vnode-bitmap update the snapshot phase absorbs,
+/// and the table is exact. Before, the client was refused at creation (the classic protocol's
+/// `partition.assignment.strategy` was set regardless).
+#[test]
+fn the_consumer_group_protocol_of_kip_848_backfills_exactly_with_a_join() {
+    let _g = serial();
+    let f = Fixture::new("kip848", 1, "max_rows_per_second = 4000");
+    f.use_consumer_protocol();
+    f.produce(&["--partitions", "4", "--rows", "40000", "--changes", "2000"]);
+    let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
+    a.wait_for("cause=Local", MIN);
+    let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
+    b.wait_for("partitions assigned", MIN);
+    for r in [&mut a, &mut b] {
+        assert!(
+            r.wait_exit(3 * MIN).success(),
+            "{}",
+            support::tail(&r.log_text())
+        );
+    }
+    assert!(
+        a.log_text().contains("partitions revoked"),
+        "a never gave partitions away"
+    );
+    f.verify_eventually(MIN);
+}
+
 /// A job throttled into a long log store: `a` runs it, `b` joins once `a` has committed in the log
 /// store, and both are waited for (`--exit-when-caught-up`) after `a` logs `a_logs`.
 fn join_mid_log_store(f: &Fixture, a_logs: &[&str]) -> (String, String) {
@@ -198,14 +226,28 @@ fn one_rebalance_seen_by_four_workers_of_one_process_is_one_recreation() {
     f.verify_eventually(MIN);
 }
 
-/// The same join under `recreation.policy = "reschedule"`: absorbed in the log store — no invariant
-/// error, no recreation — and the table is exact.
+/// KIP-848: the same join in the log store under the consumer protocol (the broker's incremental
+/// assignment) is the invariant error and one recreation, and the table is exact.
 #[test]
-fn under_reschedule_a_consumer_joining_during_the_log_store_moves_partitions_without_recreation() {
+fn under_the_consumer_protocol_a_join_during_the_log_store_recreates_the_job() {
     let _g = serial();
-    let f = Fixture::new("logresched", 1, "max_rows_per_second = 3000");
-    f.set_recreation_policy("reschedule");
-    let (a, b) = join_mid_log_store(&f, &["vnode bitmap updated during log store: rescheduled"]);
+    let f = Fixture::new("kip848log", 1, "max_rows_per_second = 2000");
+    f.use_consumer_protocol();
+    join_mid_log_store(
+        &f,
+        &[
+            "should not update vnode bitmap during consuming log store",
+            "recreating the job",
+        ],
+    );
+    let jobs: Vec<Vec<i64>> = f.sql("SELECT generation, recreations FROM kb_jobs");
+    assert!(jobs[0][0] >= 1, "generation/recreations {:?}", jobs[0]);
+    f.verify_eventually(MIN);
+}
+
+/// `join_mid_log_store` under `reschedule`: absorbed — no invariant error, no recreation — and exact.
+fn join_is_rescheduled(f: &Fixture) {
+    let (a, b) = join_mid_log_store(f, &["vnode bitmap updated during log store: rescheduled"]);
     for log in [a, b] {
         assert!(
             !log.contains("should not update vnode bitmap during consuming log store"),
@@ -216,6 +258,27 @@ fn under_reschedule_a_consumer_joining_during_the_log_store_moves_partitions_wit
     let jobs: Vec<Vec<i64>> = f.sql("SELECT generation, recreations FROM kb_jobs");
     assert_eq!(jobs[0], vec![0, 0], "no recreation");
     f.verify_eventually(MIN);
+}
+
+/// KIP-848 under `recreation.policy = "reschedule"`: the join in the log store is absorbed — no
+/// invariant error, no recreation — and the table is exact.
+#[test]
+fn under_the_consumer_protocol_and_reschedule_a_join_during_the_log_store_moves_partitions() {
+    let _g = serial();
+    let f = Fixture::new("kip848resched", 1, "max_rows_per_second = 2000");
+    f.use_consumer_protocol();
+    f.set_recreation_policy("reschedule");
+    join_is_rescheduled(&f);
+}
+
+/// The same join under `recreation.policy = "reschedule"`: absorbed in the log store — no invariant
+/// error, no recreation — and the table is exact.
+#[test]
+fn under_reschedule_a_consumer_joining_during_the_log_store_moves_partitions_without_recreation() {
+    let _g = serial();
+    let f = Fixture::new("logresched", 1, "max_rows_per_second = 3000");
+    f.set_recreation_policy("reschedule");
+    join_is_rescheduled(&f);
 }
 
 #[test]

@@ -126,8 +126,13 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             return;
         };
         let phase = exec.phase();
-        let update =
-            matches!(event, Event::Assigned(_) | Event::Revoked(_)) && phase != Phase::Unassigned;
+        // An empty assignment or revocation (the consumer protocol of KIP-848 sends them while it
+        // reconciles) changes no bitmap.
+        let update = match &event {
+            Event::Assigned(claims) => !claims.is_empty(),
+            Event::Revoked(ps) => !ps.is_empty(),
+            _ => false,
+        } && phase != Phase::Unassigned;
         let moved: Vec<PartitionId> = match &event {
             Event::Assigned(claims) => claims.iter().map(|c| c.partition).collect(),
             Event::Revoked(ps) => ps.clone(),

@@ -347,8 +347,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
 
     fn fail(&mut self, f: WorkerFailure) {
         if self.failure.is_none() {
-            self.observer
-                .observe(WorkerEvent::Failed(FailureKind::of(&f)));
+            self.observer.observe(WorkerEvent::Failed {
+                kind: FailureKind::of(&f),
+                generation: self.generation,
+            });
             self.failure = Some(f);
         }
         self.exec = None;

@@ -101,6 +101,10 @@ fn fatal_reason(
         Some((rdkafka::types::RDKafkaErrorCode::FencedInstanceId, text)) => format!(
             "{text}; another consumer joined with this worker's group.instance.id — give every worker a distinct one"
         ),
+        // Under the consumer protocol (KIP-848) a duplicate instance id fences the *new* member.
+        Some((rdkafka::types::RDKafkaErrorCode::UnreleasedInstanceId, text)) => format!(
+            "{text}; this worker's group.instance.id is still held by a running member — give every worker a distinct one, or wait for the old member's session to end"
+        ),
         Some((code, text)) => format!("{text} ({code:?})"),
         None => reason,
     }
@@ -128,8 +132,8 @@ impl KafkaConsumer {
     /// A consumer of the job's topic, subscribed, with the managed settings.
     pub fn subscribe(setup: &ConsumerSetup) -> Result<Self> {
         let mut config = client_config(&setup.kafka);
-        for (k, v, _) in crate::kafka::MANAGED_CONSUMER_KEYS {
-            config.set(k, v);
+        for (k, v, _) in crate::kafka::managed_keys(&setup.kafka) {
+            config.set(*k, *v);
         }
         if !setup.kafka.contains_key("fetch.wait.max.ms") {
             // A default, not managed: short fetch waits keep alignment and catch-up responsive.

@@ -4,23 +4,21 @@
 //!
 //! librdkafka calls are synchronous here and run on dedicated threads, never on a tokio worker.
 
+use std::collections::BTreeMap;
+
 pub mod admin;
 pub mod consumer;
 
-/// The consumer properties kafka-backfill owns, with the value it sets and why: the one list the
-/// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (docs/OPERATIONS.md "Configuration reference").
 /// librdkafka's own check of the job's properties (with the managed ones set as the worker sets
 /// them), without creating a client: every name must be a property and every value valid for it.
 /// Returns the offending key and librdkafka's reason.
-pub fn check_properties(
-    kafka: &std::collections::BTreeMap<String, String>,
-) -> Result<(), (String, String)> {
+pub fn check_properties(kafka: &BTreeMap<String, String>) -> Result<(), (String, String)> {
     let mut config = rdkafka::ClientConfig::new();
     for (k, v) in kafka {
         config.set(k, v);
     }
-    for (k, v, _) in MANAGED_CONSUMER_KEYS {
-        config.set(k, v);
+    for (k, v, _) in managed_keys(kafka) {
+        config.set(*k, *v);
     }
     match config.create_native_config() {
         Ok(_) => Ok(()),
@@ -29,6 +27,47 @@ pub fn check_properties(
     }
 }
 
+/// Whether the job's consumers use the KIP-848 consumer group protocol (`group.protocol =
+/// "consumer"`): assignment by the broker, incremental, every member reconciling on its own.
+pub fn uses_consumer_protocol(kafka: &BTreeMap<String, String>) -> bool {
+    kafka
+        .get("group.protocol")
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("consumer"))
+}
+
+/// Keys of the classic protocol that librdkafka refuses at client creation under `group.protocol =
+/// "consumer"`, with what decides them there instead.
+pub const CLASSIC_PROTOCOL_KEYS: [(&str, &str); 4] = [
+    (
+        "session.timeout.ms",
+        "the broker's group.consumer.session.timeout.ms decides it",
+    ),
+    (
+        "heartbeat.interval.ms",
+        "the broker's group.consumer.heartbeat.interval.ms decides it",
+    ),
+    (
+        "partition.assignment.strategy",
+        "assignment is the broker's; name its assignor with group.remote.assignor",
+    ),
+    ("group.protocol.type", "the classic protocol's setting"),
+];
+
+/// The managed keys that apply to a job's consumers: all of [`MANAGED_CONSUMER_KEYS`], but the
+/// assignment strategy under the consumer protocol (the broker assigns, always incrementally, so a
+/// rebalance still moves only the partitions that change owner).
+pub fn managed_keys(
+    kafka: &BTreeMap<String, String>,
+) -> impl Iterator<Item = &'static (&'static str, &'static str, &'static str)> {
+    let consumer = uses_consumer_protocol(kafka);
+    MANAGED_CONSUMER_KEYS
+        .iter()
+        .filter(move |(k, _, _)| !(consumer && *k == "partition.assignment.strategy"))
+}
+
+/// The consumer properties kafka-backfill owns, with the value it sets and why: the one list the
+/// worker applies and `check-config` refuses in a job's `[jobs.kafka]` (docs/OPERATIONS.md
+/// "Configuration reference").
 pub const MANAGED_CONSUMER_KEYS: [(&str, &str, &str); 6] = [
     (
         "isolation.level",

@@ -491,8 +491,8 @@ impl Config {
     pub fn notes(&self) -> Vec<String> {
         let mut notes = Vec::new();
         for (i, job) in self.jobs.iter().enumerate() {
-            for (k, value, _) in crate::kafka::MANAGED_CONSUMER_KEYS {
-                if job.kafka.get(k).is_some_and(|v| v == value) {
+            for (k, value, _) in crate::kafka::managed_keys(&job.kafka) {
+                if job.kafka.get(*k).is_some_and(|v| v == value) {
                     notes.push(format!(
                         "jobs[{i}].kafka.\"{k}\": {value} is what kafka-backfill sets anyway; the key can be removed"
                     ));
@@ -530,9 +530,7 @@ impl Config {
             }
         }
         if let Some(level) = &self.log.level {
-            tracing_subscriber::EnvFilter::builder()
-                .parse(level)
-                .map_err(|e| err("log.level", format!("{level:?} is not a log filter: {e}")))?;
+            check_log_filter(level).map_err(|m| err("log.level", m))?;
         }
         let mut names = std::collections::BTreeSet::new();
         // (store identity, table) → the job that writes it.
@@ -582,11 +580,30 @@ impl Config {
                     "empty (leave it out for kafka-backfill-<job name>)",
                 ));
             }
-            for (k, value, why) in crate::kafka::MANAGED_CONSUMER_KEYS {
-                if job.kafka.get(k).is_some_and(|v| v != value) {
+            if crate::kafka::uses_consumer_protocol(&job.kafka) {
+                for (k, why) in crate::kafka::CLASSIC_PROTOCOL_KEYS {
+                    if job.kafka.contains_key(k) {
+                        return Err(err(
+                            at(&format!("kafka.\"{k}\"")),
+                            format!("is not allowed with \"group.protocol\" = \"consumer\" (librdkafka refuses it: {why}); remove it"),
+                        ));
+                    }
+                }
+            }
+            for (k, value, why) in crate::kafka::managed_keys(&job.kafka) {
+                if job.kafka.get(*k).is_some_and(|v| v != value) {
                     return Err(err(
                         at(&format!("kafka.\"{k}\"")),
                         format!("is managed by kafka-backfill (always {value}: {why}); remove it"),
+                    ));
+                }
+            }
+            if let Some(v) = job.kafka.get("max.poll.interval.ms") {
+                let min = 2 * crate::core::retry::Backoff::STORE.deadline_ms;
+                if v.trim().parse::<u64>().is_ok_and(|ms| ms < min) {
+                    return Err(err(
+                        at("kafka.\"max.poll.interval.ms\""),
+                        format!("{v} is below {min}: the loop acknowledges a revocation only once the commits before it are durable, which the store may take its whole retry deadline ({} ms) to confirm; under \"group.protocol\" = \"consumer\" it is also the rebalance timeout", crate::core::retry::Backoff::STORE.deadline_ms),
                     ));
                 }
             }
@@ -667,6 +684,47 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Log levels a filter directive may name.
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// A `log.level` filter as `RUST_LOG` takes it, and no looser: each comma-separated directive is a
+/// level, `target=level`, or a bare module path (`a::b`) or one of this binary's crates. tracing
+/// would take any bare word as a target to log at every level, so `verbose` would silently mean
+/// "trace the target `verbose`" and log nothing more.
+fn check_log_filter(filter: &str) -> Result<(), String> {
+    const CRATES: [&str; 8] = [
+        "kafka_backfill",
+        "kafka_backfill_core",
+        "librdkafka",
+        "rdkafka",
+        "postgres",
+        "tokio_postgres",
+        "hyper",
+        "axum",
+    ];
+    tracing_subscriber::EnvFilter::builder()
+        .parse(filter)
+        .map_err(|e| format!("{filter:?} is not a log filter: {e}"))?;
+    for d in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let ok = match d.split_once('=') {
+            Some((_, level)) => LEVELS.contains(&level.to_ascii_lowercase().as_str()),
+            None => {
+                LEVELS.contains(&d.to_ascii_lowercase().as_str())
+                    || d.contains("::")
+                    || d.contains('[')
+                    || CRATES.contains(&d)
+            }
+        };
+        if !ok {
+            return Err(format!(
+                "{d:?} in {filter:?} is neither a level ({}) nor target=level",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A listen address (`host:port`); empty = off.
@@ -1152,6 +1210,60 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         assert_eq!(c.notes().len(), 1, "{:?}", c.notes());
         let e = refused(&kafka("\"isolation.level\" = \"read_uncommitted\""));
         assert!(e.contains("is managed by kafka-backfill"), "{e}");
+    }
+
+    /// KIP-848: the consumer protocol is accepted without the classic protocol's keys, which
+    /// librdkafka would refuse at client creation; validation names them first.
+    #[test]
+    fn the_consumer_group_protocol_refuses_the_classic_keys() {
+        let with = |extra: &str| {
+            GOOD.replace(
+                "\"bootstrap.servers\" = \"127.0.0.1:19092\"",
+                &format!("\"bootstrap.servers\" = \"127.0.0.1:19092\", \"group.protocol\" = \"consumer\"{extra}"),
+            )
+        };
+        Config::parse_with(&with(""), "t.toml", &[]).unwrap();
+        Config::parse_with(
+            &with(", \"group.remote.assignor\" = \"uniform\""),
+            "t.toml",
+            &[],
+        )
+        .unwrap();
+        for key in [
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+            "partition.assignment.strategy",
+        ] {
+            let e = Config::parse_with(&with(&format!(", \"{key}\" = \"6000\"")), "t.toml", &[])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("jobs[0].kafka.\"{key}\": is not allowed with \"group.protocol\" = \"consumer\"")),
+                "{e}"
+            );
+        }
+        let e = Config::parse_with(
+            &with(", \"max.poll.interval.ms\" = \"10000\""),
+            "t.toml",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("jobs[0].kafka.\"max.poll.interval.ms\": 10000 is below 60000"),
+            "{e}"
+        );
+        Config::parse_with(
+            &with(", \"max.poll.interval.ms\" = \"300000\""),
+            "t.toml",
+            &[],
+        )
+        .unwrap();
+        let consumer: BTreeMap<String, String> =
+            [("group.protocol".to_string(), "consumer".to_string())].into();
+        assert!(crate::kafka::managed_keys(&consumer)
+            .all(|(k, _, _)| *k != "partition.assignment.strategy"));
+        assert_eq!(crate::kafka::managed_keys(&BTreeMap::new()).count(), 6);
     }
 
     #[test]

@@ -87,7 +87,8 @@ impl Observer for ServiceObserver {
                 .recreations
                 .with_label_values(&[&self.job, "vnode_bitmap_update_in_log_store"])
                 .inc(),
-            WorkerEvent::Failed(_) => {}
+            // Logged by the loop with its reason; counted by what follows (recreation, restart).
+            WorkerEvent::Failed { .. } => {}
             WorkerEvent::Generation(g) => {
                 m.generation.with_label_values(&self.label()).set(g as i64)
             }

@@ -40,7 +40,10 @@ impl Observer for SimObserver {
                 c.commits += 1;
                 c.transactions += transaction_ms.is_some() as u64;
             }
-            WorkerEvent::Failed(FailureKind::Fenced) => c.fenced += 1,
+            WorkerEvent::Failed {
+                kind: FailureKind::Fenced,
+                ..
+            } => c.fenced += 1,
             WorkerEvent::Recreated => c.recreations += 1,
             WorkerEvent::BitmapUpdate { phase, outcome } => {
                 *c.updates.entry((phase, outcome)).or_default() += 1

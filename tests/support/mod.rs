@@ -117,6 +117,15 @@ backoff_max_ms = 1000
         std::fs::write(&self.config, text.replacen(from, to, 1)).unwrap();
     }
 
+    /// KIP-848: `"group.protocol" = "consumer"`, without the classic protocol's timeouts (librdkafka
+    /// refuses them under it; the broker's `group.consumer.*` settings in `scripts/kafka.sh` rule).
+    pub fn use_consumer_protocol(&self) {
+        self.edit_config(
+            "\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n",
+            "\"group.protocol\" = \"consumer\"\n",
+        );
+    }
+
     pub fn db(&self) -> PathBuf {
         self.dir.join("state.sqlite")
     }
