@@ -23,6 +23,42 @@ struct Cli {
     command: Command,
 }
 
+/// A job on a running service's write endpoint (`rate-limit`, `pause`, `resume`).
+#[derive(clap::Args)]
+struct AdminTarget {
+    /// The service's write endpoint (`http.admin_listen`, port 9465 by default).
+    #[arg(long, default_value = "http://127.0.0.1:9465")]
+    url: String,
+    /// The job's name.
+    #[arg(long)]
+    job: String,
+    /// The write endpoint's bearer token (`http.admin_token`); default: the environment's
+    /// KAFKA_BACKFILL_ADMIN_TOKEN.
+    #[arg(long)]
+    token: Option<String>,
+}
+
+impl AdminTarget {
+    fn token(&self) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| std::env::var("KAFKA_BACKFILL_ADMIN_TOKEN").ok())
+    }
+
+    /// One request to `/admin/jobs/{job}/{what}`; the body when it answers 200.
+    fn call(&self, method: &str, what: &str) -> Result<String> {
+        let target = format!(
+            "{}/admin/jobs/{}/{what}",
+            self.url.trim_end_matches('/'),
+            self.job
+        );
+        let (code, body) =
+            kafka_backfill::service::http::request_with(method, &target, self.token().as_deref())?;
+        anyhow::ensure!(code == 200, "{target} answered {code}: {}", body.trim());
+        Ok(body)
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the configured jobs until SIGTERM/SIGINT (a second signal exits at once).
@@ -184,12 +220,8 @@ enum Command {
     /// service's write endpoint (`http.admin = true`); every worker applies them within a second
     /// and they are kept in the store across restarts. Without --snapshot and --log: read them.
     RateLimit {
-        /// The service's write endpoint (`http.admin_listen`, port 9465 by default).
-        #[arg(long, default_value = "http://127.0.0.1:9465")]
-        url: String,
-        /// The job's name.
-        #[arg(long)]
-        job: String,
+        #[command(flatten)]
+        target: AdminTarget,
         /// Snapshot rows per second.
         #[arg(long)]
         snapshot: Option<u64>,
@@ -197,6 +229,12 @@ enum Command {
         #[arg(long)]
         log: Option<u64>,
     },
+    /// Pause a running job: every worker of every process stops fetching and scanning within a
+    /// second and stays in its group (no rebalance); kept in the store across restarts until
+    /// `resume`. What is staged is committed at the next checkpoint it completes.
+    Pause(AdminTarget),
+    /// Resume a paused job.
+    Resume(AdminTarget),
     /// Print a running service's /status for a person (or --json, or --watch it live).
     Status {
         /// The service's read-only endpoint (`http.listen`, port 9464 by default).
@@ -298,9 +336,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Pause(target) => {
+            print!("{}", target.call("POST", "pause")?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume(target) => {
+            print!("{}", target.call("POST", "resume")?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::RateLimit {
-            url,
-            job,
+            target,
             snapshot,
             log,
         } => {
@@ -311,16 +356,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(n) = log {
                 query.push(format!("log={n}"));
             }
-            let target = format!("{}/admin/jobs/{job}/rate-limit", url.trim_end_matches('/'));
-            let (code, body) = if query.is_empty() {
-                kafka_backfill::service::http::get(&target)?
+            let body = if query.is_empty() {
+                target.call("GET", "rate-limit")?
             } else {
-                kafka_backfill::service::http::request(
-                    "POST",
-                    &format!("{target}?{}", query.join("&")),
-                )?
+                target.call("POST", &format!("rate-limit?{}", query.join("&")))?
             };
-            anyhow::ensure!(code == 200, "{target} answered {code}: {}", body.trim());
             print!("{body}");
             Ok(ExitCode::SUCCESS)
         }
@@ -406,7 +446,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if config.http.admin {
                 let addr = kafka_backfill::service::http::spawn(
                     &config.http.admin_listen,
-                    kafka_backfill::service::http::admin_router(runtimes.clone()),
+                    kafka_backfill::service::http::admin_router(
+                        runtimes.clone(),
+                        config.http.admin_token.clone(),
+                    ),
                     kafka_backfill::service::http::Limits::of(&config.http),
                     shutdown.clone(),
                 )

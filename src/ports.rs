@@ -222,6 +222,10 @@ pub trait StateStore: Send {
     fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError>;
     /// Sets the job's live rate limits; they outlive restarts and recreations.
     fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError>;
+    /// Whether the job is paused (`kafka-backfill pause`); never set = not paused.
+    fn paused(&mut self, job: &str) -> Result<bool, StoreError>;
+    /// Pauses or resumes the job; kept across restarts and recreations, like the live limits.
+    fn set_paused(&mut self, job: &str, paused: bool) -> Result<(), StoreError>;
     /// The worker holding each leased partition (its last claim).
     fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError>;
     /// Committed progress of every partition that has some.
@@ -369,6 +373,8 @@ pub struct WorkerReport {
     pub store_reachable: bool,
     /// The rate limits in force (0 = none): the store's live limits, or `max_rows_per_second`.
     pub rate_limits: RateLimits,
+    /// The job is paused: nothing is fetched or scanned, the worker stays in its group.
+    pub paused: bool,
 }
 
 /// How a vnode-bitmap update (a rebalance seen by a worker) ended.
@@ -459,6 +465,8 @@ pub enum WorkerEvent {
     PartitionReleased(PartitionId),
     /// Whether the state store answered the worker's last look.
     StoreReachable(bool),
+    /// The job was paused (`true`) or resumed, as the worker found in the store.
+    Paused(bool),
     /// The worker's periodic report.
     Report(WorkerReport),
 }

@@ -327,6 +327,14 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     a.set_rate_limits(job, RateLimits::both(7)).unwrap();
     assert_eq!(b.rate_limits(job).unwrap(), Some(RateLimits::both(7)));
 
+    // Pause: not paused until set; set from one handle, read from another; resumed the same way.
+    assert!(!a.paused(job).unwrap());
+    a.set_paused(job, true).unwrap();
+    assert!(b.paused(job).unwrap());
+    b.set_paused(job, false).unwrap();
+    assert!(!a.paused(job).unwrap());
+    a.set_paused(job, true).unwrap();
+
     // Recreation: compare-and-set, discards rows and progress, fences the old generation.
     let row = a.recreate(job, 0).unwrap();
     assert_eq!((row.generation, row.recreations), (1, 1));
@@ -344,6 +352,8 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         Some(RateLimits::both(7)),
         "rate limits outlive a recreation"
     );
+    assert!(a.paused(job).unwrap(), "a pause outlives a recreation");
+    a.set_paused(job, false).unwrap();
     let err = b.commit(job, &log).unwrap_err();
     assert!(
         matches!(

@@ -59,6 +59,13 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 "{e}; the worker cannot fetch partitions the group assigned it"
             )));
         }
+        if self.job_paused {
+            for (p, _) in &starts {
+                if let Err(e) = self.consumer.pause(*p) {
+                    return self.fail(WorkerFailure::Unavailable(e));
+                }
+            }
+        }
         if let Some(claims) = claims {
             self.feed(Event::Assigned(claims));
             self.settle(true);
@@ -193,8 +200,11 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                         }
                         self.position.insert(partition, offset);
                     }
-                    if let Err(e) = self.consumer.resume(partition) {
-                        return self.fail(WorkerFailure::Unavailable(e));
+                    // A paused job resumes it when it is resumed (`set_job_paused`).
+                    if !self.job_paused {
+                        if let Err(e) = self.consumer.resume(partition) {
+                            return self.fail(WorkerFailure::Unavailable(e));
+                        }
                     }
                     self.paused_at.remove(&partition);
                 }
@@ -207,8 +217,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 }
                 Decision::Resume(p) => {
                     debug!(worker = %self.cfg.worker, partition = p, "resume");
-                    if let Err(e) = self.consumer.resume(p) {
-                        return self.fail(WorkerFailure::Unavailable(e));
+                    if !self.job_paused {
+                        if let Err(e) = self.consumer.resume(p) {
+                            return self.fail(WorkerFailure::Unavailable(e));
+                        }
                     }
                     if let Some(t) = self.paused_at.remove(&p) {
                         let seconds = self.clock.now_ms().saturating_sub(t) as f64 / 1000.0;

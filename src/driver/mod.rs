@@ -137,6 +137,9 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     /// generation of the executor that failed, never by the store's current one (which another
     /// worker's recreation may already have moved on).
     generation: u64,
+    /// The job is paused (`StateStore::paused`): every owned partition is paused in the consumer,
+    /// the scan stands still, and the executor's own fetch and resume decisions wait for the resume.
+    job_paused: bool,
 }
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
@@ -183,6 +186,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             last_house: None,
             restart_at: None,
             generation: 0,
+            job_paused: false,
         };
         d.start_executor()?;
         Ok(d)
@@ -257,7 +261,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
         self.settle(false);
         let mut rows = 0;
-        if self.failure.is_none() {
+        if self.failure.is_none() && !self.job_paused {
             rows = self.scan_batch(scan_budget);
         }
         self.log_throttle.spend(records);

@@ -42,6 +42,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 }
             }
             self.read_rate_limits();
+            self.read_pause();
             if log_phase {
                 for p in owned {
                     if let Some(high) = self.consumer.high_watermark(p) {
@@ -134,6 +135,54 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             .set_limit(under(self.live_limits.log_records_per_second), now);
     }
 
+    /// Whether the job is paused, from the store (every worker of every process looks at
+    /// housekeeping, so a pause reaches all within `housekeeping_ms`); not while the store is away.
+    fn read_pause(&mut self) {
+        if !self.store_reachable || self.exec.is_none() {
+            return;
+        }
+        match self.store.paused(&self.cfg.job) {
+            Ok(p) if p != self.job_paused => self.set_job_paused(p),
+            Ok(_) => {}
+            Err(e) => {
+                debug!(job = %self.cfg.job, worker = %self.cfg.worker, error = %e, "pause not read")
+            }
+        }
+    }
+
+    /// Pauses every owned partition in the consumer, or resumes those the executor fetches (an
+    /// alignment pause stays). The members stay in the group: the loop keeps polling.
+    pub(super) fn set_job_paused(&mut self, paused: bool) {
+        let Some(exec) = &self.exec else { return };
+        let owned = exec.owned_partitions();
+        self.job_paused = paused;
+        if paused {
+            info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?owned, "job paused: nothing is fetched or scanned until it is resumed");
+        } else {
+            info!(job = %self.cfg.job, worker = %self.cfg.worker, partitions = ?owned, "job resumed");
+        }
+        self.observer.observe(WorkerEvent::Paused(paused));
+        for p in owned {
+            let r = if paused {
+                self.consumer.pause(p)
+            } else if !self.paused_at.contains_key(&p) && self.fetching(p) {
+                self.consumer.resume(p)
+            } else {
+                Ok(())
+            };
+            if let Err(e) = r {
+                return self.fail(crate::core::WorkerFailure::Unavailable(e));
+            }
+        }
+    }
+
+    /// Whether the executor reads `p` from the log now (log store or streaming, not held back).
+    fn fetching(&self, p: PartitionId) -> bool {
+        self.exec.as_ref().is_some_and(|e| {
+            matches!(e.phase(), Phase::LogStore | Phase::Streaming) && e.next_offset(p).is_some()
+        })
+    }
+
     /// The limits in force (0 = none).
     pub fn rate_limits(&self) -> RateLimits {
         RateLimits {
@@ -150,8 +199,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             Some(s) => self.rate.observe(now, s.handled()),
             None => self.rate.per_second(),
         };
+        // A paused job reads nothing: no estimate.
         let estimated_catch_up_seconds = status
             .as_ref()
+            .filter(|_| !self.job_paused)
             .and_then(|s| s.catch_up_eta_seconds(records_per_second));
         let caught_up = status.as_ref().is_some_and(|s| s.caught_up);
         let recreations = self.supervisor.lock().unwrap().recreations();
@@ -164,6 +215,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             recreations,
             store_reachable: self.store_reachable,
             rate_limits: self.rate_limits(),
+            paused: self.job_paused,
         };
         self.observer.observe(WorkerEvent::Report(report));
     }

@@ -63,6 +63,11 @@ pub struct HttpConfig {
     /// metrics on `listen`.
     #[serde(default = "default_admin_listen")]
     pub admin_listen: String,
+    /// The bearer token every request to the write endpoint must carry (`Authorization: Bearer …`);
+    /// write it as `"${ENV}"` (or `ENV_FILE`). Required when `admin_listen` is not a loopback
+    /// address. Never printed.
+    #[serde(default)]
+    pub admin_token: Option<Secret>,
 }
 
 fn default_admin_listen() -> String {
@@ -77,6 +82,7 @@ impl Default for HttpConfig {
             header_timeout_ms: default_header_timeout_ms(),
             admin: false,
             admin_listen: default_admin_listen(),
+            admin_token: None,
         }
     }
 }
@@ -526,6 +532,16 @@ impl Config {
                 return Err(err(
                     "http.admin_listen",
                     "is http.listen's address: the write endpoint needs its own listener",
+                ));
+            }
+            if let Some(t) = &self.http.admin_token {
+                if t.expose().trim().is_empty() {
+                    return Err(err("http.admin_token", "empty"));
+                }
+            } else if admin.is_some_and(|a| !a.ip().is_loopback()) {
+                return Err(err(
+                    "http.admin_token",
+                    format!("required: http.admin_listen ({}) is not a loopback address, and anyone who reaches it could pause a job or change its limits; set admin_token = \"${{KB_ADMIN_TOKEN}}\"", self.http.admin_listen),
                 ));
             }
         }

@@ -131,12 +131,14 @@ pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
 /// What the status routes read: the workers' reports and the jobs' runtimes.
 type Shared = (StatusBoard, Runtimes);
 
-/// The write listener (`http.admin = true`, on `http.admin_listen`): a job's live rate limits.
+/// The write listener (`http.admin = true`, on `http.admin_listen`): a job's live rate limits and
+/// its pause. With a `token`, every request must carry `Authorization: Bearer <token>`; a missing
+/// or wrong one is 401 and counted (`kafka_backfill_http_unauthorized_total`).
 /// `GET /admin/jobs/{name}/rate-limit` reads them from the job's store; `POST` with the query
 /// `snapshot=N` and/or `log=N` (per worker per second, 0 = none; a missing one keeps its value) sets
 /// them in the store, which every worker of every process reads within its housekeeping interval.
 /// No request body is read.
-pub fn admin_router(jobs: Runtimes) -> Router {
+pub fn admin_router(jobs: Runtimes, token: Option<crate::service::config::Secret>) -> Router {
     use axum::http::Uri;
     use axum::routing::MethodRouter;
     fn reply(
@@ -162,6 +164,7 @@ pub fn admin_router(jobs: Runtimes) -> Router {
         }
     }
     let read = jobs.clone();
+    let jobs_for_pause = jobs.clone();
     let route: MethodRouter = route_get(move |Path(name): Path<String>| {
         let jobs = read.clone();
         async move {
@@ -189,9 +192,57 @@ pub fn admin_router(jobs: Runtimes) -> Router {
             reply(r, &name)
         }
     });
+    let pause = |set: Option<bool>, jobs: Runtimes| {
+        move |Path(name): Path<String>| {
+            let jobs = jobs.clone();
+            async move {
+                let n = name.clone();
+                let r = tokio::task::spawn_blocking(move || {
+                    jobs.get(&n).map(|j| j.pause_json(set)).transpose()
+                })
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("the pause failed: {e}")));
+                reply(r, &name)
+            }
+        }
+    };
+    let pause_route: MethodRouter = route_get(pause(None, jobs_for_pause.clone()))
+        .post(pause(Some(true), jobs_for_pause.clone()));
+    let resume_route: MethodRouter = axum::routing::post(pause(Some(false), jobs_for_pause));
     Router::new()
         .route("/admin/jobs/{name}/rate-limit", route)
+        .route("/admin/jobs/{name}/pause", pause_route)
+        .route("/admin/jobs/{name}/resume", resume_route)
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let token = token.clone();
+                async move {
+                    if let Some(t) = &token {
+                        let given = req
+                            .headers()
+                            .get(header::AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.strip_prefix("Bearer "));
+                        if !given.is_some_and(|g| same_secret(g.as_bytes(), t.expose().as_bytes()))
+                        {
+                            metrics().http_unauthorized.inc();
+                            return axum::response::IntoResponse::into_response((
+                                StatusCode::UNAUTHORIZED,
+                                [(header::WWW_AUTHENTICATE, "Bearer")],
+                                "a bearer token is required (http.admin_token)\n",
+                            ));
+                        }
+                    }
+                    next.run(req).await
+                }
+            },
+        ))
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// Serves on its own thread until `shutdown` is set (then it stops accepting and lets requests in
@@ -296,6 +347,11 @@ pub fn get(url: &str) -> Result<(u16, String)> {
 
 /// A minimal request without a body (`kafka-backfill rate-limit` posts its query).
 pub fn request(method: &str, url: &str) -> Result<(u16, String)> {
+    request_with(method, url, None)
+}
+
+/// [`request`] with a bearer token (the write endpoint's `http.admin_token`).
+pub fn request_with(method: &str, url: &str, token: Option<&str>) -> Result<(u16, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").context("only http:// URLs")?;
     let (host, path) = rest
@@ -307,7 +363,8 @@ pub fn request(method: &str, url: &str) -> Result<(u16, String)> {
     // One write: a request split over several segments may be read in part and answered early.
     s.write_all(
         format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n{}\r\n",
+            token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"))
         )
         .as_bytes(),
     )?;

@@ -21,6 +21,8 @@ pub struct Metrics {
     pub epoch_lag_seconds: GaugeVec,
     pub catch_up_eta_seconds: GaugeVec,
     pub rate_limit: IntGaugeVec,
+    pub paused: IntGaugeVec,
+    pub http_unauthorized: prometheus::IntCounter,
     pub partition_lag: IntGaugeVec,
     pub bitmap_updates: IntCounterVec,
     pub invariant_errors: IntCounterVec,
@@ -86,8 +88,17 @@ impl Metrics {
         .expect("metric");
         r.register(Box::new(http_rejected.clone()))
             .expect("register");
+        let http_unauthorized = prometheus::IntCounter::new(
+            "kafka_backfill_http_unauthorized_total",
+            "Requests to the write endpoint refused for a missing or wrong bearer token.",
+        )
+        .expect("metric");
+        r.register(Box::new(http_unauthorized.clone()))
+            .expect("register");
         Metrics {
             http_rejected,
+            http_unauthorized,
+            paused: gauge(&r, "kafka_backfill_paused", "1 while a worker's job is paused (kafka-backfill pause).", &["job_name", "worker"]),
             kafka_errors: counter(&r, "kafka_backfill_kafka_client_errors_total", "Errors the Kafka client reported (brokers away, authentication).", &["job_name"]),
             store_unreachable: gauge(&r, "kafka_backfill_store_unreachable", "1 while a worker's state store does not answer.", &["job_name", "worker"]),
             phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job_name", "worker", "phase"]),

@@ -107,6 +107,9 @@ impl Observer for ServiceObserver {
                 .store_unreachable
                 .with_label_values(&self.label())
                 .set(!up as i64),
+            WorkerEvent::Paused(paused) => {
+                m.paused.with_label_values(&self.label()).set(paused as i64)
+            }
             WorkerEvent::Report(report) => {
                 m.catch_up_eta_seconds
                     .with_label_values(&self.label())

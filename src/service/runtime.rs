@@ -196,6 +196,25 @@ impl JobRuntime {
     }
 }
 
+impl JobRuntime {
+    /// Reads (`set` None) or sets whether the job is paused, in its store; every worker of every
+    /// process applies it within its housekeeping interval. Blocking.
+    pub fn pause_json(&self, set: Option<bool>) -> Result<serde_json::Value> {
+        let name = &self.name;
+        let paused = self
+            .stores
+            .with(|s| {
+                if let Some(p) = set {
+                    s.set_paused(name, p)?;
+                    info!(job = %name, paused = p, "job pause set");
+                }
+                s.paused(name)
+            })
+            .with_context(|| format!("job {name}: the pause"))?;
+        Ok(serde_json::json!({ "job": name, "paused": paused }))
+    }
+}
+
 /// Every job this process runs, by name.
 #[derive(Clone, Default)]
 pub struct Runtimes(Arc<RwLock<BTreeMap<String, Arc<JobRuntime>>>>);

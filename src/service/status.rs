@@ -78,6 +78,7 @@ pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes
                         "last_error": r.last_error,
                         "store_reachable": r.store_reachable,
                         "rate_limits": r.rate_limits,
+                        "paused": r.paused,
                     })
                 })
                 .collect();

@@ -25,6 +25,8 @@ pub struct JobView {
     pub records_per_second: f64,
     pub eta_seconds: Option<f64>,
     pub caught_up: bool,
+    /// Every worker of this process reports the job paused.
+    pub paused: bool,
 }
 
 /// Every job of a `/status` document. Job-level vnode counts come from the store (`progress`); before
@@ -65,12 +67,19 @@ pub fn job_views(status: &Value) -> Vec<JobView> {
                     .filter_map(|w| w["estimated_catch_up_seconds"].as_f64())
                     .reduce(f64::max),
                 caught_up: p["caught_up"].as_bool().unwrap_or(false),
+                paused: !workers.is_empty()
+                    && workers
+                        .iter()
+                        .all(|w| w["paused"].as_bool().unwrap_or(false)),
             }
         })
         .collect()
 }
 
 fn log_message(v: &JobView) -> String {
+    if v.paused {
+        return format!("paused (lag {} records)", v.lag_records);
+    }
     if v.caught_up {
         return "caught up".into();
     }

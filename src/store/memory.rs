@@ -104,6 +104,7 @@ pub struct MemoryStore {
     jobs: Arc<Mutex<BTreeMap<String, JobState>>>,
     /// Live rate limits per job (kept apart from the job's state, as they outlive recreations).
     limits: Arc<Mutex<BTreeMap<String, RateLimits>>>,
+    paused: Arc<Mutex<BTreeMap<String, bool>>>,
 }
 
 impl MemoryStore {
@@ -304,6 +305,21 @@ impl StateStore for MemoryStore {
 
     fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError> {
         self.limits.lock().unwrap().insert(job.to_string(), limits);
+        Ok(())
+    }
+
+    fn paused(&mut self, job: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .paused
+            .lock()
+            .unwrap()
+            .get(job)
+            .copied()
+            .unwrap_or(false))
+    }
+
+    fn set_paused(&mut self, job: &str, paused: bool) -> Result<(), StoreError> {
+        self.paused.lock().unwrap().insert(job.to_string(), paused);
         Ok(())
     }
 

@@ -107,6 +107,12 @@ mod tests {
         fn set_rate_limits(&mut self, _: &str, _: RateLimits) -> Result<(), StoreError> {
             unreachable!()
         }
+        fn paused(&mut self, _: &str) -> Result<bool, StoreError> {
+            unreachable!()
+        }
+        fn set_paused(&mut self, _: &str, _: bool) -> Result<(), StoreError> {
+            unreachable!()
+        }
         fn owners(&mut self, _: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
             unreachable!()
         }

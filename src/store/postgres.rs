@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS kb_partition_progress (
   streaming BOOLEAN NOT NULL, PRIMARY KEY (job, partition));
 CREATE TABLE IF NOT EXISTS kb_rate_limits (
   job TEXT PRIMARY KEY, snapshot_rows_per_second BIGINT NOT NULL, log_records_per_second BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS kb_job_control (
+  job TEXT PRIMARY KEY, paused BOOLEAN NOT NULL);
 CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INT NOT NULL, owner TEXT NOT NULL, lease BIGINT NOT NULL, PRIMARY KEY (job, partition));
 ";
@@ -545,6 +547,28 @@ impl StateStore for PostgresStore {
             tx.execute(
                 "INSERT INTO kb_rate_limits VALUES ($1, $2, $3) ON CONFLICT (job) DO UPDATE SET snapshot_rows_per_second = EXCLUDED.snapshot_rows_per_second, log_records_per_second = EXCLUDED.log_records_per_second",
                 &[&job, &s, &l],
+            )
+            .map_err(classify)?;
+            Ok(())
+        })
+    }
+
+    fn paused(&mut self, job: &str) -> Result<bool, StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| {
+            Ok(tx
+                .query_opt("SELECT paused FROM kb_job_control WHERE job = $1", &[&job])
+                .map_err(classify)?
+                .is_some_and(|r| r.get::<_, bool>(0)))
+        })
+    }
+
+    fn set_paused(&mut self, job: &str, paused: bool) -> Result<(), StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| {
+            tx.execute(
+                "INSERT INTO kb_job_control VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET paused = EXCLUDED.paused",
+                &[&job, &paused],
             )
             .map_err(classify)?;
             Ok(())

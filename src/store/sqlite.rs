@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS kb_rate_limits (
   job TEXT PRIMARY KEY, snapshot_rows_per_second INTEGER NOT NULL,
   log_records_per_second INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS kb_job_control (
+  job TEXT PRIMARY KEY, paused INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INTEGER NOT NULL, owner TEXT NOT NULL, lease INTEGER NOT NULL,
   PRIMARY KEY (job, partition)
@@ -656,6 +659,26 @@ impl StateStore for SqliteStore {
                     limits.snapshot_rows_per_second as i64,
                     limits.log_records_per_second as i64
                 ],
+            )
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    fn paused(&mut self, job: &str) -> Result<bool, StoreError> {
+        self.conn
+            .prepare_cached("SELECT paused FROM kb_job_control WHERE job = ?1")
+            .map_err(classify)?
+            .query_row([job], |r| r.get::<_, i64>(0))
+            .optional()
+            .map(|p| p.is_some_and(|p| p != 0))
+            .map_err(classify)
+    }
+
+    fn set_paused(&mut self, job: &str, paused: bool) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO kb_job_control VALUES (?1, ?2)",
+                params![job, paused as i64],
             )
             .map_err(classify)?;
         Ok(())

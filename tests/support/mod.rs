@@ -421,6 +421,17 @@ impl Fixture {
 }
 
 /// GET over HTTP/1.1: (status, body).
+/// Runs a CLI command that must succeed and print JSON; its JSON.
+pub fn run_json(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap()
+}
+
 pub fn http_get(url: &str) -> (u16, String) {
     kafka_backfill::service::http::get(url).unwrap_or((0, String::new()))
 }
