@@ -307,6 +307,11 @@ pub trait ConsumerPort {
     fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool);
     /// The partition's high watermark, if known.
     fn high_watermark(&mut self, partition: PartitionId) -> Option<u64>;
+    /// The partition's high watermark asked of the broker now, for a partition the consumer does
+    /// not fetch (a paused job's), whose cached watermark goes stale.
+    fn broker_high_watermark(&mut self, partition: PartitionId) -> Option<u64> {
+        self.high_watermark(partition)
+    }
     /// How far the consumer has read the partition, past records it never returns (transaction
     /// markers, aborted records), if known.
     fn read_position(&mut self, partition: PartitionId) -> Option<u64>;

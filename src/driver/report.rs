@@ -45,7 +45,12 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             self.read_pause();
             if log_phase {
                 for p in owned {
-                    if let Some(high) = self.consumer.high_watermark(p) {
+                    let high = if self.job_paused {
+                        self.consumer.broker_high_watermark(p)
+                    } else {
+                        self.consumer.high_watermark(p)
+                    };
+                    if let Some(high) = high {
                         self.feed(Event::Watermark { partition: p, high });
                     }
                     self.report_read_position(p);

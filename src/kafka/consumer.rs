@@ -126,9 +126,6 @@ pub struct KafkaConsumer {
     closing: Arc<AtomicBool>,
     topic: String,
     codec: Arc<LogCodec>,
-    /// Partitions paused in the client: nothing is fetched, so librdkafka's cached high watermark
-    /// (from fetch responses) goes stale, and the watermark is asked of the broker instead.
-    paused: std::collections::HashSet<PartitionId>,
 }
 
 impl KafkaConsumer {
@@ -170,7 +167,6 @@ impl KafkaConsumer {
             closing,
             topic: setup.topic.clone(),
             codec: setup.codec.clone(),
-            paused: Default::default(),
         })
     }
 
@@ -235,9 +231,6 @@ impl ConsumerPort for KafkaConsumer {
                 }
             }
         }
-        for (p, _) in starts {
-            self.paused.remove(p);
-        }
         self.consumer.incremental_assign(&tpl).map_err(|e| {
             format!(
                 "assigning topic {} partitions {:?}: {e}",
@@ -251,9 +244,6 @@ impl ConsumerPort for KafkaConsumer {
         let mut tpl = TopicPartitionList::new();
         for p in partitions {
             tpl.add_partition(&self.topic, *p as i32);
-        }
-        for p in partitions {
-            self.paused.remove(p);
         }
         self.consumer.incremental_unassign(&tpl).map_err(|e| {
             format!(
@@ -284,17 +274,13 @@ impl ConsumerPort for KafkaConsumer {
     fn pause(&mut self, partition: PartitionId) -> Result<(), String> {
         self.consumer
             .pause(&self.tpl(partition))
-            .map_err(|e| format!("pausing topic {} partition {partition}: {e}", self.topic))?;
-        self.paused.insert(partition);
-        Ok(())
+            .map_err(|e| format!("pausing topic {} partition {partition}: {e}", self.topic))
     }
 
     fn resume(&mut self, partition: PartitionId) -> Result<(), String> {
         self.consumer
             .resume(&self.tpl(partition))
-            .map_err(|e| format!("resuming topic {} partition {partition}: {e}", self.topic))?;
-        self.paused.remove(&partition);
-        Ok(())
+            .map_err(|e| format!("resuming topic {} partition {partition}: {e}", self.topic))
     }
 
     fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool) {
@@ -326,17 +312,21 @@ impl ConsumerPort for KafkaConsumer {
     /// The watermark of the last fetch response; a partition not fetched yet (paused from the
     /// start) is asked over the network.
     fn high_watermark(&mut self, partition: PartitionId) -> Option<u64> {
-        let cached = if self.paused.contains(&partition) {
-            None
-        } else {
-            cached_high_watermark(self.consumer.client(), &self.topic, partition as i32)
-        };
-        cached.or_else(|| {
+        cached_high_watermark(self.consumer.client(), &self.topic, partition as i32).or_else(|| {
             self.consumer
                 .fetch_watermarks(&self.topic, partition as i32, Duration::from_secs(2))
                 .ok()
                 .map(|(_, h)| h as u64)
         })
+    }
+
+    /// librdkafka's cached watermark comes from fetch responses, which a paused partition gets
+    /// none of: ask the broker.
+    fn broker_high_watermark(&mut self, partition: PartitionId) -> Option<u64> {
+        self.consumer
+            .fetch_watermarks(&self.topic, partition as i32, Duration::from_secs(2))
+            .ok()
+            .map(|(_, h)| h as u64)
     }
 
     fn read_position(&mut self, partition: PartitionId) -> Option<u64> {

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::service::metrics::metrics;
-use crate::service::runtime::{RateLimitChange, Runtimes};
+use crate::service::runtime::{JobRuntime, RateLimitChange, Runtimes};
 use crate::service::status::{live, ready, status_json, StatusBoard};
 
 /// How the endpoint protects itself (`[http]` in the configuration).
@@ -163,57 +163,44 @@ pub fn admin_router(jobs: Runtimes, token: Option<crate::service::config::Secret
             ),
         }
     }
-    let read = jobs.clone();
-    let jobs_for_pause = jobs.clone();
-    let route: MethodRouter = route_get(move |Path(name): Path<String>| {
-        let jobs = read.clone();
-        async move {
-            let n = name.clone();
-            let r = tokio::task::spawn_blocking(move || {
-                jobs.get(&n).map(|j| j.rate_limits_json(None)).transpose()
-            })
+    /// Runs `f` on job `name`'s runtime off the async runtime (store calls block) and replies.
+    async fn on_job(
+        jobs: Runtimes,
+        name: String,
+        f: impl FnOnce(&JobRuntime) -> Result<Value> + Send + 'static,
+    ) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+        let n = name.clone();
+        let r = tokio::task::spawn_blocking(move || jobs.get(&n).map(|j| f(&j)).transpose())
             .await
-            .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the rate limits failed: {e}")));
-            reply(r, &name)
-        }
-    })
-    .post(move |Path(name): Path<String>, uri: Uri| {
-        let jobs = jobs.clone();
-        async move {
-            let n = name.clone();
-            let r = tokio::task::spawn_blocking(move || {
-                let change = RateLimitChange::parse(uri.query().unwrap_or(""))?;
-                jobs.get(&n)
-                    .map(|j| j.rate_limits_json(Some(change)))
-                    .transpose()
-            })
-            .await
-            .unwrap_or_else(|e| Err(anyhow::anyhow!("setting the rate limits failed: {e}")));
-            reply(r, &name)
-        }
-    });
-    let pause = |set: Option<bool>, jobs: Runtimes| {
-        move |Path(name): Path<String>| {
-            let jobs = jobs.clone();
-            async move {
-                let n = name.clone();
-                let r = tokio::task::spawn_blocking(move || {
-                    jobs.get(&n).map(|j| j.pause_json(set)).transpose()
-                })
-                .await
-                .unwrap_or_else(|e| Err(anyhow::anyhow!("the pause failed: {e}")));
-                reply(r, &name)
-            }
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("the request failed: {e}")));
+        reply(r, &name)
+    }
+    let route: MethodRouter<Runtimes> =
+        route_get(|State(jobs): State<Runtimes>, Path(name): Path<String>| {
+            on_job(jobs, name, |j| j.rate_limits_json(None))
+        })
+        .post(
+            |State(jobs): State<Runtimes>, Path(name): Path<String>, uri: Uri| async move {
+                // A bad query is refused before the job is looked up.
+                match RateLimitChange::parse(uri.query().unwrap_or("")) {
+                    Err(e) => reply(Err(e), &name),
+                    Ok(c) => on_job(jobs, name, move |j| j.rate_limits_json(Some(c))).await,
+                }
+            },
+        );
+    let pause = |set: Option<bool>| {
+        move |State(jobs): State<Runtimes>, Path(name): Path<String>| {
+            on_job(jobs, name, move |j| j.pause_json(set))
         }
     };
-    let pause_route: MethodRouter = route_get(pause(None, jobs_for_pause.clone()))
-        .post(pause(Some(true), jobs_for_pause.clone()));
-    let resume_route: MethodRouter = axum::routing::post(pause(Some(false), jobs_for_pause));
+    let pause_route: MethodRouter<Runtimes> = route_get(pause(None)).post(pause(Some(true)));
+    let resume_route: MethodRouter<Runtimes> = axum::routing::post(pause(Some(false)));
     Router::new()
         .route("/admin/jobs/{name}/rate-limit", route)
         .route("/admin/jobs/{name}/pause", pause_route)
         .route("/admin/jobs/{name}/resume", resume_route)
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(jobs)
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let token = token.clone();

@@ -194,9 +194,7 @@ impl JobRuntime {
             "source": source,
         }))
     }
-}
 
-impl JobRuntime {
     /// Reads (`set` None) or sets whether the job is paused, in its store; every worker of every
     /// process applies it within its housekeeping interval. Blocking.
     pub fn pause_json(&self, set: Option<bool>) -> Result<serde_json::Value> {

@@ -13,8 +13,6 @@ use crate::ports::{BitmapOutcome, FailureKind, Observer, WorkerEvent};
 pub struct SimCounts {
     /// Checkpoints reported committed.
     pub commits: u64,
-    /// Store transactions reported (one latency sample each).
-    pub transactions: u64,
     pub fenced: u64,
     /// Recreations reported applied.
     pub recreations: u64,
@@ -23,7 +21,6 @@ pub struct SimCounts {
     /// Invariant errors raised, by worker and phase.
     pub invariant_errors: Vec<(String, Phase)>,
     pub phases_seen: BTreeSet<Phase>,
-    pub reports: u64,
 }
 
 /// One worker's observer; all of a job's share the counts.
@@ -36,10 +33,7 @@ impl Observer for SimObserver {
     fn observe(&mut self, event: WorkerEvent) {
         let mut c = self.counts.lock().unwrap();
         match event {
-            WorkerEvent::CommitApplied { transaction_ms, .. } => {
-                c.commits += 1;
-                c.transactions += transaction_ms.is_some() as u64;
-            }
+            WorkerEvent::CommitApplied { .. } => c.commits += 1,
             WorkerEvent::Failed {
                 kind: FailureKind::Fenced,
                 ..
@@ -54,7 +48,6 @@ impl Observer for SimObserver {
             WorkerEvent::PhaseChanged { to, .. } => {
                 c.phases_seen.insert(to);
             }
-            WorkerEvent::Report(_) => c.reports += 1,
             _ => {}
         }
     }

@@ -358,6 +358,11 @@ impl SnapshotFiles {
     ) -> Result<(), SourceError> {
         let f = &self.manifest.files[index];
         let path = self.dir.join(&f.path);
+        // Checked for every row: a bitmap, not a scan of the list (a file may list every vnode).
+        let mut listed = crate::core::VnodeBitmap::new(self.manifest.vnode_count);
+        for &v in &f.vnodes {
+            listed.set(v);
+        }
         let mut n = 0u64;
         for_each_datum(&path, &self.table, |value| {
             let key = self
@@ -365,7 +370,7 @@ impl SnapshotFiles {
                 .key_of_datum(&value)
                 .map_err(|e| file_err(&path, format!("row {n}: {e}")))?;
             let vnode = vnode_of(&key, self.manifest.vnode_count);
-            if !f.vnodes.contains(&vnode) {
+            if !listed.contains(vnode) {
                 return Err(file_err(
                     &path,
                     format!(
