@@ -14,6 +14,7 @@
 # survives a power loss, and tests need not). KB_PG_DURABLE=1 (what scripts/bench.sh uses) starts it
 # with fsync=on and synchronous_commit=on, restarting a running non-durable server; the other mode
 # keeps whatever is running.
+# wal_level=logical (capture's slots and publications; a running server without it is restarted).
 # Data lives in $KB_PG_DIR (default /tmp/kafka-backfill-pg); the port is $KB_PG_PORT (default 15432).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,7 +33,7 @@ setting() { as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -tAc "SHOW $1"
 start() {
   local durable="${KB_PG_DURABLE:-0}"
   if ready; then
-    if [ "$durable" = 1 ] && [ "$(setting fsync)" != on ]; then
+    if { [ "$durable" = 1 ] && [ "$(setting fsync)" != on ]; } || [ "$(setting wal_level)" != logical ]; then
       as_pg "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null
     else
       echo "$url"; return 0
@@ -50,7 +51,7 @@ start() {
   install -m 644 "$certs/server.crt" "$dir/server.crt"
   [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir/server.key" "$dir/server.crt"
   as_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=$sync -c synchronous_commit=$sync -c max_connections=200 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null
+    -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c fsync=$sync -c synchronous_commit=$sync -c max_connections=200 -c wal_level=logical -c max_replication_slots=32 -c max_wal_senders=32 -c wal_sender_timeout=10s -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null
   as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='kafka_backfill'" | grep -q 1 \
     || as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U postgres kafka_backfill
   echo "$url"

@@ -63,6 +63,7 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
         max_rows_per_second: o.throttle,
         max_epochs_ahead: 256,
         rate_limit: Default::default(),
+        capture: None,
     }
 }
 

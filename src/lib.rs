@@ -11,6 +11,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+pub mod capture;
 pub mod check_log;
 pub mod codec;
 /// The pure core (the `kafka-backfill-core` crate, `crates/core`): every decision, no I/O.

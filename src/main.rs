@@ -165,8 +165,22 @@ enum Command {
         #[arg(long)]
         job: Option<String>,
         /// The writer's expected/ folder.
+        #[arg(long, required_unless_present = "against_source")]
+        expected: Option<PathBuf>,
+        /// Compare with the job's captured PostgreSQL table as it is now ([jobs.capture]; the
+        /// source quiet and the job caught up) instead of an expected/ folder.
+        #[arg(long, conflicts_with = "expected")]
+        against_source: bool,
+    },
+    /// Capture a PostgreSQL table into a job's snapshot and log topic ([jobs.capture];
+    /// docs/CAPTURE.md): exactly once, until SIGTERM/SIGINT (stops at a checkpoint).
+    Capture {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Job name (default: the only job).
         #[arg(long)]
-        expected: PathBuf,
+        job: Option<String>,
     },
     /// Copy a file snapshot (a folder with manifest.json) into PostgreSQL, as a snapshot source.
     ExportSnapshot {
@@ -538,6 +552,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Capture { config, job } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            init_logs(config.log.format, config.log.level.as_deref());
+            let j = pick_job(&config, job.as_deref())?;
+            let stop = Arc::new(AtomicBool::new(false));
+            install_signals(
+                stop.clone(),
+                std::time::Duration::from_secs(config.shutdown_grace_secs),
+            )?;
+            if !config.http.listen.is_empty() {
+                let board = job::new_board();
+                let runtimes = kafka_backfill::service::runtime::Runtimes::default();
+                let addr = kafka_backfill::service::http::spawn(
+                    &config.http.listen,
+                    kafka_backfill::service::http::status_router(board, runtimes),
+                    kafka_backfill::service::http::Limits::of(&config.http),
+                    stop.clone(),
+                )?;
+                tracing::info!(%addr, "serving /metrics /livez /readyz");
+            }
+            kafka_backfill::capture::job::run(j, stop)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::CheckLog {
             config,
             job,
@@ -567,6 +607,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config,
             job,
             expected,
+            against_source,
         } => {
             let config = match load(&config) {
                 Ok(c) => c,
@@ -575,7 +616,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let j = pick_job(&config, job.as_deref())?;
             let prepared = job::prepare(j, false)?;
             let mut store = (prepared.open_store)()?;
-            let report = kafka_backfill::verify::verify(store.as_mut(), &j.name, &expected)?;
+            let report = match (&expected, against_source) {
+                (_, true) => kafka_backfill::verify::verify_against_source(store.as_mut(), j)?,
+                (Some(expected), false) => {
+                    kafka_backfill::verify::verify(store.as_mut(), &j.name, expected)?
+                }
+                (None, false) => anyhow::bail!("verify needs --expected DIR or --against-source"),
+            };
             println!("verify {}: {report}", j.name);
             if let kafka_backfill::service::config::StoreConfig::Sqlite { path, table } = &j.store {
                 println!(

@@ -92,6 +92,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
             max_rows_per_second: throttle,
             max_epochs_ahead: 256,
             rate_limit: Default::default(),
+            capture: None,
         }],
     };
     Setup {

@@ -11,5 +11,5 @@ pub mod varint;
 mod wire;
 
 pub use skip::skip as skip_datum;
-pub use table::{to_json, Column, ColumnType, ColumnValue, TableSchema};
+pub use table::{signed_be_to_decimal, to_json, Column, ColumnType, ColumnValue, TableSchema};
 pub use wire::{CodecError, LogCodec, SINGLE_OBJECT_MARKER};

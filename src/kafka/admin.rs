@@ -101,6 +101,16 @@ pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<
 
 /// Creates the topic with `partitions` partitions unless it exists (then checks the count).
 pub fn ensure_topic(props: &BTreeMap<String, String>, topic: &str, partitions: u32) -> Result<()> {
+    ensure_topic_with(props, topic, partitions, &[])
+}
+
+/// [`ensure_topic`] with topic configs for a new topic (e.g. `cleanup.policy = compact`).
+pub fn ensure_topic_with(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    partitions: u32,
+    configs: &[(&str, &str)],
+) -> Result<()> {
     if let Some(n) = partition_count(props, topic)? {
         if n != partitions {
             bail!("topic {topic} exists with {n} partitions, not {partitions}");
@@ -113,12 +123,12 @@ pub fn ensure_topic(props: &BTreeMap<String, String>, topic: &str, partitions: u
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let mut new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        new = new.set(k, v);
+    }
     let results = rt.block_on(admin.create_topics(
-        &[NewTopic::new(
-            topic,
-            partitions as i32,
-            TopicReplication::Fixed(1),
-        )],
+        &[new],
         &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
     ))?;
     for r in results {

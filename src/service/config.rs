@@ -160,6 +160,70 @@ pub struct JobConfig {
     /// Adaptive rate limiting (off unless a target or a lag bound is set).
     #[serde(default)]
     pub rate_limit: AdaptiveRateConfig,
+    /// `kafka-backfill capture` writes this job's snapshot and log from a PostgreSQL table
+    /// (docs/CAPTURE.md); absent = something else writes them.
+    #[serde(default)]
+    pub capture: Option<CaptureSection>,
+}
+
+/// `[jobs.capture]`: the PostgreSQL table `kafka-backfill capture` turns into the job's snapshot
+/// (the job's `snapshot.dir`) and log (the job's `topic`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureSection {
+    /// The source database, `postgresql://user:password@host:port/database` (the user needs the
+    /// REPLICATION attribute). Never printed.
+    pub source_url: Secret,
+    /// The table, `schema.table` (`public` when the schema is left out).
+    pub table: String,
+    /// The publication (created for the table when absent); default `kb_<job>`.
+    #[serde(default)]
+    pub publication: Option<String>,
+    /// The logical replication slot; default `kb_<job>`.
+    #[serde(default)]
+    pub slot: Option<String>,
+    /// Partitions of the topic when capture creates it (an existing topic keeps its own; either
+    /// way at most `vnode_count`).
+    #[serde(default = "default_capture_partitions")]
+    pub partitions: u32,
+    /// An epoch closes at the first transaction boundary after it is this old (ms).
+    #[serde(default = "default_capture_barrier_ms")]
+    pub barrier_interval_ms: u64,
+    /// A checkpoint (and one Kafka transaction) at most this often (ms).
+    #[serde(default = "default_capture_checkpoint_ms")]
+    pub checkpoint_interval_ms: u64,
+}
+
+fn default_capture_partitions() -> u32 {
+    4
+}
+
+fn default_capture_barrier_ms() -> u64 {
+    200
+}
+
+fn default_capture_checkpoint_ms() -> u64 {
+    1000
+}
+
+impl CaptureSection {
+    fn default_name(job: &str) -> String {
+        let s: String = job
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+            .collect();
+        format!("kb_{s}")
+    }
+
+    /// The publication's name.
+    pub fn publication_name(&self, job: &str) -> String {
+        self.publication.clone().unwrap_or_else(|| Self::default_name(job))
+    }
+
+    /// The slot's name.
+    pub fn slot_name(&self, job: &str) -> String {
+        self.slot.clone().unwrap_or_else(|| Self::default_name(job))
+    }
 }
 
 /// `[jobs.rate_limit]`: each worker caps its own rate to hold the p99 of its checkpoint commit
@@ -595,6 +659,41 @@ impl Config {
                     at("kafka.\"group.id\""),
                     "empty (leave it out for kafka-backfill-<job name>)",
                 ));
+            }
+            if let Some(c) = &job.capture {
+                if !matches!(job.snapshot, SnapshotConfig::Files { .. }) {
+                    return Err(err(
+                        at("capture"),
+                        "capture writes the snapshot as files: set snapshot = { kind = \"files\", dir = … }",
+                    ));
+                }
+                crate::capture::pg::TableName::parse(&c.table)
+                    .map_err(|e| err(at("capture.table"), e.to_string()))?;
+                crate::pg_tls::check_url(c.source_url.expose())
+                    .map_err(|m| err(at("capture.source_url"), m))?;
+                let slot = c.slot_name(&job.name);
+                if slot.len() > 63
+                    || !slot
+                        .chars()
+                        .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_')
+                {
+                    return Err(err(
+                        at("capture.slot"),
+                        format!("{slot:?}: a slot name is at most 63 lower-case letters, digits and _"),
+                    ));
+                }
+                if c.partitions == 0 || c.partitions > job.vnode_count {
+                    return Err(err(
+                        at("capture.partitions"),
+                        format!("must be 1..={} (the job's vnode_count)", job.vnode_count),
+                    ));
+                }
+                if c.barrier_interval_ms == 0 || c.checkpoint_interval_ms < c.barrier_interval_ms {
+                    return Err(err(
+                        at("capture.checkpoint_interval_ms"),
+                        "barrier_interval_ms must be ≥ 1 and checkpoint_interval_ms ≥ barrier_interval_ms",
+                    ));
+                }
             }
             if crate::kafka::uses_consumer_protocol(&job.kafka) {
                 for (k, why) in crate::kafka::CLASSIC_PROTOCOL_KEYS {

@@ -35,6 +35,12 @@ pub struct Metrics {
     pub store_unreachable: IntGaugeVec,
     /// Errors librdkafka reported (brokers away, authentication), per job.
     pub kafka_errors: IntCounterVec,
+    /// The capture's last committed source position (PostgreSQL LSN as a number).
+    pub capture_lsn: IntGaugeVec,
+    pub capture_checkpoints: IntCounterVec,
+    pub capture_transactions: IntCounterVec,
+    pub capture_changes: IntCounterVec,
+    pub capture_restarts: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -131,6 +137,11 @@ impl Metrics {
             recreations: counter(&r, "kafka_backfill_recreations_total", "Job recreations, by reason.", &["job_name", "reason"]),
             decode_errors: counter(&r, "kafka_backfill_decode_errors_total", "Log records that did not decode.", &["job_name"]),
             generation: gauge(&r, "kafka_backfill_generation", "The job generation a worker runs.", &["job_name", "worker"]),
+            capture_lsn: gauge(&r, "kafka_backfill_capture_committed_lsn", "The capture's last committed and acknowledged source position (LSN as a number).", &["job_name"]),
+            capture_checkpoints: counter(&r, "kafka_backfill_capture_checkpoints_total", "Capture checkpoints committed (Kafka transactions).", &["job_name"]),
+            capture_transactions: counter(&r, "kafka_backfill_capture_transactions_total", "Source transactions read by the capture (counted at each checkpoint).", &["job_name"]),
+            capture_changes: counter(&r, "kafka_backfill_capture_changes_total", "Change records the capture wrote (counted at each checkpoint).", &["job_name"]),
+            capture_restarts: counter(&r, "kafka_backfill_capture_session_restarts_total", "Capture sessions that failed transiently and resumed from the last checkpoint.", &["job_name"]),
             registry: r,
         }
     }
@@ -149,4 +160,23 @@ impl Metrics {
 pub fn metrics() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
     M.get_or_init(Metrics::new)
+}
+
+/// A capture checkpoint committed, with the source transactions and changes since the last one.
+pub fn capture_committed(
+    job: &str,
+    state: &crate::core::capture::CaptureState,
+    transactions: u64,
+    changes: u64,
+) {
+    let m = metrics();
+    m.capture_lsn.with_label_values(&[job]).set(state.lsn as i64);
+    m.capture_checkpoints.with_label_values(&[job]).inc();
+    m.capture_transactions.with_label_values(&[job]).inc_by(transactions);
+    m.capture_changes.with_label_values(&[job]).inc_by(changes);
+}
+
+/// A capture session failed transiently and resumes.
+pub fn capture_restart(job: &str) {
+    metrics().capture_restarts.with_label_values(&[job]).inc();
 }

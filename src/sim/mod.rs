@@ -28,6 +28,7 @@ use observe::{SimCounts, SimObserver};
 use upstream::{key_bytes, Upstream};
 use world::{CommitQueue, ConsumerState, Shared, SimClock, SimCommitter, SimConsumer, World};
 
+pub mod capture;
 mod group;
 pub mod observe;
 mod upstream;

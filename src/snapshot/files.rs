@@ -196,10 +196,21 @@ fn write_container<'a>(
     w.flush().map_err(|e| file_err(path, e))
 }
 
+/// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
+/// (a reader sees the old manifest or the whole new one, never part of one).
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, SourceError> {
+    use std::io::Write;
     let path = dir.join("manifest.json");
+    let tmp = dir.join(".manifest.json.tmp");
     let json = serde_json::to_vec_pretty(manifest).expect("manifest serialises");
-    fs::write(&path, json).map_err(|e| file_err(&path, e))?;
+    let mut f = fs::File::create(&tmp).map_err(|e| file_err(&tmp, e))?;
+    f.write_all(&json)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| file_err(&tmp, e))?;
+    fs::rename(&tmp, &path).map_err(|e| file_err(&path, e))?;
+    if let Ok(d) = fs::File::open(dir) {
+        d.sync_all().map_err(|e| file_err(dir, e))?;
+    }
     Ok(path)
 }
 

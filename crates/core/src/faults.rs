@@ -19,9 +19,13 @@ pub enum Fault {
     /// own), and the loop skips its look at the job's generation (breaks the fencing of workers of
     /// an earlier generation, invariant 6).
     SkipGenerationCheck,
+    /// The capture acknowledges a source position to PostgreSQL before the Kafka transaction that
+    /// holds it committed (a crash in between loses what lies between for good).
+    CaptureAckBeforeCommit,
 }
 
 impl Fault {
+    /// The faults of the consumer's simulation (`tests/simulation.rs`).
     pub const ALL: [Fault; 3] = [
         Fault::AckRevocationBeforeCommit,
         Fault::CommitAboveFrontier,

@@ -8,6 +8,7 @@
 //! `kafka_backfill::core`.
 
 pub mod barrier;
+pub mod capture;
 pub mod contract;
 pub mod epoch;
 pub mod error;

@@ -1,0 +1,564 @@
+//! The capture's decisions: committed source transactions in, log records, Kafka commits and source
+//! acknowledgements out (docs/DESIGN.md §9).
+//!
+//! [`Assembler`] owns the rules that make a PostgreSQL table's change stream a log store, exactly
+//! once: barriers fall only between source transactions; an epoch closes when it is old enough or
+//! full; every `checkpoint_interval` the barrier is a `CHECKPOINT` and the open Kafka transaction
+//! commits with the resume state ([`CaptureState`]); a source position is acknowledged only after
+//! the Kafka transaction holding it committed; a restart resumes at a transaction boundary (the end
+//! of the last committed transaction) and drops a transaction the log already holds; a transaction
+//! delivered twice in one session means the source replayed, and the open Kafka transaction must be
+//! aborted. It reads no clock: times come in with the events. No I/O; `src/capture/` carries the
+//! decisions out against PostgreSQL and Kafka, `src/sim/capture.rs` against models of both.
+
+use super::barrier::{Barrier, BarrierKind, Op};
+use super::epoch::Epoch;
+use super::faults::{self, Fault};
+use super::vnode::{vnode_of, PartitionId, PartitionMap, Vnode};
+
+/// A source position (PostgreSQL's LSN: a byte position in the WAL).
+pub type Lsn = u64;
+
+/// How often the capture closes epochs and commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// An epoch closes at the first transaction boundary after it is this old.
+    pub barrier_interval_ms: u64,
+    /// A barrier is a checkpoint (and the Kafka transaction commits) when the last checkpoint is at
+    /// least this old.
+    pub checkpoint_interval_ms: u64,
+    /// An epoch also closes, at a transaction boundary, once it holds this many changes.
+    pub max_epoch_changes: u64,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            barrier_interval_ms: 200,
+            checkpoint_interval_ms: 1000,
+            max_epoch_changes: 100_000,
+        }
+    }
+}
+
+/// What a committed Kafka transaction records of the capture: where to resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CaptureState {
+    /// Every source transaction that ends at or before this position is in the log; resume here.
+    pub lsn: Lsn,
+    /// The open epoch: the `curr_epoch` of the last barrier written (the next barrier's `prev`).
+    pub epoch: Epoch,
+    /// Checkpoints committed so far (the initial barrier's transaction is 0).
+    pub checkpoints: u64,
+}
+
+/// One row change of a source transaction, already encoded: `key` is the row's key bytes and
+/// `row` its datum (the core never looks inside either).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowChange {
+    Insert {
+        key: Vec<u8>,
+        row: Vec<u8>,
+    },
+    Update {
+        old_key: Vec<u8>,
+        old_row: Vec<u8>,
+        new_key: Vec<u8>,
+        new_row: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+        row: Vec<u8>,
+    },
+}
+
+/// What the source delivers, in its order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceEvent {
+    /// A committed transaction starts; `final_lsn` is its commit record's position.
+    Begin { final_lsn: Lsn, commit_ms: u64 },
+    Change(RowChange),
+    /// The transaction ends; `end_lsn` lies just past its commit record.
+    Commit { end_lsn: Lsn },
+    /// Nothing arrived for a while: the source has sent everything before `wal_end` (0 when it
+    /// did not say), and the wall clock reads `now_ms`.
+    Idle { wal_end: Lsn, now_ms: u64 },
+}
+
+/// A decision for the shell, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Write this barrier to every partition.
+    Barrier(Barrier),
+    /// Write this change to `partition`.
+    Change {
+        partition: PartitionId,
+        vnode: Vnode,
+        epoch: Epoch,
+        op: Op,
+        key: Vec<u8>,
+        row: Vec<u8>,
+    },
+    /// Write `state` to the state topic and commit the Kafka transaction; then call
+    /// [`Assembler::log_committed`] (or, if the commit failed, abort and resume from the last
+    /// committed state).
+    CommitLog(CaptureState),
+    /// Acknowledge this position to the source (it may free the WAL before it).
+    Ack(Lsn),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    #[error("the source delivered transaction {final_lsn:#x} again in one session (after {last:#x}): it reconnected and replayed; the open Kafka transaction is aborted and the capture resumes from its last commit")]
+    Replayed { final_lsn: Lsn, last: Lsn },
+    #[error("a change arrived outside a source transaction")]
+    ChangeOutsideTransaction,
+    #[error("a transaction began inside transaction {open:#x}")]
+    NestedTransaction { open: Lsn },
+    #[error("events arrived while the Kafka commit of checkpoint {checkpoint} was pending")]
+    CommitPending { checkpoint: u64 },
+    #[error("the slot's confirmed position {confirmed:#x} is past the log's resume position {resume:#x}: changes between them were acknowledged but are not in the log (a new snapshot into a new topic is needed)")]
+    SlotAhead { confirmed: Lsn, resume: Lsn },
+}
+
+/// The capture's state machine for one job.
+#[derive(Debug)]
+pub struct Assembler {
+    config: CaptureConfig,
+    map: PartitionMap,
+    /// The last state a Kafka commit made durable.
+    committed: CaptureState,
+    /// A commit asked for and not yet confirmed.
+    pending: Option<CaptureState>,
+    /// The open epoch and when it opened (source time; `None` until the first event of a
+    /// session tells the time: a backlog replayed after a restart is checkpointed by its own
+    /// commit times, not held in one Kafka transaction until it reaches the present).
+    epoch: Epoch,
+    epoch_opened_ms: Option<u64>,
+    epoch_changes: u64,
+    last_checkpoint_ms: Option<u64>,
+    /// The end of the last transaction written (or the last idle position): the resume position the
+    /// next checkpoint records.
+    written_lsn: Lsn,
+    /// The transaction being read: its `final_lsn`, and whether it is dropped (already in the log).
+    open: Option<(Lsn, bool)>,
+    /// The highest `final_lsn` seen this session.
+    last_final_lsn: Option<Lsn>,
+}
+
+impl Assembler {
+    /// A capture whose snapshot was taken at `snapshot_epoch`, consistent at `consistent_lsn`: the
+    /// first transaction writes the initial barrier into every partition and commits with the first
+    /// state. Returns the assembler and those actions.
+    pub fn fresh(
+        config: CaptureConfig,
+        map: PartitionMap,
+        snapshot_epoch: Epoch,
+        consistent_lsn: Lsn,
+        now_ms: u64,
+    ) -> (Assembler, Vec<Action>) {
+        let first = snapshot_epoch.next_at(now_ms);
+        let state = CaptureState {
+            lsn: consistent_lsn,
+            epoch: first,
+            checkpoints: 0,
+        };
+        let mut a = Assembler::resume(
+            config,
+            map,
+            CaptureState {
+                lsn: consistent_lsn,
+                epoch: snapshot_epoch,
+                checkpoints: 0,
+            },
+        );
+        a.epoch = first;
+        a.epoch_opened_ms = Some(now_ms);
+        a.last_checkpoint_ms = Some(now_ms);
+        a.pending = Some(state);
+        let actions = vec![
+            Action::Barrier(Barrier {
+                prev: snapshot_epoch,
+                curr: first,
+                kind: BarrierKind::Initial,
+            }),
+            Action::CommitLog(state),
+        ];
+        (a, actions)
+    }
+
+    /// A capture resuming from the last committed state (read back from the state topic).
+    pub fn resume(config: CaptureConfig, map: PartitionMap, state: CaptureState) -> Assembler {
+        Assembler {
+            config,
+            map,
+            committed: state,
+            pending: None,
+            epoch: state.epoch,
+            epoch_opened_ms: None,
+            epoch_changes: 0,
+            last_checkpoint_ms: None,
+            written_lsn: state.lsn,
+            open: None,
+            last_final_lsn: None,
+        }
+    }
+
+    /// Where replication starts: the resume position.
+    pub fn start_lsn(&self) -> Lsn {
+        self.committed.lsn
+    }
+
+    /// The last committed state.
+    pub fn committed(&self) -> CaptureState {
+        self.committed
+    }
+
+    /// The open epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Whether a source transaction is being read.
+    pub fn in_transaction(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Checks the slot before replication starts: a slot confirmed past the resume position lost
+    /// what lies between.
+    pub fn check_slot(&self, confirmed: Lsn) -> Result<(), CaptureError> {
+        if confirmed > self.committed.lsn {
+            return Err(CaptureError::SlotAhead {
+                confirmed,
+                resume: self.committed.lsn,
+            });
+        }
+        Ok(())
+    }
+
+    /// Feeds one source event; the decisions are appended to `out`.
+    pub fn on_event(&mut self, event: SourceEvent, out: &mut Vec<Action>) -> Result<(), CaptureError> {
+        if let Some(p) = self.pending {
+            return Err(CaptureError::CommitPending {
+                checkpoint: p.checkpoints,
+            });
+        }
+        match event {
+            SourceEvent::Begin {
+                final_lsn,
+                commit_ms,
+            } => {
+                if let Some((open, _)) = self.open {
+                    return Err(CaptureError::NestedTransaction { open });
+                }
+                if let Some(last) = self.last_final_lsn {
+                    if final_lsn <= last {
+                        return Err(CaptureError::Replayed { final_lsn, last });
+                    }
+                }
+                self.last_final_lsn = Some(final_lsn);
+                // PostgreSQL skips a transaction whose commit record starts before the start
+                // position; one that ends at or before the resume position is in the log already.
+                let skip = final_lsn < self.committed.lsn;
+                if !skip {
+                    self.close_epoch_if_due(commit_ms, out);
+                }
+                self.open = Some((final_lsn, skip));
+            }
+            SourceEvent::Change(change) => {
+                let Some((_, skip)) = self.open else {
+                    return Err(CaptureError::ChangeOutsideTransaction);
+                };
+                if !skip {
+                    self.write_change(change, out);
+                }
+            }
+            SourceEvent::Commit { end_lsn } => {
+                let Some((_, skip)) = self.open.take() else {
+                    return Err(CaptureError::ChangeOutsideTransaction);
+                };
+                if !skip {
+                    self.written_lsn = self.written_lsn.max(end_lsn);
+                }
+            }
+            SourceEvent::Idle { wal_end, now_ms } => {
+                if self.open.is_none() {
+                    // Everything before `wal_end` was delivered and none of it is open: a checkpoint
+                    // may acknowledge it (WAL of other tables is freed on an idle table).
+                    self.written_lsn = self.written_lsn.max(wal_end);
+                    self.close_epoch_if_due(now_ms, out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The Kafka transaction of the last [`Action::CommitLog`] committed: the position it holds may
+    /// be acknowledged.
+    pub fn log_committed(&mut self, out: &mut Vec<Action>) {
+        if let Some(state) = self.pending.take() {
+            self.committed = state;
+            if !faults::active(Fault::CaptureAckBeforeCommit) {
+                out.push(Action::Ack(state.lsn));
+            }
+        }
+    }
+
+    fn close_epoch_if_due(&mut self, now_ms: u64, out: &mut Vec<Action>) {
+        let last_checkpoint = *self.last_checkpoint_ms.get_or_insert(now_ms);
+        let opened = *self.epoch_opened_ms.get_or_insert(now_ms);
+        let checkpoint =
+            now_ms.saturating_sub(last_checkpoint) >= self.config.checkpoint_interval_ms;
+        let barrier = self.epoch_changes > 0
+            && (now_ms.saturating_sub(opened) >= self.config.barrier_interval_ms
+                || self.epoch_changes >= self.config.max_epoch_changes);
+        if !checkpoint && !barrier {
+            return;
+        }
+        let next = self.epoch.next_at(now_ms);
+        out.push(Action::Barrier(Barrier {
+            prev: self.epoch,
+            curr: next,
+            kind: if checkpoint {
+                BarrierKind::Checkpoint
+            } else {
+                BarrierKind::Barrier
+            },
+        }));
+        self.epoch = next;
+        self.epoch_opened_ms = Some(now_ms);
+        self.epoch_changes = 0;
+        if checkpoint {
+            self.last_checkpoint_ms = Some(now_ms);
+            let state = CaptureState {
+                lsn: self.written_lsn,
+                epoch: next,
+                checkpoints: self.committed.checkpoints + 1,
+            };
+            if faults::active(Fault::CaptureAckBeforeCommit) {
+                out.push(Action::Ack(state.lsn));
+            }
+            out.push(Action::CommitLog(state));
+            self.pending = Some(state);
+        }
+    }
+
+    fn push(&mut self, op: Op, key: Vec<u8>, row: Vec<u8>, out: &mut Vec<Action>) {
+        let vnode = vnode_of(&key, self.map.vnode_count());
+        out.push(Action::Change {
+            partition: self.map.partition_of(vnode),
+            vnode,
+            epoch: self.epoch,
+            op,
+            key,
+            row,
+        });
+        self.epoch_changes += 1;
+    }
+
+    fn write_change(&mut self, change: RowChange, out: &mut Vec<Action>) {
+        match change {
+            RowChange::Insert { key, row } => self.push(Op::Insert, key, row, out),
+            RowChange::Delete { key, row } => self.push(Op::Delete, key, row, out),
+            RowChange::Update {
+                old_key,
+                old_row,
+                new_key,
+                new_row,
+            } => {
+                if old_key == new_key {
+                    // One partition, consecutive: the log's update pair.
+                    self.push(Op::UpdateDelete, old_key, old_row, out);
+                    self.push(Op::UpdateInsert, new_key, new_row, out);
+                } else {
+                    // The key moved: the old row leaves its vnode, the new one enters another.
+                    self.push(Op::Delete, old_key, old_row, out);
+                    self.push(Op::Insert, new_key, new_row, out);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> PartitionMap {
+        PartitionMap::new(16, 2).unwrap()
+    }
+
+    fn cfg() -> CaptureConfig {
+        CaptureConfig {
+            barrier_interval_ms: 100,
+            checkpoint_interval_ms: 1000,
+            max_epoch_changes: 3,
+        }
+    }
+
+    fn insert(k: u8) -> SourceEvent {
+        SourceEvent::Change(RowChange::Insert {
+            key: vec![k],
+            row: vec![k, 1],
+        })
+    }
+
+    fn barriers(out: &[Action]) -> Vec<Barrier> {
+        out.iter()
+            .filter_map(|a| match a {
+                Action::Barrier(b) => Some(*b),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn committed_start(now: u64) -> Assembler {
+        let (mut a, first) = Assembler::fresh(cfg(), map(), Epoch(1 << 16), 100, now);
+        assert!(matches!(first[0], Action::Barrier(Barrier { kind: BarrierKind::Initial, .. })));
+        let mut out = Vec::new();
+        a.log_committed(&mut out);
+        assert_eq!(out, vec![Action::Ack(100)]);
+        a
+    }
+
+    #[test]
+    fn barriers_fall_between_transactions_and_checkpoints_ack_after_the_commit() {
+        let mut a = committed_start(1_000_000);
+        let mut out = Vec::new();
+        let t = 1_000_000;
+        a.on_event(SourceEvent::Begin { final_lsn: 200, commit_ms: t + 10 }, &mut out).unwrap();
+        a.on_event(insert(1), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out).unwrap();
+        assert!(barriers(&out).is_empty(), "no barrier inside or right after a young epoch");
+        // The next transaction comes after the barrier interval: a barrier before it.
+        a.on_event(SourceEvent::Begin { final_lsn: 300, commit_ms: t + 150 }, &mut out).unwrap();
+        let b = barriers(&out);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].kind, BarrierKind::Barrier);
+        a.on_event(insert(2), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 310 }, &mut out).unwrap();
+        // Idle past the checkpoint interval: a checkpoint that records the end of the last
+        // transaction, and no acknowledgement until the Kafka commit.
+        out.clear();
+        a.on_event(SourceEvent::Idle { wal_end: 0, now_ms: t + 1200 }, &mut out).unwrap();
+        let state = CaptureState { lsn: 310, epoch: a.epoch(), checkpoints: 1 };
+        assert_eq!(out.last(), Some(&Action::CommitLog(state)));
+        assert!(!out.iter().any(|x| matches!(x, Action::Ack(_))));
+        assert!(matches!(
+            a.on_event(insert(3), &mut Vec::new()),
+            Err(CaptureError::CommitPending { .. })
+        ));
+        out.clear();
+        a.log_committed(&mut out);
+        assert_eq!(out, vec![Action::Ack(310)]);
+        assert_eq!(a.committed(), state);
+    }
+
+    #[test]
+    fn an_idle_source_gets_checkpoints_that_acknowledge_the_wal_end() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        a.on_event(SourceEvent::Idle { wal_end: 5000, now_ms: 999 }, &mut out).unwrap();
+        assert!(out.is_empty());
+        a.on_event(SourceEvent::Idle { wal_end: 6000, now_ms: 1000 }, &mut out).unwrap();
+        assert_eq!(barriers(&out)[0].kind, BarrierKind::Checkpoint);
+        assert!(matches!(out.last(), Some(Action::CommitLog(CaptureState { lsn: 6000, .. }))));
+    }
+
+    #[test]
+    fn an_idle_position_inside_a_transaction_is_not_recorded() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        a.on_event(SourceEvent::Begin { final_lsn: 900, commit_ms: 10 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Idle { wal_end: 800, now_ms: 5000 }, &mut out).unwrap();
+        assert!(out.is_empty(), "no barrier inside a transaction");
+        a.on_event(SourceEvent::Commit { end_lsn: 910 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Idle { wal_end: 0, now_ms: 5001 }, &mut out).unwrap();
+        assert!(matches!(out.last(), Some(Action::CommitLog(CaptureState { lsn: 910, .. }))));
+    }
+
+    #[test]
+    fn updates_pair_in_one_partition_and_a_moved_key_is_delete_plus_insert() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        a.on_event(SourceEvent::Begin { final_lsn: 200, commit_ms: 1 }, &mut out).unwrap();
+        for (old, new) in [(1u8, 1u8), (1, 9)] {
+            a.on_event(
+                SourceEvent::Change(RowChange::Update {
+                    old_key: vec![old],
+                    old_row: vec![old],
+                    new_key: vec![new],
+                    new_row: vec![new],
+                }),
+                &mut out,
+            )
+            .unwrap();
+        }
+        let ops: Vec<Op> = out
+            .iter()
+            .filter_map(|x| match x {
+                Action::Change { op, .. } => Some(*op),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ops, [Op::UpdateDelete, Op::UpdateInsert, Op::Delete, Op::Insert]);
+    }
+
+    #[test]
+    fn a_full_epoch_closes_at_the_next_boundary_not_inside_a_transaction() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        a.on_event(SourceEvent::Begin { final_lsn: 200, commit_ms: 1 }, &mut out).unwrap();
+        for k in 0..5 {
+            a.on_event(insert(k), &mut out).unwrap();
+        }
+        assert!(barriers(&out).is_empty());
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Begin { final_lsn: 300, commit_ms: 2 }, &mut out).unwrap();
+        assert_eq!(barriers(&out).len(), 1);
+    }
+
+    #[test]
+    fn a_backlog_replayed_after_a_restart_is_checkpointed_by_its_commit_times() {
+        let state = CaptureState { lsn: 100, epoch: Epoch(7 << 16), checkpoints: 3 };
+        let mut a = Assembler::resume(cfg(), map(), state);
+        let mut out = Vec::new();
+        let mut commits = 0;
+        // Transactions committed long ago, 300 ms apart: a checkpoint every ~1 s of them.
+        for i in 0..10u64 {
+            a.on_event(SourceEvent::Begin { final_lsn: 200 + i * 10, commit_ms: 5_000 + i * 300 }, &mut out).unwrap();
+            if matches!(out.last(), Some(Action::CommitLog(_))) {
+                commits += 1;
+                a.log_committed(&mut out);
+            }
+            a.on_event(insert(i as u8), &mut out).unwrap();
+            a.on_event(SourceEvent::Commit { end_lsn: 205 + i * 10 }, &mut out).unwrap();
+        }
+        assert_eq!(commits, 2, "{out:?}");
+    }
+
+    #[test]
+    fn resume_drops_what_the_log_holds_and_a_replay_is_an_error() {
+        let state = CaptureState { lsn: 500, epoch: Epoch(7 << 16), checkpoints: 3 };
+        let mut a = Assembler::resume(cfg(), map(), state);
+        assert_eq!(a.start_lsn(), 500);
+        assert!(a.check_slot(500).is_ok());
+        assert_eq!(
+            a.check_slot(501),
+            Err(CaptureError::SlotAhead { confirmed: 501, resume: 500 })
+        );
+        let mut out = Vec::new();
+        a.on_event(SourceEvent::Begin { final_lsn: 490, commit_ms: 1 }, &mut out).unwrap();
+        a.on_event(insert(1), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 500 }, &mut out).unwrap();
+        assert!(out.is_empty(), "a transaction that ends at the resume position is in the log");
+        a.on_event(SourceEvent::Begin { final_lsn: 600, commit_ms: 2 }, &mut out).unwrap();
+        a.on_event(insert(2), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 610 }, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(matches!(
+            a.on_event(SourceEvent::Begin { final_lsn: 600, commit_ms: 3 }, &mut out),
+            Err(CaptureError::Replayed { final_lsn: 600, last: 600 })
+        ));
+    }
+}

@@ -1,0 +1,283 @@
+//! The Kafka side of the capture: a transactional producer with a stable `transactional.id` per job
+//! (a newer capture fences an older one), one Kafka transaction per checkpoint interval holding the
+//! changes, the barriers and the resume state on the compacted state topic `<topic>.capture`, as a
+//! [`LogPort`]. [`read_state`] reads that topic back, only after `init_transactions` (so a zombie's
+//! pending commit cannot land after it was read).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+
+use super::{CaptureFailure, LogPort};
+use crate::codec::LogCodec;
+use crate::core::capture::CaptureState;
+use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
+
+/// The state topic of a log topic.
+pub fn state_topic(topic: &str) -> String {
+    format!("{topic}.capture")
+}
+
+/// What each committed Kafka transaction records on the state topic (JSON, key = the job).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateRecord {
+    /// Format version of this record.
+    pub version: u32,
+    pub job: String,
+    pub table: String,
+    pub slot: String,
+    pub system_id: String,
+    pub timeline: u32,
+    pub snapshot_epoch: Epoch,
+    /// The initial barrier's `curr_epoch` (the manifest's `start[].epoch`).
+    pub initial_epoch: Epoch,
+    /// Per partition, the offset just after the initial barrier (the manifest's `start`).
+    pub start_offsets: Vec<u64>,
+    /// The column names captured (a table whose columns differ is refused).
+    pub columns: Vec<String>,
+    pub state: CaptureState,
+}
+
+#[derive(Default)]
+struct Ctx {
+    failed: Mutex<Option<String>>,
+    /// Highest delivered offset per partition of the log topic in the open transaction.
+    delivered: Mutex<HashMap<i32, i64>>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Err((e, m)) => {
+                self.failed
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(|| format!("{} partition {}: {e}", m.topic(), m.partition()));
+            }
+            Ok(m) => {
+                let mut d = self.delivered.lock().unwrap();
+                let o = d.entry(m.partition()).or_insert(-1);
+                *o = (*o).max(m.offset());
+            }
+        }
+    }
+}
+
+/// The transactional writer of one job's log.
+pub struct KafkaLog {
+    producer: BaseProducer<Ctx>,
+    codec: LogCodec,
+    topic: String,
+    state_topic: String,
+    partitions: u32,
+    /// Everything but `state`, written with each commit.
+    pub record: StateRecord,
+    open: bool,
+    /// Called once after the initial barrier's transaction committed (writes the manifest).
+    pub on_initial_commit: Option<Box<dyn FnOnce(&StateRecord) -> Result<()> + Send>>,
+}
+
+fn txn_failure(what: &str, e: KafkaError) -> CaptureFailure {
+    let fatal = match &e {
+        KafkaError::Transaction(t) => t.is_fatal(),
+        _ => false,
+    } || e.rdkafka_error_code() == Some(RDKafkaErrorCode::ProducerFenced);
+    if fatal {
+        CaptureFailure::Permanent(format!("{what}: {e} (a newer capture of this job fenced this one)"))
+    } else {
+        CaptureFailure::Transient(format!("{what}: {e}"))
+    }
+}
+
+impl KafkaLog {
+    /// Creates the producer and fences every older capture of the job (`init_transactions`).
+    pub fn connect(
+        props: &BTreeMap<String, String>,
+        job: &str,
+        topic: &str,
+        partitions: u32,
+        codec: LogCodec,
+        record: StateRecord,
+    ) -> Result<KafkaLog> {
+        let mut config = crate::kafka::admin::client_config(props);
+        config
+            .set("transactional.id", format!("kafka-backfill-capture-{job}"))
+            .set("enable.idempotence", "true")
+            .set("transaction.timeout.ms", "60000")
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "1048576");
+        let producer: BaseProducer<Ctx> = config
+            .create_with_context(Ctx::default())
+            .context("creating the capture's producer")?;
+        producer
+            .init_transactions(Duration::from_secs(60))
+            .context("initialising the capture's Kafka transactions (fences an older capture)")?;
+        Ok(KafkaLog {
+            producer,
+            codec,
+            topic: topic.to_string(),
+            state_topic: state_topic(topic),
+            partitions,
+            record,
+            open: false,
+            on_initial_commit: None,
+        })
+    }
+
+    fn send(&self, topic: &str, partition: i32, key: &[u8], value: &[u8]) -> Result<(), CaptureFailure> {
+        let mut record = BaseRecord::to(topic).partition(partition).key(key).payload(value);
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(txn_failure(&format!("producing to {topic}"), e)),
+            }
+        }
+    }
+}
+
+impl LogPort for KafkaLog {
+    fn begin(&mut self) -> Result<(), CaptureFailure> {
+        if !self.open {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| txn_failure("beginning a Kafka transaction", e))?;
+            self.open = true;
+            self.producer.context().delivered.lock().unwrap().clear();
+        }
+        Ok(())
+    }
+
+    fn barrier(&mut self, barrier: &Barrier) -> Result<(), CaptureFailure> {
+        let value = self.codec.encode_barrier(barrier);
+        for p in 0..self.partitions {
+            self.send(&self.topic, p as i32, &[], &value)?;
+        }
+        Ok(())
+    }
+
+    fn change(
+        &mut self,
+        partition: PartitionId,
+        vnode: Vnode,
+        epoch: Epoch,
+        op: Op,
+        key: &[u8],
+        row: &[u8],
+    ) -> Result<(), CaptureFailure> {
+        let value = self.codec.encode_change(epoch, op, vnode, row);
+        self.send(&self.topic, partition as i32, key, &value)?;
+        self.producer.poll(Duration::ZERO);
+        Ok(())
+    }
+
+    fn commit(&mut self, state: &CaptureState) -> Result<(), CaptureFailure> {
+        if state.checkpoints == 0 {
+            self.record.initial_epoch = state.epoch;
+            // The initial barrier's offsets, from its delivery reports (the manifest's start).
+            self.producer
+                .flush(Duration::from_secs(60))
+                .map_err(|e| txn_failure("flushing the initial barrier", e))?;
+            let delivered = self.producer.context().delivered.lock().unwrap().clone();
+            self.record.start_offsets = (0..self.partitions as i32)
+                .map(|p| {
+                    delivered.get(&p).filter(|o| **o >= 0).map(|o| *o as u64 + 1).ok_or_else(|| {
+                        CaptureFailure::Transient(format!("no delivery report for the initial barrier in partition {p}"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        self.record.state = *state;
+        let value = serde_json::to_vec(&self.record).expect("a state record serialises");
+        let state_topic = self.state_topic.clone();
+        self.send(&state_topic, 0, self.record.job.as_bytes(), &value)?;
+        self.producer
+            .commit_transaction(Duration::from_secs(60))
+            .map_err(|e| txn_failure("committing the Kafka transaction", e))?;
+        self.open = false;
+        if let Some(failed) = self.producer.context().failed.lock().unwrap().take() {
+            // A committed transaction whose delivery failed would have aborted; guard anyway.
+            return Err(CaptureFailure::Permanent(format!("a record of a committed transaction failed: {failed}")));
+        }
+        if state.checkpoints == 0 {
+            if let Some(hook) = self.on_initial_commit.take() {
+                hook(&self.record).map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) -> Result<(), CaptureFailure> {
+        if self.open {
+            self.producer
+                .abort_transaction(Duration::from_secs(60))
+                .map_err(|e| txn_failure("aborting the Kafka transaction", e))?;
+            self.open = false;
+        }
+        Ok(())
+    }
+}
+
+/// The job's last committed state record, or `None` if the state topic holds none. Call after
+/// [`KafkaLog::connect`] (which fenced every older capture).
+pub fn read_state(props: &BTreeMap<String, String>, topic: &str, job: &str) -> Result<Option<StateRecord>> {
+    let state_topic = state_topic(topic);
+    crate::kafka::admin::ensure_topic_with(props, &state_topic, 1, &[("cleanup.policy", "compact")])?;
+    let consumer: BaseConsumer = crate::kafka::admin::client_config(props)
+        .set("group.id", format!("kafka-backfill-capture-state-{job}"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .context("creating the state topic's reader")?;
+    let (_, high) = consumer
+        .fetch_watermarks(&state_topic, 0, Duration::from_secs(30))
+        .with_context(|| format!("reading the watermarks of {state_topic}"))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&state_topic, 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    let mut last = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        // The position passes commit markers too: done once it reaches the high watermark.
+        let position = consumer
+            .position()?
+            .find_partition(&state_topic, 0)
+            .and_then(|e| e.offset().to_raw())
+            .unwrap_or(-1);
+        if position >= high {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("reading {state_topic} to its end ({high}) took over 60 s (at {position})");
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Err(e)) => return Err(e).with_context(|| format!("reading {state_topic}")),
+            Some(Ok(m)) => {
+                if m.key() == Some(job.as_bytes()) {
+                    let payload = m.payload().unwrap_or_default();
+                    let record: StateRecord = serde_json::from_slice(payload).with_context(|| {
+                        format!("{state_topic} partition 0 offset {}: not a capture state record", m.offset())
+                    })?;
+                    last = Some(record);
+                }
+            }
+        }
+    }
+    Ok(last)
+}

@@ -1,0 +1,518 @@
+//! The PostgreSQL side of the capture: the catalog and its preconditions, the exported snapshot's
+//! copy, and the slot's pgoutput stream as a [`ReplicationPort`].
+//!
+//! The replication connection is `pg_walstream`'s (libpq backend: one TLS stack, OpenSSL, for the
+//! whole binary), driven on a current-thread runtime owned by the capture's thread; only
+//! `LogicalReplicationStream::next_event` is used, which never reconnects on its own, so a dropped
+//! connection is an error the loop answers by aborting the open Kafka transaction and resuming
+//! from the last committed state. Feedback is sent only from [`ReplicationPort::ack`]. The catalog,
+//! the checks and the copy use the `postgres` crate on ordinary connections.
+
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use pg_walstream::{
+    CancellationToken, ColumnValue, EventType, LogicalReplicationStream, ReplicationSlotOptions,
+    ReplicationStreamConfig, RetryConfig, RowData, StreamingMode,
+};
+
+use super::types::{PgColumn, PgType, RowEncoder};
+use super::{CaptureFailure, ReplicationPort};
+use crate::core::capture::{Lsn, RowChange, SourceEvent};
+
+/// The session settings that fix every type's text form (docs/CAPTURE.md, "Types").
+pub const SESSION_SETTINGS: &str =
+    "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=3";
+
+/// A schema-qualified table name, split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableName {
+    pub schema: String,
+    pub table: String,
+}
+
+impl TableName {
+    pub fn parse(s: &str) -> Result<TableName> {
+        let (schema, table) = s.split_once('.').unwrap_or(("public", s));
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            bail!("{s:?} is not a table name (schema.table)");
+        }
+        Ok(TableName {
+            schema: schema.into(),
+            table: table.into(),
+        })
+    }
+
+    /// The quoted SQL identifier.
+    pub fn sql(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// A PostgreSQL LSN as text (`16/B374D848`).
+pub fn parse_lsn(s: &str) -> Result<Lsn> {
+    let (hi, lo) = s.split_once('/').with_context(|| format!("{s:?} is not an LSN"))?;
+    Ok((u64::from_str_radix(hi, 16)? << 32) | u64::from_str_radix(lo, 16)?)
+}
+
+pub fn format_lsn(lsn: Lsn) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+/// An ordinary connection with the session settings.
+pub fn connect(url: &str) -> Result<postgres::Client> {
+    let mut client = crate::pg_tls::connect(url).context("connecting to the capture's source")?;
+    client.batch_execute(
+        "SET DateStyle = ISO; SET IntervalStyle = postgres; SET TimeZone = 'UTC'; \
+         SET bytea_output = hex; SET extra_float_digits = 3; SET client_min_messages TO warning",
+    )?;
+    Ok(client)
+}
+
+/// What the catalog says of the captured table, checked.
+#[derive(Clone, Debug)]
+pub struct TableInfo {
+    pub oid: u32,
+    pub encoder: RowEncoder,
+    pub primary_key: Vec<String>,
+}
+
+/// Checks the preconditions on `client` (each a named error saying how to fix it) and reads the
+/// table's columns and key. Runs inside the snapshot's transaction for the copy, so the schema
+/// is the one the snapshot has.
+pub fn table_info(client: &mut impl postgres::GenericClient, table: &TableName) -> Result<TableInfo> {
+    let wal_level: String = client.query_one("SHOW wal_level", &[])?.get(0);
+    if wal_level != "logical" {
+        bail!("the source's wal_level is {wal_level}: capture needs wal_level = logical (set it in postgresql.conf, or ALTER SYSTEM SET wal_level = logical, and restart PostgreSQL)");
+    }
+    let row = client
+        .query_opt(
+            "SELECT c.oid, c.relreplident::text, c.relkind::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.table],
+        )?
+        .with_context(|| format!("table {table} does not exist in the source"))?;
+    let oid: u32 = row.get(0);
+    let ident: String = row.get(1);
+    let kind: String = row.get(2);
+    if kind != "r" {
+        bail!("{table} is not an ordinary table (relkind {kind}); capture reads ordinary tables");
+    }
+    if ident != "f" {
+        bail!("table {table} has REPLICA IDENTITY {}: capture needs whole old rows and unchanged TOASTed values; run ALTER TABLE {} REPLICA IDENTITY FULL",
+            match ident.as_str() { "d" => "DEFAULT", "n" => "NOTHING", "i" => "USING INDEX", _ => "?" }, table.sql());
+    }
+    let rows = client.query(
+        "SELECT a.attname::text, t.typname::text, t.typtype::text, a.atttypmod, a.attnotnull, \
+                a.attgenerated::text, et.typname::text, et.typtype::text, a.attndims \
+         FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+         LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A' \
+         WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        &[&oid],
+    )?;
+    let mut columns = Vec::new();
+    for r in &rows {
+        let name: String = r.get(0);
+        let generated: String = r.get(5);
+        if !generated.is_empty() {
+            bail!("column {name} of {table} is a generated column: pgoutput does not send it; capture refuses such tables (drop the column or compute it downstream)");
+        }
+        let element: Option<String> = r.get(6);
+        let etyptype: Option<String> = r.get(7);
+        let typname: String = r.get(1);
+        let ty = PgType::from_catalog(
+            &typname,
+            &r.get::<_, String>(2),
+            r.get(3),
+            element.as_deref().zip(etyptype.as_deref()),
+        )
+        .map_err(|e| anyhow::anyhow!("column {name} of {table}: {e}"))?;
+        columns.push(PgColumn {
+            name,
+            ty,
+            nullable: !r.get::<_, bool>(4),
+        });
+    }
+    let key_rows = client.query(
+        "SELECT a.attname::text FROM pg_index i \
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+         WHERE i.indrelid = $1 AND i.indisprimary \
+         ORDER BY array_position(i.indkey::int2[], a.attnum)",
+        &[&oid],
+    )?;
+    let primary_key: Vec<String> = key_rows.iter().map(|r| r.get(0)).collect();
+    if primary_key.is_empty() {
+        bail!("table {table} has no primary key: capture keys every row by it (ALTER TABLE {} ADD PRIMARY KEY (…))", table.sql());
+    }
+    let key = primary_key
+        .iter()
+        .map(|k| columns.iter().position(|c| &c.name == k).expect("a key column is a column"))
+        .collect();
+    Ok(TableInfo {
+        oid,
+        encoder: RowEncoder { columns, key },
+        primary_key,
+    })
+}
+
+/// Creates the publication for the table when absent; refuses one that does not publish it.
+pub fn ensure_publication(client: &mut postgres::Client, publication: &str, table: &TableName) -> Result<()> {
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])?
+        .is_some();
+    if !exists {
+        client.batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate')",
+            quote_ident(publication),
+            table.sql()
+        ))?;
+        return Ok(());
+    }
+    let has = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&publication, &table.schema, &table.table],
+        )?
+        .is_some();
+    if !has {
+        bail!("publication {publication} exists but does not publish {table} (ALTER PUBLICATION {} ADD TABLE {}, or name another publication in capture.publication)", quote_ident(publication), table.sql());
+    }
+    Ok(())
+}
+
+/// The slot as `pg_replication_slots` shows it: confirmed position, whether it is active.
+pub fn slot_state(client: &mut postgres::Client, slot: &str) -> Result<Option<(Lsn, bool)>> {
+    let Some(r) = client.query_opt(
+        "SELECT confirmed_flush_lsn::text, active, coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1",
+        &[&slot],
+    )?
+    else {
+        return Ok(None);
+    };
+    let wal_status: String = r.get(2);
+    if wal_status == "lost" {
+        bail!("replication slot {slot} is lost (wal_status = lost: the WAL it needed was removed, max_slot_wal_keep_size); the log cannot be continued: drop the slot and capture into a new topic");
+    }
+    let lsn: Option<String> = r.get(0);
+    Ok(Some((lsn.map(|s| parse_lsn(&s)).transpose()?.unwrap_or(0), r.get(1))))
+}
+
+/// Splits one line of `COPY … TO STDOUT` text format into its fields (`None` = NULL).
+pub fn copy_fields(line: &str) -> Result<Vec<Option<String>>> {
+    let mut out = Vec::new();
+    for field in line.split('\t') {
+        if field == "\\N" {
+            out.push(None);
+            continue;
+        }
+        let mut s = String::with_capacity(field.len());
+        let mut chars = field.chars();
+        while let Some(c) = chars.next() {
+            if c != '\\' {
+                s.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some('t') => s.push('\t'),
+                Some('n') => s.push('\n'),
+                Some('r') => s.push('\r'),
+                Some('b') => s.push('\u{8}'),
+                Some('f') => s.push('\u{c}'),
+                Some('v') => s.push('\u{b}'),
+                Some('\\') => s.push('\\'),
+                Some(d) if d.is_digit(8) => {
+                    // \ooo octal (COPY writes it for control bytes).
+                    let mut v = d.to_digit(8).unwrap();
+                    for _ in 0..2 {
+                        let rest = chars.as_str();
+                        match rest.chars().next().and_then(|c| c.to_digit(8)) {
+                            Some(n) => {
+                                v = v * 8 + n;
+                                chars.next();
+                            }
+                            None => break,
+                        }
+                    }
+                    s.push(char::from_u32(v).context("bad octal escape")?);
+                }
+                Some(other) => s.push(other),
+                None => bail!("a field ends in a backslash"),
+            }
+        }
+        out.push(Some(s));
+    }
+    Ok(out)
+}
+
+/// Copies the table inside the exported snapshot `snapshot_name`, calling `row` with each row's
+/// (datum, key). Returns the table info read in that snapshot, the server's clock (Unix ms) at the
+/// import, and the row count.
+pub fn copy_snapshot(
+    url: &str,
+    table: &TableName,
+    snapshot_name: &str,
+    mut row: impl FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+) -> Result<(TableInfo, u64, u64)> {
+    let mut client = connect(url)?;
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()?;
+    tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", snapshot_name.replace('\'', "''")))
+        .context("importing the slot's exported snapshot")?;
+    let info = table_info(&mut tx, table)?;
+    let now_ms: i64 = tx
+        .query_one("SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8", &[])?
+        .get(0);
+    let cols = info
+        .encoder
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reader = tx.copy_out(&format!("COPY (SELECT {cols} FROM {}) TO STDOUT", table.sql()))?;
+    let mut n = 0u64;
+    for (i, line) in BufReader::with_capacity(1 << 20, reader).lines().enumerate() {
+        let line = line.with_context(|| format!("reading the copy of {table}"))?;
+        let fields = copy_fields(&line).with_context(|| format!("{table}: row {i} of the copy"))?;
+        let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
+        let (datum, key) = info
+            .encoder
+            .encode(&refs)
+            .with_context(|| format!("{table}: row {i} of the snapshot"))?;
+        row(datum, key)?;
+        n += 1;
+    }
+    tx.commit()?;
+    Ok((info, now_ms.max(0) as u64, n))
+}
+
+/// The table as it is now, encoded by the capture's mapping: key bytes → row datum (for `verify`).
+pub fn read_table(url: &str, table: &TableName) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
+    let mut client = connect(url)?;
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()?;
+    let info = table_info(&mut tx, table)?;
+    let cols = info
+        .encoder
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reader = tx.copy_out(&format!("COPY (SELECT {cols} FROM {}) TO STDOUT", table.sql()))?;
+    let mut rows = std::collections::BTreeMap::new();
+    for (i, line) in BufReader::with_capacity(1 << 20, reader).lines().enumerate() {
+        let fields = copy_fields(&line?).with_context(|| format!("{table}: row {i}"))?;
+        let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
+        let (datum, key) = info.encoder.encode(&refs).with_context(|| format!("{table}: row {i}"))?;
+        rows.insert(key, datum);
+    }
+    tx.commit()?;
+    Ok(rows)
+}
+
+/// The replication connection's URL: `replication=database` and the session settings.
+fn replication_url(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let options: String = SESSION_SETTINGS
+        .bytes()
+        .map(|b| match b {
+            b' ' => "%20".to_string(),
+            b'=' => "%3D".to_string(),
+            _ => (b as char).to_string(),
+        })
+        .collect();
+    format!("{url}{sep}replication=database&options={options}")
+}
+
+/// The slot's stream of the captured table's committed transactions.
+pub struct PgReplication {
+    rt: tokio::runtime::Runtime,
+    stream: LogicalReplicationStream,
+    cancel: CancellationToken,
+    table: TableName,
+    encoder: RowEncoder,
+    /// Where the current transaction's events came from, for errors.
+    last_lsn: Lsn,
+}
+
+impl PgReplication {
+    /// Connects the replication session; `create` makes the slot with an exported snapshot (whose
+    /// name [`Self::exported_snapshot`] gives until [`ReplicationPort::start`]).
+    pub fn connect(url: &str, slot: &str, publication: &str, table: TableName, encoder: RowEncoder, create: bool) -> Result<PgReplication> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let config = ReplicationStreamConfig::new(
+            slot.to_string(),
+            publication.to_string(),
+            1,
+            StreamingMode::Off,
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+            RetryConfig {
+                max_attempts: 1,
+                ..RetryConfig::default()
+            },
+        )
+        .with_slot_options(ReplicationSlotOptions {
+            snapshot: Some(if create { "export" } else { "nothing" }.to_string()),
+            ..Default::default()
+        })
+        .with_existing_slot_required(!create);
+        let mut stream = rt
+            .block_on(LogicalReplicationStream::new(&replication_url(url), config))
+            .map_err(|e| anyhow::anyhow!("opening the replication connection: {e}"))?;
+        if create {
+            rt.block_on(stream.ensure_replication_slot())
+                .map_err(|e| anyhow::anyhow!("creating replication slot {slot}: {e}"))?;
+        }
+        Ok(PgReplication {
+            rt,
+            stream,
+            cancel: CancellationToken::new(),
+            table,
+            encoder,
+            last_lsn: 0,
+        })
+    }
+
+    pub fn exported_snapshot(&self) -> Option<String> {
+        self.stream.exported_snapshot_name().map(str::to_string)
+    }
+
+    /// The server's system identifier and timeline.
+    pub fn identity(&self) -> (u64, u32) {
+        let id = self.stream.server_identity();
+        (id.system_id(), id.timeline())
+    }
+
+    fn row(&self, data: &RowData, old: Option<&RowData>) -> Result<(Vec<u8>, Vec<u8>), CaptureFailure> {
+        let mut values: Vec<Option<&str>> = Vec::with_capacity(self.encoder.columns.len());
+        for c in &self.encoder.columns {
+            // An unchanged TOASTed value is absent from the new row: the old row (REPLICA
+            // IDENTITY FULL) has it.
+            let v = data.get(&c.name).or_else(|| old.and_then(|o| o.get(&c.name)));
+            values.push(match v {
+                None | Some(ColumnValue::Null) => None,
+                Some(v) => Some(v.as_str().ok_or_else(|| {
+                    CaptureFailure::Permanent(format!("{}: column {} is not text at {}", self.table, c.name, format_lsn(self.last_lsn)))
+                })?),
+            });
+        }
+        self.encoder.encode(&values).map_err(|e| {
+            CaptureFailure::Permanent(format!("{} at LSN {}: {e:#}", self.table, format_lsn(self.last_lsn)))
+        })
+    }
+}
+
+impl ReplicationPort for PgReplication {
+    fn start(&mut self, lsn: Lsn) -> Result<Lsn, CaptureFailure> {
+        let confirmed = self.rt.block_on(self.stream.slot_confirmed_flush_lsn()).map_err(|e| {
+            CaptureFailure::Transient(format!("reading the slot's confirmed position: {e}"))
+        })?;
+        self.rt
+            .block_on(self.stream.start(Some(lsn)))
+            .map_err(|e| CaptureFailure::Transient(format!("START_REPLICATION at {}: {e}", format_lsn(lsn))))?;
+        Ok(confirmed.map_or(0, |l| l.0))
+    }
+
+    fn next(&mut self, idle: Duration) -> Result<SourceEvent, CaptureFailure> {
+        loop {
+            let event = match self
+                .rt
+                .block_on(tokio::time::timeout(idle, self.stream.next_event(&self.cancel)))
+            {
+                Err(_) => {
+                    return Ok(SourceEvent::Idle {
+                        wal_end: self.stream.current_lsn(),
+                        now_ms: crate::capture::job::unix_ms(),
+                    })
+                }
+                Ok(Err(e)) => return Err(CaptureFailure::Transient(format!("replication stream: {e}"))),
+                Ok(Ok(event)) => event,
+            };
+            self.last_lsn = event.lsn.0;
+            match event.event_type {
+                EventType::Begin {
+                    final_lsn,
+                    commit_timestamp,
+                    ..
+                } => {
+                    return Ok(SourceEvent::Begin {
+                        final_lsn: final_lsn.0,
+                        commit_ms: commit_timestamp.timestamp_millis().max(0) as u64,
+                    })
+                }
+                EventType::Commit { end_lsn, .. } => return Ok(SourceEvent::Commit { end_lsn: end_lsn.0 }),
+                EventType::Insert { data, .. } => {
+                    let (row, key) = self.row(&data, None)?;
+                    return Ok(SourceEvent::Change(RowChange::Insert { key, row }));
+                }
+                EventType::Update { old_data, new_data, .. } => {
+                    let old = old_data.ok_or_else(|| {
+                        CaptureFailure::Permanent(format!("{}: an update at LSN {} came without its old row: the table's REPLICA IDENTITY is no longer FULL", self.table, format_lsn(self.last_lsn)))
+                    })?;
+                    let (old_row, old_key) = self.row(&old, None)?;
+                    let (new_row, new_key) = self.row(&new_data, Some(&old))?;
+                    return Ok(SourceEvent::Change(RowChange::Update { old_key, old_row, new_key, new_row }));
+                }
+                EventType::Delete { old_data, .. } => {
+                    let (row, key) = self.row(&old_data, None)?;
+                    return Ok(SourceEvent::Change(RowChange::Delete { key, row }));
+                }
+                EventType::Truncate { .. } => {
+                    return Err(CaptureFailure::Permanent(format!(
+                        "TRUNCATE of {} at LSN {}: a log store cannot carry it (nothing after the last checkpoint is committed); capture the table again into a new topic",
+                        self.table,
+                        format_lsn(self.last_lsn)
+                    )))
+                }
+                EventType::Relation { relation_name, namespace, columns, .. } => {
+                    let names: Vec<&str> = columns.iter().map(|c| &*c.name).collect();
+                    let ours: Vec<&str> = self.encoder.columns.iter().map(|c| c.name.as_str()).collect();
+                    if names != ours {
+                        return Err(CaptureFailure::Permanent(format!(
+                            "the columns of {namespace}.{relation_name} changed at LSN {} (now {names:?}, captured {ours:?}): a schema change stops the capture (nothing after the last checkpoint is committed)",
+                            format_lsn(self.last_lsn)
+                        )));
+                    }
+                }
+                // Types, origins, messages: nothing for the log.
+                _ => {}
+            }
+        }
+    }
+
+    fn ack(&mut self, lsn: Lsn) -> Result<(), CaptureFailure> {
+        self.stream.shared_lsn_feedback.update_flushed_lsn(lsn);
+        self.stream.shared_lsn_feedback.update_applied_lsn(lsn);
+        self.rt
+            .block_on(self.stream.send_feedback())
+            .map_err(|e| CaptureFailure::Transient(format!("acknowledging {}: {e}", format_lsn(lsn))))
+    }
+}
+
+impl Drop for PgReplication {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
