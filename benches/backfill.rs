@@ -359,6 +359,7 @@ fn job_config(
             max_rows_per_second: 0,
             max_epochs_ahead: 256,
             rate_limit: Default::default(),
+            capture: None,
         }],
     }
 }

@@ -271,8 +271,16 @@ enum Command {
 }
 
 fn init_logs(format: LogFormat, level: Option<&str>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
+    // pg_walstream reports every standby status update at info: kept to warnings unless asked for.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        let level = level.unwrap_or("info");
+        let quiet = if level.contains("pg_walstream") {
+            ""
+        } else {
+            ",pg_walstream=warn"
+        };
+        tracing_subscriber::EnvFilter::new(format!("{level}{quiet}"))
+    });
     // Colour only for a person at a terminal: no escape codes in files, pipes and log collectors.
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -584,7 +584,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         let last = i + 1 == w.changes;
         if in_epoch >= w.changes_per_epoch || last {
             barriers += 1;
-            let kind = if last || barriers % w.checkpoint_every == 0 {
+            let kind = if last || barriers.is_multiple_of(w.checkpoint_every) {
                 BarrierKind::Checkpoint
             } else {
                 BarrierKind::Barrier
@@ -603,7 +603,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                         .producer
                         .commit_transaction(Duration::from_secs(60))?;
                     transactions += 1;
-                    if transactions % 3 == 0 {
+                    if transactions.is_multiple_of(3) {
                         // Deletes of live rows in the open epoch, aborted: never to be applied.
                         writer.producer.begin_transaction()?;
                         for (key, datum) in rows.values().take(20) {

@@ -105,3 +105,53 @@ fn the_layers_import_downwards_only() {
         );
     }
 }
+
+/// The capture loop (`src/capture/mod.rs`, run by production and the simulation alike) reaches
+/// PostgreSQL and Kafka only through its two ports; the ports' implementations know neither the
+/// service nor the simulation.
+#[test]
+fn the_capture_loop_talks_to_the_world_through_its_ports() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/capture/mod.rs");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let forbidden = [
+        "rdkafka",
+        "pg_walstream",
+        "postgres::",
+        "tokio",
+        "std::fs",
+        "std::thread",
+        "SystemTime",
+        "Instant",
+        "crate::service",
+        "crate::sim",
+        "prometheus",
+    ];
+    let found: Vec<String> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let code = l.split("//").next().unwrap_or("");
+            forbidden.iter().any(|f| code.contains(f))
+        })
+        .map(|(n, l)| format!("src/capture/mod.rs:{}: {}", n + 1, l.trim()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "I/O in the capture loop:\n{}",
+        found.join("\n")
+    );
+    for file in ["pg.rs", "log.rs", "types.rs"] {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("src/capture")
+                .join(file),
+        )
+        .unwrap();
+        for bad in ["crate::service", "crate::sim", "crate::driver"] {
+            assert!(
+                !text.contains(bad),
+                "src/capture/{file} reaches up into {bad}"
+            );
+        }
+    }
+}

@@ -46,10 +46,18 @@ fn random_capture_schedules_against_the_oracle() {
         }
     }
     println!("{seeds} capture seeds: {total:?}");
-    assert!(failures.is_empty(), "{} of {seeds} seeds failed; first:\n{}", failures.len(), failures[0]);
+    assert!(
+        failures.is_empty(),
+        "{} of {seeds} seeds failed; first:\n{}",
+        failures.len(),
+        failures[0]
+    );
     // The schedules exercise what they claim to.
     assert!(total.crashes > seeds / 4, "{total:?}");
-    assert!(total.drops > 0 && total.replays > 0 && total.zombies_fenced > 0, "{total:?}");
+    assert!(
+        total.drops > 0 && total.replays > 0 && total.zombies_fenced > 0,
+        "{total:?}"
+    );
     assert!(total.checkpoints > seeds * 2, "{total:?}");
 }
 
@@ -65,7 +73,10 @@ fn acknowledging_before_the_kafka_commit_is_caught() {
     let Some((seed, e)) = caught else {
         panic!("CaptureAckBeforeCommit was not caught within {BOUND} seeds");
     };
-    println!("CaptureAckBeforeCommit caught by seed {seed}: {}", e.lines().next().unwrap_or_default());
+    println!(
+        "CaptureAckBeforeCommit caught by seed {seed}: {}",
+        e.lines().next().unwrap_or_default()
+    );
     run_seed(seed).unwrap();
 }
 

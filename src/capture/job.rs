@@ -52,6 +52,7 @@ impl CaptureObserver for Progress {
         );
         self.counted = *stats;
         let now = unix_ms();
+        tracing::debug!(job = %self.job, lsn = %pg::format_lsn(state.lsn), epoch = state.epoch.0, checkpoint = state.checkpoints, "capture checkpoint committed");
         if now.saturating_sub(self.last_log_ms) >= 10_000 || state.checkpoints <= 1 {
             self.last_log_ms = now;
             tracing::info!(
@@ -61,10 +62,31 @@ impl CaptureObserver for Progress {
                 checkpoints = state.checkpoints,
                 transactions = stats.transactions,
                 changes = stats.changes,
-                "capture checkpoint committed"
+                "capture progress"
             );
         }
     }
+}
+
+/// Whether a librdkafka property is the consumer's alone (the job's `kafka` table serves the
+/// consumers; the capture's producer takes the rest: brokers, security, client id).
+fn is_consumer_only(key: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "group.",
+        "partition.assignment",
+        "session.timeout",
+        "heartbeat.",
+        "max.poll",
+        "auto.",
+        "enable.auto",
+        "isolation.level",
+        "fetch.",
+        "queued.",
+        "check.crcs",
+        "enable.partition.eof",
+        "consume",
+    ];
+    PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
 /// Writes `manifest.json` from the pending manifest and the state record's start offsets.
@@ -98,7 +120,10 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
         .as_ref()
         .with_context(|| format!("job {} has no [jobs.capture] section", job.name))?;
     let SnapshotConfig::Files { dir } = &job.snapshot else {
-        bail!("job {}: capture writes the snapshot as files (snapshot.kind = \"files\")", job.name);
+        bail!(
+            "job {}: capture writes the snapshot as files (snapshot.kind = \"files\")",
+            job.name
+        );
     };
     let dir: PathBuf = dir.clone();
     let table = TableName::parse(&c.table)?;
@@ -108,7 +133,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
     let props: BTreeMap<String, String> = job
         .kafka
         .iter()
-        .filter(|(k, _)| !k.starts_with("group.") && !k.starts_with("partition.assignment"))
+        .filter(|(k, _)| !is_consumer_only(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
 
@@ -127,7 +152,12 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
     let schema_json = super::types::row_schema(&table.to_string(), &info.encoder.columns);
     let table_schema = TableSchema::parse(&schema_json.to_string(), &info.primary_key)?;
     let codec = LogCodec::new(table_schema.clone())?;
-    let columns: Vec<String> = info.encoder.columns.iter().map(|c| c.name.clone()).collect();
+    let columns: Vec<String> = info
+        .encoder
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
     let config = CaptureConfig {
         barrier_interval_ms: c.barrier_interval_ms,
         checkpoint_interval_ms: c.checkpoint_interval_ms,
@@ -159,6 +189,16 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
         last_log_ms: 0,
         counted: SessionStats::default(),
     };
+    let connect = |create: bool| {
+        PgReplication::connect(
+            &url,
+            &slot,
+            &publication,
+            table.clone(),
+            info.encoder.clone(),
+            create,
+        )
+    };
     let mut failures = 0u32;
     loop {
         let (mut a, initial, mut repl) = match &committed {
@@ -172,29 +212,33 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
                     }
                     None => {}
                 }
-                let repl = PgReplication::connect(&url, &slot, &publication, table.clone(), info.encoder.clone(), true)?;
+                let repl = connect(true)?;
                 let name = repl
                     .exported_snapshot()
                     .context("the slot was created without an exported snapshot")?;
                 let (sys, tli) = repl.identity();
                 let mut by_vnode: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
                 let started = std::time::Instant::now();
-                let (snap_info, now_ms, rows) = pg::copy_snapshot(&url, &table, &name, |datum, key| {
-                    by_vnode
-                        .entry(vnode_of(&key, map.vnode_count()))
-                        .or_default()
-                        .insert(key, datum);
-                    Ok(())
-                })?;
+                let (snap_info, now_ms, rows) =
+                    pg::copy_snapshot(&url, &table, &name, |datum, key| {
+                        by_vnode
+                            .entry(vnode_of(&key, map.vnode_count()))
+                            .or_default()
+                            .insert(key, datum);
+                        Ok(())
+                    })?;
                 if snap_info.encoder.columns != info.encoder.columns {
-                    bail!("the columns of {table} changed while the capture started; start it again");
+                    bail!(
+                        "the columns of {table} changed while the capture started; start it again"
+                    );
                 }
                 let consistent = pg::slot_state(&mut client, &slot)?
                     .map(|(lsn, _)| lsn)
                     .with_context(|| format!("slot {slot} vanished after its creation"))?;
                 let es = Epoch::from_unix_millis(now_ms);
                 if dir.exists() {
-                    std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+                    std::fs::remove_dir_all(&dir)
+                        .with_context(|| format!("clearing {}", dir.display()))?;
                 }
                 let files = write_files(&dir, &table_schema, by_vnode)?;
                 let manifest = Manifest {
@@ -207,13 +251,18 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
                     files,
                     start: Vec::new(),
                 };
-                std::fs::write(dir.join(PENDING_MANIFEST), serde_json::to_vec_pretty(&manifest)?)?;
+                std::fs::write(
+                    dir.join(PENDING_MANIFEST),
+                    serde_json::to_vec_pretty(&manifest)?,
+                )?;
                 tracing::info!(table = %table, rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
                 log.record.system_id = sys.to_string();
                 log.record.timeline = tli;
                 log.record.snapshot_epoch = es;
                 let hook_dir = dir.clone();
-                log.on_initial_commit = Some(Box::new(move |r: &StateRecord| finish_manifest(&hook_dir, r)));
+                log.on_initial_commit = Some(Box::new(move |r: &StateRecord| {
+                    finish_manifest(&hook_dir, r)
+                }));
                 let (a, initial) = Assembler::fresh(config, map, es, consistent, unix_ms());
                 (a, initial, repl)
             }
@@ -230,13 +279,17 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
                 if pg::slot_state(&mut client, &slot)?.is_none() {
                     bail!("replication slot {slot} is gone: the changes since {} cannot be read; capture into a new topic", pg::format_lsn(record.state.lsn));
                 }
-                let repl = PgReplication::connect(&url, &slot, &publication, table.clone(), info.encoder.clone(), false)?;
+                let repl = connect(false)?;
                 let (sys, tli) = repl.identity();
                 if record.system_id != sys.to_string() || record.timeline != tli {
                     bail!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline);
                 }
                 log.record = record.clone();
-                (Assembler::resume(config, map, record.state), Vec::new(), repl)
+                (
+                    Assembler::resume(config, map, record.state),
+                    Vec::new(),
+                    repl,
+                )
             }
         };
         let before = a.committed().checkpoints;

@@ -60,10 +60,9 @@ impl ProducerContext for Ctx {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         match result {
             Err((e, m)) => {
-                self.failed
-                    .lock()
-                    .unwrap()
-                    .get_or_insert_with(|| format!("{} partition {}: {e}", m.topic(), m.partition()));
+                self.failed.lock().unwrap().get_or_insert_with(|| {
+                    format!("{} partition {}: {e}", m.topic(), m.partition())
+                });
             }
             Ok(m) => {
                 let mut d = self.delivered.lock().unwrap();
@@ -73,6 +72,9 @@ impl ProducerContext for Ctx {
         }
     }
 }
+
+/// What runs once the initial barrier's transaction committed.
+pub type InitialCommitHook = Box<dyn FnOnce(&StateRecord) -> Result<()> + Send>;
 
 /// The transactional writer of one job's log.
 pub struct KafkaLog {
@@ -85,7 +87,7 @@ pub struct KafkaLog {
     pub record: StateRecord,
     open: bool,
     /// Called once after the initial barrier's transaction committed (writes the manifest).
-    pub on_initial_commit: Option<Box<dyn FnOnce(&StateRecord) -> Result<()> + Send>>,
+    pub on_initial_commit: Option<InitialCommitHook>,
 }
 
 fn txn_failure(what: &str, e: KafkaError) -> CaptureFailure {
@@ -94,7 +96,9 @@ fn txn_failure(what: &str, e: KafkaError) -> CaptureFailure {
         _ => false,
     } || e.rdkafka_error_code() == Some(RDKafkaErrorCode::ProducerFenced);
     if fatal {
-        CaptureFailure::Permanent(format!("{what}: {e} (a newer capture of this job fenced this one)"))
+        CaptureFailure::Permanent(format!(
+            "{what}: {e} (a newer capture of this job fenced this one)"
+        ))
     } else {
         CaptureFailure::Transient(format!("{what}: {e}"))
     }
@@ -136,8 +140,17 @@ impl KafkaLog {
         })
     }
 
-    fn send(&self, topic: &str, partition: i32, key: &[u8], value: &[u8]) -> Result<(), CaptureFailure> {
-        let mut record = BaseRecord::to(topic).partition(partition).key(key).payload(value);
+    fn send(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), CaptureFailure> {
+        let mut record = BaseRecord::to(topic)
+            .partition(partition)
+            .key(key)
+            .payload(value);
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
@@ -196,9 +209,15 @@ impl LogPort for KafkaLog {
             let delivered = self.producer.context().delivered.lock().unwrap().clone();
             self.record.start_offsets = (0..self.partitions as i32)
                 .map(|p| {
-                    delivered.get(&p).filter(|o| **o >= 0).map(|o| *o as u64 + 1).ok_or_else(|| {
-                        CaptureFailure::Transient(format!("no delivery report for the initial barrier in partition {p}"))
-                    })
+                    delivered
+                        .get(&p)
+                        .filter(|o| **o >= 0)
+                        .map(|o| *o as u64 + 1)
+                        .ok_or_else(|| {
+                            CaptureFailure::Transient(format!(
+                                "no delivery report for the initial barrier in partition {p}"
+                            ))
+                        })
                 })
                 .collect::<Result<_, _>>()?;
         }
@@ -212,7 +231,9 @@ impl LogPort for KafkaLog {
         self.open = false;
         if let Some(failed) = self.producer.context().failed.lock().unwrap().take() {
             // A committed transaction whose delivery failed would have aborted; guard anyway.
-            return Err(CaptureFailure::Permanent(format!("a record of a committed transaction failed: {failed}")));
+            return Err(CaptureFailure::Permanent(format!(
+                "a record of a committed transaction failed: {failed}"
+            )));
         }
         if state.checkpoints == 0 {
             if let Some(hook) = self.on_initial_commit.take() {
@@ -235,9 +256,18 @@ impl LogPort for KafkaLog {
 
 /// The job's last committed state record, or `None` if the state topic holds none. Call after
 /// [`KafkaLog::connect`] (which fenced every older capture).
-pub fn read_state(props: &BTreeMap<String, String>, topic: &str, job: &str) -> Result<Option<StateRecord>> {
+pub fn read_state(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    job: &str,
+) -> Result<Option<StateRecord>> {
     let state_topic = state_topic(topic);
-    crate::kafka::admin::ensure_topic_with(props, &state_topic, 1, &[("cleanup.policy", "compact")])?;
+    crate::kafka::admin::ensure_topic_with(
+        props,
+        &state_topic,
+        1,
+        &[("cleanup.policy", "compact")],
+    )?;
     let consumer: BaseConsumer = crate::kafka::admin::client_config(props)
         .set("group.id", format!("kafka-backfill-capture-state-{job}"))
         .set("enable.auto.commit", "false")
@@ -247,6 +277,9 @@ pub fn read_state(props: &BTreeMap<String, String>, topic: &str, job: &str) -> R
     let (_, high) = consumer
         .fetch_watermarks(&state_topic, 0, Duration::from_secs(30))
         .with_context(|| format!("reading the watermarks of {state_topic}"))?;
+    if high <= 0 {
+        return Ok(None);
+    }
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&state_topic, 0, Offset::Beginning)?;
     consumer.assign(&tpl)?;
@@ -263,20 +296,25 @@ pub fn read_state(props: &BTreeMap<String, String>, topic: &str, job: &str) -> R
             break;
         }
         if std::time::Instant::now() > deadline {
-            anyhow::bail!("reading {state_topic} to its end ({high}) took over 60 s (at {position})");
+            anyhow::bail!(
+                "reading {state_topic} to its end ({high}) took over 60 s (at {position})"
+            );
         }
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Err(e)) => return Err(e).with_context(|| format!("reading {state_topic}")),
-            Some(Ok(m)) => {
-                if m.key() == Some(job.as_bytes()) {
-                    let payload = m.payload().unwrap_or_default();
-                    let record: StateRecord = serde_json::from_slice(payload).with_context(|| {
-                        format!("{state_topic} partition 0 offset {}: not a capture state record", m.offset())
-                    })?;
-                    last = Some(record);
-                }
+            Some(Ok(m)) if m.key() == Some(job.as_bytes()) => {
+                let payload = m.payload().unwrap_or_default();
+                let record: StateRecord = serde_json::from_slice(payload).with_context(|| {
+                    format!(
+                        "{state_topic} partition 0 offset {}: not a capture state record",
+                        m.offset()
+                    )
+                })?;
+                last = Some(record);
             }
+            // Another job's state on a shared state topic.
+            Some(Ok(_)) => {}
         }
     }
     Ok(last)

@@ -33,7 +33,9 @@ pub enum CaptureFailure {
 impl From<CaptureError> for CaptureFailure {
     fn from(e: CaptureError) -> Self {
         match e {
-            CaptureError::Replayed { .. } | CaptureError::NestedTransaction { .. } => CaptureFailure::Transient(e.to_string()),
+            CaptureError::Replayed { .. } | CaptureError::NestedTransaction { .. } => {
+                CaptureFailure::Transient(e.to_string())
+            }
             _ => CaptureFailure::Permanent(e.to_string()),
         }
     }

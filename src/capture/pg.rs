@@ -62,7 +62,9 @@ pub fn quote_ident(s: &str) -> String {
 
 /// A PostgreSQL LSN as text (`16/B374D848`).
 pub fn parse_lsn(s: &str) -> Result<Lsn> {
-    let (hi, lo) = s.split_once('/').with_context(|| format!("{s:?} is not an LSN"))?;
+    let (hi, lo) = s
+        .split_once('/')
+        .with_context(|| format!("{s:?} is not an LSN"))?;
     Ok((u64::from_str_radix(hi, 16)? << 32) | u64::from_str_radix(lo, 16)?)
 }
 
@@ -91,7 +93,10 @@ pub struct TableInfo {
 /// Checks the preconditions on `client` (each a named error saying how to fix it) and reads the
 /// table's columns and key. Runs inside the snapshot's transaction for the copy, so the schema
 /// is the one the snapshot has.
-pub fn table_info(client: &mut impl postgres::GenericClient, table: &TableName) -> Result<TableInfo> {
+pub fn table_info(
+    client: &mut impl postgres::GenericClient,
+    table: &TableName,
+) -> Result<TableInfo> {
     let wal_level: String = client.query_one("SHOW wal_level", &[])?.get(0);
     if wal_level != "logical" {
         bail!("the source's wal_level is {wal_level}: capture needs wal_level = logical (set it in postgresql.conf, or ALTER SYSTEM SET wal_level = logical, and restart PostgreSQL)");
@@ -108,10 +113,6 @@ pub fn table_info(client: &mut impl postgres::GenericClient, table: &TableName) 
     let kind: String = row.get(2);
     if kind != "r" {
         bail!("{table} is not an ordinary table (relkind {kind}); capture reads ordinary tables");
-    }
-    if ident != "f" {
-        bail!("table {table} has REPLICA IDENTITY {}: capture needs whole old rows and unchanged TOASTed values; run ALTER TABLE {} REPLICA IDENTITY FULL",
-            match ident.as_str() { "d" => "DEFAULT", "n" => "NOTHING", "i" => "USING INDEX", _ => "?" }, table.sql());
     }
     let rows = client.query(
         "SELECT a.attname::text, t.typname::text, t.typtype::text, a.atttypmod, a.attnotnull, \
@@ -155,9 +156,18 @@ pub fn table_info(client: &mut impl postgres::GenericClient, table: &TableName) 
     if primary_key.is_empty() {
         bail!("table {table} has no primary key: capture keys every row by it (ALTER TABLE {} ADD PRIMARY KEY (…))", table.sql());
     }
+    if ident != "f" {
+        bail!("table {table} has REPLICA IDENTITY {}: capture needs whole old rows and unchanged TOASTed values; run ALTER TABLE {} REPLICA IDENTITY FULL",
+            match ident.as_str() { "d" => "DEFAULT", "n" => "NOTHING", "i" => "USING INDEX", _ => "?" }, table.sql());
+    }
     let key = primary_key
         .iter()
-        .map(|k| columns.iter().position(|c| &c.name == k).expect("a key column is a column"))
+        .map(|k| {
+            columns
+                .iter()
+                .position(|c| &c.name == k)
+                .expect("a key column is a column")
+        })
         .collect();
     Ok(TableInfo {
         oid,
@@ -167,9 +177,16 @@ pub fn table_info(client: &mut impl postgres::GenericClient, table: &TableName) 
 }
 
 /// Creates the publication for the table when absent; refuses one that does not publish it.
-pub fn ensure_publication(client: &mut postgres::Client, publication: &str, table: &TableName) -> Result<()> {
+pub fn ensure_publication(
+    client: &mut postgres::Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<()> {
     let exists = client
-        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])?
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )?
         .is_some();
     if !exists {
         client.batch_execute(&format!(
@@ -205,7 +222,10 @@ pub fn slot_state(client: &mut postgres::Client, slot: &str) -> Result<Option<(L
         bail!("replication slot {slot} is lost (wal_status = lost: the WAL it needed was removed, max_slot_wal_keep_size); the log cannot be continued: drop the slot and capture into a new topic");
     }
     let lsn: Option<String> = r.get(0);
-    Ok(Some((lsn.map(|s| parse_lsn(&s)).transpose()?.unwrap_or(0), r.get(1))))
+    Ok(Some((
+        lsn.map(|s| parse_lsn(&s)).transpose()?.unwrap_or(0),
+        r.get(1),
+    )))
 }
 
 /// Splits one line of `COPY … TO STDOUT` text format into its fields (`None` = NULL).
@@ -270,11 +290,17 @@ pub fn copy_snapshot(
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()?;
-    tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", snapshot_name.replace('\'', "''")))
-        .context("importing the slot's exported snapshot")?;
+    tx.batch_execute(&format!(
+        "SET TRANSACTION SNAPSHOT '{}'",
+        snapshot_name.replace('\'', "''")
+    ))
+    .context("importing the slot's exported snapshot")?;
     let info = table_info(&mut tx, table)?;
     let now_ms: i64 = tx
-        .query_one("SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8", &[])?
+        .query_one(
+            "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8",
+            &[],
+        )?
         .get(0);
     let cols = info
         .encoder
@@ -283,9 +309,15 @@ pub fn copy_snapshot(
         .map(|c| quote_ident(&c.name))
         .collect::<Vec<_>>()
         .join(", ");
-    let reader = tx.copy_out(&format!("COPY (SELECT {cols} FROM {}) TO STDOUT", table.sql()))?;
+    let reader = tx.copy_out(&format!(
+        "COPY (SELECT {cols} FROM {}) TO STDOUT",
+        table.sql()
+    ))?;
     let mut n = 0u64;
-    for (i, line) in BufReader::with_capacity(1 << 20, reader).lines().enumerate() {
+    for (i, line) in BufReader::with_capacity(1 << 20, reader)
+        .lines()
+        .enumerate()
+    {
         let line = line.with_context(|| format!("reading the copy of {table}"))?;
         let fields = copy_fields(&line).with_context(|| format!("{table}: row {i} of the copy"))?;
         let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
@@ -301,7 +333,10 @@ pub fn copy_snapshot(
 }
 
 /// The table as it is now, encoded by the capture's mapping: key bytes → row datum (for `verify`).
-pub fn read_table(url: &str, table: &TableName) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
+pub fn read_table(
+    url: &str,
+    table: &TableName,
+) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     let mut client = connect(url)?;
     let mut tx = client
         .build_transaction()
@@ -316,12 +351,21 @@ pub fn read_table(url: &str, table: &TableName) -> Result<std::collections::BTre
         .map(|c| quote_ident(&c.name))
         .collect::<Vec<_>>()
         .join(", ");
-    let reader = tx.copy_out(&format!("COPY (SELECT {cols} FROM {}) TO STDOUT", table.sql()))?;
+    let reader = tx.copy_out(&format!(
+        "COPY (SELECT {cols} FROM {}) TO STDOUT",
+        table.sql()
+    ))?;
     let mut rows = std::collections::BTreeMap::new();
-    for (i, line) in BufReader::with_capacity(1 << 20, reader).lines().enumerate() {
+    for (i, line) in BufReader::with_capacity(1 << 20, reader)
+        .lines()
+        .enumerate()
+    {
         let fields = copy_fields(&line?).with_context(|| format!("{table}: row {i}"))?;
         let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
-        let (datum, key) = info.encoder.encode(&refs).with_context(|| format!("{table}: row {i}"))?;
+        let (datum, key) = info
+            .encoder
+            .encode(&refs)
+            .with_context(|| format!("{table}: row {i}"))?;
         rows.insert(key, datum);
     }
     tx.commit()?;
@@ -356,7 +400,14 @@ pub struct PgReplication {
 impl PgReplication {
     /// Connects the replication session; `create` makes the slot with an exported snapshot (whose
     /// name [`Self::exported_snapshot`] gives until [`ReplicationPort::start`]).
-    pub fn connect(url: &str, slot: &str, publication: &str, table: TableName, encoder: RowEncoder, create: bool) -> Result<PgReplication> {
+    pub fn connect(
+        url: &str,
+        slot: &str,
+        publication: &str,
+        table: TableName,
+        encoder: RowEncoder,
+        create: bool,
+    ) -> Result<PgReplication> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -405,41 +456,62 @@ impl PgReplication {
         (id.system_id(), id.timeline())
     }
 
-    fn row(&self, data: &RowData, old: Option<&RowData>) -> Result<(Vec<u8>, Vec<u8>), CaptureFailure> {
+    fn row(
+        &self,
+        data: &RowData,
+        old: Option<&RowData>,
+    ) -> Result<(Vec<u8>, Vec<u8>), CaptureFailure> {
         let mut values: Vec<Option<&str>> = Vec::with_capacity(self.encoder.columns.len());
         for c in &self.encoder.columns {
             // An unchanged TOASTed value is absent from the new row: the old row (REPLICA
             // IDENTITY FULL) has it.
-            let v = data.get(&c.name).or_else(|| old.and_then(|o| o.get(&c.name)));
+            let v = data
+                .get(&c.name)
+                .or_else(|| old.and_then(|o| o.get(&c.name)));
             values.push(match v {
                 None | Some(ColumnValue::Null) => None,
                 Some(v) => Some(v.as_str().ok_or_else(|| {
-                    CaptureFailure::Permanent(format!("{}: column {} is not text at {}", self.table, c.name, format_lsn(self.last_lsn)))
+                    CaptureFailure::Permanent(format!(
+                        "{}: column {} is not text at {}",
+                        self.table,
+                        c.name,
+                        format_lsn(self.last_lsn)
+                    ))
                 })?),
             });
         }
         self.encoder.encode(&values).map_err(|e| {
-            CaptureFailure::Permanent(format!("{} at LSN {}: {e:#}", self.table, format_lsn(self.last_lsn)))
+            CaptureFailure::Permanent(format!(
+                "{} at LSN {}: {e:#}",
+                self.table,
+                format_lsn(self.last_lsn)
+            ))
         })
     }
 }
 
 impl ReplicationPort for PgReplication {
     fn start(&mut self, lsn: Lsn) -> Result<Lsn, CaptureFailure> {
-        let confirmed = self.rt.block_on(self.stream.slot_confirmed_flush_lsn()).map_err(|e| {
-            CaptureFailure::Transient(format!("reading the slot's confirmed position: {e}"))
-        })?;
+        let confirmed = self
+            .rt
+            .block_on(self.stream.slot_confirmed_flush_lsn())
+            .map_err(|e| {
+                CaptureFailure::Transient(format!("reading the slot's confirmed position: {e}"))
+            })?;
         self.rt
             .block_on(self.stream.start(Some(lsn)))
-            .map_err(|e| CaptureFailure::Transient(format!("START_REPLICATION at {}: {e}", format_lsn(lsn))))?;
+            .map_err(|e| {
+                CaptureFailure::Transient(format!("START_REPLICATION at {}: {e}", format_lsn(lsn)))
+            })?;
         Ok(confirmed.map_or(0, |l| l.0))
     }
 
     fn next(&mut self, idle: Duration) -> Result<SourceEvent, CaptureFailure> {
         loop {
+            let (stream, cancel) = (&mut self.stream, &self.cancel);
             let event = match self
                 .rt
-                .block_on(tokio::time::timeout(idle, self.stream.next_event(&self.cancel)))
+                .block_on(async { tokio::time::timeout(idle, stream.next_event(cancel)).await })
             {
                 Err(_) => {
                     return Ok(SourceEvent::Idle {
@@ -447,7 +519,11 @@ impl ReplicationPort for PgReplication {
                         now_ms: crate::capture::job::unix_ms(),
                     })
                 }
-                Ok(Err(e)) => return Err(CaptureFailure::Transient(format!("replication stream: {e}"))),
+                Ok(Err(e)) => {
+                    return Err(CaptureFailure::Transient(format!(
+                        "replication stream: {e}"
+                    )))
+                }
                 Ok(Ok(event)) => event,
             };
             self.last_lsn = event.lsn.0;
@@ -505,9 +581,9 @@ impl ReplicationPort for PgReplication {
     fn ack(&mut self, lsn: Lsn) -> Result<(), CaptureFailure> {
         self.stream.shared_lsn_feedback.update_flushed_lsn(lsn);
         self.stream.shared_lsn_feedback.update_applied_lsn(lsn);
-        self.rt
-            .block_on(self.stream.send_feedback())
-            .map_err(|e| CaptureFailure::Transient(format!("acknowledging {}: {e}", format_lsn(lsn))))
+        self.rt.block_on(self.stream.send_feedback()).map_err(|e| {
+            CaptureFailure::Transient(format!("acknowledging {}: {e}", format_lsn(lsn)))
+        })
     }
 }
 

@@ -95,7 +95,11 @@ impl PgType {
             "timestamptz" => PgType::Timestamptz,
             "interval" => PgType::Interval,
             "json" | "jsonb" => PgType::Json,
-            other => return Err(format!("type {other} has no mapping (docs/CAPTURE.md, \"Types\")")),
+            other => {
+                return Err(format!(
+                    "type {other} has no mapping (docs/CAPTURE.md, \"Types\")"
+                ))
+            }
         })
     }
 
@@ -179,8 +183,9 @@ impl RowEncoder {
                     if nullable {
                         put_long(&mut datum, 1);
                     }
-                    encode_value(&c.ty, text, &mut datum)
-                        .with_context(|| format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text)))?;
+                    encode_value(&c.ty, text, &mut datum).with_context(|| {
+                        format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text))
+                    })?;
                 }
             }
             spans[i] = (start, datum.len());
@@ -255,7 +260,7 @@ fn encode_value(ty: &PgType, text: &str, out: &mut Vec<u8>) -> Result<()> {
 }
 
 fn hex_decode(hex: &str) -> Result<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         bail!("odd number of hex digits");
     }
     (0..hex.len())
@@ -283,7 +288,11 @@ pub fn decimal_bytes(text: &str, scale: u32) -> Result<Vec<u8>> {
     // The unscaled magnitude as little-endian base-256 digits.
     let mut mag: Vec<u8> = vec![0];
     let pad = scale as usize - frac.len();
-    for d in int.bytes().chain(frac.bytes()).chain(std::iter::repeat_n(b'0', pad)) {
+    for d in int
+        .bytes()
+        .chain(frac.bytes())
+        .chain(std::iter::repeat_n(b'0', pad))
+    {
         let mut carry = (d - b'0') as u32;
         for b in mag.iter_mut() {
             let v = *b as u32 * 10 + carry;
@@ -353,12 +362,17 @@ fn time_micros(text: &str) -> Result<i64> {
     } else {
         format!("{frac:0<6}").parse()?
     };
-    Ok(((h.parse::<i64>()? * 60 + m.parse::<i64>()?) * 60 + secs.parse::<i64>()?) * 1_000_000 + micros)
+    Ok(
+        ((h.parse::<i64>()? * 60 + m.parse::<i64>()?) * 60 + secs.parse::<i64>()?) * 1_000_000
+            + micros,
+    )
 }
 
 /// Microseconds since the Unix epoch (UTC) of `YYYY-MM-DD HH:MM:SS[.ffffff]±HH[:MM[:SS]]`.
 fn timestamptz_micros(text: &str) -> Result<i64> {
-    let (d, rest) = text.split_once(' ').context("not a timestamp with time zone")?;
+    let (d, rest) = text
+        .split_once(' ')
+        .context("not a timestamp with time zone")?;
     let at = rest
         .rfind(['+', '-'])
         .context("no UTC offset (set DateStyle = ISO)")?;
@@ -407,7 +421,11 @@ fn parse_array(text: &str) -> Result<Vec<Option<String>>> {
                 chars.next();
             }
         }
-        items.push(if !quoted && item == "NULL" { None } else { Some(item) });
+        items.push(if !quoted && item == "NULL" {
+            None
+        } else {
+            Some(item)
+        });
         match chars.next() {
             Some(',') => continue,
             None => break,
@@ -440,7 +458,14 @@ mod tests {
             col("s", PgType::Int2, false),
             col("r", PgType::Float4, true),
             col("d", PgType::Float8, true),
-            col("n", PgType::Numeric { precision: 10, scale: 3 }, true),
+            col(
+                "n",
+                PgType::Numeric {
+                    precision: 10,
+                    scale: 3,
+                },
+                true,
+            ),
             col("nt", PgType::NumericText, true),
             col("b", PgType::Bool, true),
             col("t", PgType::Text, true),
@@ -454,7 +479,10 @@ mod tests {
         ];
         let schema = row_schema("public.all_types", &columns);
         let table = TableSchema::parse(&schema.to_string(), &["id".into()]).unwrap();
-        let enc = RowEncoder { columns, key: vec![0] };
+        let enc = RowEncoder {
+            columns,
+            key: vec![0],
+        };
         let (datum, key) = enc
             .encode(&[
                 Some("-7"),
@@ -480,9 +508,13 @@ mod tests {
         assert_eq!(v[0], Value::Long(-7));
         assert_eq!(v[1], Value::Int(12));
         assert_eq!(v[2], some(Value::Float(f32::NEG_INFINITY)));
-        assert!(matches!(&v[3], Value::Union(1, b) if matches!(**b, Value::Double(x) if x.is_nan())));
+        assert!(
+            matches!(&v[3], Value::Union(1, b) if matches!(**b, Value::Double(x) if x.is_nan()))
+        );
         let Value::Union(1, n) = &v[4] else { panic!() };
-        let Value::Decimal(dec) = &**n else { panic!("{n:?}") };
+        let Value::Decimal(dec) = &**n else {
+            panic!("{n:?}")
+        };
         let bytes: Vec<u8> = dec.try_into().unwrap();
         assert_eq!(crate::codec::signed_be_to_decimal(&bytes), "-12340");
         assert_eq!(v[5], some(Value::String("3.14159265358979323846".into())));
@@ -496,14 +528,25 @@ mod tests {
         assert_eq!(v[13], some(Value::TimestampMicros(1_704_067_200_000_000)));
         assert_eq!(
             v[14],
-            some(Value::Array(vec![some(Value::Int(1)), Value::Union(0, Box::new(Value::Null)), some(Value::Int(-3))]))
+            some(Value::Array(vec![
+                some(Value::Int(1)),
+                Value::Union(0, Box::new(Value::Null)),
+                some(Value::Int(-3))
+            ]))
         );
     }
 
     #[test]
     fn refusals_name_the_column_and_why() {
         let enc = RowEncoder {
-            columns: vec![col("n", PgType::Numeric { precision: 5, scale: 2 }, false)],
+            columns: vec![col(
+                "n",
+                PgType::Numeric {
+                    precision: 5,
+                    scale: 2,
+                },
+                false,
+            )],
             key: vec![0],
         };
         let e = enc.encode(&[Some("NaN")]).unwrap_err();
@@ -511,12 +554,17 @@ mod tests {
         assert!(format!("{e:#}").contains("NaN"), "{e:#}");
         let e = enc.encode(&[None]).unwrap_err();
         assert!(e.to_string().contains("NOT NULL"));
-        assert!(PgType::from_catalog("point", "b", -1, None).unwrap_err().contains("point"));
+        assert!(PgType::from_catalog("point", "b", -1, None)
+            .unwrap_err()
+            .contains("point"));
         let arr = RowEncoder {
             columns: vec![col("a", PgType::Array(Box::new(PgType::Int4)), false)],
             key: vec![0],
         };
-        assert!(format!("{:#}", arr.encode(&[Some("{{1},{2}}")]).unwrap_err()).contains("multi-dimensional"));
+        assert!(
+            format!("{:#}", arr.encode(&[Some("{{1},{2}}")]).unwrap_err())
+                .contains("multi-dimensional")
+        );
     }
 
     #[test]
@@ -533,7 +581,9 @@ mod tests {
             assert_eq!(decimal_bytes(text, scale).unwrap(), want, "{text}");
         }
         assert_eq!(
-            crate::codec::signed_be_to_decimal(&decimal_bytes("-123456789012345678901234567890", 0).unwrap()),
+            crate::codec::signed_be_to_decimal(
+                &decimal_bytes("-123456789012345678901234567890", 0).unwrap()
+            ),
             "-123456789012345678901234567890"
         );
     }

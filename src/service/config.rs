@@ -210,14 +210,22 @@ impl CaptureSection {
     fn default_name(job: &str) -> String {
         let s: String = job
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
             .collect();
         format!("kb_{s}")
     }
 
     /// The publication's name.
     pub fn publication_name(&self, job: &str) -> String {
-        self.publication.clone().unwrap_or_else(|| Self::default_name(job))
+        self.publication
+            .clone()
+            .unwrap_or_else(|| Self::default_name(job))
     }
 
     /// The slot's name.
@@ -679,7 +687,9 @@ impl Config {
                 {
                     return Err(err(
                         at("capture.slot"),
-                        format!("{slot:?}: a slot name is at most 63 lower-case letters, digits and _"),
+                        format!(
+                            "{slot:?}: a slot name is at most 63 lower-case letters, digits and _"
+                        ),
                     ));
                 }
                 if c.partitions == 0 || c.partitions > job.vnode_count {

@@ -170,9 +170,13 @@ pub fn capture_committed(
     changes: u64,
 ) {
     let m = metrics();
-    m.capture_lsn.with_label_values(&[job]).set(state.lsn as i64);
+    m.capture_lsn
+        .with_label_values(&[job])
+        .set(state.lsn as i64);
     m.capture_checkpoints.with_label_values(&[job]).inc();
-    m.capture_transactions.with_label_values(&[job]).inc_by(transactions);
+    m.capture_transactions
+        .with_label_values(&[job])
+        .inc_by(transactions);
     m.capture_changes.with_label_values(&[job]).inc_by(changes);
 }
 

@@ -23,9 +23,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::capture::{run_session, CaptureFailure, LogPort, ReplicationPort};
-use crate::core::capture::{
-    Assembler, CaptureConfig, CaptureState, Lsn, RowChange, SourceEvent,
-};
+use crate::core::capture::{Assembler, CaptureConfig, CaptureState, Lsn, RowChange, SourceEvent};
 use crate::core::{Barrier, BarrierKind, Epoch, Op, PartitionId, PartitionMap, Vnode};
 use crate::rng::SimRng;
 
@@ -49,6 +47,9 @@ enum Rec {
     },
 }
 
+/// A snapshot as the model takes it: (consistent position, rows, snapshot epoch).
+type ModelSnapshot = (Lsn, BTreeMap<Vec<u8>, Vec<u8>>, Epoch);
+
 struct World {
     rng: SimRng,
     now_ms: u64,
@@ -61,8 +62,8 @@ struct World {
     confirmed: Lsn,
     /// Taken at slot creation: (consistent position, rows, snapshot epoch); published with the
     /// initial barrier's commit.
-    snapshot_taken: Option<(Lsn, BTreeMap<Vec<u8>, Vec<u8>>, Epoch)>,
-    snapshot: Option<(Lsn, BTreeMap<Vec<u8>, Vec<u8>>, Epoch)>,
+    snapshot_taken: Option<ModelSnapshot>,
+    snapshot: Option<ModelSnapshot>,
     // Kafka.
     log: Vec<Vec<Rec>>,
     state: Option<CaptureState>,
@@ -72,7 +73,6 @@ struct World {
     crashes: u64,
     drops: u64,
     replays: u64,
-    zombies_fenced: u64,
     fault_level: u64,
 }
 
@@ -144,9 +144,18 @@ impl World {
         self.txns_left -= 1;
     }
 
-    fn table_at(&self, snapshot: &BTreeMap<Vec<u8>, Vec<u8>>, from: Lsn, to: Lsn) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    fn table_at(
+        &self,
+        snapshot: &BTreeMap<Vec<u8>, Vec<u8>>,
+        from: Lsn,
+        to: Lsn,
+    ) -> BTreeMap<Vec<u8>, Vec<u8>> {
         let mut t = snapshot.clone();
-        for txn in self.wal.iter().filter(|t| t.final_lsn >= from && t.end_lsn <= to) {
+        for txn in self
+            .wal
+            .iter()
+            .filter(|t| t.final_lsn >= from && t.end_lsn <= to)
+        {
             for c in &txn.changes {
                 match c {
                     RowChange::Insert { key, row } => {
@@ -187,7 +196,11 @@ impl SimRepl {
         // whose commit record starts before the start.
         let from = lsn.max(w.confirmed);
         self.queue.clear();
-        self.next_txn = w.wal.iter().position(|t| t.final_lsn >= from).unwrap_or(w.wal.len());
+        self.next_txn = w
+            .wal
+            .iter()
+            .position(|t| t.final_lsn >= from)
+            .unwrap_or(w.wal.len());
     }
 }
 
@@ -211,7 +224,9 @@ impl ReplicationPort for SimRepl {
             let fp = w.fault_level * 3;
             if w.rng.below(1000) < fp {
                 w.drops += 1;
-                return Err(CaptureFailure::Transient("replication connection dropped".into()));
+                return Err(CaptureFailure::Transient(
+                    "replication connection dropped".into(),
+                ));
             }
             if self.next_txn > 0 && w.rng.below(1000) < fp {
                 w.replays += 1;
@@ -231,8 +246,10 @@ impl ReplicationPort for SimRepl {
                     final_lsn: t.final_lsn,
                     commit_ms: t.commit_ms,
                 });
-                self.queue.extend(t.changes.iter().cloned().map(SourceEvent::Change));
-                self.queue.push_back(SourceEvent::Commit { end_lsn: t.end_lsn });
+                self.queue
+                    .extend(t.changes.iter().cloned().map(SourceEvent::Change));
+                self.queue
+                    .push_back(SourceEvent::Commit { end_lsn: t.end_lsn });
                 self.next_txn += 1;
             }
         }
@@ -248,7 +265,9 @@ impl ReplicationPort for SimRepl {
     fn ack(&mut self, lsn: Lsn) -> Result<(), CaptureFailure> {
         let mut w = self.w.borrow_mut();
         if w.crash_now(30) {
-            return Err(CaptureFailure::Permanent("crashed before the acknowledgement".into()));
+            return Err(CaptureFailure::Permanent(
+                "crashed before the acknowledgement".into(),
+            ));
         }
         w.confirmed = w.confirmed.max(lsn);
         Ok(())
@@ -322,7 +341,9 @@ impl LogPort for SimLog {
         self.fenced()?;
         let mut w = self.w.borrow_mut();
         if w.crash_now(20) {
-            return Err(CaptureFailure::Permanent("crashed before the Kafka commit".into()));
+            return Err(CaptureFailure::Permanent(
+                "crashed before the Kafka commit".into(),
+            ));
         }
         let open = self.open.take().unwrap_or_default();
         for (p, rec) in open {
@@ -388,7 +409,6 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
         crashes: 0,
         drops: 0,
         replays: 0,
-        zombies_fenced: 0,
         fault_level,
     }));
     // Rows before the capture starts.
@@ -417,7 +437,9 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
                 checkpoints: u64::MAX,
             }));
             if tried.is_ok() || w.borrow().log != before {
-                return Err(format!("seed {seed}: a zombie producer committed after its successor started"));
+                return Err(format!(
+                    "seed {seed}: a zombie producer committed after its successor started"
+                ));
             }
             report.zombies_fenced += 1;
         }
@@ -459,7 +481,8 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
                 steps += 1;
                 let b = w.borrow();
                 let done = b.txns_left == 0
-                    && b.state.is_some_and(|s| s.lsn >= b.wal.last().map_or(0, |t| t.end_lsn))
+                    && b.state
+                        .is_some_and(|s| s.lsn >= b.wal.last().map_or(0, |t| t.end_lsn))
                     && a.committed().lsn >= b.wal.last().map_or(0, |t| t.end_lsn);
                 done || steps > 200_000
             },
@@ -475,12 +498,10 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
                 }
                 break;
             }
-            Err(CaptureFailure::Transient(e)) => {
-                if std::env::var("SIM_TRACE").is_ok() { eprintln!("transient: {e} state {:?} left {}", w.borrow().state, w.borrow().txns_left); }
+            Err(CaptureFailure::Transient(_)) => {
                 log.abort().map_err(|e| e.to_string())?;
             }
             Err(CaptureFailure::Permanent(e)) => {
-                if std::env::var("SIM_TRACE").is_ok() { eprintln!("permanent: {e} state {:?} left {}", w.borrow().state, w.borrow().txns_left); }
                 if !w.borrow().crashed {
                     return Err(format!("seed {seed}: the capture stopped: {e}"));
                 }
@@ -491,7 +512,9 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
             }
         }
         if process == 199 {
-            return Err(format!("seed {seed}: 200 processes did not finish the capture"));
+            return Err(format!(
+                "seed {seed}: 200 processes did not finish the capture"
+            ));
         }
     }
     let b = w.borrow();
@@ -517,34 +540,56 @@ fn check_log(w: &World, map: PartitionMap) -> Result<(), String> {
                 Rec::Barrier(b) => {
                     match open {
                         None if b.kind == BarrierKind::Initial && b.prev == es => {}
-                        None => return Err(format!("partition {p} starts with {b:?}, not the initial barrier from {es}")),
+                        None => {
+                            return Err(format!(
+                            "partition {p} starts with {b:?}, not the initial barrier from {es}"
+                        ))
+                        }
                         Some(e) if b.prev != e || b.curr <= b.prev => {
-                            return Err(format!("partition {p} record {i}: barrier {b:?} does not follow epoch {e}"))
+                            return Err(format!(
+                                "partition {p} record {i}: barrier {b:?} does not follow epoch {e}"
+                            ))
                         }
                         _ => {}
                     }
                     if pending_update.is_some() {
-                        return Err(format!("partition {p} record {i}: a barrier splits an update pair"));
+                        return Err(format!(
+                            "partition {p} record {i}: a barrier splits an update pair"
+                        ));
                     }
                     open = Some(b.curr);
                     barriers.push(*b);
                 }
-                Rec::Change { epoch, op, key, row } => {
+                Rec::Change {
+                    epoch,
+                    op,
+                    key,
+                    row,
+                } => {
                     if open != Some(*epoch) {
-                        return Err(format!("partition {p} record {i}: change of epoch {epoch} in epoch {open:?}"));
+                        return Err(format!(
+                            "partition {p} record {i}: change of epoch {epoch} in epoch {open:?}"
+                        ));
                     }
                     if map.partition_of(crate::core::vnode_of(key, map.vnode_count())) != p as u32 {
-                        return Err(format!("partition {p} record {i}: key in the wrong partition"));
+                        return Err(format!(
+                            "partition {p} record {i}: key in the wrong partition"
+                        ));
                     }
                     match (pending_update.take(), op) {
                         (Some(k), Op::UpdateInsert) if &k == key => {}
                         (Some(_), _) | (None, Op::UpdateInsert) => {
-                            return Err(format!("partition {p} record {i}: an update pair is broken"))
+                            return Err(format!(
+                                "partition {p} record {i}: an update pair is broken"
+                            ))
                         }
                         (None, Op::UpdateDelete) => pending_update = Some(key.clone()),
                         _ => {}
                     }
-                    by_key.entry(key.clone()).or_default().push((*op, row.clone()));
+                    by_key
+                        .entry(key.clone())
+                        .or_default()
+                        .push((*op, row.clone()));
                 }
             }
         }
@@ -558,19 +603,43 @@ fn check_log(w: &World, map: PartitionMap) -> Result<(), String> {
     }
     // Per key, exactly the source's changes after the snapshot, up to the resume position.
     let mut want: BTreeMap<Vec<u8>, Vec<(Op, Vec<u8>)>> = BTreeMap::new();
-    for txn in w.wal.iter().filter(|t| t.final_lsn >= c && t.end_lsn <= state.lsn) {
+    for txn in w
+        .wal
+        .iter()
+        .filter(|t| t.final_lsn >= c && t.end_lsn <= state.lsn)
+    {
         for ch in &txn.changes {
             match ch {
-                RowChange::Insert { key, row } => want.entry(key.clone()).or_default().push((Op::Insert, row.clone())),
-                RowChange::Delete { key, row } => want.entry(key.clone()).or_default().push((Op::Delete, row.clone())),
-                RowChange::Update { old_key, old_row, new_key, new_row } if old_key == new_key => {
+                RowChange::Insert { key, row } => want
+                    .entry(key.clone())
+                    .or_default()
+                    .push((Op::Insert, row.clone())),
+                RowChange::Delete { key, row } => want
+                    .entry(key.clone())
+                    .or_default()
+                    .push((Op::Delete, row.clone())),
+                RowChange::Update {
+                    old_key,
+                    old_row,
+                    new_key,
+                    new_row,
+                } if old_key == new_key => {
                     let e = want.entry(old_key.clone()).or_default();
                     e.push((Op::UpdateDelete, old_row.clone()));
                     e.push((Op::UpdateInsert, new_row.clone()));
                 }
-                RowChange::Update { old_key, old_row, new_key, new_row } => {
-                    want.entry(old_key.clone()).or_default().push((Op::Delete, old_row.clone()));
-                    want.entry(new_key.clone()).or_default().push((Op::Insert, new_row.clone()));
+                RowChange::Update {
+                    old_key,
+                    old_row,
+                    new_key,
+                    new_row,
+                } => {
+                    want.entry(old_key.clone())
+                        .or_default()
+                        .push((Op::Delete, old_row.clone()));
+                    want.entry(new_key.clone())
+                        .or_default()
+                        .push((Op::Insert, new_row.clone()));
                 }
             }
         }

@@ -74,7 +74,7 @@ impl Upstream {
 
     pub(super) fn end_epoch(&mut self, checkpoint_every: u32) {
         self.barriers += 1;
-        let kind = if self.barriers % checkpoint_every == 0 || self.epochs_left == 1 {
+        let kind = if self.barriers.is_multiple_of(checkpoint_every) || self.epochs_left == 1 {
             BarrierKind::Checkpoint
         } else {
             BarrierKind::Barrier

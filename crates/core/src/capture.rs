@@ -76,13 +76,21 @@ pub enum RowChange {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceEvent {
     /// A committed transaction starts; `final_lsn` is its commit record's position.
-    Begin { final_lsn: Lsn, commit_ms: u64 },
+    Begin {
+        final_lsn: Lsn,
+        commit_ms: u64,
+    },
     Change(RowChange),
     /// The transaction ends; `end_lsn` lies just past its commit record.
-    Commit { end_lsn: Lsn },
+    Commit {
+        end_lsn: Lsn,
+    },
     /// Nothing arrived for a while: the source has sent everything before `wal_end` (0 when it
     /// did not say), and the wall clock reads `now_ms`.
-    Idle { wal_end: Lsn, now_ms: u64 },
+    Idle {
+        wal_end: Lsn,
+        now_ms: u64,
+    },
 }
 
 /// A decision for the shell, in order.
@@ -237,7 +245,11 @@ impl Assembler {
     }
 
     /// Feeds one source event; the decisions are appended to `out`.
-    pub fn on_event(&mut self, event: SourceEvent, out: &mut Vec<Action>) -> Result<(), CaptureError> {
+    pub fn on_event(
+        &mut self,
+        event: SourceEvent,
+        out: &mut Vec<Action>,
+    ) -> Result<(), CaptureError> {
         if let Some(p) = self.pending {
             return Err(CaptureError::CommitPending {
                 checkpoint: p.checkpoints,
@@ -403,6 +415,17 @@ mod tests {
         })
     }
 
+    fn begin(a: &mut Assembler, final_lsn: Lsn, commit_ms: u64, out: &mut Vec<Action>) {
+        a.on_event(
+            SourceEvent::Begin {
+                final_lsn,
+                commit_ms,
+            },
+            out,
+        )
+        .unwrap();
+    }
+
     fn barriers(out: &[Action]) -> Vec<Barrier> {
         out.iter()
             .filter_map(|a| match a {
@@ -414,7 +437,13 @@ mod tests {
 
     fn committed_start(now: u64) -> Assembler {
         let (mut a, first) = Assembler::fresh(cfg(), map(), Epoch(1 << 16), 100, now);
-        assert!(matches!(first[0], Action::Barrier(Barrier { kind: BarrierKind::Initial, .. })));
+        assert!(matches!(
+            first[0],
+            Action::Barrier(Barrier {
+                kind: BarrierKind::Initial,
+                ..
+            })
+        ));
         let mut out = Vec::new();
         a.log_committed(&mut out);
         assert_eq!(out, vec![Action::Ack(100)]);
@@ -426,22 +455,38 @@ mod tests {
         let mut a = committed_start(1_000_000);
         let mut out = Vec::new();
         let t = 1_000_000;
-        a.on_event(SourceEvent::Begin { final_lsn: 200, commit_ms: t + 10 }, &mut out).unwrap();
+        begin(&mut a, 200, t + 10, &mut out);
         a.on_event(insert(1), &mut out).unwrap();
-        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out).unwrap();
-        assert!(barriers(&out).is_empty(), "no barrier inside or right after a young epoch");
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out)
+            .unwrap();
+        assert!(
+            barriers(&out).is_empty(),
+            "no barrier inside or right after a young epoch"
+        );
         // The next transaction comes after the barrier interval: a barrier before it.
-        a.on_event(SourceEvent::Begin { final_lsn: 300, commit_ms: t + 150 }, &mut out).unwrap();
+        begin(&mut a, 300, t + 150, &mut out);
         let b = barriers(&out);
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].kind, BarrierKind::Barrier);
         a.on_event(insert(2), &mut out).unwrap();
-        a.on_event(SourceEvent::Commit { end_lsn: 310 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 310 }, &mut out)
+            .unwrap();
         // Idle past the checkpoint interval: a checkpoint that records the end of the last
         // transaction, and no acknowledgement until the Kafka commit.
         out.clear();
-        a.on_event(SourceEvent::Idle { wal_end: 0, now_ms: t + 1200 }, &mut out).unwrap();
-        let state = CaptureState { lsn: 310, epoch: a.epoch(), checkpoints: 1 };
+        a.on_event(
+            SourceEvent::Idle {
+                wal_end: 0,
+                now_ms: t + 1200,
+            },
+            &mut out,
+        )
+        .unwrap();
+        let state = CaptureState {
+            lsn: 310,
+            epoch: a.epoch(),
+            checkpoints: 1,
+        };
         assert_eq!(out.last(), Some(&Action::CommitLog(state)));
         assert!(!out.iter().any(|x| matches!(x, Action::Ack(_))));
         assert!(matches!(
@@ -458,30 +503,65 @@ mod tests {
     fn an_idle_source_gets_checkpoints_that_acknowledge_the_wal_end() {
         let mut a = committed_start(0);
         let mut out = Vec::new();
-        a.on_event(SourceEvent::Idle { wal_end: 5000, now_ms: 999 }, &mut out).unwrap();
+        a.on_event(
+            SourceEvent::Idle {
+                wal_end: 5000,
+                now_ms: 999,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert!(out.is_empty());
-        a.on_event(SourceEvent::Idle { wal_end: 6000, now_ms: 1000 }, &mut out).unwrap();
+        a.on_event(
+            SourceEvent::Idle {
+                wal_end: 6000,
+                now_ms: 1000,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(barriers(&out)[0].kind, BarrierKind::Checkpoint);
-        assert!(matches!(out.last(), Some(Action::CommitLog(CaptureState { lsn: 6000, .. }))));
+        assert!(matches!(
+            out.last(),
+            Some(Action::CommitLog(CaptureState { lsn: 6000, .. }))
+        ));
     }
 
     #[test]
     fn an_idle_position_inside_a_transaction_is_not_recorded() {
         let mut a = committed_start(0);
         let mut out = Vec::new();
-        a.on_event(SourceEvent::Begin { final_lsn: 900, commit_ms: 10 }, &mut out).unwrap();
-        a.on_event(SourceEvent::Idle { wal_end: 800, now_ms: 5000 }, &mut out).unwrap();
+        begin(&mut a, 900, 10, &mut out);
+        a.on_event(
+            SourceEvent::Idle {
+                wal_end: 800,
+                now_ms: 5000,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert!(out.is_empty(), "no barrier inside a transaction");
-        a.on_event(SourceEvent::Commit { end_lsn: 910 }, &mut out).unwrap();
-        a.on_event(SourceEvent::Idle { wal_end: 0, now_ms: 5001 }, &mut out).unwrap();
-        assert!(matches!(out.last(), Some(Action::CommitLog(CaptureState { lsn: 910, .. }))));
+        a.on_event(SourceEvent::Commit { end_lsn: 910 }, &mut out)
+            .unwrap();
+        a.on_event(
+            SourceEvent::Idle {
+                wal_end: 0,
+                now_ms: 5001,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert!(matches!(
+            out.last(),
+            Some(Action::CommitLog(CaptureState { lsn: 910, .. }))
+        ));
     }
 
     #[test]
     fn updates_pair_in_one_partition_and_a_moved_key_is_delete_plus_insert() {
         let mut a = committed_start(0);
         let mut out = Vec::new();
-        a.on_event(SourceEvent::Begin { final_lsn: 200, commit_ms: 1 }, &mut out).unwrap();
+        begin(&mut a, 200, 1, &mut out);
         for (old, new) in [(1u8, 1u8), (1, 9)] {
             a.on_event(
                 SourceEvent::Change(RowChange::Update {
@@ -501,64 +581,99 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(ops, [Op::UpdateDelete, Op::UpdateInsert, Op::Delete, Op::Insert]);
+        assert_eq!(
+            ops,
+            [Op::UpdateDelete, Op::UpdateInsert, Op::Delete, Op::Insert]
+        );
     }
 
     #[test]
     fn a_full_epoch_closes_at_the_next_boundary_not_inside_a_transaction() {
         let mut a = committed_start(0);
         let mut out = Vec::new();
-        a.on_event(SourceEvent::Begin { final_lsn: 200, commit_ms: 1 }, &mut out).unwrap();
+        begin(&mut a, 200, 1, &mut out);
         for k in 0..5 {
             a.on_event(insert(k), &mut out).unwrap();
         }
         assert!(barriers(&out).is_empty());
-        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out).unwrap();
-        a.on_event(SourceEvent::Begin { final_lsn: 300, commit_ms: 2 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out)
+            .unwrap();
+        begin(&mut a, 300, 2, &mut out);
         assert_eq!(barriers(&out).len(), 1);
     }
 
     #[test]
     fn a_backlog_replayed_after_a_restart_is_checkpointed_by_its_commit_times() {
-        let state = CaptureState { lsn: 100, epoch: Epoch(7 << 16), checkpoints: 3 };
+        let state = CaptureState {
+            lsn: 100,
+            epoch: Epoch(7 << 16),
+            checkpoints: 3,
+        };
         let mut a = Assembler::resume(cfg(), map(), state);
         let mut out = Vec::new();
         let mut commits = 0;
         // Transactions committed long ago, 300 ms apart: a checkpoint every ~1 s of them.
         for i in 0..10u64 {
-            a.on_event(SourceEvent::Begin { final_lsn: 200 + i * 10, commit_ms: 5_000 + i * 300 }, &mut out).unwrap();
+            begin(&mut a, 200 + i * 10, 5_000 + i * 300, &mut out);
             if matches!(out.last(), Some(Action::CommitLog(_))) {
                 commits += 1;
                 a.log_committed(&mut out);
             }
             a.on_event(insert(i as u8), &mut out).unwrap();
-            a.on_event(SourceEvent::Commit { end_lsn: 205 + i * 10 }, &mut out).unwrap();
+            a.on_event(
+                SourceEvent::Commit {
+                    end_lsn: 205 + i * 10,
+                },
+                &mut out,
+            )
+            .unwrap();
         }
         assert_eq!(commits, 2, "{out:?}");
     }
 
     #[test]
     fn resume_drops_what_the_log_holds_and_a_replay_is_an_error() {
-        let state = CaptureState { lsn: 500, epoch: Epoch(7 << 16), checkpoints: 3 };
+        let state = CaptureState {
+            lsn: 500,
+            epoch: Epoch(7 << 16),
+            checkpoints: 3,
+        };
         let mut a = Assembler::resume(cfg(), map(), state);
         assert_eq!(a.start_lsn(), 500);
         assert!(a.check_slot(500).is_ok());
         assert_eq!(
             a.check_slot(501),
-            Err(CaptureError::SlotAhead { confirmed: 501, resume: 500 })
+            Err(CaptureError::SlotAhead {
+                confirmed: 501,
+                resume: 500
+            })
         );
         let mut out = Vec::new();
-        a.on_event(SourceEvent::Begin { final_lsn: 490, commit_ms: 1 }, &mut out).unwrap();
+        begin(&mut a, 490, 1, &mut out);
         a.on_event(insert(1), &mut out).unwrap();
-        a.on_event(SourceEvent::Commit { end_lsn: 500 }, &mut out).unwrap();
-        assert!(out.is_empty(), "a transaction that ends at the resume position is in the log");
-        a.on_event(SourceEvent::Begin { final_lsn: 600, commit_ms: 2 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 500 }, &mut out)
+            .unwrap();
+        assert!(
+            out.is_empty(),
+            "a transaction that ends at the resume position is in the log"
+        );
+        begin(&mut a, 600, 2, &mut out);
         a.on_event(insert(2), &mut out).unwrap();
-        a.on_event(SourceEvent::Commit { end_lsn: 610 }, &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 610 }, &mut out)
+            .unwrap();
         assert_eq!(out.len(), 1);
         assert!(matches!(
-            a.on_event(SourceEvent::Begin { final_lsn: 600, commit_ms: 3 }, &mut out),
-            Err(CaptureError::Replayed { final_lsn: 600, last: 600 })
+            a.on_event(
+                SourceEvent::Begin {
+                    final_lsn: 600,
+                    commit_ms: 3
+                },
+                &mut out
+            ),
+            Err(CaptureError::Replayed {
+                final_lsn: 600,
+                last: 600
+            })
         ));
     }
 }
