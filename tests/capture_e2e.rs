@@ -344,3 +344,41 @@ fn refusals_name_the_fix() {
     );
     assert!(c.log_text().contains("TRUNCATE"), "{}", tail(&c.log_text()));
 }
+
+/// A second capture of the same job fences the first (its next Kafka commit fails for good and it
+/// exits naming why), waits for the slot the first held, and carries on exactly.
+#[test]
+fn a_second_capture_of_a_job_fences_the_first() {
+    let _serial = serial();
+    let url = database("cap-fence");
+    pgbench_init(&url);
+    let f = capture_fixture("cap-fence", &url, "public.pgbench_accounts");
+    let mut first = spawn_capture(&f, "first");
+    first.wait_for_count("capture checkpoint committed", 3, MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 8);
+    let mut second = spawn_capture(&f, "second");
+    assert!(
+        !first.wait_exit(MIN).success(),
+        "the fenced capture exits with an error"
+    );
+    assert!(
+        first.log_text().contains("fenced this one"),
+        "{}",
+        tail(&first.log_text())
+    );
+    second.wait_for_count("capture checkpoint committed", 3, MIN);
+    let mut run = f.spawn_run("r", &[]);
+    wait_child(&mut bench, MIN);
+    let report = verify_source_eventually(&f, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    let log = check_log(&f);
+    assert!(log.contains(" 0 violations"), "{log}");
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    second.signal("TERM");
+    assert!(
+        second.wait_exit(MIN).success(),
+        "{}",
+        tail(&second.log_text())
+    );
+}

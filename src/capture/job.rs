@@ -15,9 +15,9 @@ use super::pg::{self, PgReplication, TableName};
 use super::{run_session, CaptureFailure, CaptureObserver, LogPort, SessionStats};
 use crate::codec::{LogCodec, TableSchema};
 use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
-use crate::core::{vnode_of, Epoch, PartitionMap, Vnode};
+use crate::core::{vnode_of, Epoch, PartitionMap};
 use crate::service::config::{JobConfig, SnapshotConfig};
-use crate::snapshot::files::{write_files, write_manifest, Manifest, ManifestStart};
+use crate::snapshot::files::{write_manifest, Manifest, ManifestStart, SortedWriter};
 
 /// The state record's format version.
 const STATE_VERSION: u32 = 1;
@@ -87,6 +87,17 @@ fn is_consumer_only(key: &str) -> bool {
         "consume",
     ];
     PREFIXES.iter().any(|p| key.starts_with(p))
+}
+
+/// Writes `bytes` to `path` and syncs it (the pending manifest must outlive a crash after the
+/// initial transaction's commit).
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Writes `manifest.json` from the pending manifest and the state record's start offsets.
@@ -217,14 +228,16 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
                     .exported_snapshot()
                     .context("the slot was created without an exported snapshot")?;
                 let (sys, tli) = repl.identity();
-                let mut by_vnode: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+                // Written as sorted per-vnode files in bounded memory (spilled by vnode first).
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir)
+                        .with_context(|| format!("clearing {}", dir.display()))?;
+                }
+                let mut writer = SortedWriter::new(&dir, &table_schema, map.vnode_count())?;
                 let started = std::time::Instant::now();
                 let (snap_info, now_ms, rows) =
                     pg::copy_snapshot(&url, &table, &name, |datum, key| {
-                        by_vnode
-                            .entry(vnode_of(&key, map.vnode_count()))
-                            .or_default()
-                            .insert(key, datum);
+                        writer.add(vnode_of(&key, map.vnode_count()), &key, &datum)?;
                         Ok(())
                     })?;
                 if snap_info.encoder.columns != info.encoder.columns {
@@ -236,11 +249,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
                     .map(|(lsn, _)| lsn)
                     .with_context(|| format!("slot {slot} vanished after its creation"))?;
                 let es = Epoch::from_unix_millis(now_ms);
-                if dir.exists() {
-                    std::fs::remove_dir_all(&dir)
-                        .with_context(|| format!("clearing {}", dir.display()))?;
-                }
-                let files = write_files(&dir, &table_schema, by_vnode)?;
+                let files = writer.finish()?;
                 let manifest = Manifest {
                     snapshot_epoch: es,
                     vnode_count: map.vnode_count(),
@@ -251,9 +260,9 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
                     files,
                     start: Vec::new(),
                 };
-                std::fs::write(
-                    dir.join(PENDING_MANIFEST),
-                    serde_json::to_vec_pretty(&manifest)?,
+                write_durably(
+                    &dir.join(PENDING_MANIFEST),
+                    &serde_json::to_vec_pretty(&manifest)?,
                 )?;
                 tracing::info!(table = %table, rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
                 log.record.system_id = sys.to_string();
