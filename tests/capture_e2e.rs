@@ -382,3 +382,63 @@ fn a_second_capture_of_a_job_fences_the_first() {
         tail(&second.log_text())
     );
 }
+
+fn script(name: &str, arg: &str) {
+    let out = Command::new("bash")
+        .arg(format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR")))
+        .arg(arg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/{name} {arg}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A PostgreSQL restart and a broker outage while the capture streams: each session that fails
+/// resumes from the state Kafka holds, and the end is exact.
+#[test]
+fn a_postgres_restart_and_a_broker_outage_mid_stream_stay_exact() {
+    let _serial = serial();
+    let url = database("cap-outage");
+    pgbench_init(&url);
+    let f = capture_fixture("cap-outage", &url, "public.pgbench_accounts");
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("capture checkpoint committed", MIN);
+    let mut run = f.spawn_run("r", &[]);
+    let mut bench = pgbench_run(&f, &url, 100, 4);
+    wait_child(&mut bench, MIN);
+    script("postgres.sh", "restart");
+    capture.wait_for("capture session failed", MIN);
+    let before = capture
+        .log_text()
+        .matches("capture checkpoint committed")
+        .count();
+    capture.wait_for_count("capture checkpoint committed", before + 3, MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 4);
+    wait_child(&mut bench, MIN);
+    script("kafka.sh", "halt");
+    capture.wait_for_count("capture session failed", 2, MIN);
+    // The outage lasts 10 s (the point of the test, not a synchronisation); pgbench writes on.
+    let mut bench = pgbench_run(&f, &url, 100, 10);
+    wait_child(&mut bench, MIN);
+    script("kafka.sh", "resume");
+    let before = capture
+        .log_text()
+        .matches("capture checkpoint committed")
+        .count();
+    capture.wait_for_count("capture checkpoint committed", before + 3, 2 * MIN);
+    let report = verify_source_eventually(&f, 2 * MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    let log = check_log(&f);
+    assert!(log.contains(" 0 violations"), "{log}");
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    capture.signal("TERM");
+    assert!(
+        capture.wait_exit(MIN).success(),
+        "{}",
+        tail(&capture.log_text())
+    );
+}

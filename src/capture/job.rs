@@ -21,8 +21,6 @@ use crate::snapshot::files::{write_manifest, Manifest, ManifestStart, SortedWrit
 
 /// The state record's format version.
 const STATE_VERSION: u32 = 1;
-/// Consecutive failed sessions (none committing anything) before the capture gives up.
-const MAX_FAILED_SESSIONS: u32 = 10;
 const PENDING_MANIFEST: &str = "manifest.pending.json";
 
 pub fn unix_ms() -> u64 {
@@ -124,6 +122,27 @@ fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
     Ok(())
 }
 
+/// How long transient failures are retried without a checkpoint committed before the capture
+/// gives up (a broker or database outage shorter than this is ridden out).
+const RETRY_FOR: Duration = Duration::from_secs(180);
+
+/// Everything a session needs that does not change between sessions.
+struct Setup<'a> {
+    job: &'a JobConfig,
+    dir: PathBuf,
+    table: TableName,
+    url: String,
+    slot: String,
+    publication: String,
+    props: BTreeMap<String, String>,
+    info: pg::TableInfo,
+    map: PartitionMap,
+    partitions: u32,
+    table_schema: TableSchema,
+    columns: Vec<String>,
+    config: CaptureConfig,
+}
+
 /// Runs the capture of `job` until `stop` is set (checked between source transactions).
 pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
     let c = job
@@ -136,21 +155,19 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
             job.name
         );
     };
-    let dir: PathBuf = dir.clone();
     let table = TableName::parse(&c.table)?;
     let url = c.source_url.expose().to_string();
-    let slot = c.slot_name(&job.name);
-    let publication = c.publication_name(&job.name);
     let props: BTreeMap<String, String> = job
         .kafka
         .iter()
         .filter(|(k, _)| !is_consumer_only(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-
+    // The preconditions, once: each failure names its fix.
     let mut client = pg::connect(&url)?;
     let info = pg::table_info(&mut client, &table)?;
-    pg::ensure_publication(&mut client, &publication, &table)?;
+    pg::ensure_publication(&mut client, &c.publication_name(&job.name), &table)?;
+    drop(client);
     let partitions = match crate::kafka::admin::partition_count(&props, &job.topic)? {
         Some(n) => n,
         None => {
@@ -162,189 +179,256 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
         .with_context(|| format!("topic {} against vnode_count", job.topic))?;
     let schema_json = super::types::row_schema(&table.to_string(), &info.encoder.columns);
     let table_schema = TableSchema::parse(&schema_json.to_string(), &info.primary_key)?;
-    let codec = LogCodec::new(table_schema.clone())?;
-    let columns: Vec<String> = info
-        .encoder
-        .columns
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
-    let config = CaptureConfig {
-        barrier_interval_ms: c.barrier_interval_ms,
-        checkpoint_interval_ms: c.checkpoint_interval_ms,
-        ..CaptureConfig::default()
+    let setup = Setup {
+        job,
+        dir: dir.clone(),
+        slot: c.slot_name(&job.name),
+        publication: c.publication_name(&job.name),
+        columns: info
+            .encoder
+            .columns
+            .iter()
+            .map(|c| c.name.clone())
+            .collect(),
+        table,
+        url,
+        props,
+        info,
+        map,
+        partitions,
+        table_schema,
+        config: CaptureConfig {
+            barrier_interval_ms: c.barrier_interval_ms,
+            checkpoint_interval_ms: c.checkpoint_interval_ms,
+            ..CaptureConfig::default()
+        },
     };
+    let mut progress = Progress {
+        job: job.name.clone(),
+        last_log_ms: 0,
+        counted: SessionStats::default(),
+    };
+    let mut failures = 0u32;
+    let mut last_progress = std::time::Instant::now();
+    loop {
+        let mut checkpoints = (None, None);
+        match session(&setup, &stop, &mut progress, &mut checkpoints) {
+            Ok(()) => {
+                tracing::info!(job = %job.name, "capture stopped at a checkpoint");
+                return Ok(());
+            }
+            Err(CaptureFailure::Permanent(e)) => {
+                bail!(
+                    "capture of {} for job {} stopped: {e}",
+                    setup.table,
+                    job.name
+                )
+            }
+            Err(CaptureFailure::Transient(e)) => {
+                if checkpoints.1 > checkpoints.0 {
+                    failures = 0;
+                    last_progress = std::time::Instant::now();
+                }
+                failures += 1;
+                if last_progress.elapsed() > RETRY_FOR {
+                    bail!(
+                        "capture of {} for job {}: no checkpoint committed for {} s of retries, the last failure: {e}",
+                        setup.table,
+                        job.name,
+                        RETRY_FOR.as_secs()
+                    );
+                }
+                crate::service::metrics::capture_restart(&job.name);
+                let backoff = Duration::from_millis((100u64 << failures.min(6)).min(5_000));
+                tracing::warn!(job = %job.name, error = %e, attempt = failures, backoff_ms = backoff.as_millis() as u64, "capture session failed; resuming from the last committed state");
+                std::thread::sleep(backoff);
+            }
+        }
+    }
+}
 
+fn transient(what: &str) -> impl FnOnce(anyhow::Error) -> CaptureFailure + '_ {
+    move |e| CaptureFailure::Transient(format!("{what}: {e:#}"))
+}
+
+/// One session: fence every older capture and read what Kafka really committed (so a commit whose
+/// outcome was unknown is never repeated), then a fresh start or a resume, then the loop.
+/// `checkpoints` gets the committed checkpoint count at the start and at the end.
+fn session(
+    s: &Setup,
+    stop: &AtomicBool,
+    progress: &mut Progress,
+    checkpoints: &mut (Option<u64>, Option<u64>),
+) -> Result<(), CaptureFailure> {
+    let job = s.job;
+    let codec = LogCodec::new(s.table_schema.clone())
+        .map_err(|e| CaptureFailure::Permanent(e.to_string()))?;
     let template = StateRecord {
         version: STATE_VERSION,
         job: job.name.clone(),
-        table: table.to_string(),
-        slot: slot.clone(),
+        table: s.table.to_string(),
+        slot: s.slot.clone(),
         system_id: String::new(),
         timeline: 0,
         snapshot_epoch: Epoch(0),
         initial_epoch: Epoch(0),
         start_offsets: Vec::new(),
-        columns: columns.clone(),
+        columns: s.columns.clone(),
         state: CaptureState {
             lsn: 0,
             epoch: Epoch(0),
             checkpoints: 0,
         },
     };
-    // Fence every older capture of the job, then read where the last one committed.
-    let mut log = KafkaLog::connect(&props, &job.name, &job.topic, partitions, codec, template)?;
-    let mut committed = read_state(&props, &job.topic, &job.name)?;
-    let mut progress = Progress {
-        job: job.name.clone(),
-        last_log_ms: 0,
-        counted: SessionStats::default(),
-    };
+    let mut log = KafkaLog::connect(
+        &s.props,
+        &job.name,
+        &job.topic,
+        s.partitions,
+        codec,
+        template,
+    )
+    .map_err(transient("connecting to Kafka"))?;
+    let committed = read_state(&s.props, &job.topic, &job.name)
+        .map_err(transient("reading the capture's state"))?;
+    let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
+    let slot_state = pg::slot_state(&mut client, &s.slot)
+        .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
     let connect = |create: bool| {
         PgReplication::connect(
-            &url,
-            &slot,
-            &publication,
-            table.clone(),
-            info.encoder.clone(),
+            &s.url,
+            &s.slot,
+            &s.publication,
+            s.table.clone(),
+            s.info.encoder.clone(),
             create,
         )
+        .map_err(transient("opening the replication connection"))
     };
-    let mut failures = 0u32;
-    loop {
-        let (mut a, initial, mut repl) = match &committed {
-            None => {
-                // A fresh capture: a slot left by an attempt that never committed is dropped.
-                match pg::slot_state(&mut client, &slot)? {
-                    Some((_, true)) => bail!("replication slot {slot} is in use by another connection (a capture of job {} still running?)", job.name),
-                    Some(_) => {
-                        tracing::warn!(slot = %slot, "dropping the replication slot of a capture that never committed");
-                        client.execute("SELECT pg_drop_replication_slot($1)", &[&slot])?;
-                    }
-                    None => {}
+    let (mut a, initial, mut repl) = match committed {
+        None => {
+            // A fresh capture: a slot left by an attempt that never committed is dropped.
+            match slot_state {
+                Some((_, true)) => {
+                    return Err(CaptureFailure::Transient(format!(
+                        "replication slot {} is in use by another connection (a capture of job {} that is being fenced?)",
+                        s.slot, job.name
+                    )))
                 }
-                let repl = connect(true)?;
-                let name = repl
-                    .exported_snapshot()
-                    .context("the slot was created without an exported snapshot")?;
-                let (sys, tli) = repl.identity();
-                // Written as sorted per-vnode files in bounded memory (spilled by vnode first).
-                if dir.exists() {
-                    std::fs::remove_dir_all(&dir)
-                        .with_context(|| format!("clearing {}", dir.display()))?;
+                Some(_) => {
+                    tracing::warn!(slot = %s.slot, "dropping the replication slot of a capture that never committed");
+                    client
+                        .execute("SELECT pg_drop_replication_slot($1)", &[&s.slot])
+                        .map_err(|e| CaptureFailure::Transient(format!("dropping slot {}: {e}", s.slot)))?;
                 }
-                let mut writer = SortedWriter::new(&dir, &table_schema, map.vnode_count())?;
-                let started = std::time::Instant::now();
-                let (snap_info, now_ms, rows) =
-                    pg::copy_snapshot(&url, &table, &name, |datum, key| {
-                        writer.add(vnode_of(&key, map.vnode_count()), &key, &datum)?;
-                        Ok(())
-                    })?;
-                if snap_info.encoder.columns != info.encoder.columns {
-                    bail!(
-                        "the columns of {table} changed while the capture started; start it again"
-                    );
-                }
-                let consistent = pg::slot_state(&mut client, &slot)?
-                    .map(|(lsn, _)| lsn)
-                    .with_context(|| format!("slot {slot} vanished after its creation"))?;
-                let es = Epoch::from_unix_millis(now_ms);
-                let files = writer.finish()?;
-                let manifest = Manifest {
-                    snapshot_epoch: es,
-                    vnode_count: map.vnode_count(),
-                    partition_count: partitions,
-                    topic: Some(job.topic.clone()),
-                    row_schema: table_schema.json.clone(),
-                    primary_key: table_schema.primary_key.clone(),
-                    files,
-                    start: Vec::new(),
-                };
-                write_durably(
-                    &dir.join(PENDING_MANIFEST),
-                    &serde_json::to_vec_pretty(&manifest)?,
-                )?;
-                tracing::info!(table = %table, rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
-                log.record.system_id = sys.to_string();
-                log.record.timeline = tli;
-                log.record.snapshot_epoch = es;
-                let hook_dir = dir.clone();
-                log.on_initial_commit = Some(Box::new(move |r: &StateRecord| {
-                    finish_manifest(&hook_dir, r)
-                }));
-                let (a, initial) = Assembler::fresh(config, map, es, consistent, unix_ms());
-                (a, initial, repl)
+                None => {}
             }
-            Some(record) => {
-                if record.slot != slot || record.table != table.to_string() {
-                    bail!("the log of topic {} was captured from {} through slot {}, not {} through {}: capture into a new topic", job.topic, record.table, record.slot, table, slot);
-                }
-                if record.columns != columns {
-                    bail!("the columns of {table} are now {columns:?}, captured as {:?}: a schema change stops the capture", record.columns);
-                }
-                if !dir.join("manifest.json").exists() {
-                    finish_manifest(&dir, record)?;
-                }
-                if pg::slot_state(&mut client, &slot)?.is_none() {
-                    bail!("replication slot {slot} is gone: the changes since {} cannot be read; capture into a new topic", pg::format_lsn(record.state.lsn));
-                }
-                let repl = connect(false)?;
-                let (sys, tli) = repl.identity();
-                if record.system_id != sys.to_string() || record.timeline != tli {
-                    bail!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline);
-                }
-                log.record = record.clone();
-                (
-                    Assembler::resume(config, map, record.state),
-                    Vec::new(),
-                    repl,
-                )
+            let repl = connect(true)?;
+            let (es, consistent) = snapshot(s, &repl, &mut client)
+                .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+            let (sys, tli) = repl.identity();
+            log.record.system_id = sys.to_string();
+            log.record.timeline = tli;
+            log.record.snapshot_epoch = es;
+            let hook_dir = s.dir.clone();
+            log.on_initial_commit = Some(Box::new(move |r: &StateRecord| {
+                finish_manifest(&hook_dir, r)
+            }));
+            let (a, initial) = Assembler::fresh(s.config, s.map, es, consistent, unix_ms());
+            (a, initial, repl)
+        }
+        Some(record) => {
+            let refuse = |m: String| Err(CaptureFailure::Permanent(m));
+            if record.slot != s.slot || record.table != s.table.to_string() {
+                return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: capture into a new topic", job.topic, record.table, record.slot, s.table, s.slot));
             }
-        };
-        let before = a.committed().checkpoints;
-        let result = run_session(
-            &mut a,
-            initial,
-            &mut repl,
-            &mut log,
-            Duration::from_millis(100),
-            &mut |_| stop.load(Ordering::Relaxed),
-            &mut progress,
-        );
-        drop(repl);
-        let committed_now = a.committed();
-        let mut record = log.record.clone();
-        record.state = committed_now;
-        let made_progress = committed_now.checkpoints > before;
-        match result {
-            Ok(_) => {
-                tracing::info!(job = %job.name, lsn = %pg::format_lsn(committed_now.lsn), "capture stopped at a checkpoint");
-                return Ok(());
+            if record.columns != s.columns {
+                return refuse(format!("the columns of {} are now {:?}, captured as {:?}: a schema change stops the capture", s.table, s.columns, record.columns));
             }
-            Err(CaptureFailure::Permanent(e)) => {
-                // Nothing past the last checkpoint is committed.
-                if let Err(abort) = log.abort() {
-                    tracing::warn!(job = %job.name, error = %abort, "aborting the open Kafka transaction");
-                }
-                bail!("capture of {table} for job {} stopped: {e}", job.name);
+            if !s.dir.join("manifest.json").exists() {
+                finish_manifest(&s.dir, &record)
+                    .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
             }
-            Err(CaptureFailure::Transient(e)) => {
-                log.abort().map_err(|e| anyhow::anyhow!("{e}"))?;
-                failures = if made_progress { 1 } else { failures + 1 };
-                if failures > MAX_FAILED_SESSIONS {
-                    bail!("capture of {table} for job {}: {failures} sessions in a row failed, the last with: {e}", job.name);
-                }
-                crate::service::metrics::capture_restart(&job.name);
-                tracing::warn!(job = %job.name, error = %e, attempt = failures, "capture session failed; resuming from the last checkpoint");
-                if log.on_initial_commit.is_none() {
-                    committed = Some(record);
-                } else {
-                    // The initial transaction never committed: start afresh.
-                    log.on_initial_commit = None;
-                    committed = None;
-                }
-                std::thread::sleep(Duration::from_millis(200 * failures as u64));
+            if slot_state.is_none() {
+                return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
             }
+            let repl = connect(false)?;
+            let (sys, tli) = repl.identity();
+            if record.system_id != sys.to_string() || record.timeline != tli {
+                return refuse(format!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline));
+            }
+            log.record = record.clone();
+            (
+                Assembler::resume(s.config, s.map, record.state),
+                Vec::new(),
+                repl,
+            )
+        }
+    };
+    checkpoints.0 = Some(a.committed().checkpoints);
+    let result = run_session(
+        &mut a,
+        initial,
+        &mut repl,
+        &mut log,
+        Duration::from_millis(100),
+        &mut |_| stop.load(Ordering::Relaxed),
+        progress,
+    );
+    checkpoints.1 = Some(a.committed().checkpoints);
+    if result.is_err() {
+        // Nothing past the last checkpoint is committed; the next session's producer would abort it
+        // anyway (init_transactions).
+        if let Err(abort) = log.abort() {
+            tracing::warn!(job = %job.name, error = %abort, "aborting the open Kafka transaction");
         }
     }
+    result.map(|_| ())
+}
+
+/// Copies the table in the slot's exported snapshot into sorted per-vnode files and the pending
+/// manifest; returns the snapshot epoch and the slot's consistent position.
+fn snapshot(
+    s: &Setup,
+    repl: &PgReplication,
+    client: &mut postgres::Client,
+) -> Result<(Epoch, u64)> {
+    let name = repl
+        .exported_snapshot()
+        .context("the slot was created without an exported snapshot")?;
+    if s.dir.exists() {
+        std::fs::remove_dir_all(&s.dir).with_context(|| format!("clearing {}", s.dir.display()))?;
+    }
+    let mut writer = SortedWriter::new(&s.dir, &s.table_schema, s.map.vnode_count())?;
+    let started = std::time::Instant::now();
+    let (snap_info, now_ms, rows) = pg::copy_snapshot(&s.url, &s.table, &name, |datum, key| {
+        writer.add(vnode_of(&key, s.map.vnode_count()), &key, &datum)?;
+        Ok(())
+    })?;
+    if snap_info.encoder.columns != s.info.encoder.columns {
+        bail!(
+            "the columns of {} changed while the capture started; start it again",
+            s.table
+        );
+    }
+    let consistent = pg::slot_state(client, &s.slot)?
+        .map(|(lsn, _)| lsn)
+        .with_context(|| format!("slot {} vanished after its creation", s.slot))?;
+    let es = Epoch::from_unix_millis(now_ms);
+    let manifest = Manifest {
+        snapshot_epoch: es,
+        vnode_count: s.map.vnode_count(),
+        partition_count: s.partitions,
+        topic: Some(s.job.topic.clone()),
+        row_schema: s.table_schema.json.clone(),
+        primary_key: s.table_schema.primary_key.clone(),
+        files: writer.finish()?,
+        start: Vec::new(),
+    };
+    write_durably(
+        &s.dir.join(PENDING_MANIFEST),
+        &serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    tracing::info!(table = %s.table, rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
+    Ok((es, consistent))
 }

@@ -6,7 +6,8 @@
 //! committed state).
 //!
 //! Faults: the process crashes before a Kafka commit, after it and before the acknowledgement, in
-//! the middle of a transaction's changes, during an acknowledgement; the replication connection
+//! the middle of a transaction's changes, during an acknowledgement; a commit lands but reports a
+//! failure (each session, like `capture::job`'s, starts from the state Kafka holds); the replication connection
 //! drops; the source silently replays from its confirmed position (as a library reconnect does);
 //! a frozen process comes back as a zombie after its successor started and tries to commit. The
 //! database meanwhile writes transactions to the captured table and WAL of other tables.
@@ -352,6 +353,13 @@ impl LogPort for SimLog {
         w.state = Some(*state);
         if state.checkpoints == 0 {
             w.snapshot = w.snapshot_taken.clone();
+        }
+        if w.fault_level > 0 && w.rng.below(1000) < 10 * w.fault_level {
+            // The commit landed but its answer was lost: the next session must read the state
+            // back rather than trust what it last knew.
+            return Err(CaptureFailure::Transient(
+                "the Kafka commit timed out (its outcome unknown)".into(),
+            ));
         }
         if w.crash_now(20) {
             return Err(CaptureFailure::Permanent(
