@@ -383,19 +383,6 @@ fn a_second_capture_of_a_job_fences_the_first() {
     );
 }
 
-fn script(name: &str, arg: &str) {
-    let out = Command::new("bash")
-        .arg(format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR")))
-        .arg(arg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/{name} {arg}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A PostgreSQL restart and a broker outage while the capture streams: each session that fails
 /// resumes from the state Kafka holds, and the end is exact.
 #[test]

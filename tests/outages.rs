@@ -4,25 +4,11 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
-use support::{free_port, http_get, pg_url, serial, status, wait_status, Fixture};
+use support::{free_port, http_get, pg_url, script, serial, status, wait_status, Fixture};
 
 const MIN: Duration = Duration::from_secs(60);
-
-fn script(name: &str, arg: &str) {
-    let out = Command::new("bash")
-        .arg(format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR")))
-        .arg(arg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/{name} {arg}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[test]
 fn postgres_stopped_and_started_mid_log_store_then_verify_is_exact() {

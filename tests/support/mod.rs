@@ -325,6 +325,20 @@ impl Drop for Runner {
     }
 }
 
+/// Runs `scripts/<name> <arg>`, which must succeed (service outages and restarts).
+pub fn script(name: &str, arg: &str) {
+    let out = Command::new("bash")
+        .arg(format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR")))
+        .arg(arg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/{name} {arg}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
