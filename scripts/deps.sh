@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the build need and this machine lacks (idempotent; Debian packages and
-# PyPI only): kcat, Prometheus (promtool), PostgreSQL and libpq, OpenSSL (the test certificates and the TLS
+# PyPI only): kcat, Prometheus (promtool), PostgreSQL, OpenSSL (the test certificates and the TLS
 # build of librdkafka), pkg-config, Java 17 and Maven (the test broker), docker-compose and hadolint
 # (CI lints the container files), helm (built from the Go module proxy) and kubernetes-validate
 # (PyPI) for scripts/helm-check.sh. Called by scripts/test.sh and .ci/run.
@@ -14,8 +14,6 @@ command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v cmake >/dev/null || need+=(cmake)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
-# libpq: the replication connection of `capture` (pg_walstream's libpq backend).
-dpkg -s libpq-dev >/dev/null 2>&1 || need+=(libpq-dev)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 if [ "${KB_DEPS_CI:-}" = 1 ]; then
   command -v docker-compose >/dev/null || need+=(docker-compose)

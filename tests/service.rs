@@ -42,18 +42,20 @@ fn config_errors_exit_2_naming_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `bogus`"));
-    let out = Command::new(BIN)
-        .args([
-            "check-config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config/example.toml"),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for shipped in ["config/example.toml", "config/capture.toml"] {
+        let out = Command::new(BIN)
+            .args([
+                "check-config",
+                &format!("{}/{shipped}", env!("CARGO_MANIFEST_DIR")),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{shipped}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
