@@ -8,6 +8,9 @@
 //! writes the same as JSON. Figures, never assertions: this is not a test. It fails only when the
 //! harness itself breaks (a job that does not finish, a tool that does not answer).
 
+#[path = "backfill/capture.rs"]
+mod capture;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -1579,6 +1582,31 @@ fn main() {
                 json!({"records_per_s": rate, "seconds": secs, "peak_rss_mib": mib}),
             );
         }
+    }
+
+    // ---- capture: PostgreSQL → the log store, against COPY and pg_recvlogical ---------------------
+    if a.want("capture") {
+        let sizes = match a.size {
+            "full" => capture::Sizes {
+                small_scale: 10,
+                large_scale: 100,
+                backlog_txns: 100_000,
+                latency_samples: 200,
+            },
+            "quick" => capture::Sizes {
+                small_scale: 1,
+                large_scale: 10,
+                backlog_txns: 20_000,
+                latency_samples: 200,
+            },
+            _ => capture::Sizes {
+                small_scale: 1,
+                large_scale: 1,
+                backlog_txns: 2_000,
+                latency_samples: 20,
+            },
+        };
+        capture::run(&a.bin, &bootstrap, &pg, &sizes, &mut r);
     }
 
     // ---- report ---------------------------------------------------------------------------------
