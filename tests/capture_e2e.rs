@@ -99,10 +99,16 @@ fn capture_fixture(name: &str, source: &str, table: &str) -> Fixture {
 }
 
 fn spawn_capture(f: &Fixture, prefix: &str) -> Runner {
+    spawn_capture_serving(f, prefix, "")
+}
+
+/// A capture serving `/metrics` on `http` (an override of `http.listen`; "" = none).
+fn spawn_capture_serving(f: &Fixture, prefix: &str, http: &str) -> Runner {
     let log = f.dir.join(format!("{prefix}.log"));
     let child = Command::new(BIN)
         .args(["capture", "--config"])
         .arg(&f.config)
+        .env("KAFKA_BACKFILL__HTTP__LISTEN", http)
         .env(
             "RUST_LOG",
             "info,kafka_backfill=debug,librdkafka=warn,pg_walstream=warn",

@@ -45,6 +45,7 @@ impl CaptureObserver for Progress {
         crate::service::metrics::capture_committed(
             &self.job,
             state,
+            stats,
             stats.transactions - self.counted.transactions,
             stats.changes - self.counted.changes,
         );
@@ -289,6 +290,10 @@ fn session(
         template,
     )
     .map_err(transient("connecting to Kafka"))?;
+    let name = job.name.clone();
+    log.on_commit = Some(Box::new(move |d| {
+        crate::service::metrics::capture_commit_took(&name, d)
+    }));
     let committed = read_state(&s.props, &job.topic, &job.name)
         .map_err(transient("reading the capture's state"))?;
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;

@@ -88,6 +88,8 @@ pub struct KafkaLog {
     open: bool,
     /// Called once after the initial barrier's transaction committed (writes the manifest).
     pub on_initial_commit: Option<InitialCommitHook>,
+    /// Told how long each commit took (the service's histogram).
+    pub on_commit: Option<Box<dyn FnMut(Duration) + Send>>,
 }
 
 fn txn_failure(what: &str, e: KafkaError) -> CaptureFailure {
@@ -137,6 +139,7 @@ impl KafkaLog {
             record,
             open: false,
             on_initial_commit: None,
+            on_commit: None,
         })
     }
 
@@ -225,9 +228,13 @@ impl LogPort for KafkaLog {
         let value = serde_json::to_vec(&self.record).expect("a state record serialises");
         let state_topic = self.state_topic.clone();
         self.send(&state_topic, 0, self.record.job.as_bytes(), &value)?;
+        let started = std::time::Instant::now();
         self.producer
             .commit_transaction(Duration::from_secs(60))
             .map_err(|e| txn_failure("committing the Kafka transaction", e))?;
+        if let Some(f) = self.on_commit.as_mut() {
+            f(started.elapsed());
+        }
         self.open = false;
         if let Some(failed) = self.producer.context().failed.lock().unwrap().take() {
             // A committed transaction whose delivery failed would have aborted; guard anyway.

@@ -77,6 +77,11 @@ pub struct SessionStats {
     pub transactions: u64,
     pub changes: u64,
     pub checkpoints: u64,
+    /// The source's position as far as it told (the end of the last transaction or an idle
+    /// report): what the committed position lags behind.
+    pub source_lsn: Lsn,
+    /// The commit time (Unix ms) of the last source transaction read.
+    pub last_source_commit_ms: u64,
 }
 
 /// Observes a session's progress (the service's metrics and status; nothing in tests).
@@ -153,8 +158,14 @@ pub fn run_session(
             return Ok(stats);
         }
         let event = repl.next(idle)?;
-        if matches!(event, SourceEvent::Commit { .. }) {
-            stats.transactions += 1;
+        match &event {
+            SourceEvent::Begin { commit_ms, .. } => stats.last_source_commit_ms = *commit_ms,
+            SourceEvent::Commit { end_lsn } => {
+                stats.transactions += 1;
+                stats.source_lsn = stats.source_lsn.max(*end_lsn);
+            }
+            SourceEvent::Idle { wal_end, .. } => stats.source_lsn = stats.source_lsn.max(*wal_end),
+            SourceEvent::Change(_) => {}
         }
         a.on_event(event, &mut actions)?;
         carry_out(a, &mut actions, repl, log, &mut stats, observer)?;

@@ -231,9 +231,23 @@ pub fn slot_state(client: &mut postgres::Client, slot: &str) -> Result<Option<(L
 /// Splits one line of `COPY … TO STDOUT` text format into its fields (`None` = NULL).
 pub fn copy_fields(line: &str) -> Result<Vec<Option<String>>> {
     let mut out = Vec::new();
+    copy_fields_into(line, &mut out)?;
+    Ok(out.into_iter().map(|f| f.map(|c| c.into_owned())).collect())
+}
+
+/// [`copy_fields`] into `out` (cleared first); a field without escapes is borrowed, not copied.
+pub fn copy_fields_into<'a>(
+    line: &'a str,
+    out: &mut Vec<Option<std::borrow::Cow<'a, str>>>,
+) -> Result<()> {
+    out.clear();
     for field in line.split('\t') {
         if field == "\\N" {
             out.push(None);
+            continue;
+        }
+        if !field.contains('\\') {
+            out.push(Some(std::borrow::Cow::Borrowed(field)));
             continue;
         }
         let mut s = String::with_capacity(field.len());
@@ -255,8 +269,7 @@ pub fn copy_fields(line: &str) -> Result<Vec<Option<String>>> {
                     // \ooo octal (COPY writes it for control bytes).
                     let mut v = d.to_digit(8).unwrap();
                     for _ in 0..2 {
-                        let rest = chars.as_str();
-                        match rest.chars().next().and_then(|c| c.to_digit(8)) {
+                        match chars.as_str().chars().next().and_then(|c| c.to_digit(8)) {
                             Some(n) => {
                                 v = v * 8 + n;
                                 chars.next();
@@ -270,9 +283,42 @@ pub fn copy_fields(line: &str) -> Result<Vec<Option<String>>> {
                 None => bail!("a field ends in a backslash"),
             }
         }
-        out.push(Some(s));
+        out.push(Some(std::borrow::Cow::Owned(s)));
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Reads a `COPY … TO STDOUT` stream line by line (one buffer, fields borrowed where they can
+/// be), encoding each row; `row` gets (datum, key). Returns the row count.
+fn copy_rows(
+    reader: impl std::io::Read,
+    table: &TableName,
+    encoder: &RowEncoder,
+    mut row: impl FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+) -> Result<u64> {
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let mut line = String::new();
+    let mut n = 0u64;
+    loop {
+        let mut fields = Vec::with_capacity(encoder.columns.len());
+        line.clear();
+        if reader
+            .read_line(&mut line)
+            .with_context(|| format!("reading the copy of {table}"))?
+            == 0
+        {
+            return Ok(n);
+        }
+        let text = line.strip_suffix('\n').unwrap_or(&line);
+        copy_fields_into(text, &mut fields)
+            .with_context(|| format!("{table}: row {n} of the copy"))?;
+        let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
+        let (datum, key) = encoder
+            .encode(&refs)
+            .with_context(|| format!("{table}: row {n} of the copy"))?;
+        row(datum, key)?;
+        n += 1;
+    }
 }
 
 /// Copies the table inside the exported snapshot `snapshot_name`, calling `row` with each row's
@@ -313,21 +359,7 @@ pub fn copy_snapshot(
         "COPY (SELECT {cols} FROM {}) TO STDOUT",
         table.sql()
     ))?;
-    let mut n = 0u64;
-    for (i, line) in BufReader::with_capacity(1 << 20, reader)
-        .lines()
-        .enumerate()
-    {
-        let line = line.with_context(|| format!("reading the copy of {table}"))?;
-        let fields = copy_fields(&line).with_context(|| format!("{table}: row {i} of the copy"))?;
-        let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
-        let (datum, key) = info
-            .encoder
-            .encode(&refs)
-            .with_context(|| format!("{table}: row {i} of the snapshot"))?;
-        row(datum, key)?;
-        n += 1;
-    }
+    let n = copy_rows(reader, table, &info.encoder, &mut row)?;
     tx.commit()?;
     Ok((info, now_ms.max(0) as u64, n))
 }
@@ -356,18 +388,10 @@ pub fn read_table(
         table.sql()
     ))?;
     let mut rows = std::collections::BTreeMap::new();
-    for (i, line) in BufReader::with_capacity(1 << 20, reader)
-        .lines()
-        .enumerate()
-    {
-        let fields = copy_fields(&line?).with_context(|| format!("{table}: row {i}"))?;
-        let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
-        let (datum, key) = info
-            .encoder
-            .encode(&refs)
-            .with_context(|| format!("{table}: row {i}"))?;
+    copy_rows(reader, table, &info.encoder, |datum, key| {
         rows.insert(key, datum);
-    }
+        Ok(())
+    })?;
     tx.commit()?;
     Ok(rows)
 }

@@ -41,6 +41,10 @@ pub struct Metrics {
     pub capture_transactions: IntCounterVec,
     pub capture_changes: IntCounterVec,
     pub capture_restarts: IntCounterVec,
+    pub capture_source_lsn: IntGaugeVec,
+    pub capture_lag_bytes: IntGaugeVec,
+    pub capture_last_source_commit: GaugeVec,
+    pub capture_commit_seconds: HistogramVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -142,6 +146,14 @@ impl Metrics {
             capture_transactions: counter(&r, "kafka_backfill_capture_transactions_total", "Source transactions read by the capture (counted at each checkpoint).", &["job_name"]),
             capture_changes: counter(&r, "kafka_backfill_capture_changes_total", "Change records the capture wrote (counted at each checkpoint).", &["job_name"]),
             capture_restarts: counter(&r, "kafka_backfill_capture_session_restarts_total", "Capture sessions that failed transiently and resumed from the last checkpoint.", &["job_name"]),
+            capture_source_lsn: gauge(&r, "kafka_backfill_capture_source_lsn", "The source's WAL position as the capture last heard it (LSN as a number).", &["job_name"]),
+            capture_lag_bytes: gauge(&r, "kafka_backfill_capture_lag_bytes", "WAL bytes between the source's position and the capture's committed one.", &["job_name"]),
+            capture_last_source_commit: {
+                let g = GaugeVec::new(Opts::new("kafka_backfill_capture_last_source_commit_timestamp_seconds", "Commit time (Unix seconds) of the last source transaction the capture read."), &["job_name"]).expect("metric");
+                r.register(Box::new(g.clone())).expect("register");
+                g
+            },
+            capture_commit_seconds: histogram(&r, "kafka_backfill_capture_kafka_commit_seconds", "Duration of the capture's Kafka transaction commits (state record included).", &["job_name"]),
             registry: r,
         }
     }
@@ -166,6 +178,7 @@ pub fn metrics() -> &'static Metrics {
 pub fn capture_committed(
     job: &str,
     state: &crate::core::capture::CaptureState,
+    stats: &crate::capture::SessionStats,
     transactions: u64,
     changes: u64,
 ) {
@@ -173,6 +186,18 @@ pub fn capture_committed(
     m.capture_lsn
         .with_label_values(&[job])
         .set(state.lsn as i64);
+    let source = stats.source_lsn.max(state.lsn);
+    m.capture_source_lsn
+        .with_label_values(&[job])
+        .set(source as i64);
+    m.capture_lag_bytes
+        .with_label_values(&[job])
+        .set((source - state.lsn) as i64);
+    if stats.last_source_commit_ms > 0 {
+        m.capture_last_source_commit
+            .with_label_values(&[job])
+            .set(stats.last_source_commit_ms as f64 / 1000.0);
+    }
     m.capture_checkpoints.with_label_values(&[job]).inc();
     m.capture_transactions
         .with_label_values(&[job])
@@ -183,4 +208,12 @@ pub fn capture_committed(
 /// A capture session failed transiently and resumes.
 pub fn capture_restart(job: &str) {
     metrics().capture_restarts.with_label_values(&[job]).inc();
+}
+
+/// One Kafka transaction commit of the capture took `d`.
+pub fn capture_commit_took(job: &str, d: std::time::Duration) {
+    metrics()
+        .capture_commit_seconds
+        .with_label_values(&[job])
+        .observe(d.as_secs_f64());
 }

@@ -158,11 +158,11 @@ pub fn write_single_file(
 }
 
 /// Writes one container file (codec `null`) of these datums, in this order.
-fn write_container<'a>(
+fn write_container<D: AsRef<[u8]>>(
     path: &Path,
     schema_json: &str,
     sync: [u8; 16],
-    datums: impl Iterator<Item = &'a Vec<u8>>,
+    datums: impl Iterator<Item = D>,
 ) -> Result<(), SourceError> {
     let f = fs::File::create(path).map_err(|e| file_err(path, e))?;
     let mut w = BufWriter::new(f);
@@ -181,15 +181,15 @@ fn write_container<'a>(
     put_long(&mut header, 0);
     header.extend_from_slice(&sync);
     w.write_all(&header).map_err(|e| file_err(path, e))?;
-    let datums: Vec<&Vec<u8>> = datums.collect();
+    let datums: Vec<D> = datums.collect();
     for chunk in datums.chunks(ROWS_PER_BLOCK) {
-        let size: usize = chunk.iter().map(|d| d.len()).sum();
+        let size: usize = chunk.iter().map(|d| d.as_ref().len()).sum();
         let mut block = Vec::with_capacity(20);
         put_long(&mut block, chunk.len() as i64);
         put_long(&mut block, size as i64);
         w.write_all(&block).map_err(|e| file_err(path, e))?;
         for d in chunk {
-            w.write_all(d).map_err(|e| file_err(path, e))?;
+            w.write_all(d.as_ref()).map_err(|e| file_err(path, e))?;
         }
         w.write_all(&sync).map_err(|e| file_err(path, e))?;
     }
@@ -248,55 +248,41 @@ impl SortedWriter {
         Ok(())
     }
 
-    /// Sorts every bucket into its vnodes' files; returns the manifest's file list.
+    /// Sorts every bucket into its vnodes' files, two buckets at a time; returns the manifest's
+    /// file list.
     pub fn finish(self) -> Result<Vec<ManifestFile>, SourceError> {
-        let mut files = Vec::new();
+        let mut paths = Vec::new();
         for (i, w) in self.buckets.into_iter().enumerate() {
             let path = self.spill.join(format!("bucket-{i:03}"));
             w.into_inner()
                 .map_err(|e| file_err(&path, e.into_error()))?;
-            let bytes = fs::read(&path).map_err(|e| file_err(&path, e))?;
-            let mut by_vnode: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
-            let mut rest = bytes.as_slice();
-            let bad = || file_err(&path, std::io::Error::other("truncated spill record"));
-            while !rest.is_empty() {
-                let vnode = get_long(&mut rest).ok_or_else(bad)? as Vnode;
-                let klen = get_long(&mut rest).ok_or_else(bad)? as usize;
-                let dlen = get_long(&mut rest).ok_or_else(bad)? as usize;
-                if rest.len() < klen + dlen {
-                    return Err(bad());
-                }
-                let (key, tail) = rest.split_at(klen);
-                let (datum, tail) = tail.split_at(dlen);
-                rest = tail;
-                if by_vnode
-                    .entry(vnode)
-                    .or_default()
-                    .insert(key.to_vec(), datum.to_vec())
-                    .is_some()
-                {
-                    return Err(SourceError::Other(format!(
-                        "key {} appears twice in the snapshot",
-                        crate::core::error::key_hex(key)
-                    )));
-                }
-            }
-            drop(bytes);
-            fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
-            for (vnode, rows) in by_vnode {
-                let name = format!("vnode-{vnode:05}.avro");
-                write_container(
-                    &self.dir.join(&name),
-                    &self.schema_json,
-                    sync_marker(vnode),
-                    rows.values(),
-                )?;
-                files.push(ManifestFile {
-                    path: name,
-                    vnodes: vec![vnode],
-                    rows: rows.len() as u64,
-                });
-            }
+            paths.push(path);
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (dir, schema) = (&self.dir, self.schema_json.as_str());
+        let results: Vec<Result<Vec<ManifestFile>, SourceError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut files = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(path) = paths.get(i) else {
+                                return Ok(files);
+                            };
+                            files.extend(sort_bucket(path, dir, schema)?);
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a bucket sorter panicked"))
+                .collect()
+        });
+        let mut files = Vec::new();
+        for r in results {
+            files.extend(r?);
         }
         fs::remove_dir(&self.spill).map_err(|e| file_err(&self.spill, e))?;
         files.sort_by_key(|f| f.vnodes[0]);
@@ -307,6 +293,61 @@ impl SortedWriter {
     pub fn rows(&self) -> u64 {
         self.rows
     }
+}
+
+/// One spilled bucket sorted by (vnode, key) and written as its vnodes' container files; the
+/// bucket file is removed.
+fn sort_bucket(
+    path: &Path,
+    dir: &Path,
+    schema_json: &str,
+) -> Result<Vec<ManifestFile>, SourceError> {
+    let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
+    let bad = || file_err(path, std::io::Error::other("truncated spill record"));
+    // (vnode, key, datum) as slices of the bucket: no copy per row.
+    let mut rows: Vec<(Vnode, &[u8], &[u8])> = Vec::new();
+    let mut rest = bytes.as_slice();
+    while !rest.is_empty() {
+        let vnode = get_long(&mut rest).ok_or_else(bad)? as Vnode;
+        let klen = get_long(&mut rest).ok_or_else(bad)? as usize;
+        let dlen = get_long(&mut rest).ok_or_else(bad)? as usize;
+        if rest.len() < klen + dlen {
+            return Err(bad());
+        }
+        let (key, tail) = rest.split_at(klen);
+        let (datum, tail) = tail.split_at(dlen);
+        rest = tail;
+        rows.push((vnode, key, datum));
+    }
+    rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    if let Some(w) = rows
+        .windows(2)
+        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+    {
+        return Err(SourceError::Other(format!(
+            "key {} appears twice in the snapshot",
+            crate::core::error::key_hex(w[0].1)
+        )));
+    }
+    let mut files = Vec::new();
+    for group in rows.chunk_by(|a, b| a.0 == b.0) {
+        let vnode = group[0].0;
+        let name = format!("vnode-{vnode:05}.avro");
+        write_container(
+            &dir.join(&name),
+            schema_json,
+            sync_marker(vnode),
+            group.iter().map(|r| r.2),
+        )?;
+        files.push(ManifestFile {
+            path: name,
+            vnodes: vec![vnode],
+            rows: group.len() as u64,
+        });
+    }
+    drop(rows);
+    fs::remove_file(path).map_err(|e| file_err(path, e))?;
+    Ok(files)
 }
 
 /// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
