@@ -77,6 +77,11 @@ enum Command {
         /// Prefix of this process's worker names (default: <hostname>-p<pid>).
         #[arg(long)]
         worker_prefix: Option<String>,
+        /// Also run the capture of every job with a [jobs.capture] in this process (the embedded
+        /// and demo case; docs/CAPTURE.md): a job starts once its capture published the snapshot,
+        /// and the captures stop at a checkpoint when the jobs do.
+        #[arg(long)]
+        capture: bool,
     },
     /// Write a generated table: snapshot files at the snapshot epoch Es, then changes and barriers
     /// into the topic, then the table expected at the last checkpoint (for `verify`).
@@ -443,6 +448,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             exit_when_caught_up,
             job_wait_secs,
             worker_prefix,
+            capture,
         } => {
             let config = match load(&config) {
                 Ok(c) => c,
@@ -478,6 +484,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .context("http.admin_listen")?;
                 tracing::info!(%addr, "serving /admin/jobs/{{name}}/rate-limit");
             }
+            // The captures stop when the jobs do, not at the process's signal only.
+            let captures = if capture {
+                let stop = Arc::new(AtomicBool::new(false));
+                let watch = (shutdown.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !watch.0.load(Ordering::Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                    }
+                    watch.1.store(true, Ordering::SeqCst);
+                });
+                Some(kafka_backfill::capture::job::InProcess::start(
+                    &config.jobs,
+                    stop,
+                )?)
+            } else {
+                None
+            };
             let r = job::run(
                 &config,
                 &RunOptions {
@@ -489,6 +512,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 board,
                 runtimes,
             );
+            let r = match captures.map(|c| c.finish()) {
+                Some(Err(e)) if r.is_ok() => Err(e),
+                _ => r,
+            };
             match r {
                 Err(e) if e.downcast_ref::<job::JobIncomplete>().is_some() => {
                     eprintln!("error: {e}");

@@ -180,6 +180,8 @@ fn wait_child(child: &mut Child, within: Duration) {
 /// store equals the source table.
 fn pgbench_pipeline(name: &str, policy: &str, postgres_store: bool) {
     let _serial = serial();
+    // The PostgreSQL store outlives the run: a job name of its own each time.
+    let name = &format!("{name}-{}", stamp() % 1_000_000);
     let url = database(name);
     pgbench_init(&url);
     let f = capture_fixture(name, &url, "public.pgbench_accounts");
@@ -229,7 +231,7 @@ fn pgbench_into_postgres_with_a_join_under_reschedule_equals_the_source() {
 }
 
 /// Every mapped type, TOASTed values left unchanged by updates, key-changing updates, savepoint
-/// rollbacks, a transaction of 20,000 rows, with `kill -9` of the capture in the middle: the store
+/// rollbacks, a transaction of 100,000 rows (spilled by the walsender: `logical_decoding_work_mem` = 64kB), with `kill -9` of the capture in the middle: the store
 /// equals the source (the rows written after the snapshot went through pgoutput, the source side
 /// of `verify` through COPY, so equal bytes mean both paths encode alike), and the log is valid.
 #[test]
@@ -256,7 +258,15 @@ fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact() {
     };
     let values: Vec<String> = (1..=200).map(row).collect();
     psql(&url, &format!("INSERT INTO t VALUES {}", values.join(",")));
+    // Transactions larger than this spill to disk in the walsender (pgoutput v1 still sends each
+    // whole, after its commit).
+    let db = url.rsplit('/').next().unwrap();
+    psql(
+        &url,
+        &format!("ALTER DATABASE {db} SET logical_decoding_work_mem = '64kB'"),
+    );
     let f = capture_fixture("cap-mix", &url, "public.t");
+    f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
     let mut capture = spawn_capture(&f, "c1");
     capture.wait_for("capture checkpoint committed", MIN);
     let values: Vec<String> = (201..=400).map(row).collect();
@@ -274,15 +284,15 @@ fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact() {
          UPDATE t SET m = 'sad' WHERE id % 13 = 0; COMMIT",
     );
     let mut run = f.spawn_run("r1", &[]);
-    // A transaction of 20,000 rows, and the capture killed while it streams.
+    // A transaction of 100,000 rows, and the capture killed while it streams.
     psql(
         &url,
-        "INSERT INTO t (id, s, i, b, tx) SELECT g, 1, g, true, 'bulk' FROM generate_series(1000000, 1019999) g",
+        "INSERT INTO t (id, s, i, b, tx) SELECT g, 1, g, true, 'bulk' FROM generate_series(1000000, 1099999) g",
     );
     capture.signal("KILL");
     capture.wait_exit(MIN);
     psql(&url, "UPDATE t SET big = 'short now' WHERE id % 17 = 0");
-    psql(&url, "DELETE FROM t WHERE id BETWEEN 1000000 AND 1004999");
+    psql(&url, "DELETE FROM t WHERE id BETWEEN 1000000 AND 1049999");
     let mut capture = spawn_capture(&f, "c2");
     capture.wait_for("capture checkpoint committed", MIN);
     let report = verify_source_eventually(&f, MIN);
@@ -349,6 +359,19 @@ fn refusals_name_the_fix() {
         "the TRUNCATE is still ahead of the slot"
     );
     assert!(c.log_text().contains("TRUNCATE"), "{}", tail(&c.log_text()));
+    // A dropped slot: the log cannot be continued.
+    psql(
+        &url,
+        "SELECT pg_drop_replication_slot('kb_cap_refuse_plain')",
+    );
+    let mut c = spawn_capture(&f, "slot-gone");
+    assert!(!c.wait_exit(MIN).success());
+    assert!(
+        c.log_text()
+            .contains("replication slot kb_cap_refuse_plain is gone"),
+        "{}",
+        tail(&c.log_text())
+    );
 }
 
 /// A second capture of the same job fences the first (its next Kafka commit fails for good and it
@@ -433,5 +456,29 @@ fn a_postgres_restart_and_a_broker_outage_mid_stream_stay_exact() {
         capture.wait_exit(MIN).success(),
         "{}",
         tail(&capture.log_text())
+    );
+}
+
+/// `run --capture`: the capture and the job in one process (the embedded case); SIGTERM stops
+/// both, the capture at a checkpoint.
+#[test]
+fn run_with_capture_in_one_process_equals_the_source() {
+    let _serial = serial();
+    let url = database("cap-inproc");
+    pgbench_init(&url);
+    let f = capture_fixture("cap-inproc", &url, "public.pgbench_accounts");
+    let mut run = f.spawn_run("a", &["--capture"]);
+    run.wait_for("the capture published the snapshot", MIN);
+    run.wait_for("partitions assigned", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 5);
+    wait_child(&mut bench, MIN);
+    let report = verify_source_eventually(&f, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success(), "{}", tail(&run.log_text()));
+    assert!(
+        run.log_text().contains("capture stopped at a checkpoint"),
+        "{}",
+        tail(&run.log_text())
     );
 }

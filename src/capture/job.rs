@@ -416,6 +416,11 @@ fn snapshot(
             s.table
         );
     }
+    tracing::debug!(
+        rows,
+        seconds = started.elapsed().as_secs_f64(),
+        "snapshot rows read and spilled; sorting"
+    );
     let consistent = pg::slot_state(client, &s.slot)?
         .map(|(lsn, _)| lsn)
         .with_context(|| format!("slot {} vanished after its creation", s.slot))?;
@@ -436,4 +441,88 @@ fn snapshot(
     )?;
     tracing::info!(table = %s.table, rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
     Ok((es, consistent))
+}
+
+/// Captures running inside `kafka-backfill run --capture` (the embedded and demo case).
+pub struct InProcess {
+    threads: Vec<(String, std::thread::JoinHandle<Result<()>>)>,
+    stop: Arc<AtomicBool>,
+}
+
+impl InProcess {
+    /// Starts the capture of every job with a `[jobs.capture]` on a thread of its own, and returns
+    /// once each has published its snapshot (`manifest.json` exists: the job can start), or with
+    /// the error of a capture that stopped first. `stop` ends them (at a checkpoint).
+    pub fn start(jobs: &[JobConfig], stop: Arc<AtomicBool>) -> Result<InProcess> {
+        let mut threads = Vec::new();
+        for job in jobs.iter().filter(|j| j.capture.is_some()) {
+            let (j, s) = (job.clone(), stop.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("capture-{}", job.name))
+                .spawn(move || run(&j, s))
+                .context("starting a capture thread")?;
+            threads.push((job.name.clone(), handle));
+        }
+        let mut me = InProcess { threads, stop };
+        for job in jobs.iter().filter(|j| j.capture.is_some()) {
+            let SnapshotConfig::Files { dir } = &job.snapshot else {
+                continue;
+            };
+            let manifest = dir.join("manifest.json");
+            while !manifest.exists() {
+                if let Some(i) = me
+                    .threads
+                    .iter()
+                    .position(|(n, t)| n == &job.name && t.is_finished())
+                {
+                    let (name, t) = me.threads.remove(i);
+                    me.stop_all();
+                    return Err(match t.join() {
+                        Ok(Err(e)) => e.context(format!("the capture of job {name}")),
+                        Ok(Ok(())) => {
+                            anyhow::anyhow!("the capture of job {name} stopped before its snapshot")
+                        }
+                        Err(_) => anyhow::anyhow!("the capture of job {name} panicked"),
+                    });
+                }
+                if me.stop.load(Ordering::Relaxed) {
+                    bail!(
+                        "stopped before the capture of job {} published its snapshot",
+                        job.name
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            tracing::info!(job = %job.name, "the capture published the snapshot; starting the job");
+        }
+        Ok(me)
+    }
+
+    fn stop_all(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for (_, t) in self.threads.drain(..) {
+            // Each ends at its next source-transaction boundary; errors were logged by its session.
+            if let Ok(Err(e)) = t.join() {
+                tracing::warn!(error = %format!("{e:#}"), "an in-process capture stopped with an error");
+            }
+        }
+    }
+
+    /// Stops every capture at a checkpoint and returns the first error one stopped with.
+    pub fn finish(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut first = None;
+        for (name, t) in self.threads.drain(..) {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first.get_or_insert(e.context(format!("the capture of job {name}")));
+                }
+                Err(_) => {
+                    first.get_or_insert(anyhow::anyhow!("the capture of job {name} panicked"));
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
 }

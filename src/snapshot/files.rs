@@ -164,51 +164,107 @@ fn write_container<D: AsRef<[u8]>>(
     sync: [u8; 16],
     datums: impl Iterator<Item = D>,
 ) -> Result<(), SourceError> {
-    let f = fs::File::create(path).map_err(|e| file_err(path, e))?;
-    let mut w = BufWriter::new(f);
-    let mut header = Vec::new();
-    header.extend_from_slice(MAGIC);
-    put_long(&mut header, 2);
-    for (k, v) in [
-        ("avro.schema", schema_json.as_bytes()),
-        ("avro.codec", b"null".as_slice()),
-    ] {
-        put_long(&mut header, k.len() as i64);
-        header.extend_from_slice(k.as_bytes());
-        put_long(&mut header, v.len() as i64);
-        header.extend_from_slice(v);
+    let mut w = ContainerWriter::create(path, schema_json, sync)?;
+    for d in datums {
+        w.push(d.as_ref())?;
     }
-    put_long(&mut header, 0);
-    header.extend_from_slice(&sync);
-    w.write_all(&header).map_err(|e| file_err(path, e))?;
-    let datums: Vec<D> = datums.collect();
-    for chunk in datums.chunks(ROWS_PER_BLOCK) {
-        let size: usize = chunk.iter().map(|d| d.as_ref().len()).sum();
-        let mut block = Vec::with_capacity(20);
-        put_long(&mut block, chunk.len() as i64);
-        put_long(&mut block, size as i64);
-        w.write_all(&block).map_err(|e| file_err(path, e))?;
-        for d in chunk {
-            w.write_all(d.as_ref()).map_err(|e| file_err(path, e))?;
+    w.finish().map(|_| ())
+}
+
+/// A container file written as its datums arrive: one block buffered at a time.
+struct ContainerWriter {
+    path: PathBuf,
+    w: BufWriter<fs::File>,
+    sync: [u8; 16],
+    block: Vec<u8>,
+    in_block: usize,
+    rows: u64,
+}
+
+impl ContainerWriter {
+    fn create(path: &Path, schema_json: &str, sync: [u8; 16]) -> Result<Self, SourceError> {
+        let f = fs::File::create(path).map_err(|e| file_err(path, e))?;
+        let mut w = BufWriter::new(f);
+        let mut header = Vec::new();
+        header.extend_from_slice(MAGIC);
+        put_long(&mut header, 2);
+        for (k, v) in [
+            ("avro.schema", schema_json.as_bytes()),
+            ("avro.codec", b"null".as_slice()),
+        ] {
+            put_long(&mut header, k.len() as i64);
+            header.extend_from_slice(k.as_bytes());
+            put_long(&mut header, v.len() as i64);
+            header.extend_from_slice(v);
         }
-        w.write_all(&sync).map_err(|e| file_err(path, e))?;
+        put_long(&mut header, 0);
+        header.extend_from_slice(&sync);
+        w.write_all(&header).map_err(|e| file_err(path, e))?;
+        Ok(ContainerWriter {
+            path: path.to_path_buf(),
+            w,
+            sync,
+            block: Vec::new(),
+            in_block: 0,
+            rows: 0,
+        })
     }
-    w.flush().map_err(|e| file_err(path, e))?;
-    w.get_ref().sync_all().map_err(|e| file_err(path, e))
+
+    fn push(&mut self, datum: &[u8]) -> Result<(), SourceError> {
+        self.block.extend_from_slice(datum);
+        self.in_block += 1;
+        self.rows += 1;
+        if self.in_block == ROWS_PER_BLOCK {
+            self.flush_block()?;
+        }
+        Ok(())
+    }
+
+    fn flush_block(&mut self) -> Result<(), SourceError> {
+        if self.in_block == 0 {
+            return Ok(());
+        }
+        let mut head = Vec::with_capacity(20);
+        put_long(&mut head, self.in_block as i64);
+        put_long(&mut head, self.block.len() as i64);
+        let path = &self.path;
+        self.w
+            .write_all(&head)
+            .and_then(|()| self.w.write_all(&self.block))
+            .and_then(|()| self.w.write_all(&self.sync))
+            .map_err(|e| file_err(path, e))?;
+        self.block.clear();
+        self.in_block = 0;
+        Ok(())
+    }
+
+    /// Flushes, syncs; returns the rows written.
+    fn finish(mut self) -> Result<u64, SourceError> {
+        self.flush_block()?;
+        let path = &self.path;
+        self.w.flush().map_err(|e| file_err(path, e))?;
+        self.w.get_ref().sync_all().map_err(|e| file_err(path, e))?;
+        Ok(self.rows)
+    }
 }
 
 /// Writes a snapshot of rows that arrive in any order as sorted per-vnode files, in bounded
 /// memory: rows are appended to at most 256 bucket files by vnode under `<dir>/.spill`, then each
-/// bucket in turn is sorted by key and written as its vnodes' container files (what `capture`
-/// uses; memory is one bucket, about 1/min(vnode_count, 256) of the table). A key seen twice is
-/// an error.
+/// bucket is sorted by key and written as its vnodes' container files (what `capture` uses). A
+/// bucket up to [`SORT_RUN_BYTES`] is sorted in memory; a larger one is sorted in runs of that size
+/// and merged, so memory stays under two runs (two buckets are sorted at a time) whatever the table's
+/// size. A key seen twice is an error.
 pub struct SortedWriter {
     dir: PathBuf,
     spill: PathBuf,
     schema_json: String,
     buckets: Vec<BufWriter<fs::File>>,
     rows: u64,
+    run_bytes: usize,
 }
+
+/// The largest bucket sorted in memory, and the size of each sorted run of a larger one.
+pub const SORT_RUN_BYTES: usize = 8 << 20;
 
 impl SortedWriter {
     pub fn new(dir: &Path, table: &TableSchema, vnode_count: u32) -> Result<Self, SourceError> {
@@ -229,7 +285,14 @@ impl SortedWriter {
             schema_json: table.json.to_string(),
             buckets,
             rows: 0,
+            run_bytes: SORT_RUN_BYTES,
         })
+    }
+
+    /// Sorts in runs of `bytes` (tests exercise the merge with small runs).
+    pub fn with_run_bytes(mut self, bytes: usize) -> Self {
+        self.run_bytes = bytes.max(1);
+        self
     }
 
     /// Adds one row.
@@ -259,7 +322,7 @@ impl SortedWriter {
             paths.push(path);
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let (dir, schema) = (&self.dir, self.schema_json.as_str());
+        let (dir, schema, run_bytes) = (&self.dir, self.schema_json.as_str(), self.run_bytes);
         let results: Vec<Result<Vec<ManifestFile>, SourceError>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..2)
                 .map(|_| {
@@ -270,7 +333,7 @@ impl SortedWriter {
                             let Some(path) = paths.get(i) else {
                                 return Ok(files);
                             };
-                            files.extend(sort_bucket(path, dir, schema)?);
+                            files.extend(sort_bucket(path, dir, schema, run_bytes)?);
                         }
                     })
                 })
@@ -295,59 +358,228 @@ impl SortedWriter {
     }
 }
 
-/// One spilled bucket sorted by (vnode, key) and written as its vnodes' container files; the
-/// bucket file is removed.
+/// One spill record: (vnode, key, datum), the encoding `SortedWriter::add` appends.
+fn read_spill_record<'a>(rest: &mut &'a [u8]) -> Option<(Vnode, &'a [u8], &'a [u8])> {
+    let vnode = get_long(rest)? as Vnode;
+    let klen = get_long(rest)? as usize;
+    let dlen = get_long(rest)? as usize;
+    if rest.len() < klen + dlen {
+        return None;
+    }
+    let (key, tail) = rest.split_at(klen);
+    let (datum, tail) = tail.split_at(dlen);
+    *rest = tail;
+    Some((vnode, key, datum))
+}
+
+fn put_spill_record(out: &mut Vec<u8>, vnode: Vnode, key: &[u8], datum: &[u8]) {
+    put_long(out, vnode as i64);
+    put_long(out, key.len() as i64);
+    put_long(out, datum.len() as i64);
+    out.extend_from_slice(key);
+    out.extend_from_slice(datum);
+}
+
+/// Writes rows sorted by (vnode, key) as one container file per vnode, refusing a repeated key.
+struct VnodeFiles<'a> {
+    dir: &'a Path,
+    schema_json: &'a str,
+    open: Option<(Vnode, ContainerWriter)>,
+    last: Option<(Vnode, Vec<u8>)>,
+    files: Vec<ManifestFile>,
+}
+
+impl VnodeFiles<'_> {
+    fn push(&mut self, vnode: Vnode, key: &[u8], datum: &[u8]) -> Result<(), SourceError> {
+        if self
+            .last
+            .as_ref()
+            .is_some_and(|(v, k)| *v == vnode && k == key)
+        {
+            return Err(SourceError::Other(format!(
+                "key {} appears twice in the snapshot",
+                crate::core::error::key_hex(key)
+            )));
+        }
+        self.last = Some((vnode, key.to_vec()));
+        if self.open.as_ref().is_none_or(|(v, _)| *v != vnode) {
+            self.close()?;
+            let name = format!("vnode-{vnode:05}.avro");
+            let w = ContainerWriter::create(
+                &self.dir.join(&name),
+                self.schema_json,
+                sync_marker(vnode),
+            )?;
+            self.open = Some((vnode, w));
+        }
+        self.open.as_mut().expect("opened above").1.push(datum)
+    }
+
+    fn close(&mut self) -> Result<(), SourceError> {
+        if let Some((vnode, w)) = self.open.take() {
+            let rows = w.finish()?;
+            self.files.push(ManifestFile {
+                path: format!("vnode-{vnode:05}.avro"),
+                vnodes: vec![vnode],
+                rows,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One spilled bucket sorted by (vnode, key) and written as its vnodes' container files: in memory
+/// when it is at most `run_bytes`, else in sorted runs of that size merged; the bucket file (and
+/// its runs) are removed.
 fn sort_bucket(
     path: &Path,
     dir: &Path,
     schema_json: &str,
+    run_bytes: usize,
 ) -> Result<Vec<ManifestFile>, SourceError> {
-    let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
     let bad = || file_err(path, std::io::Error::other("truncated spill record"));
-    // (vnode, key, datum) as slices of the bucket: no copy per row.
-    let mut rows: Vec<(Vnode, &[u8], &[u8])> = Vec::new();
-    let mut rest = bytes.as_slice();
-    while !rest.is_empty() {
-        let vnode = get_long(&mut rest).ok_or_else(bad)? as Vnode;
-        let klen = get_long(&mut rest).ok_or_else(bad)? as usize;
-        let dlen = get_long(&mut rest).ok_or_else(bad)? as usize;
-        if rest.len() < klen + dlen {
-            return Err(bad());
+    let size = fs::metadata(path).map_err(|e| file_err(path, e))?.len() as usize;
+    let mut out = VnodeFiles {
+        dir,
+        schema_json,
+        open: None,
+        last: None,
+        files: Vec::new(),
+    };
+    if size <= run_bytes {
+        let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
+        // (vnode, key, datum) as slices of the bucket: no copy per row.
+        let mut rows: Vec<(Vnode, &[u8], &[u8])> = Vec::new();
+        let mut rest = bytes.as_slice();
+        while !rest.is_empty() {
+            rows.push(read_spill_record(&mut rest).ok_or_else(bad)?);
         }
-        let (key, tail) = rest.split_at(klen);
-        let (datum, tail) = tail.split_at(dlen);
-        rest = tail;
-        rows.push((vnode, key, datum));
+        rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for (v, k, d) in rows {
+            out.push(v, k, d)?;
+        }
+    } else {
+        // Sorted runs of about `run_bytes`, each its own file.
+        let mut runs = Vec::new();
+        let mut reader = std::io::BufReader::with_capacity(
+            1 << 20,
+            fs::File::open(path).map_err(|e| file_err(path, e))?,
+        );
+        let mut chunk: Vec<u8> = Vec::new();
+        loop {
+            let more = read_records_into(&mut reader, &mut chunk, run_bytes)
+                .map_err(|e| file_err(path, e))?;
+            if chunk.is_empty() {
+                break;
+            }
+            let mut rows: Vec<(Vnode, &[u8], &[u8])> = Vec::new();
+            let mut rest = chunk.as_slice();
+            while !rest.is_empty() {
+                rows.push(read_spill_record(&mut rest).ok_or_else(bad)?);
+            }
+            rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+            let run = path.with_extension(format!("run{}", runs.len()));
+            let mut w = BufWriter::with_capacity(
+                1 << 16,
+                fs::File::create(&run).map_err(|e| file_err(&run, e))?,
+            );
+            let mut buf = Vec::new();
+            for (v, k, d) in rows {
+                buf.clear();
+                put_spill_record(&mut buf, v, k, d);
+                w.write_all(&buf).map_err(|e| file_err(&run, e))?;
+            }
+            w.flush().map_err(|e| file_err(&run, e))?;
+            runs.push(run);
+            chunk.clear();
+            if !more {
+                break;
+            }
+        }
+        // Merge: the smallest head of the runs next.
+        let mut readers = runs
+            .iter()
+            .map(|r| {
+                fs::File::open(r)
+                    .map(|f| std::io::BufReader::with_capacity(1 << 16, f))
+                    .map_err(|e| file_err(r, e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut heap = std::collections::BinaryHeap::new();
+        let mut heads: Vec<Option<OwnedRecord>> = Vec::new();
+        for (i, r) in readers.iter_mut().enumerate() {
+            let head = next_owned_record(r).map_err(|e| file_err(&runs[i], e))?;
+            if let Some((v, k, _)) = &head {
+                heap.push(std::cmp::Reverse((*v, k.clone(), i)));
+            }
+            heads.push(head);
+        }
+        while let Some(std::cmp::Reverse((_, _, i))) = heap.pop() {
+            let (v, k, d) = heads[i].take().expect("a queued run has a head");
+            out.push(v, &k, &d)?;
+            heads[i] = next_owned_record(&mut readers[i]).map_err(|e| file_err(&runs[i], e))?;
+            if let Some((v, k, _)) = &heads[i] {
+                heap.push(std::cmp::Reverse((*v, k.clone(), i)));
+            }
+        }
+        for r in &runs {
+            fs::remove_file(r).map_err(|e| file_err(r, e))?;
+        }
     }
-    rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    if let Some(w) = rows
-        .windows(2)
-        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
-    {
-        return Err(SourceError::Other(format!(
-            "key {} appears twice in the snapshot",
-            crate::core::error::key_hex(w[0].1)
-        )));
-    }
-    let mut files = Vec::new();
-    for group in rows.chunk_by(|a, b| a.0 == b.0) {
-        let vnode = group[0].0;
-        let name = format!("vnode-{vnode:05}.avro");
-        write_container(
-            &dir.join(&name),
-            schema_json,
-            sync_marker(vnode),
-            group.iter().map(|r| r.2),
-        )?;
-        files.push(ManifestFile {
-            path: name,
-            vnodes: vec![vnode],
-            rows: group.len() as u64,
-        });
-    }
-    drop(rows);
+    out.close()?;
     fs::remove_file(path).map_err(|e| file_err(path, e))?;
-    Ok(files)
+    Ok(out.files)
+}
+
+/// Appends whole spill records from `r` to `chunk` until it holds at least `limit` bytes; returns
+/// whether more may follow.
+fn read_records_into(
+    r: &mut impl std::io::BufRead,
+    chunk: &mut Vec<u8>,
+    limit: usize,
+) -> std::io::Result<bool> {
+    while chunk.len() < limit {
+        match next_owned_record(r)? {
+            None => return Ok(false),
+            Some((v, k, d)) => put_spill_record(chunk, v, &k, &d),
+        }
+    }
+    Ok(true)
+}
+
+/// A spill record read from a stream: (vnode, key, datum).
+type OwnedRecord = (Vnode, Vec<u8>, Vec<u8>);
+
+/// The next spill record of a stream, owned; `None` at its end.
+fn next_owned_record(r: &mut impl std::io::BufRead) -> std::io::Result<Option<OwnedRecord>> {
+    fn varint(r: &mut impl std::io::BufRead) -> std::io::Result<Option<i64>> {
+        let mut z: u64 = 0;
+        for i in 0..10 {
+            let mut b = [0u8; 1];
+            if r.read(&mut b)? == 0 {
+                if i == 0 {
+                    return Ok(None);
+                }
+                return Err(std::io::Error::other("truncated spill record"));
+            }
+            z |= ((b[0] & 0x7f) as u64) << (7 * i);
+            if b[0] & 0x80 == 0 {
+                return Ok(Some(((z >> 1) as i64) ^ -((z & 1) as i64)));
+            }
+        }
+        Err(std::io::Error::other("bad varint in a spill record"))
+    }
+    let Some(vnode) = varint(r)? else {
+        return Ok(None);
+    };
+    let truncated = || std::io::Error::other("truncated spill record");
+    let klen = varint(r)?.ok_or_else(truncated)? as usize;
+    let dlen = varint(r)?.ok_or_else(truncated)? as usize;
+    let mut key = vec![0u8; klen];
+    r.read_exact(&mut key)?;
+    let mut datum = vec![0u8; dlen];
+    r.read_exact(&mut datum)?;
+    Ok(Some((vnode as Vnode, key, datum)))
 }
 
 /// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
@@ -925,34 +1157,44 @@ mod tests {
         for i in (1..all.len()).rev() {
             all.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        let got = tmp("sorted-got");
-        let _ = std::fs::remove_dir_all(&got);
-        let mut w = SortedWriter::new(&got, &t, 16).unwrap();
-        for (v, row) in &all {
-            w.add(*v, &row.key, &row.value).unwrap();
+        // In memory, and in runs of 200 bytes merged (every bucket, ~850 bytes, is larger than a run).
+        for run_bytes in [SORT_RUN_BYTES, 200] {
+            let got = tmp(&format!("sorted-got-{run_bytes}"));
+            let _ = std::fs::remove_dir_all(&got);
+            let mut w = SortedWriter::new(&got, &t, 16)
+                .unwrap()
+                .with_run_bytes(run_bytes);
+            for (v, row) in &all {
+                w.add(*v, &row.key, &row.value).unwrap();
+            }
+            let files = w.finish().unwrap();
+            assert_eq!(files.len(), m.files.len());
+            for f in &files {
+                assert_eq!(
+                    std::fs::read(got.join(&f.path)).unwrap(),
+                    std::fs::read(want.join(&f.path)).unwrap(),
+                    "{} (runs of {run_bytes} bytes)",
+                    f.path
+                );
+            }
+            assert!(!got.join(".spill").exists());
         }
-        let files = w.finish().unwrap();
-        assert_eq!(files.len(), m.files.len());
-        for f in &files {
-            assert_eq!(
-                std::fs::read(got.join(&f.path)).unwrap(),
-                std::fs::read(want.join(&f.path)).unwrap(),
-                "{}",
-                f.path
-            );
-        }
-        assert!(!got.join(".spill").exists());
         let dup = tmp("sorted-dup");
-        let _ = std::fs::remove_dir_all(&dup);
-        let mut w = SortedWriter::new(&dup, &t, 16).unwrap();
-        let (v, row) = &all[0];
-        w.add(*v, &row.key, &row.value).unwrap();
-        w.add(*v, &row.key, &row.value).unwrap();
-        assert!(w
-            .finish()
-            .unwrap_err()
-            .to_string()
-            .contains("appears twice"));
+        for run_bytes in [SORT_RUN_BYTES, 10] {
+            let _ = std::fs::remove_dir_all(&dup);
+            let mut w = SortedWriter::new(&dup, &t, 16)
+                .unwrap()
+                .with_run_bytes(run_bytes);
+            let (v, row) = &all[0];
+            w.add(*v, &row.key, &row.value).unwrap();
+            w.add(*v, &all[1].1.key, &all[1].1.value).unwrap();
+            w.add(*v, &row.key, &row.value).unwrap();
+            assert!(w
+                .finish()
+                .unwrap_err()
+                .to_string()
+                .contains("appears twice"));
+        }
     }
 
     #[test]
