@@ -497,6 +497,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Some(kafka_backfill::capture::job::InProcess::start(
                     &config.jobs,
                     stop,
+                    runtimes.captures().clone(),
                 )?)
             } else {
                 None
@@ -599,18 +600,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 stop.clone(),
                 std::time::Duration::from_secs(config.shutdown_grace_secs),
             )?;
+            let runtimes = kafka_backfill::service::runtime::Runtimes::default();
             if !config.http.listen.is_empty() {
-                let board = job::new_board();
-                let runtimes = kafka_backfill::service::runtime::Runtimes::default();
                 let addr = kafka_backfill::service::http::spawn(
                     &config.http.listen,
-                    kafka_backfill::service::http::status_router(board, runtimes),
+                    kafka_backfill::service::http::status_router(
+                        job::new_board(),
+                        runtimes.clone(),
+                    ),
                     kafka_backfill::service::http::Limits::of(&config.http),
                     stop.clone(),
                 )?;
-                tracing::info!(%addr, "serving /metrics /livez /readyz");
+                tracing::info!(%addr, "serving /metrics /livez /readyz /status");
             }
-            kafka_backfill::capture::job::run(j, stop)?;
+            kafka_backfill::capture::job::run(j, stop, runtimes.captures().clone())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckLog {

@@ -235,7 +235,16 @@ fn pgbench_into_postgres_with_a_join_under_reschedule_equals_the_source() {
 /// equals the source (the rows written after the snapshot went through pgoutput, the source side
 /// of `verify` through COPY, so equal bytes mean both paths encode alike), and the log is valid.
 #[test]
-fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact() {
+fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact_into_sqlite() {
+    types_mix(false);
+}
+
+#[test]
+fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact_into_postgres() {
+    types_mix(true);
+}
+
+fn types_mix(postgres_store: bool) {
     let _serial = serial();
     let url = database("cap-mix");
     psql(&url, "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')");
@@ -265,8 +274,16 @@ fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact() {
         &url,
         &format!("ALTER DATABASE {db} SET logical_decoding_work_mem = '64kB'"),
     );
-    let f = capture_fixture("cap-mix", &url, "public.t");
+    let name = if postgres_store {
+        format!("cap-mix-pg-{}", stamp() % 1_000_000)
+    } else {
+        "cap-mix".to_string()
+    };
+    let f = capture_fixture(&name, &url, "public.t");
     f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
+    if postgres_store {
+        f.use_postgres(&pg_url());
+    }
     let mut capture = spawn_capture(&f, "c1");
     capture.wait_for("capture checkpoint committed", MIN);
     let values: Vec<String> = (201..=400).map(row).collect();
@@ -385,7 +402,8 @@ fn a_second_capture_of_a_job_fences_the_first() {
     let mut first = spawn_capture(&f, "first");
     first.wait_for_count("capture checkpoint committed", 3, MIN);
     let mut bench = pgbench_run(&f, &url, 100, 8);
-    let mut second = spawn_capture(&f, "second");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut second = spawn_capture_serving(&f, "second", &addr);
     assert!(
         !first.wait_exit(MIN).success(),
         "the fenced capture exits with an error"
@@ -396,6 +414,32 @@ fn a_second_capture_of_a_job_fences_the_first() {
         tail(&first.log_text())
     );
     second.wait_for_count("capture checkpoint committed", 3, MIN);
+    // The capture's metrics on a scrape: its committed position and the source's, the commit
+    // histogram, the checkpoints; and its entry on /status.
+    let (code, metrics) = http_get(&format!("http://{addr}/metrics"));
+    assert_eq!(code, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("cap-fence"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
+    };
+    assert!(value("kafka_backfill_capture_committed_lsn") > 0.0);
+    assert!(
+        value("kafka_backfill_capture_source_lsn") >= value("kafka_backfill_capture_committed_lsn")
+    );
+    assert!(value("kafka_backfill_capture_kafka_commit_seconds_count") >= 3.0);
+    assert!(value("kafka_backfill_capture_checkpoints_total") >= 3.0);
+    let s = status(&addr);
+    let c = &s["captures"]["cap-fence"];
+    assert_eq!(c["state"], "streaming", "{s}");
+    assert!(
+        c["committed_lsn"].as_str().is_some_and(|l| l.contains('/')),
+        "{s}"
+    );
+    assert!(c["checkpoints"].as_u64().is_some_and(|n| n >= 3), "{s}");
     let mut run = f.spawn_run("r", &[]);
     wait_child(&mut bench, MIN);
     let report = verify_source_eventually(&f, MIN);

@@ -17,6 +17,7 @@ use crate::codec::{LogCodec, TableSchema};
 use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
 use crate::core::{vnode_of, Epoch, PartitionMap};
 use crate::service::config::{JobConfig, SnapshotConfig};
+use crate::service::status::{CaptureBoard, CaptureReport};
 use crate::snapshot::files::{write_manifest, Manifest, ManifestStart, SortedWriter};
 
 /// The state record's format version.
@@ -35,6 +36,14 @@ struct Progress {
     last_log_ms: u64,
     /// The session totals last counted (a new session starts again from zero).
     counted: SessionStats,
+    board: CaptureBoard,
+}
+
+impl Progress {
+    fn set(&self, f: impl FnOnce(&mut CaptureReport)) {
+        let mut b = self.board.lock().unwrap();
+        f(b.entry(self.job.clone()).or_default());
+    }
 }
 
 impl CaptureObserver for Progress {
@@ -42,13 +51,24 @@ impl CaptureObserver for Progress {
         if stats.checkpoints < self.counted.checkpoints {
             self.counted = SessionStats::default();
         }
-        crate::service::metrics::capture_committed(
-            &self.job,
-            state,
-            stats,
+        let (transactions, changes) = (
             stats.transactions - self.counted.transactions,
             stats.changes - self.counted.changes,
         );
+        crate::service::metrics::capture_committed(&self.job, state, stats, transactions, changes);
+        self.set(|r| {
+            let source = stats.source_lsn.max(state.lsn);
+            r.state = "streaming";
+            r.committed_lsn = pg::format_lsn(state.lsn);
+            r.source_lsn = pg::format_lsn(source);
+            r.lag_bytes = source - state.lsn;
+            if stats.last_source_commit_ms > 0 {
+                r.last_source_commit_unix_ms = stats.last_source_commit_ms;
+            }
+            r.checkpoints = state.checkpoints;
+            r.transactions += transactions;
+            r.changes += changes;
+        });
         self.counted = *stats;
         let now = unix_ms();
         tracing::debug!(job = %self.job, lsn = %pg::format_lsn(state.lsn), epoch = state.epoch.0, checkpoint = state.checkpoints, "capture checkpoint committed");
@@ -144,8 +164,9 @@ struct Setup<'a> {
     config: CaptureConfig,
 }
 
-/// Runs the capture of `job` until `stop` is set (checked between source transactions).
-pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
+/// Runs the capture of `job` until `stop` is set (checked between source transactions); its report
+/// is kept on `board`.
+pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Result<()> {
     let c = job
         .capture
         .as_ref()
@@ -208,7 +229,9 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>) -> Result<()> {
         job: job.name.clone(),
         last_log_ms: 0,
         counted: SessionStats::default(),
+        board,
     };
+    progress.set(|r| r.state = "starting");
     let mut failures = 0u32;
     let mut last_progress = std::time::Instant::now();
     loop {
@@ -329,6 +352,7 @@ fn session(
                 None => {}
             }
             let repl = connect(true)?;
+            progress.set(|r| r.state = "snapshot");
             let (es, consistent) = snapshot(s, &repl, &mut client)
                 .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
             let (sys, tli) = repl.identity();
@@ -453,13 +477,17 @@ impl InProcess {
     /// Starts the capture of every job with a `[jobs.capture]` on a thread of its own, and returns
     /// once each has published its snapshot (`manifest.json` exists: the job can start), or with
     /// the error of a capture that stopped first. `stop` ends them (at a checkpoint).
-    pub fn start(jobs: &[JobConfig], stop: Arc<AtomicBool>) -> Result<InProcess> {
+    pub fn start(
+        jobs: &[JobConfig],
+        stop: Arc<AtomicBool>,
+        board: CaptureBoard,
+    ) -> Result<InProcess> {
         let mut threads = Vec::new();
         for job in jobs.iter().filter(|j| j.capture.is_some()) {
-            let (j, s) = (job.clone(), stop.clone());
+            let (j, s, b) = (job.clone(), stop.clone(), board.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("capture-{}", job.name))
-                .spawn(move || run(&j, s))
+                .spawn(move || run(&j, s, b))
                 .context("starting a capture thread")?;
             threads.push((job.name.clone(), handle));
         }

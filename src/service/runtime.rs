@@ -213,11 +213,19 @@ impl JobRuntime {
     }
 }
 
-/// Every job this process runs, by name.
+/// Every job this process runs, by name, and the reports of the captures it runs.
 #[derive(Clone, Default)]
-pub struct Runtimes(Arc<RwLock<BTreeMap<String, Arc<JobRuntime>>>>);
+pub struct Runtimes(
+    Arc<RwLock<BTreeMap<String, Arc<JobRuntime>>>>,
+    crate::service::status::CaptureBoard,
+);
 
 impl Runtimes {
+    /// The captures' reports (`/status` `captures`).
+    pub fn captures(&self) -> &crate::service::status::CaptureBoard {
+        &self.1
+    }
+
     pub fn insert(&self, job: Arc<JobRuntime>) {
         self.0.write().unwrap().insert(job.name.clone(), job);
     }

@@ -264,7 +264,7 @@ pub struct SortedWriter {
 }
 
 /// The largest bucket sorted in memory, and the size of each sorted run of a larger one.
-pub const SORT_RUN_BYTES: usize = 8 << 20;
+pub const SORT_RUN_BYTES: usize = 2 << 20;
 
 impl SortedWriter {
     pub fn new(dir: &Path, table: &TableSchema, vnode_count: u32) -> Result<Self, SourceError> {
