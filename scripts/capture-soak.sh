@@ -49,7 +49,8 @@ table = "public.pgbench_accounts"
 checkpoint_interval_ms = 500
 EOF
   start_capture() { RUST_LOG=info,pg_walstream=warn "$bin" capture --config "$cfg" 2>>"$out/$store-capture.log" & capture=$!; }
-  start_run() { "$bin" run --config "$cfg" --worker-prefix "$1" 2>>"$out/$store-run-$1.log" & echo $!; }
+  # stdout away from the command substitution, or $(start_run …) would wait for the runner to exit.
+  start_run() { "$bin" run --config "$cfg" --worker-prefix "$1" >/dev/null 2>>"$out/$store-run-$1.log" & echo $!; }
   start_capture
   # A kill during the copy of the snapshot, then a fresh start.
   sleep "0.$(rand 9)"

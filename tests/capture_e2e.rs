@@ -14,15 +14,49 @@ use support::*;
 
 const MIN: Duration = Duration::from_secs(120);
 
-/// A fresh database for one test, its URL.
-fn database(name: &str) -> String {
+/// A fresh database for one test; dropped with its replication slots when the test ends (the
+/// server keeps at most 32 slots, and an idle slot holds WAL).
+struct SourceDb {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl Drop for SourceDb {
+    fn drop(&mut self) {
+        // Cleanup after the test's processes are gone (declared first, dropped last).
+        let out = Command::new("psql")
+            .args([&self.admin, "-qtAc"])
+            .arg(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!(
+                "dropping {}: {}",
+                self.name,
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("dropping {}: {e}", self.name),
+        }
+    }
+}
+
+fn database(name: &str) -> SourceDb {
     let admin = pg_url();
     let db = format!("cap_{}_{}", name.replace('-', "_"), stamp());
     psql(&admin, &format!("CREATE DATABASE {db}"));
-    admin
+    let url = admin
         .rsplit_once('/')
         .map(|(base, _)| format!("{base}/{db}"))
-        .unwrap()
+        .unwrap();
+    SourceDb {
+        admin,
+        name: db,
+        url,
+    }
 }
 
 fn psql(url: &str, sql: &str) -> String {
@@ -182,7 +216,8 @@ fn pgbench_pipeline(name: &str, policy: &str, postgres_store: bool) {
     let _serial = serial();
     // The PostgreSQL store outlives the run: a job name of its own each time.
     let name = &format!("{name}-{}", stamp() % 1_000_000);
-    let url = database(name);
+    let source = database(name);
+    let url = source.url.clone();
     pgbench_init(&url);
     let f = capture_fixture(name, &url, "public.pgbench_accounts");
     f.set_recreation_policy(policy);
@@ -246,7 +281,8 @@ fn types_toast_key_moves_savepoints_and_a_kill_9_stay_exact_into_postgres() {
 
 fn types_mix(postgres_store: bool) {
     let _serial = serial();
-    let url = database("cap-mix");
+    let source = database("cap-mix");
+    let url = source.url.clone();
     psql(&url, "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')");
     psql(
         &url,
@@ -331,7 +367,8 @@ fn types_mix(postgres_store: bool) {
 #[test]
 fn refusals_name_the_fix() {
     let _serial = serial();
-    let url = database("cap-refuse");
+    let source = database("cap-refuse");
+    let url = source.url.clone();
     psql(
         &url,
         "CREATE TABLE nokey (a int); CREATE TABLE plain (id int PRIMARY KEY, v text)",
@@ -396,7 +433,8 @@ fn refusals_name_the_fix() {
 #[test]
 fn a_second_capture_of_a_job_fences_the_first() {
     let _serial = serial();
-    let url = database("cap-fence");
+    let source = database("cap-fence");
+    let url = source.url.clone();
     pgbench_init(&url);
     let f = capture_fixture("cap-fence", &url, "public.pgbench_accounts");
     let mut first = spawn_capture(&f, "first");
@@ -461,7 +499,8 @@ fn a_second_capture_of_a_job_fences_the_first() {
 #[test]
 fn a_postgres_restart_and_a_broker_outage_mid_stream_stay_exact() {
     let _serial = serial();
-    let url = database("cap-outage");
+    let source = database("cap-outage");
+    let url = source.url.clone();
     pgbench_init(&url);
     let f = capture_fixture("cap-outage", &url, "public.pgbench_accounts");
     let mut capture = spawn_capture(&f, "capture");
@@ -508,7 +547,8 @@ fn a_postgres_restart_and_a_broker_outage_mid_stream_stay_exact() {
 #[test]
 fn run_with_capture_in_one_process_equals_the_source() {
     let _serial = serial();
-    let url = database("cap-inproc");
+    let source = database("cap-inproc");
+    let url = source.url.clone();
     pgbench_init(&url);
     let f = capture_fixture("cap-inproc", &url, "public.pgbench_accounts");
     let mut run = f.spawn_run("a", &["--capture"]);
