@@ -11,9 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use apache_avro::types::Value;
-use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 use crate::codec::{LogCodec, TableSchema};
@@ -320,20 +318,8 @@ struct Writer<'a> {
 
 impl Writer<'_> {
     fn send(&self, partition: u32, key: &[u8], value: &[u8]) -> Result<()> {
-        let mut record = BaseRecord::to(self.topic)
-            .partition(partition as i32)
-            .key(key)
-            .payload(value);
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    self.producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => bail!("producing to {}: {e}", self.topic),
-            }
-        }
+        crate::kafka::send_waiting(&self.producer, self.topic, partition as i32, key, value)
+            .with_context(|| format!("producing to {}", self.topic))
     }
 
     fn barrier(&self, b: Barrier) -> Result<()> {

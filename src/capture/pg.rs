@@ -288,6 +288,26 @@ pub fn copy_fields_into<'a>(
     Ok(())
 }
 
+/// `COPY`s the table's columns out inside `tx`, each row encoded (see [`copy_rows`]).
+fn copy_table(
+    tx: &mut postgres::Transaction<'_>,
+    table: &TableName,
+    encoder: &RowEncoder,
+    row: impl FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+) -> Result<u64> {
+    let cols = encoder
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reader = tx.copy_out(&format!(
+        "COPY (SELECT {cols} FROM {}) TO STDOUT",
+        table.sql()
+    ))?;
+    copy_rows(reader, table, encoder, row)
+}
+
 /// Reads a `COPY … TO STDOUT` stream line by line (one buffer, fields borrowed where they can
 /// be), encoding each row; `row` gets (datum, key). Returns the row count.
 fn copy_rows(
@@ -348,18 +368,7 @@ pub fn copy_snapshot(
             &[],
         )?
         .get(0);
-    let cols = info
-        .encoder
-        .columns
-        .iter()
-        .map(|c| quote_ident(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let reader = tx.copy_out(&format!(
-        "COPY (SELECT {cols} FROM {}) TO STDOUT",
-        table.sql()
-    ))?;
-    let n = copy_rows(reader, table, &info.encoder, &mut row)?;
+    let n = copy_table(&mut tx, table, &info.encoder, &mut row)?;
     tx.commit()?;
     Ok((info, now_ms.max(0) as u64, n))
 }
@@ -376,19 +385,8 @@ pub fn read_table(
         .read_only(true)
         .start()?;
     let info = table_info(&mut tx, table)?;
-    let cols = info
-        .encoder
-        .columns
-        .iter()
-        .map(|c| quote_ident(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let reader = tx.copy_out(&format!(
-        "COPY (SELECT {cols} FROM {}) TO STDOUT",
-        table.sql()
-    ))?;
     let mut rows = std::collections::BTreeMap::new();
-    copy_rows(reader, table, &info.encoder, |datum, key| {
+    copy_table(&mut tx, table, &info.encoder, |datum, key| {
         rows.insert(key, datum);
         Ok(())
     })?;

@@ -9,6 +9,34 @@ use std::collections::BTreeMap;
 pub mod admin;
 pub mod consumer;
 
+/// Produces one record to `partition` of `topic`, waiting (polling delivery reports) while the
+/// producer's queue is full; any other error is returned. Shared by `produce` and `capture`.
+pub fn send_waiting<C: rdkafka::producer::ProducerContext<DeliveryOpaque = ()>>(
+    producer: &rdkafka::producer::BaseProducer<C>,
+    topic: &str,
+    partition: i32,
+    key: &[u8],
+    value: &[u8],
+) -> Result<(), rdkafka::error::KafkaError> {
+    use rdkafka::error::KafkaError;
+    use rdkafka::producer::BaseRecord;
+    use rdkafka::types::RDKafkaErrorCode;
+    let mut record = BaseRecord::to(topic)
+        .partition(partition)
+        .key(key)
+        .payload(value);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                producer.poll(std::time::Duration::from_millis(10));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
 /// librdkafka's own check of the job's properties (with the managed ones set as the worker sets
 /// them), without creating a client: every name must be a property and every value valid for it.
 /// Returns the offending key and librdkafka's reason.
