@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
@@ -92,11 +92,14 @@ pub struct KafkaLog {
     pub on_commit: Option<Box<dyn FnMut(Duration) + Send>>,
 }
 
-fn txn_failure(what: &str, e: KafkaError) -> CaptureFailure {
-    let fatal = match &e {
-        KafkaError::Transaction(t) => t.is_fatal(),
-        _ => false,
-    } || e.rdkafka_error_code() == Some(RDKafkaErrorCode::ProducerFenced);
+/// A producer error as the loop sees it. Permanent once librdkafka has put the producer in its
+/// fatal state (`fatal_error`: a newer capture's `init_transactions` fenced it), however the error
+/// reached us (a commit, a produce, an abort): a fenced capture that retried would fence its
+/// successor in turn. Anything else aborts and resumes.
+fn txn_failure(producer: &BaseProducer<Ctx>, what: &str, e: KafkaError) -> CaptureFailure {
+    let fatal = matches!(&e, KafkaError::Transaction(t) if t.is_fatal())
+        || e.rdkafka_error_code() == Some(RDKafkaErrorCode::ProducerFenced)
+        || producer.client().fatal_error().is_some();
     if fatal {
         CaptureFailure::Permanent(format!(
             "{what}: {e} (a newer capture of this job fenced this one)"
@@ -150,20 +153,8 @@ impl KafkaLog {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), CaptureFailure> {
-        let mut record = BaseRecord::to(topic)
-            .partition(partition)
-            .key(key)
-            .payload(value);
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    self.producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => return Err(txn_failure(&format!("producing to {topic}"), e)),
-            }
-        }
+        crate::kafka::send_waiting(&self.producer, topic, partition, key, value)
+            .map_err(|e| txn_failure(&self.producer, &format!("producing to {topic}"), e))
     }
 }
 
@@ -172,7 +163,7 @@ impl LogPort for KafkaLog {
         if !self.open {
             self.producer
                 .begin_transaction()
-                .map_err(|e| txn_failure("beginning a Kafka transaction", e))?;
+                .map_err(|e| txn_failure(&self.producer, "beginning a Kafka transaction", e))?;
             self.open = true;
             self.producer.context().delivered.lock().unwrap().clear();
         }
@@ -208,7 +199,7 @@ impl LogPort for KafkaLog {
             // The initial barrier's offsets, from its delivery reports (the manifest's start).
             self.producer
                 .flush(Duration::from_secs(60))
-                .map_err(|e| txn_failure("flushing the initial barrier", e))?;
+                .map_err(|e| txn_failure(&self.producer, "flushing the initial barrier", e))?;
             let delivered = self.producer.context().delivered.lock().unwrap().clone();
             self.record.start_offsets = (0..self.partitions as i32)
                 .map(|p| {
@@ -231,7 +222,7 @@ impl LogPort for KafkaLog {
         let started = std::time::Instant::now();
         self.producer
             .commit_transaction(Duration::from_secs(60))
-            .map_err(|e| txn_failure("committing the Kafka transaction", e))?;
+            .map_err(|e| txn_failure(&self.producer, "committing the Kafka transaction", e))?;
         if let Some(f) = self.on_commit.as_mut() {
             f(started.elapsed());
         }
@@ -254,7 +245,7 @@ impl LogPort for KafkaLog {
         if self.open {
             self.producer
                 .abort_transaction(Duration::from_secs(60))
-                .map_err(|e| txn_failure("aborting the Kafka transaction", e))?;
+                .map_err(|e| txn_failure(&self.producer, "aborting the Kafka transaction", e))?;
             self.open = false;
         }
         Ok(())
