@@ -54,11 +54,29 @@ assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 for e in c.get("env", []):
     assert "value" not in e or "PASSWORD" not in e["name"] or e["name"].endswith("_FILE"), f"secret as a plain env value: {e}"
 open(f"{work}/grace", "w").write(str(pod["terminationGracePeriodSeconds"]))
+# Capture pods (capture.mode separate): their own labels, the snapshot volume the StatefulSet reads.
+sts_sel = sts["spec"]["selector"]["matchLabels"]
+for dep in (d for d in docs if d["kind"] == "Deployment"):
+    dpod = dep["spec"]["template"]["spec"]
+    (dc,) = dpod["containers"]
+    assert dc["args"][0] == "capture" and "--job" in dc["args"], dc["args"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dc["securityContext"]["readOnlyRootFilesystem"] is True
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert any(labels.get(k) != v for k, v in sts_sel.items()), "capture pods match the StatefulSet's selector"
+    mount = [m for m in dc["volumeMounts"] if m["name"] == "capture-snapshots"]
+    smount = [m for m in c["volumeMounts"] if m["name"] == "capture-snapshots"]
+    assert mount and smount and mount[0]["mountPath"] == smount[0]["mountPath"], "snapshot volume not shared"
+    assert smount[0].get("readOnly") is True
+    print("   capture pod:", " ".join(dc["args"]))
+if "--capture" in c["args"]:
+    print("   in-process capture:", " ".join(c["args"]))
 print("   rendered:", ", ".join(kinds))
 PY
   kubernetes-validate --strict --quiet "$work/core.yaml"
   local out
   out=$(POD_NAME=kb-kafka-backfill-0 KB_PG_URL=postgresql://backfill@db:5432/app \
+        KB_SOURCE_URL=postgresql://capture@source:5432/app KB_ADMIN_TOKEN=kb-test-token \
         KAFKA_PASSWORD_FILE="$work/password" "$bin" check-config "$work/config.toml") \
     || { echo "check-config refused the rendered config:"; cat "$work/config.toml"; exit 1; }
   echo "   check-config: ${out%%$'\n'*}"
