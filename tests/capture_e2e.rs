@@ -566,3 +566,80 @@ fn run_with_capture_in_one_process_equals_the_source() {
         tail(&run.log_text())
     );
 }
+
+/// A table of more than two copy connections' worth of pages is copied in two ctid ranges, each
+/// connection importing the slot's exported snapshot, while a writer updates, deletes and inserts
+/// across the whole table: the ranges together are exactly the snapshot (no row lost, none twice —
+/// `check-log` refuses a key twice in a vnode's file), and snapshot + log equal the table after.
+#[test]
+fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
+    let _serial = serial();
+    let source = database("cap-ctid");
+    let url = source.url.clone();
+    // ≈ 40 MiB: more than 2 × 16 MiB, the pages one copy connection must have to pay.
+    psql(
+        &url,
+        "CREATE TABLE big (id int PRIMARY KEY, g int NOT NULL, pad text NOT NULL); \
+         ALTER TABLE big REPLICA IDENTITY FULL; \
+         INSERT INTO big SELECT i, i % 97, repeat(md5(i::text), 3) FROM generate_series(1, 260000) i;",
+    );
+    let rows: u64 = psql(&url, "SELECT count(*) FROM big").parse().unwrap();
+    let f = Fixture::new("cap-ctid", 1, "vnode_count = 64");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(
+        &f.config,
+        format!("{text}[jobs.capture]\nsource_url = \"{url}\"\ntable = \"public.big\"\nslot = \"kb_cap_ctid\"\npublication = \"kb_cap_ctid\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\ncopy_connections = 2\n"),
+    )
+    .unwrap();
+    // The writer runs from before the slot exists until after the copy: every range sees the
+    // snapshot, not the writer's later states.
+    let script = f.dir.join("big.sql");
+    std::fs::write(
+        &script,
+        "\\set id random(1, 300000)\n\\set g random(1, 1000)\nBEGIN;\n\
+         UPDATE big SET g = :g WHERE id = :id;\n\
+         DELETE FROM big WHERE id = :id + 1;\n\
+         INSERT INTO big VALUES (:id + 2, :g, 'new') ON CONFLICT (id) DO UPDATE SET pad = 'moved';\nEND;\n",
+    )
+    .unwrap();
+    let mut writer = Command::new("pgbench")
+        .args(["-n", "-c", "2", "-R", "200", "-T", "12", "-f"])
+        .arg(&script)
+        .arg(&url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("snapshot copied", MIN);
+    let log = capture.log_text();
+    assert!(
+        log.contains("copying in ctid ranges") && log.contains("connections=2"),
+        "the copy was not parallel: {}",
+        tail(&log)
+    );
+    let copied: u64 = log
+        .split("snapshot copied")
+        .nth(1)
+        .and_then(|l| l.split("rows=").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("the snapshot copied line's rows");
+    // The writer inserts and deletes: the snapshot's count is near the starting one.
+    assert!(copied.abs_diff(rows) < 10_000, "{copied} vs {rows}");
+    capture.wait_for("capture checkpoint committed", MIN);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("partitions assigned", MIN);
+    wait_child(&mut writer, MIN);
+    let report = verify_source_eventually(&f, MIN);
+    let now: u64 = psql(&url, "SELECT count(*) FROM big").parse().unwrap();
+    assert!(report.contains(&format!("{now} rows compared")), "{report}");
+    let checked = check_log(&f);
+    assert!(checked.contains(" 0 violations"), "{checked}");
+    capture.signal("TERM");
+    assert!(
+        capture.wait_exit(MIN).success(),
+        "{}",
+        tail(&capture.log_text())
+    );
+}

@@ -162,6 +162,7 @@ struct Setup<'a> {
     table_schema: TableSchema,
     columns: Vec<String>,
     config: CaptureConfig,
+    copy_connections: usize,
 }
 
 /// Runs the capture of `job` until `stop` is set (checked between source transactions); its report
@@ -224,6 +225,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
             checkpoint_interval_ms: c.checkpoint_interval_ms,
             ..CaptureConfig::default()
         },
+        copy_connections: c.copy_connections,
     };
     let mut progress = Progress {
         job: job.name.clone(),
@@ -430,10 +432,11 @@ fn snapshot(
     }
     let mut writer = SortedWriter::new(&s.dir, &s.table_schema, s.map.vnode_count())?;
     let started = std::time::Instant::now();
-    let (snap_info, now_ms, rows) = pg::copy_snapshot(&s.url, &s.table, &name, |datum, key| {
-        writer.add(vnode_of(&key, s.map.vnode_count()), &key, &datum)?;
-        Ok(())
-    })?;
+    let (snap_info, now_ms, rows) =
+        pg::copy_snapshot(&s.url, &s.table, &name, s.copy_connections, |datum, key| {
+            writer.add(vnode_of(key, s.map.vnode_count()), key, datum)?;
+            Ok(())
+        })?;
     if snap_info.encoder.columns != s.info.encoder.columns {
         bail!(
             "the columns of {} changed while the capture started; start it again",

@@ -8,7 +8,6 @@
 //! from the last committed state. Feedback is sent only from [`ReplicationPort::ack`]. The catalog,
 //! the checks and the copy use the `postgres` crate on ordinary connections.
 
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -288,12 +287,14 @@ pub fn copy_fields_into<'a>(
     Ok(())
 }
 
-/// `COPY`s the table's columns out inside `tx`, each row encoded (see [`copy_rows`]).
+/// `COPY`s the table's columns out inside `tx` (the rows whose ctid is in `range`, or all of
+/// them), each row encoded (see [`copy_rows`]).
 fn copy_table(
     tx: &mut postgres::Transaction<'_>,
     table: &TableName,
     encoder: &RowEncoder,
-    row: impl FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+    range: Option<CtidRange>,
+    row: impl FnMut(&[u8], &[u8]) -> Result<()>,
 ) -> Result<u64> {
     let cols = encoder
         .columns
@@ -301,56 +302,154 @@ fn copy_table(
         .map(|c| quote_ident(&c.name))
         .collect::<Vec<_>>()
         .join(", ");
+    let filter = match range {
+        None => String::new(),
+        Some(r) => r.sql(),
+    };
     let reader = tx.copy_out(&format!(
-        "COPY (SELECT {cols} FROM {}) TO STDOUT",
+        "COPY (SELECT {cols} FROM {}{filter}) TO STDOUT",
         table.sql()
     ))?;
     copy_rows(reader, table, encoder, row)
 }
 
-/// Reads a `COPY … TO STDOUT` stream line by line (one buffer, fields borrowed where they can
-/// be), encoding each row; `row` gets (datum, key). Returns the row count.
+/// Reads a `COPY … TO STDOUT` stream line by line (fields borrowed where they can be), encoding
+/// each row; `row` gets (datum, key). Returns the row count. PostgreSQL sends each row of the text
+/// format as one message; the reader hands it over as one buffer, so a row is read without copying
+/// it first unless it arrives split.
 fn copy_rows(
-    reader: impl std::io::Read,
+    reader: impl std::io::BufRead,
     table: &TableName,
     encoder: &RowEncoder,
-    mut row: impl FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+    mut row: impl FnMut(&[u8], &[u8]) -> Result<()>,
 ) -> Result<u64> {
-    let mut reader = BufReader::with_capacity(1 << 20, reader);
-    let mut line = String::new();
+    let mut reader = reader;
+    let mut partial: Vec<u8> = Vec::new();
     let mut n = 0u64;
-    loop {
+    let mut one = |line: &[u8], n: u64| -> Result<()> {
         let mut fields = Vec::with_capacity(encoder.columns.len());
-        line.clear();
-        if reader
-            .read_line(&mut line)
-            .with_context(|| format!("reading the copy of {table}"))?
-            == 0
-        {
-            return Ok(n);
-        }
-        let text = line.strip_suffix('\n').unwrap_or(&line);
+        let text = std::str::from_utf8(line)
+            .with_context(|| format!("{table}: row {n} of the copy is not UTF-8"))?;
         copy_fields_into(text, &mut fields)
             .with_context(|| format!("{table}: row {n} of the copy"))?;
         let refs: Vec<Option<&str>> = fields.iter().map(|f| f.as_deref()).collect();
         let (datum, key) = encoder
             .encode(&refs)
             .with_context(|| format!("{table}: row {n} of the copy"))?;
-        row(datum, key)?;
-        n += 1;
+        row(&datum, &key)
+    };
+    loop {
+        let buf = reader
+            .fill_buf()
+            .with_context(|| format!("reading the copy of {table}"))?;
+        if buf.is_empty() {
+            if !partial.is_empty() {
+                bail!("{table}: the copy ended inside row {n}");
+            }
+            return Ok(n);
+        }
+        let len = buf.len();
+        let mut start = 0;
+        while let Some(end) = memchr_newline(&buf[start..]) {
+            let line = &buf[start..start + end];
+            if partial.is_empty() {
+                one(line, n)?;
+            } else {
+                partial.extend_from_slice(line);
+                one(&partial, n)?;
+                partial.clear();
+            }
+            n += 1;
+            start += end + 1;
+        }
+        partial.extend_from_slice(&buf[start..]);
+        reader.consume(len);
     }
 }
 
-/// Copies the table inside the exported snapshot `snapshot_name`, calling `row` with each row's
-/// (datum, key). Returns the table info read in that snapshot, the server's clock (Unix ms) at the
-/// import, and the row count.
-pub fn copy_snapshot(
-    url: &str,
-    table: &TableName,
+fn memchr_newline(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+/// A range of the table's pages, `[from, to)` (`to = None`: to the end), read by one connection
+/// of a parallel copy: `WHERE ctid >= '(from,0)' AND ctid < '(to,0)'`, a TID range scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtidRange {
+    pub from: u64,
+    pub to: Option<u64>,
+}
+
+impl CtidRange {
+    fn sql(&self) -> String {
+        match self.to {
+            Some(to) => format!(
+                " WHERE ctid >= '({},0)'::tid AND ctid < '({to},0)'::tid",
+                self.from
+            ),
+            None => format!(" WHERE ctid >= '({},0)'::tid", self.from),
+        }
+    }
+}
+
+/// The copy's ranges: `parts` ranges of equal page counts over a table of `pages` pages (the last
+/// open-ended: pages added after the size was read hold no row the snapshot sees, but the ranges
+/// never depend on it); one range (no filter) when the table is too small to pay for more
+/// connections.
+pub fn ctid_ranges(pages: u64, parts: usize) -> Vec<Option<CtidRange>> {
+    let parts = (parts.max(1) as u64)
+        .min(pages / PAGES_PER_COPY_CONNECTION)
+        .max(1);
+    if parts == 1 {
+        return vec![None];
+    }
+    let step = pages.div_ceil(parts);
+    (0..parts)
+        .map(|i| {
+            Some(CtidRange {
+                from: i * step,
+                to: (i + 1 < parts).then_some((i + 1) * step),
+            })
+        })
+        .collect()
+}
+
+/// A copy connection pays for itself only over this many pages (8 KiB each: 64 MiB).
+const PAGES_PER_COPY_CONNECTION: u64 = 2048;
+
+/// Bytes of rows a copy connection hands to the writer at once (and at most 4 such batches in
+/// flight per connection: the parallel copy's memory is bounded by them, not by the table).
+const COPY_BATCH_BYTES: usize = 1 << 20;
+
+/// Appends one row to a copy batch: key length, datum length (u32 LE), key, datum. One buffer
+/// crosses threads per batch, not two per row.
+fn batch_push(batch: &mut Vec<u8>, key: &[u8], datum: &[u8]) {
+    batch.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    batch.extend_from_slice(&(datum.len() as u32).to_le_bytes());
+    batch.extend_from_slice(key);
+    batch.extend_from_slice(datum);
+}
+
+/// The rows of a copy batch, in order: (key, datum).
+fn batch_rows(batch: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut rest = batch;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let k = u32::from_le_bytes(rest[0..4].try_into().unwrap()) as usize;
+        let d = u32::from_le_bytes(rest[4..8].try_into().unwrap()) as usize;
+        let (key, tail) = rest[8..].split_at(k);
+        let (datum, tail) = tail.split_at(d);
+        rest = tail;
+        Some((key, datum))
+    })
+}
+
+/// Opens a read-only `REPEATABLE READ` transaction that imports the exported snapshot.
+fn snapshot_transaction<'a>(
+    client: &'a mut postgres::Client,
     snapshot_name: &str,
-    mut row: impl FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
-) -> Result<(TableInfo, u64, u64)> {
-    let mut client = connect(url)?;
+) -> Result<postgres::Transaction<'a>> {
     let mut tx = client
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -361,14 +460,113 @@ pub fn copy_snapshot(
         snapshot_name.replace('\'', "''")
     ))
     .context("importing the slot's exported snapshot")?;
+    Ok(tx)
+}
+
+/// Copies the table inside the exported snapshot `snapshot_name`, calling `row` with each row's
+/// (datum, key) on the calling thread. Tables of more than [`PAGES_PER_COPY_CONNECTION`] pages
+/// are read in up to `connections` ctid ranges in parallel, each by its own connection importing
+/// the same snapshot (so together they read exactly the snapshot's rows) and encoding on its own
+/// thread. Returns the table info read in that snapshot, the server's clock (Unix ms) at the
+/// import, and the row count.
+pub fn copy_snapshot(
+    url: &str,
+    table: &TableName,
+    snapshot_name: &str,
+    connections: usize,
+    mut row: impl FnMut(&[u8], &[u8]) -> Result<()>,
+) -> Result<(TableInfo, u64, u64)> {
+    let mut client = connect(url)?;
+    let mut tx = snapshot_transaction(&mut client, snapshot_name)?;
     let info = table_info(&mut tx, table)?;
-    let now_ms: i64 = tx
-        .query_one(
-            "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8",
-            &[],
-        )?
-        .get(0);
-    let n = copy_table(&mut tx, table, &info.encoder, &mut row)?;
+    let (now_ms, pages): (i64, i64) = {
+        let r = tx.query_one(
+            "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8, \
+                    (pg_relation_size($1::oid) / current_setting('block_size')::int8)::int8",
+            &[&info.oid],
+        )?;
+        (r.get(0), r.get(1))
+    };
+    let ranges = ctid_ranges(pages.max(0) as u64, connections);
+    if ranges.len() == 1 {
+        let n = copy_table(&mut tx, table, &info.encoder, None, &mut row)?;
+        tx.commit()?;
+        return Ok((info, now_ms.max(0) as u64, n));
+    }
+    tracing::debug!(%table, pages, connections = ranges.len(), "copying in ctid ranges");
+    let n = std::thread::scope(|scope| -> Result<u64> {
+        let (send, recv) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(4 * ranges.len());
+        let mut readers = Vec::new();
+        for (i, range) in ranges.iter().enumerate() {
+            let send = send.clone();
+            let encoder = &info.encoder;
+            let range = *range;
+            readers.push(
+                std::thread::Builder::new()
+                    .name(format!("capture-copy-{i}"))
+                    .spawn_scoped(scope, move || -> Result<()> {
+                        let mut client = connect(url)?;
+                        let mut tx = snapshot_transaction(&mut client, snapshot_name)?;
+                        let mut batch = Vec::with_capacity(COPY_BATCH_BYTES + 4096);
+                        let mut rows = 0u64;
+                        copy_table(&mut tx, table, encoder, range, |datum, key| {
+                            batch_push(&mut batch, key, datum);
+                            rows += 1;
+                            if batch.len() >= COPY_BATCH_BYTES {
+                                let full = std::mem::replace(
+                                    &mut batch,
+                                    Vec::with_capacity(COPY_BATCH_BYTES + 4096),
+                                );
+                                // The writer gone means it failed: its error is the one reported.
+                                send.send((std::mem::take(&mut rows), full))
+                                    .map_err(|_| anyhow::anyhow!("writer stopped"))?;
+                            }
+                            Ok(())
+                        })?;
+                        if !batch.is_empty() {
+                            send.send((rows, batch))
+                                .map_err(|_| anyhow::anyhow!("writer stopped"))?;
+                        }
+                        tx.commit()?;
+                        Ok(())
+                    })
+                    .context("starting a copy thread")?,
+            );
+        }
+        drop(send);
+        let mut n = 0u64;
+        let mut written: Result<()> = Ok(());
+        for (rows, batch) in recv.iter() {
+            n += rows;
+            for (key, datum) in batch_rows(&batch) {
+                written = row(datum, key);
+                if written.is_err() {
+                    break;
+                }
+            }
+            if written.is_err() {
+                break;
+            }
+        }
+        drop(recv);
+        // A reader's own error first (the writer stopping makes the others fail after it).
+        let mut first: Option<anyhow::Error> = None;
+        for (i, r) in readers.into_iter().enumerate() {
+            let r = r
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("copy thread {i} panicked")));
+            if let Err(e) = r {
+                if first.is_none() && written.is_ok() {
+                    first = Some(e.context(format!("copying {table}, ctid range {i}")));
+                }
+            }
+        }
+        written?;
+        match first {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    })?;
     tx.commit()?;
     Ok((info, now_ms.max(0) as u64, n))
 }
@@ -386,8 +584,8 @@ pub fn read_table(
         .start()?;
     let info = table_info(&mut tx, table)?;
     let mut rows = std::collections::BTreeMap::new();
-    copy_table(&mut tx, table, &info.encoder, |datum, key| {
-        rows.insert(key, datum);
+    copy_table(&mut tx, table, &info.encoder, None, |datum, key| {
+        rows.insert(key.to_vec(), datum.to_vec());
         Ok(())
     })?;
     tx.commit()?;
@@ -612,5 +810,134 @@ impl ReplicationPort for PgReplication {
 impl Drop for PgReplication {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::types::{PgColumn, PgType};
+
+    #[test]
+    fn ctid_ranges_cover_every_page_once_and_small_tables_get_one_copy() {
+        assert_eq!(ctid_ranges(0, 4), vec![None]);
+        assert_eq!(
+            ctid_ranges(PAGES_PER_COPY_CONNECTION * 2 - 1, 2),
+            vec![None]
+        );
+        assert_eq!(ctid_ranges(PAGES_PER_COPY_CONNECTION * 10, 1), vec![None]);
+        for (pages, parts) in [
+            (2 * PAGES_PER_COPY_CONNECTION, 2),
+            (100_003, 3),
+            (99_999, 16),
+        ] {
+            let r = ctid_ranges(pages, parts);
+            assert!(r.len() > 1 && r.len() <= parts, "{pages} {parts}: {r:?}");
+            let r: Vec<CtidRange> = r.into_iter().map(Option::unwrap).collect();
+            assert_eq!(r[0].from, 0);
+            for w in r.windows(2) {
+                assert_eq!(w[0].to, Some(w[1].from), "{r:?}");
+                assert!(w[0].from < w[1].from);
+            }
+            assert_eq!(r.last().unwrap().to, None, "the last range is open-ended");
+        }
+    }
+
+    /// A `BufRead` that hands over the stream in pieces of `piece` bytes.
+    struct Pieces<'a> {
+        data: &'a [u8],
+        piece: usize,
+    }
+
+    impl std::io::Read for Pieces<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let n = out.len().min(self.piece).min(self.data.len());
+            out[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    impl std::io::BufRead for Pieces<'_> {
+        fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+            Ok(&self.data[..self.piece.min(self.data.len())])
+        }
+        fn consume(&mut self, n: usize) {
+            self.data = &self.data[n..];
+        }
+    }
+
+    #[test]
+    fn copy_rows_reads_rows_split_across_buffers_and_refuses_a_cut_one() {
+        let encoder = RowEncoder {
+            columns: vec![
+                PgColumn {
+                    name: "id".into(),
+                    ty: PgType::Int4,
+                    nullable: false,
+                },
+                PgColumn {
+                    name: "s".into(),
+                    ty: PgType::Text,
+                    nullable: true,
+                },
+            ],
+            key: vec![0],
+        };
+        let table = TableName::parse("public.t").unwrap();
+        let text = b"1\tone\n2\t\\N\n3\ttab\\there\n";
+        let want = {
+            let mut rows = Vec::new();
+            copy_rows(
+                Pieces {
+                    data: text,
+                    piece: text.len(),
+                },
+                &table,
+                &encoder,
+                |d, k| {
+                    rows.push((k.to_vec(), d.to_vec()));
+                    Ok(())
+                },
+            )
+            .unwrap();
+            rows
+        };
+        assert_eq!(want.len(), 3);
+        for piece in 1..text.len() {
+            let mut rows = Vec::new();
+            let n = copy_rows(Pieces { data: text, piece }, &table, &encoder, |d, k| {
+                rows.push((k.to_vec(), d.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!((n, &rows), (3, &want), "pieces of {piece}");
+        }
+        let cut = copy_rows(
+            Pieces {
+                data: &text[..text.len() - 3],
+                piece: 5,
+            },
+            &table,
+            &encoder,
+            |_, _| Ok(()),
+        )
+        .unwrap_err();
+        assert!(cut.to_string().contains("ended inside row 2"), "{cut}");
+    }
+
+    #[test]
+    fn a_copy_batch_gives_back_its_rows_in_order() {
+        let mut batch = Vec::new();
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = (0..100u32)
+            .map(|i| (i.to_be_bytes().to_vec(), vec![b'x'; i as usize]))
+            .collect();
+        for (k, d) in &rows {
+            batch_push(&mut batch, k, d);
+        }
+        let back: Vec<(Vec<u8>, Vec<u8>)> = batch_rows(&batch)
+            .map(|(k, d)| (k.to_vec(), d.to_vec()))
+            .collect();
+        assert_eq!(back, rows);
     }
 }

@@ -192,6 +192,14 @@ pub struct CaptureSection {
     /// A checkpoint (and one Kafka transaction) at most this often (ms).
     #[serde(default = "default_capture_checkpoint_ms")]
     pub checkpoint_interval_ms: u64,
+    /// Connections that copy the snapshot in parallel, each a range of the table's pages (ctid)
+    /// in the same exported snapshot; a table under 64 MiB is copied by one.
+    #[serde(default = "default_copy_connections")]
+    pub copy_connections: usize,
+}
+
+fn default_copy_connections() -> usize {
+    2
 }
 
 fn default_capture_partitions() -> u32 {
@@ -691,6 +699,16 @@ impl Config {
                             "{slot:?}: a slot name is at most 63 lower-case letters, digits and _"
                         ),
                     ));
+                }
+                let publication = c.publication_name(&job.name);
+                if publication.is_empty() || publication.len() > 63 {
+                    return Err(err(
+                        at("capture.publication"),
+                        format!("{publication:?}: a publication name is 1 to 63 bytes (PostgreSQL would cut a longer one)"),
+                    ));
+                }
+                if !(1..=16).contains(&c.copy_connections) {
+                    return Err(err(at("capture.copy_connections"), "must be 1..=16"));
                 }
                 if c.partitions == 0 || c.partitions > job.vnode_count {
                     return Err(err(
@@ -1217,6 +1235,39 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
             e.to_string(),
             "jobs[0].kafka.\"enable.auto.commit\": is managed by kafka-backfill (always false: offsets are committed to the group after each store commit, never on a timer); remove it"
         );
+    }
+
+    #[test]
+    fn capture_settings_name_the_key() {
+        let capture = |extra: &str| {
+            Config::parse(
+                &format!("{GOOD}[jobs.capture]\nsource_url = \"postgresql://u@h/db\"\ntable = \"public.t\"\n{extra}\n"),
+                "t.toml",
+            )
+        };
+        let c = capture("").unwrap();
+        let section = c.jobs[0].capture.as_ref().unwrap();
+        assert_eq!(section.copy_connections, 2);
+        assert_eq!(section.publication_name("accounts"), "kb_accounts");
+        assert_eq!(
+            capture("copy_connections = 0").unwrap_err().to_string(),
+            "jobs[0].capture.copy_connections: must be 1..=16"
+        );
+        assert!(capture("copy_connections = 16").is_ok());
+        let long = "p".repeat(64);
+        assert_eq!(
+            capture(&format!("publication = \"{long}\"")).unwrap_err().to_string(),
+            format!("jobs[0].capture.publication: \"{long}\": a publication name is 1 to 63 bytes (PostgreSQL would cut a longer one)")
+        );
+        assert!(capture(&format!("publication = \"{}\"", &long[..63])).is_ok());
+        assert!(capture("slot = \"Bad-Slot\"")
+            .unwrap_err()
+            .to_string()
+            .starts_with("jobs[0].capture.slot: "));
+        assert!(capture("partitions = 0")
+            .unwrap_err()
+            .to_string()
+            .starts_with("jobs[0].capture.partitions: must be 1..="));
     }
 
     #[test]

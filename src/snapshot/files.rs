@@ -261,6 +261,8 @@ pub struct SortedWriter {
     buckets: Vec<BufWriter<fs::File>>,
     rows: u64,
     run_bytes: usize,
+    /// One row's spill header, reused.
+    head: Vec<u8>,
 }
 
 /// The largest bucket sorted in memory, and the size of each sorted run of a larger one.
@@ -286,6 +288,7 @@ impl SortedWriter {
             buckets,
             rows: 0,
             run_bytes: SORT_RUN_BYTES,
+            head: Vec::with_capacity(32),
         })
     }
 
@@ -298,12 +301,13 @@ impl SortedWriter {
     /// Adds one row.
     pub fn add(&mut self, vnode: Vnode, key: &[u8], datum: &[u8]) -> Result<(), SourceError> {
         let i = vnode as usize % self.buckets.len();
-        let mut head = Vec::with_capacity(16);
-        put_long(&mut head, vnode as i64);
-        put_long(&mut head, key.len() as i64);
-        put_long(&mut head, datum.len() as i64);
+        let head = &mut self.head;
+        head.clear();
+        put_long(head, vnode as i64);
+        put_long(head, key.len() as i64);
+        put_long(head, datum.len() as i64);
         let w = &mut self.buckets[i];
-        w.write_all(&head)
+        w.write_all(head)
             .and_then(|()| w.write_all(key))
             .and_then(|()| w.write_all(datum))
             .map_err(|e| file_err(&self.spill, e))?;
