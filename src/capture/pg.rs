@@ -495,10 +495,22 @@ pub fn copy_snapshot(
     }
     tracing::debug!(%table, pages, connections = ranges.len(), "copying in ctid ranges");
     let n = std::thread::scope(|scope| -> Result<u64> {
-        let (send, recv) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(4 * ranges.len());
+        let (send, recv) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>)>(4 * ranges.len());
+        // Batches the writer is done with go back to their reader: fresh 1 MiB buffers would be
+        // fresh pages the kernel zeroes, a tenth of the writer's time.
+        let mut pools = Vec::new();
         let mut readers = Vec::new();
         for (i, range) in ranges.iter().enumerate() {
             let send = send.clone();
+            let (give_back, pool) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
+            pools.push(give_back);
+            let fresh = move || match pool.try_recv() {
+                Ok(mut b) => {
+                    b.clear();
+                    b
+                }
+                Err(_) => Vec::with_capacity(COPY_BATCH_BYTES + 4096),
+            };
             let encoder = &info.encoder;
             let range = *range;
             readers.push(
@@ -507,24 +519,21 @@ pub fn copy_snapshot(
                     .spawn_scoped(scope, move || -> Result<()> {
                         let mut client = connect(url)?;
                         let mut tx = snapshot_transaction(&mut client, snapshot_name)?;
-                        let mut batch = Vec::with_capacity(COPY_BATCH_BYTES + 4096);
+                        let mut batch = fresh();
                         let mut rows = 0u64;
                         copy_table(&mut tx, table, encoder, range, |datum, key| {
                             batch_push(&mut batch, key, datum);
                             rows += 1;
                             if batch.len() >= COPY_BATCH_BYTES {
-                                let full = std::mem::replace(
-                                    &mut batch,
-                                    Vec::with_capacity(COPY_BATCH_BYTES + 4096),
-                                );
+                                let full = std::mem::replace(&mut batch, fresh());
                                 // The writer gone means it failed: its error is the one reported.
-                                send.send((std::mem::take(&mut rows), full))
+                                send.send((i, std::mem::take(&mut rows), full))
                                     .map_err(|_| anyhow::anyhow!("writer stopped"))?;
                             }
                             Ok(())
                         })?;
                         if !batch.is_empty() {
-                            send.send((rows, batch))
+                            send.send((i, rows, batch))
                                 .map_err(|_| anyhow::anyhow!("writer stopped"))?;
                         }
                         tx.commit()?;
@@ -536,7 +545,7 @@ pub fn copy_snapshot(
         drop(send);
         let mut n = 0u64;
         let mut written: Result<()> = Ok(());
-        for (rows, batch) in recv.iter() {
+        for (from, rows, batch) in recv.iter() {
             n += rows;
             for (key, datum) in batch_rows(&batch) {
                 written = row(datum, key);
@@ -546,6 +555,14 @@ pub fn copy_snapshot(
             }
             if written.is_err() {
                 break;
+            }
+            // Back to its reader's pool; a full pool or a finished reader frees it instead.
+            if let Err(
+                std::sync::mpsc::TrySendError::Full(b)
+                | std::sync::mpsc::TrySendError::Disconnected(b),
+            ) = pools[from].try_send(batch)
+            {
+                drop(b);
             }
         }
         drop(recv);
