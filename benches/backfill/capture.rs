@@ -203,7 +203,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
         snapshot_run(bin, bootstrap, pg, sizes.small_scale);
     r.figure(
         "capture_snapshot",
-        &format!("capture's snapshot of pgbench_accounts ({rows} rows, durable PostgreSQL): slot with exported snapshot, COPY in it, encode, sort by vnode, write the files (the \"snapshot copied\" line's seconds); the ceiling, COPY (SELECT …) TO STDOUT of the same table by psql into /dev/null, {} rows/s", fmt_rate(copy)),
+        &format!("capture's snapshot of pgbench_accounts ({rows} rows, durable PostgreSQL): slot with exported snapshot, COPY in it (copy_connections 2: two ctid ranges in parallel), encode, sort by vnode, write and sync the files (the \"snapshot copied\" line's seconds); the ceiling, COPY (SELECT …) TO STDOUT of the same table by psql into /dev/null, {} rows/s", fmt_rate(copy)),
         format!("{} rows/s ({:.2}× COPY)", fmt_rate(rate), rate / copy),
         json!({"rows": rows, "rows_per_s": rate, "copy_rows_per_s": copy, "ratio": rate / copy}),
     );
