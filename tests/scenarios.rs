@@ -3,7 +3,7 @@
 //! the final store equals the final upstream table.
 
 use kafka_backfill::core::{BarrierKind, Phase};
-use kafka_backfill::sim::{Sim, SimConfig};
+use kafka_backfill::sim::{GroupProtocol, Sim, SimConfig};
 
 const CP: BarrierKind = BarrierKind::Checkpoint;
 const NB: BarrierKind = BarrierKind::Barrier;
@@ -26,7 +26,16 @@ fn calm_config(seed: u64, vnodes: u32, partitions: u32, rows: u32) -> SimConfig 
     c.local_checkpoint_rows = 3;
     c.max_fetch_batch = 4;
     c.max_steps = 20_000;
+    // The scripted scenarios below say which protocol they run under; the classic one unless
+    // they say otherwise.
+    c.protocol = GroupProtocol::Classic;
     c
+}
+
+fn calm_under(protocol: GroupProtocol, seed: u64, vnodes: u32, partitions: u32, rows: u32) -> Sim {
+    let mut c = calm_config(seed, vnodes, partitions, rows);
+    c.protocol = protocol;
+    Sim::new(c)
 }
 
 fn phase_is(i: usize, p: Phase) -> impl Fn(&Sim) -> bool {
@@ -171,7 +180,17 @@ fn restart_with_a_different_number_of_workers() {
 
 #[test]
 fn reassignment_during_the_snapshot_scales_out_and_in_without_loss() {
-    let mut s = calm(9, 32, 4, 60);
+    reassignment_during_the_snapshot_scales_out_and_in_without_loss_under(GroupProtocol::Classic);
+}
+
+/// The same under KIP-848: the coordinator's staggered, sticky, piecewise steps.
+#[test]
+fn reassignment_during_the_snapshot_scales_out_and_in_without_loss_under_kip848() {
+    reassignment_during_the_snapshot_scales_out_and_in_without_loss_under(GroupProtocol::Consumer);
+}
+
+fn reassignment_during_the_snapshot_scales_out_and_in_without_loss_under(protocol: GroupProtocol) {
+    let mut s = calm_under(protocol, 9, 32, 4, 60);
     s.write_epoch(5, CP);
     let a = s.join().unwrap();
     s.run_until(10_000, |s| s.store().commits("sim") >= 3)
@@ -197,7 +216,21 @@ fn reassignment_during_the_snapshot_scales_out_and_in_without_loss() {
 
 #[test]
 fn reassignment_during_the_log_store_raises_the_error_then_recreates() {
-    let mut s = calm(10, 16, 4, 20);
+    reassignment_during_the_log_store_raises_the_error_then_recreates_under(GroupProtocol::Classic);
+}
+
+/// The same under KIP-848: the coordinator's staggered, sticky, piecewise steps.
+#[test]
+fn reassignment_during_the_log_store_raises_the_error_then_recreates_under_kip848() {
+    reassignment_during_the_log_store_raises_the_error_then_recreates_under(
+        GroupProtocol::Consumer,
+    );
+}
+
+fn reassignment_during_the_log_store_raises_the_error_then_recreates_under(
+    protocol: GroupProtocol,
+) {
+    let mut s = calm_under(protocol, 10, 16, 4, 20);
     for _ in 0..30 {
         s.write_epoch(4, CP);
     }
@@ -220,7 +253,17 @@ fn reassignment_during_the_log_store_raises_the_error_then_recreates() {
 
 #[test]
 fn reassignment_during_streaming_loses_nothing() {
-    let mut s = calm(11, 16, 4, 20);
+    reassignment_during_streaming_loses_nothing_under(GroupProtocol::Classic);
+}
+
+/// The same under KIP-848: the coordinator's staggered, sticky, piecewise steps.
+#[test]
+fn reassignment_during_streaming_loses_nothing_under_kip848() {
+    reassignment_during_streaming_loses_nothing_under(GroupProtocol::Consumer);
+}
+
+fn reassignment_during_streaming_loses_nothing_under(protocol: GroupProtocol) {
+    let mut s = calm_under(protocol, 11, 16, 4, 20);
     s.write_epoch(4, CP);
     let a = s.join().unwrap();
     s.run_until(10_000, phase_is(a, Phase::Streaming)).unwrap();

@@ -44,9 +44,22 @@ fn random_schedules_against_the_oracle() {
     let first = env_u64("SIM_FIRST_SEED", 0);
     let mut total = SimReport::default();
     let mut failures = Vec::new();
+    // KIP-848 seeds (about half): how many, and the bitmap updates they saw by phase.
+    let mut kip848 = 0u64;
+    let mut kip848_updates: std::collections::BTreeMap<Phase, u64> = Default::default();
+    let mut kip848_recreations = 0u64;
     for seed in first..first + seeds {
         match run_seed(seed) {
             Ok(r) => {
+                if r.consumer_protocol {
+                    kip848 += 1;
+                    kip848_recreations += r.recreations;
+                    for (p, n) in &r.updates_by_phase {
+                        *kip848_updates.entry(*p).or_default() += n;
+                    }
+                }
+                total.member_fences += r.member_fences;
+                total.reconciliations += r.reconciliations;
                 total.steps += r.steps;
                 total.commits += r.commits;
                 total.rebalances += r.rebalances;
@@ -77,6 +90,10 @@ fn random_schedules_against_the_oracle() {
         total.recreations,
         total.updates_by_phase
     );
+    println!(
+        "  of which KIP-848 (group.protocol = consumer): {kip848} seeds, {} reconciliation steps, {} members fenced, {kip848_recreations} recreations; bitmap updates by phase {kip848_updates:?}",
+        total.reconciliations, total.member_fences
+    );
     if !failures.is_empty() {
         // Every failing seed's replay line (the first in full), for scripts/soak.sh.
         let replays: Vec<&str> = failures
@@ -104,6 +121,15 @@ fn random_schedules_against_the_oracle() {
         );
         assert!(total.fenced > 0, "no zombie or stale commit was fenced");
         assert!(total.crashes > 0);
+        // The KIP-848 coordinator's incremental steps reached every phase.
+        assert!(kip848 > 0 && total.reconciliations > 0 && total.member_fences > 0);
+        for phase in [Phase::Snapshot, Phase::LogStore, Phase::Streaming] {
+            assert!(
+                kip848_updates.get(&phase).copied().unwrap_or(0) > 0,
+                "no KIP-848 bitmap update in phase {phase:?}"
+            );
+        }
+        assert!(kip848_recreations > 0, "no KIP-848 recreation");
     }
 }
 

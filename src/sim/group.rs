@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    CommitQueue, ConsumerState, Sim, SimClock, SimCommitter, SimConsumer, SimResult, SimWorker, JOB,
+    CommitQueue, ConsumerState, GroupProtocol, Sim, SimClock, SimCommitter, SimConsumer, SimResult,
+    SimWorker, JOB,
 };
 use crate::core::{LocalCheckpointPolicy, PartitionId, RecreationPolicy};
 use crate::driver::{Driver, DriverConfig};
@@ -98,6 +99,11 @@ impl Sim {
             return;
         }
         self.rebalances += 1;
+        if self.config.protocol == GroupProtocol::Consumer {
+            // Nobody is told now: each member learns its part at a heartbeat (deliver_assignments).
+            self.target = self.sticky_target(&members);
+            return;
+        }
         for p in 0..self.config.partition_count {
             self.target
                 .entry(members[p as usize % members.len()])
@@ -121,9 +127,142 @@ impl Sim {
         }
     }
 
+    /// KIP-848's server-side assignor: balanced (each member ⌊P/m⌋ or ⌈P/m⌉ partitions) and
+    /// sticky — a member keeps what it holds up to its share (the members holding most get the
+    /// larger shares), and only the rest moves.
+    fn sticky_target(&self, members: &[usize]) -> BTreeMap<usize, BTreeSet<PartitionId>> {
+        let w = self.world.borrow();
+        let holds: BTreeMap<usize, BTreeSet<PartitionId>> = members
+            .iter()
+            .map(|&i| (i, w.consumers[i].eventual()))
+            .collect();
+        let parts = self.config.partition_count as usize;
+        let mut by_holding = members.to_vec();
+        by_holding.sort_by_key(|i| std::cmp::Reverse(holds[i].len()));
+        let share: BTreeMap<usize, usize> = by_holding
+            .iter()
+            .enumerate()
+            .map(|(rank, &i)| {
+                let extra = usize::from(rank < parts % members.len());
+                (i, parts / members.len() + extra)
+            })
+            .collect();
+        let mut target: BTreeMap<usize, BTreeSet<PartitionId>> = BTreeMap::new();
+        let mut taken = BTreeSet::new();
+        for &i in members {
+            let mine = target.entry(i).or_default();
+            for &p in &holds[&i] {
+                if mine.len() < share[&i] && taken.insert(p) {
+                    mine.insert(p);
+                }
+            }
+        }
+        let mut free = (0..self.config.partition_count).filter(|p| !taken.contains(p));
+        for &i in members {
+            let mine = target.entry(i).or_default();
+            while mine.len() < share[&i] {
+                match free.next() {
+                    Some(p) => mine.insert(p),
+                    None => break,
+                };
+            }
+        }
+        target
+    }
+
+    /// Whether a KIP-848 member still has something to revoke, or a target partition it could be
+    /// given now.
+    pub(super) fn reconciling(&self) -> bool {
+        self.config.protocol == GroupProtocol::Consumer
+            && self.members().iter().any(|&i| {
+                let (lose, gain) = self.reconciliation(i);
+                !lose.is_empty() || !gain.is_empty()
+            })
+    }
+
+    /// Member `i`'s KIP-848 step: what it must revoke, and what of its target is free to give it
+    /// (no other member holds it, counting partitions whose revocation it has not yet polled).
+    fn reconciliation(&self, i: usize) -> (Vec<PartitionId>, Vec<PartitionId>) {
+        let members = self.members();
+        let w = self.world.borrow();
+        let want = self.target.get(&i).cloned().unwrap_or_default();
+        let eventual = w.consumers[i].eventual();
+        let lose: Vec<PartitionId> = eventual.difference(&want).copied().collect();
+        let held_elsewhere: BTreeSet<PartitionId> = members
+            .iter()
+            .filter(|&&j| j != i)
+            .flat_map(|&j| {
+                let mut h = w.consumers[j].eventual();
+                h.extend(w.consumers[j].assigned.keys().copied());
+                h
+            })
+            .collect();
+        let gain: Vec<PartitionId> = want
+            .difference(&eventual)
+            .filter(|p| !held_elsewhere.contains(p))
+            .copied()
+            .collect();
+        (lose, gain)
+    }
+
+    /// One KIP-848 heartbeat, some steps none: one member with something to reconcile revokes
+    /// what it must and gains some (not always all) of its target's free partitions.
+    fn heartbeat(&mut self) {
+        let pending: Vec<(usize, Vec<PartitionId>, Vec<PartitionId>)> = self
+            .members()
+            .into_iter()
+            .map(|i| {
+                let (lose, gain) = self.reconciliation(i);
+                (i, lose, gain)
+            })
+            .filter(|(_, lose, gain)| !lose.is_empty() || !gain.is_empty())
+            .collect();
+        let mut w = self.world.borrow_mut();
+        if pending.is_empty() || !w.rng.chance(50) {
+            return;
+        }
+        let (i, lose, mut gain) = pending[w.rng.below(pending.len() as u64) as usize].clone();
+        if !lose.is_empty() {
+            w.consumers[i].inbox.push_back(Polled::Revoked {
+                partitions: lose,
+                lost: false,
+            });
+        }
+        if !gain.is_empty() {
+            let n = 1 + w.rng.below(gain.len() as u64) as usize;
+            gain.truncate(n);
+            w.consumers[i].inbox.push_back(Polled::Assigned(gain));
+        }
+        drop(w);
+        self.reconciliations += 1;
+    }
+
+    /// KIP-848 fences member `i` (its member epoch went stale: FENCED_MEMBER_EPOCH): every
+    /// partition it holds is lost at once, and it rejoins at epoch 0 for a new target.
+    pub(super) fn fence_member(&mut self, i: usize) {
+        {
+            let mut w = self.world.borrow_mut();
+            let lost: Vec<PartitionId> = w.consumers[i].eventual().into_iter().collect();
+            if lost.is_empty() {
+                return;
+            }
+            w.consumers[i].inbox.push_back(Polled::Revoked {
+                partitions: lost,
+                lost: true,
+            });
+        }
+        self.member_fences += 1;
+        self.rebalance();
+    }
+
     /// Gives each member the partitions of its target that no other member holds any more
-    /// (cooperative: the old owner acknowledged the revocation first).
+    /// (cooperative: the old owner acknowledged the revocation first); under KIP-848 one
+    /// member's reconciliation step at a heartbeat.
     pub(super) fn deliver_assignments(&mut self) {
+        if self.config.protocol == GroupProtocol::Consumer {
+            self.heartbeat();
+            return;
+        }
         let members = self.members();
         let mut w = self.world.borrow_mut();
         let eventual: BTreeMap<usize, BTreeSet<PartitionId>> = members
@@ -157,7 +296,7 @@ impl Sim {
             let busy: Vec<usize> = (0..self.workers.len())
                 .filter(|&i| self.runnable(i) && !self.world.borrow().consumers[i].inbox.is_empty())
                 .collect();
-            if busy.is_empty() {
+            if busy.is_empty() && !self.reconciling() {
                 return Ok(());
             }
             for i in busy {
@@ -175,6 +314,18 @@ impl Sim {
     pub(super) fn chaos(&mut self) -> SimResult<()> {
         let n = self.workers.len();
         let pick = |s: &Sim, n: u64| s.world.borrow_mut().rng.below(n);
+        if self.config.protocol == GroupProtocol::Consumer && pick(self, 8) == 0 {
+            let members: Vec<usize> = self
+                .members()
+                .into_iter()
+                .filter(|&i| self.runnable(i))
+                .collect();
+            if !members.is_empty() {
+                let i = members[pick(self, members.len() as u64) as usize];
+                self.fence_member(i);
+            }
+            return Ok(());
+        }
         match pick(self, 6) {
             0 if self.members().len() < self.config.max_workers as usize => {
                 self.add_worker()?;

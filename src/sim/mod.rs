@@ -69,6 +69,23 @@ pub struct SimConfig {
     /// Percent of steps in which one pending checkpoint commit completes (commits otherwise
     /// complete when the worker waits for them, or when too many are pending).
     pub commit_percent: u64,
+    /// How the coordinator moves partitions between members.
+    pub protocol: GroupProtocol,
+}
+
+/// How the simulated coordinator moves partitions (`group.protocol`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// The classic protocol with the cooperative-sticky assignor: at a rebalance every member is
+    /// told at once what it loses, and a partition reaches its new owner once the old owner let it
+    /// go.
+    Classic,
+    /// KIP-848 (`group.protocol = "consumer"`): the coordinator computes a sticky target (the
+    /// server-side assignor) and reconciles one member per heartbeat, some heartbeats none: the
+    /// member revokes what its target leaves out, then gains the target's partitions in pieces as
+    /// their old owners release them, so members move in smaller, staggered steps; a member can be
+    /// fenced (a stale member epoch: every partition lost at once) and rejoins.
+    Consumer,
 }
 
 impl SimConfig {
@@ -101,6 +118,12 @@ impl SimConfig {
                 ..SupervisorConfig::default()
             },
             commit_percent: 5 + r.below(40),
+            // Drawn last, so every other field of a seed's shape is what it was before.
+            protocol: if r.below(2) == 0 {
+                GroupProtocol::Classic
+            } else {
+                GroupProtocol::Consumer
+            },
         }
     }
 }
@@ -127,6 +150,12 @@ pub struct SimReport {
     /// Under `recreation.policy = "fail"`: the job stopped on the invariant error (the worker's
     /// stop message), as that policy says; the oracle held at every commit up to there.
     pub stopped: Option<String>,
+    /// The run's coordinator spoke KIP-848 (`GroupProtocol::Consumer`).
+    pub consumer_protocol: bool,
+    /// Members fenced by the KIP-848 coordinator (all partitions lost, then a rejoin).
+    pub member_fences: u64,
+    /// KIP-848 reconciliation steps delivered (one member's revocation and/or partial gain).
+    pub reconciliations: u64,
 }
 
 type SimDriver = Driver<SimConsumer, SimCommitter, SimClock>;
@@ -158,6 +187,8 @@ pub struct Sim {
     rebalances: u64,
     crashes: u64,
     freezes: u64,
+    member_fences: u64,
+    reconciliations: u64,
     streamed_while_writing: bool,
     final_rows: usize,
     /// Set when a worker stopped the job as the `fail` policy says (the run ends there).
@@ -255,6 +286,8 @@ impl Sim {
             rebalances: 0,
             crashes: 0,
             freezes: 0,
+            member_fences: 0,
+            reconciliations: 0,
             streamed_while_writing: false,
             final_rows: 0,
             stopped: None,
@@ -498,6 +531,9 @@ impl Sim {
             updates_by_phase,
             streamed_while_writing: self.streamed_while_writing,
             stopped: self.stopped.clone(),
+            consumer_protocol: self.config.protocol == GroupProtocol::Consumer,
+            member_fences: self.member_fences,
+            reconciliations: self.reconciliations,
         }
     }
 
