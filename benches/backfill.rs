@@ -363,6 +363,9 @@ fn job_config(
             max_epochs_ahead: 256,
             rate_limit: Default::default(),
             capture: None,
+            on_bad_record: Default::default(),
+            dead_letter_topic: None,
+            max_dead_letters: 100,
         }],
     }
 }
@@ -530,6 +533,8 @@ fn commit_latency(n: usize, samples: usize) -> Vec<f64> {
                 })
                 .collect(),
             partitions: vec![],
+            dead_letters: Vec::new(),
+            max_dead_letters: 0,
         };
         let t = Instant::now();
         store.commit("b", &cp).unwrap();

@@ -64,6 +64,9 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
         max_epochs_ahead: 256,
         rate_limit: Default::default(),
         capture: None,
+        on_bad_record: Default::default(),
+        dead_letter_topic: None,
+        max_dead_letters: 100,
     }
 }
 

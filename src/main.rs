@@ -662,6 +662,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, false) => anyhow::bail!("verify needs --expected DIR or --against-source"),
             };
             println!("verify {}: {report}", j.name);
+            // What was skipped is part of the answer: a dead-lettered record's change is in
+            // neither the store nor (it never decoded) the comparison.
+            let letters = store.dead_letters(&j.name)?;
+            if !letters.is_empty() {
+                println!(
+                    "dead letters: {} recorded (kb_dead_letters; the records are on the dead-letter topic):",
+                    letters.len()
+                );
+                for d in letters.iter().take(20) {
+                    println!(
+                        "  partition {} offset {} (epoch {}, generation {}): {}",
+                        d.partition, d.offset, d.epoch, d.generation, d.reason
+                    );
+                }
+                if letters.len() > 20 {
+                    println!("  … and {} more", letters.len() - 20);
+                }
+            }
             if let kafka_backfill::service::config::StoreConfig::Sqlite { path, table } = &j.store {
                 println!(
                     "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",

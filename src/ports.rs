@@ -110,6 +110,13 @@ pub enum StoreError {
     /// cannot hold). Retrying cannot succeed; the job stops.
     #[error("state store refused the checkpoint: {0}")]
     Rejected(String),
+    /// `max_dead_letters` reached: the checkpoint would record more; nothing of it is applied.
+    #[error("job {job}: the checkpoint would record {would_be} dead letters, over max_dead_letters = {max}; the job stops (the dead letters so far: `kafka-backfill verify` lists them, kb_dead_letters holds them); raise the cap or fix the producer, then run again")]
+    DeadLetterCap {
+        job: String,
+        max: u64,
+        would_be: u64,
+    },
     /// A row value that the store cannot hold, named by column and key.
     #[error("state store cannot hold column {column} of the row with key {key}: {reason}")]
     Value {
@@ -222,6 +229,9 @@ pub trait StateStore: Send {
     fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError>;
     /// Sets the job's live rate limits; they outlive restarts and recreations.
     fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError>;
+    /// The dead letters recorded for the job (`on_bad_record = "dead-letter"`), by partition and
+    /// offset.
+    fn dead_letters(&mut self, job: &str) -> Result<Vec<DeadLetterRow>, StoreError>;
     /// Whether the job is paused (`kafka-backfill pause`); never set = not paused.
     fn paused(&mut self, job: &str) -> Result<bool, StoreError>;
     /// Pauses or resumes the job; kept across restarts and recreations, like the live limits.
@@ -263,6 +273,18 @@ pub fn job_phase_sql(streaming: &str, placeholder: &str) -> String {
 
 // ----- the worker loop's ports (`crate::driver`) ------------------------------------------------
 
+/// One recorded dead letter (`kb_dead_letters`): a record skipped because it did not decode.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeadLetterRow {
+    pub partition: PartitionId,
+    pub offset: u64,
+    /// The partition's open epoch where it stood.
+    pub epoch: u64,
+    /// The generation that first recorded it (a recreation reads it again and keeps this row).
+    pub generation: u64,
+    pub reason: String,
+}
+
 /// What one poll of a consumer returns: a record (decoded, or why not), or a group event. Rebalance
 /// callbacks arrive as events in poll order; the loop completes them (`assign` / `unassign`) after
 /// the core has handled them, so a revocation is acknowledged only once its commits are durable.
@@ -271,8 +293,8 @@ pub enum Polled {
     Record {
         partition: PartitionId,
         offset: u64,
-        /// The decoded record, or why it does not decode (the poison path).
-        record: Result<LogRecord, String>,
+        /// The decoded record, or why it does not decode with its bytes (the poison path).
+        record: Result<LogRecord, Undecoded>,
     },
     /// The group gives these partitions; complete with [`ConsumerPort::assign`].
     Assigned(Vec<PartitionId>),
@@ -284,6 +306,33 @@ pub enum Polled {
     },
     /// The client reported an error; a fatal one stops the worker.
     ClientError { reason: String, fatal: bool },
+}
+
+/// A record that did not decode: why, and its bytes (kept for a dead letter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecoded {
+    pub reason: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+}
+
+/// A dead letter with the record's own bytes, as it goes to the dead-letter topic.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetterRecord<'a> {
+    pub letter: &'a crate::core::DeadLetter,
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+}
+
+/// Where dead letters go (`on_bad_record = "dead-letter"`): the loop writes a checkpoint's dead
+/// letters here, and waits until they are written, before it hands the checkpoint to the store —
+/// so a dead letter recorded in the store is always in the topic too (a crash between the two
+/// writes it again when the partition is read again: at least once in the topic, exactly once in
+/// the store).
+pub trait DeadLetterSink: Send {
+    /// Writes these records and waits until the broker has them all; an error is transient (the
+    /// worker restarts from the store, nothing of the checkpoint recorded).
+    fn send(&mut self, letters: &[DeadLetterRecord<'_>]) -> Result<(), String>;
 }
 
 /// A consumer-group member as the loop sees it: librdkafka in production (`kafka::worker`), a
@@ -437,6 +486,8 @@ pub enum WorkerEvent {
     SnapshotRow,
     /// A record that did not decode.
     DecodeError,
+    /// Records written to the dead-letter topic, just before the checkpoint that records them.
+    DeadLettered { count: usize },
     /// librdkafka reported an error (a broker away, authentication); it reconnects by itself
     /// unless the error is fatal.
     KafkaError { fatal: bool },
@@ -473,7 +524,7 @@ pub enum WorkerEvent {
     /// The job was paused (`true`) or resumed, as the worker found in the store.
     Paused(bool),
     /// The worker's periodic report.
-    Report(WorkerReport),
+    Report(Box<WorkerReport>),
 }
 
 /// Where a worker's [`WorkerEvent`]s go.

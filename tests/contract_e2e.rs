@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,16 @@ fn send(p: &BaseProducer, topic: &str, partition: u32, key: &[u8], value: &[u8])
     .map_err(|(e, _)| e)
     .unwrap();
     p.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// Appends a record that is not a log record to `partition`; returns its offset.
+fn send_bad_record(p: &BaseProducer, f: &Fixture, partition: u32, key: &[u8], value: &[u8]) -> i64 {
+    let (_, at) = p
+        .client()
+        .fetch_watermarks(&f.topic, partition as i32, Duration::from_secs(10))
+        .unwrap();
+    send(p, &f.topic, partition, key, value);
+    at
 }
 
 fn manifest_is_valid(f: &Fixture) {
@@ -229,11 +240,7 @@ fn a_bad_record_deep_in_a_backlog_commits_every_checkpoint_before_it_then_stops(
         .unwrap();
     assert!(status.success());
     let p = producer(&f);
-    let (_, poison) = p
-        .client()
-        .fetch_watermarks(&f.topic, 1, Duration::from_secs(10))
-        .unwrap();
-    send(&p, &f.topic, 1, b"k", b"this is not avro");
+    let poison = send_bad_record(&p, &f, 1, b"k", b"this is not avro");
     let mut more = f.append(&["--changes", "4000", "--epoch-changes", "100"]);
     assert!(more.wait().unwrap().success());
     let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
@@ -657,4 +664,183 @@ fn a_transactional_writer_killed_mid_transaction_is_backfilled_exactly() {
     let status = run.wait_exit(2 * MIN);
     assert!(status.success(), "{}", support::tail(&run.log_text()));
     verify_clean(&f, "out/expected");
+}
+
+/// A record of the dead-letter topic: key, value, headers.
+type DeadLetterMessage = (Option<Vec<u8>>, Vec<u8>, BTreeMap<String, String>);
+
+/// The dead letters of a job (`topic.dead-letters`), each with its headers, read to the end.
+fn dead_letter_topic(f: &Fixture) -> Vec<DeadLetterMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let topic = format!("{}.dead-letters", f.topic);
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &f.bootstrap)
+        .set("group.id", format!("{}-dlq-reader", f.group))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let (_, high) = c
+        .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + MIN;
+    while (out.len() as i64) < high {
+        assert!(Instant::now() < deadline, "read {} of {high}", out.len());
+        let Some(m) = c.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|x| {
+                        (
+                            x.key.to_string(),
+                            String::from_utf8_lossy(x.value.unwrap_or_default()).to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push((
+            m.key().map(<[u8]>::to_vec),
+            m.payload().unwrap_or_default().to_vec(),
+            headers,
+        ));
+    }
+    out
+}
+
+/// `on_bad_record = "dead-letter"`: a record that does not decode, deep in a backlog and again
+/// while streaming, is written to the dead-letter topic with headers naming where it came from,
+/// recorded once in the store with the checkpoint that passes it, counted; every other row is
+/// exact (`verify` against the writer's table); a restart writes no dead letter twice; one more
+/// than `max_dead_letters` stops the job, naming the cap, with nothing of that checkpoint applied.
+#[test]
+fn dead_letters_are_written_recorded_once_exact_for_every_other_row_and_capped() {
+    let _g = serial();
+    let f = Fixture::new(
+        "deadletter",
+        1,
+        "on_bad_record = \"dead-letter\"\nmax_dead_letters = 3",
+    );
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "300",
+        "--changes",
+        "6000",
+        "--epoch-changes",
+        "100",
+        "--checkpoint-every",
+        "2",
+    ]);
+    let p = producer(&f);
+    let first = send_bad_record(&p, &f, 1, b"k1", b"this is not avro");
+    let mut more = f.append(&["--changes", "3000", "--epoch-changes", "100"]);
+    assert!(more.wait().unwrap().success());
+    // Deep in the backlog: skipped, the job catches up and exits 0.
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    assert!(
+        run.log_text()
+            .contains("dead letter written; the checkpoint records it"),
+        "{}",
+        support::tail(&run.log_text())
+    );
+    let report = verify_clean(&f, "out/expected");
+    assert!(
+        report.contains(&format!(
+            "dead letters: 1 recorded (kb_dead_letters; the records are on the dead-letter topic):\n  partition 1 offset {first} (epoch "
+        )),
+        "{report}"
+    );
+    let recorded: Vec<Vec<i64>> =
+        f.sql("SELECT partition, record_offset FROM kb_dead_letters ORDER BY 1, 2");
+    assert_eq!(recorded, vec![vec![1, first]]);
+    let letters = dead_letter_topic(&f);
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let (key, value, headers) = &letters[0];
+    assert_eq!(
+        (key.as_deref(), value.as_slice()),
+        (Some(&b"k1"[..]), &b"this is not avro"[..])
+    );
+    assert_eq!(headers["kb.source.topic"], f.topic);
+    assert_eq!(headers["kb.source.partition"], "1");
+    assert_eq!(headers["kb.source.offset"], first.to_string());
+    assert_eq!(headers["kb.job"], "deadletter");
+    assert!(
+        headers["kb.error"].contains(&format!(
+            "record at topic {} partition 1 offset {first} does not decode",
+            f.topic
+        )),
+        "{headers:?}"
+    );
+
+    // While streaming: another one, then the writer goes on.
+    let addr = format!("127.0.0.1:{}", support::free_port());
+    f.set_http(&addr);
+    let mut run = f.spawn_run("b", &[]);
+    run.wait_for("to=\"streaming\"", 2 * MIN);
+    let second = send_bad_record(&p, &f, 2, b"k2", b"\x00\x01 neither");
+    let mut more = f.append(&["--changes", "1000", "--epoch-changes", "100"]);
+    assert!(more.wait().unwrap().success());
+    f.verify_eventually(MIN);
+    let deadline = Instant::now() + MIN;
+    loop {
+        let n: Vec<Vec<i64>> = f.sql("SELECT COUNT(*) FROM kb_dead_letters");
+        if n[0][0] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second dead letter was not recorded"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recorded: Vec<Vec<i64>> =
+        f.sql("SELECT partition, record_offset FROM kb_dead_letters ORDER BY 1, 2");
+    assert_eq!(recorded, vec![vec![1, first], vec![2, second]]);
+    assert_eq!(
+        dead_letter_topic(&f).len(),
+        2,
+        "the restart wrote none twice"
+    );
+    // Counted: /status has the store's two, the metric this process's one.
+    let deadline = Instant::now() + MIN;
+    while support::status(&addr)["jobs"][0]["dead_letters"] != 2 {
+        assert!(Instant::now() < deadline, "{}", support::status(&addr));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, metrics) = support::http_get(&format!("http://{addr}/metrics"));
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("kafka_backfill_dead_letters_total{job_name=\"deadletter\"} 1"),
+        "{metrics}"
+    );
+
+    // Two more: the cap (3) is passed, the job stops, naming it; the store keeps two.
+    send(&p, &f.topic, 0, b"k3", b"bad");
+    send(&p, &f.topic, 3, b"k4", b"bad");
+    let mut more = f.append(&["--changes", "500", "--epoch-changes", "100"]);
+    assert!(more.wait().unwrap().success());
+    let status = run.wait_exit(2 * MIN);
+    assert!(!status.success(), "the job must stop past max_dead_letters");
+    let log = run.log_text();
+    assert!(
+        log.contains("over max_dead_letters = 3"),
+        "{}",
+        support::tail(&log)
+    );
+    let n: Vec<Vec<i64>> = f.sql("SELECT COUNT(*) FROM kb_dead_letters");
+    assert_eq!(n[0][0], 2, "nothing of the refused checkpoint recorded");
 }

@@ -93,6 +93,9 @@ fn setup(name: &str, throttle: u64) -> Setup {
             max_epochs_ahead: 256,
             rate_limit: Default::default(),
             capture: None,
+            on_bad_record: Default::default(),
+            dead_letter_topic: None,
+            max_dead_letters: 100,
         }],
     };
     Setup {

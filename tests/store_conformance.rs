@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use apache_avro::types::Value as Avro;
 use kafka_backfill::codec::TableSchema;
 use kafka_backfill::core::{
-    vnode_of, Checkpoint, CheckpointCause, Epoch, PartitionId, PartitionMap, PartitionProgress,
-    RateLimits, Row, RowMutation, Vnode, VnodeProgress,
+    vnode_of, Checkpoint, CheckpointCause, DeadLetter, Epoch, PartitionId, PartitionMap,
+    PartitionProgress, RateLimits, Row, RowMutation, Vnode, VnodeProgress,
 };
 use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
 use kafka_backfill::store::postgres::PostgresStore;
@@ -86,6 +86,8 @@ fn checkpoint(generation: u64, leases: Vec<(PartitionId, u64)>) -> Checkpoint {
         rows: vec![],
         vnodes: vec![],
         partitions: vec![],
+        dead_letters: vec![],
+        max_dead_letters: 0,
     }
 }
 
@@ -316,6 +318,69 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         "{err}"
     );
 
+    // Dead letters: recorded with the checkpoint that carries them, once per record (a replayed
+    // checkpoint records nothing twice), capped: the checkpoint that would pass the cap is refused,
+    // permanently, and applies nothing.
+    let lb0 = again[0].lease;
+    let letter = |p: PartitionId, o: u64| DeadLetter {
+        partition: p,
+        offset: o,
+        epoch: E2,
+        reason: format!("record at partition {p} offset {o} does not decode"),
+    };
+    assert!(a.dead_letters(job).unwrap().is_empty());
+    let mut dl = checkpoint(0, vec![(0, lb0), (1, lb)]);
+    dl.partitions = vec![PartitionProgress {
+        next_offset: 12,
+        ..progress(0, true)
+    }];
+    dl.dead_letters = vec![letter(0, 10), letter(0, 11)];
+    dl.max_dead_letters = 2;
+    b.commit(job, &dl).unwrap();
+    let got = a.dead_letters(job).unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|d| (d.partition, d.offset, d.epoch, d.generation))
+            .collect::<Vec<_>>(),
+        vec![(0, 10, E2.0, 0), (0, 11, E2.0, 0)]
+    );
+    assert!(
+        got[0].reason.contains("offset 10 does not decode"),
+        "{got:?}"
+    );
+    b.commit(job, &dl).unwrap();
+    assert_eq!(
+        a.dead_letters(job).unwrap().len(),
+        2,
+        "a replay records nothing twice"
+    );
+    let mut over = checkpoint(0, vec![(0, lb0), (1, lb)]);
+    over.partitions = vec![PartitionProgress {
+        next_offset: 20,
+        ..progress(1, true)
+    }];
+    over.dead_letters = vec![letter(1, 19)];
+    over.max_dead_letters = 2;
+    let err = b.commit(job, &over).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::DeadLetterCap {
+                max: 2,
+                would_be: 3,
+                ..
+            }
+        ) && !err.is_transient()
+            && !err.is_fenced(),
+        "{err}"
+    );
+    assert_eq!(a.dead_letters(job).unwrap().len(), 2);
+    assert_eq!(
+        a.committed_partitions(job).unwrap()[&1],
+        progress(1, true),
+        "the refused checkpoint's offsets are not applied"
+    );
+
     // Live rate limits: none until set; set from one handle, read from another.
     assert_eq!(a.rate_limits(job).unwrap(), None);
     let limits = RateLimits {
@@ -376,6 +441,18 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         .vnodes
         .iter()
         .all(|x| *x == VnodeProgress::fresh(x.vnode, ES)));
+    // Dead letters outlive a recreation; the new generation meeting one again records it once.
+    let mut again_dl = checkpoint(1, vec![(0, fresh[0].lease), (1, fresh[1].lease)]);
+    again_dl.dead_letters = vec![letter(0, 10)];
+    again_dl.max_dead_letters = 2;
+    a.commit(job, &again_dl).unwrap();
+    let kept = a.dead_letters(job).unwrap();
+    assert_eq!(
+        kept.len(),
+        2,
+        "read again after a recreation, recorded once"
+    );
+    assert_eq!(kept[0].generation, 0, "its first generation is kept");
 }
 
 /// A table belongs to one job: another job on it, or the job on another table, is refused before

@@ -64,6 +64,8 @@ fn commit_rows(
             rows: mutations,
             vnodes: vec![],
             partitions: vec![],
+            dead_letters: Vec::new(),
+            max_dead_letters: 0,
         },
     )
 }

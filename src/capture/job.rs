@@ -87,27 +87,6 @@ impl CaptureObserver for Progress {
     }
 }
 
-/// Whether a librdkafka property is the consumer's alone (the job's `kafka` table serves the
-/// consumers; the capture's producer takes the rest: brokers, security, client id).
-fn is_consumer_only(key: &str) -> bool {
-    const PREFIXES: &[&str] = &[
-        "group.",
-        "partition.assignment",
-        "session.timeout",
-        "heartbeat.",
-        "max.poll",
-        "auto.",
-        "enable.auto",
-        "isolation.level",
-        "fetch.",
-        "queued.",
-        "check.crcs",
-        "enable.partition.eof",
-        "consume",
-    ];
-    PREFIXES.iter().any(|p| key.starts_with(p))
-}
-
 /// Writes `bytes` to `path` and syncs it (the pending manifest must outlive a crash after the
 /// initial transaction's commit).
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -183,7 +162,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
     let props: BTreeMap<String, String> = job
         .kafka
         .iter()
-        .filter(|(k, _)| !is_consumer_only(k))
+        .filter(|(k, _)| !crate::kafka::is_consumer_only(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     // The preconditions, once: each failure names its fix.

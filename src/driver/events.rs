@@ -7,7 +7,9 @@ use tracing::{debug, error, info, warn};
 
 use super::{Driver, Scan};
 use crate::core::{CoreError, Decision, Event, LogRecord, PartitionId, Phase, Row, WorkerFailure};
-use crate::ports::{BitmapOutcome, Clock, CommitPort, ConsumerPort, Polled, WorkerEvent};
+use crate::ports::{
+    BitmapOutcome, Clock, CommitPort, ConsumerPort, Polled, Undecoded, WorkerEvent,
+};
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     pub(super) fn on_polled(&mut self, polled: Polled) {
@@ -85,6 +87,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         for p in &parts {
             self.position.remove(p);
             self.paused_at.remove(p);
+            // Whoever reads the partition next meets its bad records again.
+            self.undecoded.retain(|(q, _), _| q != p);
             self.observer.observe(WorkerEvent::PartitionReleased(*p));
         }
         if let Err(e) = self.consumer.unassign(&parts) {
@@ -98,7 +102,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         &mut self,
         partition: PartitionId,
         offset: u64,
-        record: Result<LogRecord, String>,
+        record: Result<LogRecord, Undecoded>,
     ) {
         tracing::trace!(worker = %self.cfg.worker, partition, offset, "message");
         self.position.insert(partition, offset + 1);
@@ -117,8 +121,19 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     record,
                 })
             }
-            Err(reason) => {
+            Err(bad) => {
                 self.observer.observe(WorkerEvent::DecodeError);
+                let reason = bad.reason.clone();
+                if let Some(max) = self.cfg.max_dead_letters {
+                    // Bounded: past the cap the checkpoint would be refused anyway.
+                    if self.undecoded.len() as u64 > max {
+                        return self.fail(WorkerFailure::Fatal(format!(
+                            "more than max_dead_letters = {max} records of topic {} did not decode since the last checkpoint (the last: partition {partition} offset {offset}: {reason}); the job stops",
+                            self.cfg.topic
+                        )));
+                    }
+                    self.undecoded.insert((partition, offset), bad);
+                }
                 self.feed(Event::Undecodable {
                     partition,
                     offset,
@@ -172,6 +187,9 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         for d in decisions {
             match d {
                 Decision::Commit(cp) => {
+                    if !cp.dead_letters.is_empty() && !self.send_dead_letters(&cp) {
+                        return;
+                    }
                     // Pipelined: the committer applies it while this loop goes on fetching.
                     self.committer.submit(cp);
                     if !self.settle(false) {
@@ -252,6 +270,49 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 }
             }
         }
+    }
+
+    /// Writes a checkpoint's dead letters to the sink and waits for them, before the checkpoint
+    /// goes to the store; `false` (and the worker failed) if that cannot be done.
+    fn send_dead_letters(&mut self, cp: &crate::core::Checkpoint) -> bool {
+        let Some(sink) = self.dead_letter_sink.as_mut() else {
+            self.fail(WorkerFailure::Fatal(
+                "a checkpoint carries dead letters but the worker has no dead-letter topic".into(),
+            ));
+            return false;
+        };
+        let mut records = Vec::with_capacity(cp.dead_letters.len());
+        for d in &cp.dead_letters {
+            match self.undecoded.get(&(d.partition, d.offset)) {
+                Some(bad) => records.push(crate::ports::DeadLetterRecord {
+                    letter: d,
+                    key: bad.key.as_deref(),
+                    value: &bad.value,
+                }),
+                None => {
+                    self.fail(WorkerFailure::Fatal(format!(
+                        "dead letter at partition {} offset {} has no bytes kept",
+                        d.partition, d.offset
+                    )));
+                    return false;
+                }
+            }
+        }
+        if let Err(e) = sink.send(&records) {
+            self.fail(WorkerFailure::Unavailable(format!(
+                "writing {} dead letter(s) to the dead-letter topic: {e}",
+                records.len()
+            )));
+            return false;
+        }
+        for d in &cp.dead_letters {
+            warn!(job = %self.cfg.job, worker = %self.cfg.worker, partition = d.partition, offset = d.offset, reason = %d.reason, "dead letter written; the checkpoint records it");
+            self.undecoded.remove(&(d.partition, d.offset));
+        }
+        self.observer.observe(WorkerEvent::DeadLettered {
+            count: cp.dead_letters.len(),
+        });
+        true
     }
 
     /// Feeds up to `max` snapshot rows (and vnode ends); returns how many rows.

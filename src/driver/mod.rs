@@ -30,8 +30,8 @@ use crate::core::{
     Throttle, Verdict, Vnode, WorkerFailure, WorkerStatus,
 };
 use crate::ports::{
-    Clock, CommitPort, ConsumerPort, FailureKind, Observer, Polled, SnapshotSource, StateStore,
-    StoreError, WorkerEvent, WorkerReport,
+    Clock, CommitPort, ConsumerPort, DeadLetterSink, FailureKind, Observer, Polled, SnapshotSource,
+    StateStore, StoreError, Undecoded, WorkerEvent, WorkerReport,
 };
 
 mod commits;
@@ -64,6 +64,10 @@ pub struct DriverConfig {
     pub static_member: bool,
     /// `recreation.policy = "reschedule"`: absorb vnode-bitmap updates in the log-store phase.
     pub reschedule: bool,
+    /// `on_bad_record = "dead-letter"`: at most this many dead letters (see
+    /// `JobSpec::max_dead_letters`); `None` = stop at a bad record. Needs a sink
+    /// ([`Driver::with_dead_letters`]).
+    pub max_dead_letters: Option<u64>,
 }
 
 /// The job stopped: the supervisor will not retry this worker's failure.
@@ -140,6 +144,12 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     /// The job is paused (`StateStore::paused`): every owned partition is paused in the consumer,
     /// the scan stands still, and the executor's own fetch and resume decisions wait for the resume.
     job_paused: bool,
+    /// Where a checkpoint's dead letters are written before it is committed.
+    dead_letter_sink: Option<Box<dyn DeadLetterSink>>,
+    /// The bytes of records that did not decode, by (partition, offset), until the checkpoint
+    /// that passes them is handed to the store (or their partition goes): at most
+    /// `max_dead_letters` + 1, since more would be refused at the commit anyway.
+    undecoded: std::collections::BTreeMap<(PartitionId, u64), Undecoded>,
 }
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
@@ -187,9 +197,17 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             restart_at: None,
             generation: 0,
             job_paused: false,
+            dead_letter_sink: None,
+            undecoded: Default::default(),
         };
         d.start_executor()?;
         Ok(d)
+    }
+
+    /// Where the job's dead letters go (`on_bad_record = "dead-letter"`).
+    pub fn with_dead_letters(mut self, sink: Box<dyn DeadLetterSink>) -> Self {
+        self.dead_letter_sink = Some(sink);
+        self
     }
 
     pub fn phase(&self) -> Option<Phase> {
@@ -322,7 +340,9 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             local_checkpoint: self.cfg.local_checkpoint,
             max_epochs_ahead: self.cfg.max_epochs_ahead,
             reschedule: self.cfg.reschedule,
+            max_dead_letters: self.cfg.max_dead_letters,
         };
+        self.undecoded.clear();
         self.observer
             .observe(WorkerEvent::Generation(row.generation));
         self.generation = row.generation;

@@ -222,6 +222,6 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             rate_limits: self.rate_limits(),
             paused: self.job_paused,
         };
-        self.observer.observe(WorkerEvent::Report(report));
+        self.observer.observe(WorkerEvent::Report(Box::new(report)));
     }
 }

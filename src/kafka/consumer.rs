@@ -203,7 +203,11 @@ impl ConsumerPort for KafkaConsumer {
                 record: self
                     .codec
                     .decode(m.payload().unwrap_or(&[]), m.key())
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| crate::ports::Undecoded {
+                        reason: e.to_string(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().unwrap_or(&[]).to_vec(),
+                    }),
             }),
             Some(Err(e)) => {
                 warn!(error = %e, "consumer error");

@@ -8,6 +8,29 @@ use std::collections::BTreeMap;
 
 pub mod admin;
 pub mod consumer;
+pub mod dead_letters;
+
+/// Whether a librdkafka property is the consumer's alone (the job's `kafka` table serves the
+/// consumers; the producers of the capture and of the dead-letter topic take the rest: brokers,
+/// security, client id).
+pub fn is_consumer_only(key: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "group.",
+        "partition.assignment",
+        "session.timeout",
+        "heartbeat.",
+        "max.poll",
+        "auto.",
+        "enable.auto",
+        "isolation.level",
+        "fetch.",
+        "queued.",
+        "check.crcs",
+        "enable.partition.eof",
+        "consume",
+    ];
+    PREFIXES.iter().any(|p| key.starts_with(p))
+}
 
 /// Produces one record to `partition` of `topic`, waiting (polling delivery reports) while the
 /// producer's queue is full; any other error is returned. Shared by `produce` and `capture`.

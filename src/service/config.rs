@@ -164,6 +164,46 @@ pub struct JobConfig {
     /// (docs/CAPTURE.md); absent = something else writes them.
     #[serde(default)]
     pub capture: Option<CaptureSection>,
+    /// A log record that does not decode: `"stop"` (the default: the job stops at it, every
+    /// checkpoint before it committed) or `"dead-letter"` (written to `dead_letter_topic` and
+    /// skipped, recorded in the store with the checkpoint that passes it, at most
+    /// `max_dead_letters`). Records that break the barrier chain or the routing always stop.
+    #[serde(default)]
+    pub on_bad_record: OnBadRecord,
+    /// The dead-letter topic; default `<topic>.dead-letters`, created with one partition when absent.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// Dead letters the job may record in all (over restarts and recreations); the checkpoint that
+    /// would record one more is refused and the job stops.
+    #[serde(default = "default_max_dead_letters")]
+    pub max_dead_letters: u64,
+}
+
+/// `on_bad_record`: what a record that does not decode does.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnBadRecord {
+    #[default]
+    Stop,
+    DeadLetter,
+}
+
+fn default_max_dead_letters() -> u64 {
+    100
+}
+
+impl JobConfig {
+    /// The dead-letter topic and cap, when the job dead-letters.
+    pub fn dead_letters(&self) -> Option<(String, u64)> {
+        (self.on_bad_record == OnBadRecord::DeadLetter).then(|| {
+            (
+                self.dead_letter_topic
+                    .clone()
+                    .unwrap_or_else(|| format!("{}.dead-letters", self.topic)),
+                self.max_dead_letters,
+            )
+        })
+    }
 }
 
 /// `[jobs.capture]`: the PostgreSQL table `kafka-backfill capture` turns into the job's snapshot
@@ -193,7 +233,7 @@ pub struct CaptureSection {
     #[serde(default = "default_capture_checkpoint_ms")]
     pub checkpoint_interval_ms: u64,
     /// Connections that copy the snapshot in parallel, each a range of the table's pages (ctid)
-    /// in the same exported snapshot; a table under 64 MiB is copied by one.
+    /// in the same exported snapshot; at most one per 16 MiB of the table.
     #[serde(default = "default_copy_connections")]
     pub copy_connections: usize,
 }
@@ -723,6 +763,29 @@ impl Config {
                     ));
                 }
             }
+            match job.dead_letters() {
+                Some((topic, max)) => {
+                    if topic == job.topic || topic.is_empty() {
+                        return Err(err(
+                            at("dead_letter_topic"),
+                            "must be a topic of its own, not the job's log topic",
+                        ));
+                    }
+                    if max == 0 {
+                        return Err(err(
+                            at("max_dead_letters"),
+                            "must be at least 1 with on_bad_record = \"dead-letter\"",
+                        ));
+                    }
+                }
+                None if job.dead_letter_topic.is_some() => {
+                    return Err(err(
+                        at("dead_letter_topic"),
+                        "is used only with on_bad_record = \"dead-letter\"; set it, or remove this key",
+                    ));
+                }
+                None => {}
+            }
             if crate::kafka::uses_consumer_protocol(&job.kafka) {
                 for (k, why) in crate::kafka::CLASSIC_PROTOCOL_KEYS {
                     if job.kafka.contains_key(k) {
@@ -1235,6 +1298,55 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
             e.to_string(),
             "jobs[0].kafka.\"enable.auto.commit\": is managed by kafka-backfill (always false: offsets are committed to the group after each store commit, never on a timer); remove it"
         );
+    }
+
+    #[test]
+    fn dead_letter_settings_name_the_key() {
+        let job = |extra: &str| {
+            Config::parse(
+                &GOOD.replace(
+                    "name = \"accounts\"",
+                    &format!("name = \"accounts\"\n{extra}"),
+                ),
+                "t.toml",
+            )
+        };
+        assert_eq!(
+            job("").unwrap().jobs[0].dead_letters(),
+            None,
+            "stop by default"
+        );
+        assert_eq!(
+            job("on_bad_record = \"dead-letter\"").unwrap().jobs[0].dead_letters(),
+            Some(("accounts-log.dead-letters".to_string(), 100))
+        );
+        assert_eq!(
+            job("on_bad_record = \"dead-letter\"\ndead_letter_topic = \"dlq\"\nmax_dead_letters = 5")
+                .unwrap()
+                .jobs[0]
+                .dead_letters(),
+            Some(("dlq".to_string(), 5))
+        );
+        assert_eq!(
+            job("on_bad_record = \"dead-letter\"\ndead_letter_topic = \"accounts-log\"")
+                .unwrap_err()
+                .to_string(),
+            "jobs[0].dead_letter_topic: must be a topic of its own, not the job's log topic"
+        );
+        assert_eq!(
+            job("on_bad_record = \"dead-letter\"\nmax_dead_letters = 0")
+                .unwrap_err()
+                .to_string(),
+            "jobs[0].max_dead_letters: must be at least 1 with on_bad_record = \"dead-letter\""
+        );
+        assert!(job("dead_letter_topic = \"dlq\"")
+            .unwrap_err()
+            .to_string()
+            .starts_with("jobs[0].dead_letter_topic: is used only with on_bad_record"));
+        assert!(job("on_bad_record = \"skip\"")
+            .unwrap_err()
+            .to_string()
+            .starts_with("jobs[0].on_bad_record: unknown variant `skip`"));
     }
 
     #[test]

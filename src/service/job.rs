@@ -227,6 +227,7 @@ pub fn run(
                 adaptive: job.rate_limit.core(),
                 max_epochs_ahead: job.max_epochs_ahead,
                 reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
+                dead_letters: job.dead_letters(),
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

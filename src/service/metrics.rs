@@ -28,6 +28,7 @@ pub struct Metrics {
     pub invariant_errors: IntCounterVec,
     pub recreations: IntCounterVec,
     pub decode_errors: IntCounterVec,
+    pub dead_letters: IntCounterVec,
     pub generation: IntGaugeVec,
     /// HTTP connections closed at once because `http.max_connections` were being served.
     pub http_rejected: prometheus::IntCounter,
@@ -140,6 +141,7 @@ impl Metrics {
             ),
             recreations: counter(&r, "kafka_backfill_recreations_total", "Job recreations, by reason.", &["job_name", "reason"]),
             decode_errors: counter(&r, "kafka_backfill_decode_errors_total", "Log records that did not decode.", &["job_name"]),
+            dead_letters: counter(&r, "kafka_backfill_dead_letters_total", "Records written to the job's dead-letter topic (on_bad_record = dead-letter), each just before the checkpoint that records it in the store.", &["job_name"]),
             generation: gauge(&r, "kafka_backfill_generation", "The job generation a worker runs.", &["job_name", "worker"]),
             capture_lsn: gauge(&r, "kafka_backfill_capture_committed_lsn", "The capture's last committed and acknowledged source position (LSN as a number).", &["job_name"]),
             capture_checkpoints: counter(&r, "kafka_backfill_capture_checkpoints_total", "Capture checkpoints committed (Kafka transactions).", &["job_name"]),

@@ -52,6 +52,10 @@ impl Observer for ServiceObserver {
             WorkerEvent::Change(op) => self.changes[op as usize].inc(),
             WorkerEvent::SnapshotRow => self.snapshot_rows.inc(),
             WorkerEvent::DecodeError => m.decode_errors.with_label_values(&[&self.job]).inc(),
+            WorkerEvent::DeadLettered { count } => m
+                .dead_letters
+                .with_label_values(&[&self.job])
+                .inc_by(count as u64),
             WorkerEvent::KafkaError { .. } => m.kafka_errors.with_label_values(&[&self.job]).inc(),
             WorkerEvent::CommitApplied {
                 cause,
@@ -142,7 +146,7 @@ impl Observer for ServiceObserver {
                     .insert(
                         self.worker.clone(),
                         Reported {
-                            report,
+                            report: *report,
                             reported_at: Instant::now(),
                         },
                     );

@@ -100,6 +100,8 @@ pub struct JobRuntime {
     /// `max_rows_per_second`, as both limits: what holds until live limits are set.
     pub configured_limits: RateLimits,
     progress: Mutex<Option<JobProgress>>,
+    /// Dead letters the store holds for the job, as last read with the progress.
+    dead_letters: Mutex<Option<u64>>,
 }
 
 impl JobRuntime {
@@ -117,19 +119,32 @@ impl JobRuntime {
             stores: StorePool::new(open),
             configured_limits,
             progress: Mutex::new(None),
+            dead_letters: Mutex::new(None),
         }
     }
 
     /// The job's progress over all its vnodes, read from its store now (and kept for `/status`).
     pub fn read_progress(&self) -> Result<JobProgress> {
         let name = &self.name;
-        let (vnodes, partitions) = self
+        let (vnodes, partitions, letters) = self
             .stores
-            .with(|s| Ok((s.committed_vnodes(name)?, s.committed_partitions(name)?)))
+            .with(|s| {
+                Ok((
+                    s.committed_vnodes(name)?,
+                    s.committed_partitions(name)?,
+                    s.dead_letters(name)?.len() as u64,
+                ))
+            })
             .with_context(|| format!("job {name}: reading progress"))?;
         let p = JobProgress::of(self.map, &vnodes, &partitions);
         *self.progress.lock().unwrap() = Some(p.clone());
+        *self.dead_letters.lock().unwrap() = Some(letters);
         Ok(p)
+    }
+
+    /// The dead letters the store held at the last progress read.
+    pub fn dead_letters(&self) -> Option<u64> {
+        *self.dead_letters.lock().unwrap()
     }
 
     /// The progress last read.
@@ -237,6 +252,11 @@ impl Runtimes {
     /// The last job-level progress read of `name`, for `/status`.
     pub fn progress_of(&self, name: &str) -> Option<JobProgress> {
         self.get(name).and_then(|j| j.progress())
+    }
+
+    /// The dead letters of `name` in its store, as last read, for `/status`.
+    pub fn dead_letters_of(&self, name: &str) -> Option<u64> {
+        self.get(name).and_then(|j| j.dead_letters())
     }
 }
 

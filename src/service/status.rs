@@ -106,7 +106,12 @@ pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes
                 })
                 .collect();
             let progress = jobs.progress_of(job);
-            json!({ "job": job, "progress": progress, "workers": ws })
+            json!({
+                "job": job,
+                "progress": progress,
+                "dead_letters": jobs.dead_letters_of(job),
+                "workers": ws,
+            })
         })
         .collect();
     let captures = jobs_captures(jobs);
@@ -208,6 +213,7 @@ mod tests {
                 },
                 max_epochs_ahead: 4,
                 reschedule: false,
+                max_dead_letters: None,
             },
             0,
         );

@@ -46,6 +46,8 @@ pub struct WorkerSetup {
     pub max_epochs_ahead: usize,
     /// `recreation.policy = "reschedule"`.
     pub reschedule: bool,
+    /// `on_bad_record = "dead-letter"`: the dead-letter topic and `max_dead_letters`.
+    pub dead_letters: Option<(String, u64)>,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -93,8 +95,9 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         housekeeping_ms: 500,
         static_member: setup.kafka.contains_key("group.instance.id"),
         reschedule: setup.reschedule,
+        max_dead_letters: setup.dead_letters.as_ref().map(|(_, max)| *max),
     };
-    let mut driver = Driver::new(
+    let driver = Driver::new(
         cfg,
         consumer,
         committer,
@@ -109,6 +112,18 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         )),
     )
     .map_err(|f| anyhow!("{f}"))?;
+    let mut driver = match &setup.dead_letters {
+        Some((topic, _)) => driver.with_dead_letters(Box::new(
+            crate::kafka::dead_letters::KafkaDeadLetters::new(
+                &setup.kafka,
+                topic,
+                &setup.topic,
+                &setup.job,
+            )
+            .with_context(|| format!("job {}: the dead-letter topic", setup.job))?,
+        )),
+        None => driver,
+    };
     info!(job = %setup.job, worker = %setup.worker, topic = %setup.topic, "worker started");
     loop {
         if setup.shutdown.load(Ordering::SeqCst) {

@@ -53,6 +53,7 @@ impl Sim {
             housekeeping_ms: 1,
             static_member: false,
             reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
+            max_dead_letters: None,
         };
         let driver = Driver::new(
             cfg,

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::core::{
-    Checkpoint, ClaimedPartition, LogRecord, PartitionId, PartitionMap, PartitionProgress,
-    RateLimits, Row, RowMutation, Vnode, VnodeProgress,
+    Checkpoint, ClaimedPartition, DeadLetter, LogRecord, PartitionId, PartitionMap,
+    PartitionProgress, RateLimits, Row, RowMutation, Vnode, VnodeProgress,
 };
 use crate::ports::{
-    JobRow, LogStore, RowIter, SnapshotInfo, SnapshotSource, SourceError, StateStore, StoreError,
+    DeadLetterRow, JobRow, LogStore, RowIter, SnapshotInfo, SnapshotSource, SourceError,
+    StateStore, StoreError,
 };
 use crate::store::protocol::{self, TxRead};
 
@@ -96,6 +97,8 @@ struct JobState {
     owners: BTreeMap<PartitionId, Owner>,
     next_lease: u64,
     commits: u64,
+    /// Dead letters by (partition, offset); kept across recreations.
+    dead_letters: BTreeMap<(PartitionId, u64), DeadLetterRow>,
 }
 
 /// A state store in memory; clones share the same state (one handle per worker).
@@ -198,6 +201,7 @@ impl StateStore for MemoryStore {
             rows: BTreeMap::new(),
             vnodes: BTreeMap::new(),
             partitions: BTreeMap::new(),
+            dead_letters: BTreeMap::new(),
             owners: BTreeMap::new(),
             next_lease: 1,
             commits: 0,
@@ -308,6 +312,14 @@ impl StateStore for MemoryStore {
         Ok(())
     }
 
+    fn dead_letters(&mut self, job: &str) -> Result<Vec<DeadLetterRow>, StoreError> {
+        let jobs = self.jobs.lock().unwrap();
+        Ok(jobs
+            .get(job)
+            .map(|j| j.dead_letters.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
     fn paused(&mut self, job: &str) -> Result<bool, StoreError> {
         Ok(self
             .paused
@@ -353,6 +365,24 @@ impl StateStore for MemoryStore {
 fn apply_checkpoint(state: &mut JobState, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
     {
         protocol::check_commit(&mut Tx(Some(state)), job, cp)?;
+        let fresh: Vec<&DeadLetter> = cp
+            .dead_letters
+            .iter()
+            .filter(|d| !state.dead_letters.contains_key(&(d.partition, d.offset)))
+            .collect();
+        protocol::check_dead_letter_cap(job, cp, (state.dead_letters.len() + fresh.len()) as u64)?;
+        for d in fresh {
+            state.dead_letters.insert(
+                (d.partition, d.offset),
+                DeadLetterRow {
+                    partition: d.partition,
+                    offset: d.offset,
+                    epoch: d.epoch.0,
+                    generation: cp.generation,
+                    reason: d.reason.clone(),
+                },
+            );
+        }
         for m in &cp.rows {
             match m {
                 RowMutation::Upsert { row, .. } => {

@@ -107,6 +107,12 @@ mod tests {
         fn set_rate_limits(&mut self, _: &str, _: RateLimits) -> Result<(), StoreError> {
             unreachable!()
         }
+        fn dead_letters(
+            &mut self,
+            _: &str,
+        ) -> Result<Vec<crate::ports::DeadLetterRow>, StoreError> {
+            unreachable!()
+        }
         fn paused(&mut self, _: &str) -> Result<bool, StoreError> {
             unreachable!()
         }
@@ -135,6 +141,8 @@ mod tests {
                 rows: Vec::new(),
                 vnodes: Vec::new(),
                 partitions: Vec::new(),
+                dead_letters: Vec::new(),
+                max_dead_letters: 0,
             })
             .collect()
     }

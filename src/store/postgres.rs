@@ -16,7 +16,9 @@ use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
     RowMutation, Vnode, VnodeProgress,
 };
-use crate::ports::{row_columns, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError};
+use crate::ports::{
+    row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
+};
 use crate::store::protocol::{self, TxRead};
 
 const SCHEMA: &str = "
@@ -36,6 +38,9 @@ CREATE TABLE IF NOT EXISTS kb_job_control (
   job TEXT PRIMARY KEY, paused BOOLEAN NOT NULL);
 CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INT NOT NULL, owner TEXT NOT NULL, lease BIGINT NOT NULL, PRIMARY KEY (job, partition));
+CREATE TABLE IF NOT EXISTS kb_dead_letters (
+  job TEXT NOT NULL, partition INT NOT NULL, record_offset BIGINT NOT NULL, epoch BIGINT NOT NULL,
+  generation BIGINT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (job, partition, record_offset));
 ";
 
 /// Rows per multi-row upsert, at most; wide rows get fewer (a statement takes 65,535 parameters).
@@ -553,6 +558,29 @@ impl StateStore for PostgresStore {
         })
     }
 
+    fn dead_letters(&mut self, job: &str) -> Result<Vec<DeadLetterRow>, StoreError> {
+        let job = job.to_string();
+        self.with_tx(|tx, _, _| {
+            let rows = tx
+                .query(
+                    "SELECT partition, record_offset, epoch, generation, reason FROM kb_dead_letters \
+                     WHERE job = $1 ORDER BY partition, record_offset",
+                    &[&job],
+                )
+                .map_err(classify)?;
+            Ok(rows
+                .into_iter()
+                .map(|r| DeadLetterRow {
+                    partition: r.get::<_, i32>(0) as PartitionId,
+                    offset: r.get::<_, i64>(1) as u64,
+                    epoch: r.get::<_, i64>(2) as u64,
+                    generation: r.get::<_, i64>(3) as u64,
+                    reason: r.get(4),
+                })
+                .collect())
+        })
+    }
+
     fn paused(&mut self, job: &str) -> Result<bool, StoreError> {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
@@ -604,6 +632,36 @@ fn apply_checkpoint(
 ) -> Result<(), StoreError> {
     {
         protocol::check_commit(&mut Tx(tx), job, cp)?;
+        if !cp.dead_letters.is_empty() {
+            // Commits that record dead letters take the job row in turn, so the cap is exact
+            // across workers; a record read again after a recreation is recorded once.
+            tx.execute("SELECT 1 FROM kb_jobs WHERE job = $1 FOR UPDATE", &[&job])
+                .map_err(classify)?;
+            let generation = cp.generation as i64;
+            for d in &cp.dead_letters {
+                tx.execute(
+                    "INSERT INTO kb_dead_letters VALUES ($1, $2, $3, $4, $5, $6) \
+                     ON CONFLICT (job, partition, record_offset) DO NOTHING",
+                    &[
+                        &job,
+                        &(d.partition as i32),
+                        &(d.offset as i64),
+                        &(d.epoch.0 as i64),
+                        &generation,
+                        &d.reason,
+                    ],
+                )
+                .map_err(classify)?;
+            }
+            let recorded: i64 = tx
+                .query_one(
+                    "SELECT COUNT(*) FROM kb_dead_letters WHERE job = $1",
+                    &[&job],
+                )
+                .map_err(classify)?
+                .get(0);
+            protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
+        }
         let mut decoded = decoded.into_iter();
         // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
         // within a checkpoint (coalesced), so one statement never touches a row twice.

@@ -271,3 +271,17 @@ pub fn check_table_owner(
 pub fn recreation_applies(row: &JobRow, from_generation: u64) -> bool {
     row.generation == from_generation
 }
+
+/// After a checkpoint's dead letters were recorded (a record already recorded, by this or an
+/// earlier generation, counts once): refuses the checkpoint when the job now holds more than its
+/// cap, before the backend commits.
+pub fn check_dead_letter_cap(job: &str, cp: &Checkpoint, recorded: u64) -> Result<(), StoreError> {
+    if !cp.dead_letters.is_empty() && recorded > cp.max_dead_letters {
+        return Err(StoreError::DeadLetterCap {
+            job: job.into(),
+            max: cp.max_dead_letters,
+            would_be: recorded,
+        });
+    }
+    Ok(())
+}

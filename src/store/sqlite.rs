@@ -18,7 +18,9 @@ use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
     RowMutation, Vnode, VnodeProgress,
 };
-use crate::ports::{row_columns, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError};
+use crate::ports::{
+    row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
+};
 use crate::store::protocol::{self, TxRead};
 
 const SCHEMA: &str = "
@@ -47,6 +49,11 @@ CREATE TABLE IF NOT EXISTS kb_rate_limits (
 );
 CREATE TABLE IF NOT EXISTS kb_job_control (
   job TEXT PRIMARY KEY, paused INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kb_dead_letters (
+  job TEXT NOT NULL, partition INTEGER NOT NULL, record_offset INTEGER NOT NULL,
+  epoch INTEGER NOT NULL, generation INTEGER NOT NULL, reason TEXT NOT NULL,
+  PRIMARY KEY (job, partition, record_offset)
 );
 CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INTEGER NOT NULL, owner TEXT NOT NULL, lease INTEGER NOT NULL,
@@ -338,6 +345,33 @@ impl SqliteStore {
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
         protocol::check_commit(&mut Tx(tx), job, cp)?;
+        if !cp.dead_letters.is_empty() {
+            // A record read again after a recreation is recorded once (its first generation kept).
+            let mut dq = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO kb_dead_letters VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(classify)?;
+            for d in &cp.dead_letters {
+                dq.execute(params![
+                    job,
+                    d.partition,
+                    d.offset as i64,
+                    d.epoch.0 as i64,
+                    cp.generation as i64,
+                    d.reason
+                ])
+                .map_err(classify)?;
+            }
+            let recorded: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM kb_dead_letters WHERE job = ?1",
+                    [job],
+                    |r| r.get(0),
+                )
+                .map_err(classify)?;
+            protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
+        }
         let mut decoded = decoded.into_iter();
         {
             let t = table_name;
@@ -662,6 +696,28 @@ impl StateStore for SqliteStore {
             )
             .map_err(classify)?;
         Ok(())
+    }
+
+    fn dead_letters(&mut self, job: &str) -> Result<Vec<DeadLetterRow>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare_cached(
+                "SELECT partition, record_offset, epoch, generation, reason FROM kb_dead_letters \
+                 WHERE job = ?1 ORDER BY partition, record_offset",
+            )
+            .map_err(classify)?;
+        let rows = q
+            .query_map([job], |r| {
+                Ok(DeadLetterRow {
+                    partition: r.get(0)?,
+                    offset: r.get::<_, i64>(1)? as u64,
+                    epoch: r.get::<_, i64>(2)? as u64,
+                    generation: r.get::<_, i64>(3)? as u64,
+                    reason: r.get(4)?,
+                })
+            })
+            .map_err(classify)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(classify)
     }
 
     fn paused(&mut self, job: &str) -> Result<bool, StoreError> {

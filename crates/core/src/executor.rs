@@ -12,7 +12,7 @@ use super::epoch::Epoch;
 use super::error::CoreError;
 use super::phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};
 use super::progress::{
-    Checkpoint, CheckpointCause, Lease, PartitionProgress, RowMutation, VnodeProgress,
+    Checkpoint, CheckpointCause, DeadLetter, Lease, PartitionProgress, RowMutation, VnodeProgress,
 };
 use super::staging::{snapshot_upsert, Staging};
 use super::vnode::{vnode_of, PartitionId, PartitionMap, Vnode};
@@ -51,6 +51,11 @@ pub struct JobSpec {
     /// `recreation.policy = "reschedule"`: a vnode-bitmap update in the log-store phase is absorbed
     /// (as in the streaming phase) instead of raising the invariant error.
     pub reschedule: bool,
+    /// `on_bad_record = "dead-letter"`: a record that does not decode is skipped and recorded as a
+    /// dead letter with the checkpoint that passes it, at most this many in all (the store refuses
+    /// more); `None` = `"stop"`, the default. Records that break the barrier chain or the routing
+    /// still stop: they make every later epoch unreliable.
+    pub max_dead_letters: Option<u64>,
 }
 
 /// Runtime state of one owned partition.
@@ -68,6 +73,8 @@ struct PartitionState {
     /// Barriers delivered since the last commit, with the offset just after each.
     barriers: VecDeque<(Barrier, u64)>,
     pending_update_delete: Option<u64>,
+    /// Dead letters read since the last commit, in offset order.
+    dead_letters: Vec<DeadLetter>,
     high_watermark: Option<u64>,
     paused: bool,
     /// At the last watermark refresh, the partition had been read up to the high watermark of the
@@ -85,6 +92,7 @@ impl PartitionState {
             committed,
             barriers: VecDeque::new(),
             pending_update_delete: None,
+            dead_letters: Vec::new(),
             high_watermark: None,
             paused: false,
             caught_up: false,
@@ -98,6 +106,7 @@ impl PartitionState {
         self.open_epoch = self.committed.epoch;
         self.barriers.clear();
         self.pending_update_delete = None;
+        self.dead_letters.clear();
         self.paused = false;
     }
 }
@@ -118,6 +127,8 @@ pub struct ExecutorCounters {
     pub changes: [u64; 4],
     pub barriers: u64,
     pub checkpoints: u64,
+    /// Records skipped as dead letters (read, not necessarily committed yet).
+    pub dead_letters: u64,
 }
 
 /// A view of one owned partition.
@@ -278,14 +289,36 @@ impl Executor {
                     .partitions
                     .get(&partition)
                     .is_some_and(|p| offset >= p.next_offset);
-                if fetching && fresh {
+                let stopped = self
+                    .poison
+                    .as_ref()
+                    .is_some_and(|x| x.partition == partition);
+                if fetching && fresh && !stopped {
                     let e = CoreError::Undecodable {
                         topic: self.spec.topic.clone(),
                         partition,
                         offset,
                         reason,
                     };
-                    self.on_bad_record(partition, e, &mut out);
+                    match (
+                        self.spec.max_dead_letters,
+                        self.partitions.get_mut(&partition),
+                    ) {
+                        (Some(_), Some(p)) => {
+                            // Skipped: the partition reads on past it; the checkpoint whose offsets
+                            // pass it records it.
+                            p.dead_letters.push(DeadLetter {
+                                partition,
+                                offset,
+                                epoch: p.open_epoch,
+                                reason: e.to_string(),
+                            });
+                            p.next_offset = offset + 1;
+                            p.record_end = offset + 1;
+                            self.counters.dead_letters += 1;
+                        }
+                        _ => self.on_bad_record(partition, e, &mut out),
+                    }
                 }
                 Ok(())
             }
@@ -660,6 +693,8 @@ impl Executor {
             rows,
             vnodes,
             partitions,
+            dead_letters: Vec::new(),
+            max_dead_letters: self.spec.max_dead_letters.unwrap_or(0),
         }));
     }
 
@@ -812,7 +847,11 @@ impl Executor {
         let map = self.spec.map;
         let mut vnodes = Vec::new();
         let mut partitions = Vec::new();
+        let mut dead_letters = Vec::new();
         for (&partition, p) in self.partitions.iter_mut() {
+            // Dead letters of the committed epochs: below the offsets this checkpoint records.
+            let upto = p.dead_letters.partition_point(|d| d.epoch <= through);
+            dead_letters.extend(p.dead_letters.drain(..upto));
             let mut last = None;
             while p.barriers.front().is_some_and(|(b, _)| b.prev <= through) {
                 last = p.barriers.pop_front();
@@ -841,6 +880,9 @@ impl Executor {
             self.registry = self.registry.split_off(&min);
         }
         self.push_commit(cause, Some(through), taken.rows, vnodes, partitions, out);
+        if let Some(Decision::Commit(cp)) = out.last_mut() {
+            cp.dead_letters = dead_letters;
+        }
     }
 
     /// Pauses partitions that are `max_epochs_ahead` barriers ahead of the frontier and resumes the

@@ -22,6 +22,7 @@ fn spec(partitions: u32) -> JobSpec {
         },
         max_epochs_ahead: 1,
         reschedule: false,
+        max_dead_letters: None,
     }
 }
 
@@ -812,4 +813,120 @@ fn reschedule_absorbs_a_bitmap_update_in_the_log_store() {
         ds.last(),
         Some(&Decision::Fail(CoreError::VnodeBitmapUpdateDuringLogStore))
     );
+}
+
+/// An executor in the log-store phase over two partitions whose policy is `dead-letter`.
+fn dead_lettering(reschedule: bool) -> Executor {
+    let mut s = spec(2);
+    s.max_dead_letters = Some(10);
+    s.reschedule = reschedule;
+    let map = s.map;
+    let mut x = Executor::new(s, 0);
+    x.handle(Event::Assigned(vec![
+        claimed(map, 0, true),
+        claimed(map, 1, true),
+    ]))
+    .unwrap();
+    assert_eq!(x.phase(), Phase::LogStore);
+    x
+}
+
+/// Under `dead-letter` a record that does not decode is skipped, not a stop: the partition reads on,
+/// and the dead letter rides with the checkpoint whose offsets pass it — not an earlier one, not a
+/// later one — naming topic, partition and offset.
+#[test]
+fn a_dead_letter_is_skipped_and_recorded_with_the_checkpoint_that_passes_it() {
+    let mut x = dead_lettering(false);
+    let map = x.spec().map;
+    x.handle(rec(0, 1, change(map, e(1), 0, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    // Garbage in epoch 2 of partition 0: no pause, no failure.
+    let ds = x
+        .handle(Event::Undecodable {
+            partition: 0,
+            offset: 3,
+            reason: "garbage".into(),
+        })
+        .unwrap();
+    assert!(ds.is_empty(), "{ds:?}");
+    x.handle(rec(0, 4, change(map, e(2), 0, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 5, barrier(2, 3, BarrierKind::Checkpoint)))
+        .unwrap();
+    // Partition 1 completes epoch 1: its checkpoint does not carry the epoch-2 dead letter.
+    x.handle(rec(1, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let ds = x
+        .handle(rec(1, 2, barrier(2, 3, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cps = commits(&ds);
+    assert_eq!(cps.len(), 1, "{ds:?}");
+    assert_eq!(cps[0].epoch, Some(e(2)), "epochs 1 and 2 in one commit");
+    assert_eq!(cps[0].max_dead_letters, 10);
+    let letters = &cps[0].dead_letters;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!((letters[0].partition, letters[0].offset), (0, 3));
+    assert_eq!(letters[0].epoch, e(2));
+    assert!(
+        letters[0]
+            .reason
+            .contains("record at topic log partition 0 offset 3 does not decode"),
+        "{}",
+        letters[0].reason
+    );
+    let offsets: Vec<u64> = cps[0].partitions.iter().map(|p| p.next_offset).collect();
+    assert_eq!(
+        offsets,
+        vec![6, 3],
+        "partition 0 read on past the dead letter"
+    );
+    assert_eq!(x.counters.dead_letters, 1);
+}
+
+/// A dead letter of an epoch not yet committed goes with its partition: revoked (absorbed under
+/// `reschedule`), it is read again by whoever reads the partition next, and is never in a commit of
+/// the old owner.
+#[test]
+fn an_uncommitted_dead_letter_is_dropped_with_its_partition() {
+    let mut x = dead_lettering(true);
+    x.handle(Event::Undecodable {
+        partition: 0,
+        offset: 1,
+        reason: "garbage".into(),
+    })
+    .unwrap();
+    x.handle(rec(0, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let mut x2 = x;
+    let ds = x2.handle(Event::Revoked(vec![0])).unwrap();
+    assert!(
+        commits(&ds).iter().all(|c| c.dead_letters.is_empty()),
+        "{ds:?}"
+    );
+    // Partition 1 completes epoch 1 alone now: nothing of partition 0's is in its commit.
+    let ds = x2
+        .handle(rec(1, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cps = commits(&ds);
+    assert!(!cps.is_empty(), "{ds:?}");
+    for c in cps {
+        assert!(c.dead_letters.is_empty(), "{c:?}");
+    }
+}
+
+/// A barrier that does not decode, skipped as a dead letter, breaks the chain at the next barrier:
+/// the job still stops there (a broken chain makes every later epoch unreliable).
+#[test]
+fn a_dead_lettered_barrier_still_stops_at_the_broken_chain() {
+    let mut x = dead_lettering(false);
+    x.handle(Event::Undecodable {
+        partition: 0,
+        offset: 1,
+        reason: "garbage where barrier 1 -> 2 was".into(),
+    })
+    .unwrap();
+    let e = bad_record(&mut x, rec(0, 2, barrier(2, 3, BarrierKind::Checkpoint)));
+    assert!(matches!(e, CoreError::BarrierChainBroken { .. }), "{e:?}");
 }

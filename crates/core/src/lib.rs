@@ -31,7 +31,8 @@ pub use error::{CoreError, VNODE_BITMAP_UPDATE_IN_LOG_STORE};
 pub use executor::{Executor, JobSpec, LocalCheckpointPolicy, WorkerStatus};
 pub use phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};
 pub use progress::{
-    Checkpoint, CheckpointCause, JobProgress, Lease, PartitionProgress, RowMutation, VnodeProgress,
+    Checkpoint, CheckpointCause, DeadLetter, JobProgress, Lease, PartitionProgress, RowMutation,
+    VnodeProgress,
 };
 pub use supervisor::{RecreationPolicy, Supervisor, SupervisorConfig, Verdict, WorkerFailure};
 pub use throughput::{Adaptive, AdaptiveConfig, Rate, RateLimits, Throttle};

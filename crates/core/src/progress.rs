@@ -127,6 +127,18 @@ impl CheckpointCause {
     }
 }
 
+/// A record skipped under `on_bad_record = "dead-letter"`: it did not decode. Recorded in the store
+/// in the transaction of the checkpoint whose offsets pass it, so it is recorded exactly once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub partition: PartitionId,
+    pub offset: u64,
+    /// The partition's open epoch where it stood.
+    pub epoch: Epoch,
+    /// Why it was skipped (the bad record's error, naming topic, partition and offset).
+    pub reason: String,
+}
+
 /// One atomic store transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
@@ -140,11 +152,20 @@ pub struct Checkpoint {
     pub rows: Vec<RowMutation>,
     pub vnodes: Vec<VnodeProgress>,
     pub partitions: Vec<PartitionProgress>,
+    /// Records this checkpoint's offsets skip as dead letters (empty unless the job's policy is
+    /// `dead-letter`).
+    pub dead_letters: Vec<DeadLetter>,
+    /// The job's cap on dead letters recorded (distinct records, over every generation): the store
+    /// refuses a checkpoint that would pass it, so the job stops there.
+    pub max_dead_letters: u64,
 }
 
 impl Checkpoint {
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.vnodes.is_empty() && self.partitions.is_empty()
+        self.rows.is_empty()
+            && self.vnodes.is_empty()
+            && self.partitions.is_empty()
+            && self.dead_letters.is_empty()
     }
 }
 

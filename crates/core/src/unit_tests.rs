@@ -135,6 +135,8 @@ fn progress_helpers() {
         rows: vec![],
         vnodes: vec![],
         partitions: vec![],
+        dead_letters: vec![],
+        max_dead_letters: 0,
     };
     assert!(empty.is_empty(), "leases alone change nothing");
     let mut rows = empty.clone();
@@ -289,6 +291,7 @@ fn status(phase: Phase, partitions: &[(u64, Option<u64>)]) -> WorkerStatus {
             changes: [1, 2, 3, 4],
             barriers: 5,
             checkpoints: 9,
+            dead_letters: 0,
         },
         caught_up: false,
         joined: true,
