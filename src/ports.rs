@@ -329,7 +329,7 @@ pub struct DeadLetterRecord<'a> {
 /// so a dead letter recorded in the store is always in the topic too (a crash between the two
 /// writes it again when the partition is read again: at least once in the topic, exactly once in
 /// the store).
-pub trait DeadLetterSink: Send {
+pub trait DeadLetterSink {
     /// Writes these records and waits until the broker has them all; an error is transient (the
     /// worker restarts from the store, nothing of the checkpoint recorded).
     fn send(&mut self, letters: &[DeadLetterRecord<'_>]) -> Result<(), String>;

@@ -59,6 +59,8 @@ fn random_schedules_against_the_oracle() {
                     }
                 }
                 total.member_fences += r.member_fences;
+                total.dead_letters += r.dead_letters;
+                total.dead_letters_sent += r.dead_letters_sent;
                 total.reconciliations += r.reconciliations;
                 total.steps += r.steps;
                 total.commits += r.commits;
@@ -93,6 +95,10 @@ fn random_schedules_against_the_oracle() {
     println!(
         "  of which KIP-848 (group.protocol = consumer): {kip848} seeds, {} reconciliation steps, {} members fenced, {kip848_recreations} recreations; bitmap updates by phase {kip848_updates:?}",
         total.reconciliations, total.member_fences
+    );
+    println!(
+        "  dead letters (on_bad_record = dead-letter, a third of the seeds): {} bad records written, each recorded exactly once; {} writes to the dead-letter topic (repeats are reads after a crash or a revocation)",
+        total.dead_letters, total.dead_letters_sent
     );
     if !failures.is_empty() {
         // Every failing seed's replay line (the first in full), for scripts/soak.sh.
@@ -130,6 +136,10 @@ fn random_schedules_against_the_oracle() {
             );
         }
         assert!(kip848_recreations > 0, "no KIP-848 recreation");
+        assert!(
+            total.dead_letters > 0 && total.dead_letters_sent > total.dead_letters,
+            "dead letters were not exercised across crashes and revocations"
+        );
     }
 }
 

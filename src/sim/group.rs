@@ -53,7 +53,7 @@ impl Sim {
             housekeeping_ms: 1,
             static_member: false,
             reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
-            max_dead_letters: None,
+            max_dead_letters: self.config.dead_letters.then_some(1_000_000),
         };
         let driver = Driver::new(
             cfg,
@@ -76,7 +76,10 @@ impl Sim {
                 counts: self.counts.clone(),
             }),
         )
-        .map_err(|f| format!("worker {} did not start: {f}", self.workers[i].id))?;
+        .map_err(|f| format!("worker {} did not start: {f}", self.workers[i].id))?
+        .with_dead_letters(Box::new(super::world::SimDeadLetters {
+            world: self.world.clone(),
+        }));
         self.workers[i].driver = Some(driver);
         Ok(())
     }

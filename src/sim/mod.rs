@@ -71,6 +71,10 @@ pub struct SimConfig {
     pub commit_percent: u64,
     /// How the coordinator moves partitions between members.
     pub protocol: GroupProtocol,
+    /// `on_bad_record = "dead-letter"`: the upstream also writes records that do not decode, and
+    /// the workers dead-letter them (checked: each recorded once, each written to the sink first,
+    /// all recorded in the end).
+    pub dead_letters: bool,
 }
 
 /// How the simulated coordinator moves partitions (`group.protocol`).
@@ -124,6 +128,7 @@ impl SimConfig {
             } else {
                 GroupProtocol::Consumer
             },
+            dead_letters: r.below(3) == 0,
         }
     }
 }
@@ -152,6 +157,11 @@ pub struct SimReport {
     pub stopped: Option<String>,
     /// The run's coordinator spoke KIP-848 (`GroupProtocol::Consumer`).
     pub consumer_protocol: bool,
+    /// Records that do not decode the upstream wrote (all dead-lettered by the end).
+    pub dead_letters: u64,
+    /// Dead letters written to the sink, repeats included (a crash between the sink and the
+    /// commit writes one again).
+    pub dead_letters_sent: u64,
     /// Members fenced by the KIP-848 coordinator (all partitions lost, then a rejoin).
     pub member_fences: u64,
     /// KIP-848 reconciliation steps delivered (one member's revocation and/or partial gain).
@@ -254,6 +264,7 @@ impl Sim {
             barriers: 0,
             epochs_left: config.epochs,
             changes_in_epoch: 0,
+            poison: Default::default(),
         };
         let mut store = MemoryStore::new();
         store.ensure_job(JOB, &info).expect("job");
@@ -271,6 +282,7 @@ impl Sim {
             applied: 0,
             unreported: 0,
             violation: None,
+            dead_letters_sent: Vec::new(),
         }));
         Sim {
             config,
@@ -357,6 +369,10 @@ impl Sim {
         if write_now {
             let mut guard = self.world.borrow_mut();
             let w = &mut *guard;
+            if self.config.dead_letters && w.rng.chance(4) {
+                w.upstream.write_poison(&mut w.rng);
+                return Ok(());
+            }
             if w.upstream.changes_in_epoch >= self.config.max_changes_per_epoch || w.rng.chance(25)
             {
                 w.upstream.end_epoch(self.config.checkpoint_every);
@@ -532,6 +548,8 @@ impl Sim {
             streamed_while_writing: self.streamed_while_writing,
             stopped: self.stopped.clone(),
             consumer_protocol: self.config.protocol == GroupProtocol::Consumer,
+            dead_letters: self.world.borrow().upstream.poison.len() as u64,
+            dead_letters_sent: self.world.borrow().dead_letters_sent.len() as u64,
             member_fences: self.member_fences,
             reconciliations: self.reconciliations,
         }

@@ -1,10 +1,10 @@
 //! The simulated upstream: a table that writes changes and barriers into an in-memory log, and
 //! remembers the table at the end of every epoch (the oracle's truth).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::{
-    vnode_of, Barrier, BarrierKind, Change, Epoch, LogRecord, Op, PartitionMap, Row,
+    vnode_of, Barrier, BarrierKind, Change, Epoch, LogRecord, Op, PartitionId, PartitionMap, Row,
 };
 use crate::ports::LogStore;
 use crate::rng::SimRng;
@@ -21,6 +21,8 @@ pub(super) struct Upstream {
     pub(super) barriers: u32,
     pub(super) epochs_left: u32,
     pub(super) changes_in_epoch: u32,
+    /// Offsets holding a record that does not decode (seeds with `dead_letters`).
+    pub(super) poison: BTreeSet<(PartitionId, u64)>,
 }
 
 pub(super) fn key_bytes(k: u32) -> Vec<u8> {
@@ -70,6 +72,31 @@ impl Upstream {
             }
         }
         self.changes_in_epoch += 1;
+    }
+
+    /// A record that does not decode, in a random partition: it changes nothing upstream. Its slot
+    /// in the log holds an insert of a key the table never has, so a loop that applied it anyway
+    /// would fail the oracle.
+    pub(super) fn write_poison(&mut self, rng: &mut SimRng) {
+        let partition = rng.below(self.map.partition_count() as u64) as PartitionId;
+        let vnode = self
+            .map
+            .vnodes_of(partition)
+            .next()
+            .expect("a partition has vnodes");
+        let offset = self.log.append(
+            partition,
+            LogRecord::Change(Change {
+                epoch: self.epoch,
+                op: Op::Insert,
+                vnode,
+                row: Row {
+                    key: b"poison".to_vec(),
+                    value: b"poison".to_vec(),
+                },
+            }),
+        );
+        self.poison.insert((partition, offset));
     }
 
     pub(super) fn end_epoch(&mut self, checkpoint_every: u32) {

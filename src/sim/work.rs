@@ -149,6 +149,20 @@ impl Sim {
                 w.upstream.table.len()
             ));
         }
+        // Every record that does not decode ends up recorded, once (the store keys them).
+        let recorded: std::collections::BTreeSet<(PartitionId, u64)> = self
+            .store
+            .dead_letters(JOB)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|d| (d.partition, d.offset))
+            .collect();
+        if recorded != w.upstream.poison {
+            return Err(format!(
+                "dead letters recorded {recorded:?}, bad records written {:?}",
+                w.upstream.poison
+            ));
+        }
         let last = *w.upstream.history.keys().last().unwrap();
         for (v, p) in self.store.vnode_progress(JOB) {
             if p.epoch != last {

@@ -74,6 +74,8 @@ pub(super) struct World {
     pub(super) unreported: u64,
     /// The first oracle violation.
     pub(super) violation: Option<String>,
+    /// Every dead letter written to the (simulated) dead-letter topic, in order, repeats included.
+    pub(super) dead_letters_sent: Vec<(PartitionId, u64)>,
 }
 
 impl World {
@@ -131,6 +133,28 @@ impl World {
 
     /// Every committed vnode agrees with the upstream table at its committed epoch.
     pub(super) fn oracle_check(&self) -> SimResult<()> {
+        // Dead letters: each recorded one is a record that does not decode, written to the
+        // dead-letter topic before the store recorded it (the sink is written before the commit).
+        for d in self
+            .store
+            .clone()
+            .dead_letters(JOB)
+            .map_err(|e| e.to_string())?
+        {
+            let at = (d.partition, d.offset);
+            if !self.upstream.poison.contains(&at) {
+                return Err(format!(
+                    "dead letter at partition {} offset {} is not a bad record",
+                    at.0, at.1
+                ));
+            }
+            if !self.dead_letters_sent.contains(&at) {
+                return Err(format!(
+                    "dead letter at partition {} offset {} recorded before it was written to the dead-letter topic",
+                    at.0, at.1
+                ));
+            }
+        }
         let es = self.info.snapshot_epoch;
         let progress = self.store.vnode_progress(JOB);
         let rows = self.store.clone().rows(JOB).map_err(|e| e.to_string())?;
@@ -210,10 +234,19 @@ impl ConsumerPort for SimConsumer {
             .get_mut(&p)
             .expect("assigned")
             .0 = offset + 1;
+        let record = if w.upstream.poison.contains(&(p, offset)) {
+            Err(crate::ports::Undecoded {
+                reason: "sim: not a log record".into(),
+                key: Some(b"poison".to_vec()),
+                value: format!("poison {p}/{offset}").into_bytes(),
+            })
+        } else {
+            Ok(record)
+        };
         Some(Polled::Record {
             partition: p,
             offset,
-            record: Ok(record),
+            record,
         })
     }
 
@@ -349,5 +382,27 @@ impl Clock for SimClock {
 
     fn sleep_ms(&mut self, ms: u64) {
         self.world.borrow_mut().now_ms += ms;
+    }
+}
+
+/// The simulated dead-letter topic: what was written, in the world.
+pub struct SimDeadLetters {
+    pub(super) world: Shared,
+}
+
+impl crate::ports::DeadLetterSink for SimDeadLetters {
+    fn send(&mut self, letters: &[crate::ports::DeadLetterRecord<'_>]) -> Result<(), String> {
+        let mut w = self.world.borrow_mut();
+        for r in letters {
+            if r.value != format!("poison {}/{}", r.letter.partition, r.letter.offset).as_bytes() {
+                w.violation.get_or_insert(format!(
+                    "dead letter at partition {} offset {} carries other bytes",
+                    r.letter.partition, r.letter.offset
+                ));
+            }
+            w.dead_letters_sent
+                .push((r.letter.partition, r.letter.offset));
+        }
+        Ok(())
     }
 }
