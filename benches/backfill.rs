@@ -10,6 +10,8 @@
 
 #[path = "backfill/capture.rs"]
 mod capture;
+#[path = "backfill/cpu.rs"]
+mod cpu;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -401,11 +403,21 @@ fn phase_of(board: &StatusBoard) -> Option<(Phase, u64, u64)> {
     })
 }
 
+/// A timed run's phases: seconds and CPU.
+struct Timed {
+    snapshot_secs: f64,
+    log_secs: f64,
+    snapshot_cpu: cpu::Split,
+    log_cpu: cpu::Split,
+}
+
 /// Runs a one-worker job in-process to catch-up; returns seconds spent in the snapshot and the
 /// log-store phases. Each starts when the worker enters the phase and ends when the checkpoint that
 /// closes it (`snapshot_done`, `caught_up`) is *committed* (commits are pipelined, so the phase gauge
 /// alone would run ahead of the store).
-fn timed_run(config: &Config) -> (f64, f64) {
+/// The CPU of each phase is read from the OS at the same boundaries (the bench's poller left out).
+fn timed_run_cpu(config: &Config) -> Timed {
+    let poller = cpu::current_tid();
     let board = job::new_board();
     let stop = Arc::new(AtomicBool::new(false));
     let (c, b, s) = (config.clone(), board.clone(), stop.clone());
@@ -423,6 +435,7 @@ fn timed_run(config: &Config) -> (f64, f64) {
         )
     });
     let (mut t_snap, mut t_log, mut t_stream) = (None, None, None);
+    let (mut c_snap, mut c_log, mut c_stream) = (None, None, None);
     let job = config.jobs[0].name.clone();
     let committed = |cause: &str| {
         metrics()
@@ -436,12 +449,15 @@ fn timed_run(config: &Config) -> (f64, f64) {
         if t_snap.is_none() && gauge_phase(&job, "bench-0").is_some_and(|p| p != Phase::Unassigned)
         {
             t_snap = Some(now);
+            c_snap = Some(cpu::read());
         }
         if t_log.is_none() && committed("snapshot_done") {
             t_log = Some(now);
+            c_log = Some(cpu::read());
         }
         if t_stream.is_none() && committed("caught_up") {
             t_stream = Some(now);
+            c_stream = Some(cpu::read());
         }
         std::thread::sleep(Duration::from_micros(500));
     }
@@ -449,10 +465,13 @@ fn timed_run(config: &Config) -> (f64, f64) {
     let t_snap = t_snap.expect("the worker entered the snapshot phase");
     let t_log = t_log.expect("the snapshot_done checkpoint was committed");
     let t_stream = t_stream.expect("the caught_up checkpoint was committed");
-    (
-        (t_log - t_snap).as_secs_f64(),
-        (t_stream - t_log).as_secs_f64(),
-    )
+    let (c_snap, c_log, c_stream) = (c_snap.unwrap(), c_log.unwrap(), c_stream.unwrap());
+    Timed {
+        snapshot_secs: (t_log - t_snap).as_secs_f64(),
+        log_secs: (t_stream - t_log).as_secs_f64(),
+        snapshot_cpu: cpu::between(&c_snap, &c_log, poller),
+        log_cpu: cpu::between(&c_log, &c_stream, poller),
+    }
 }
 
 /// (e) Reading and checking every row of the snapshot files, with key extraction: rows per second,
@@ -1142,8 +1161,12 @@ fn main() {
     if a.want("log") {
         for (partitions, topic, d, records) in &log_topics {
             let p = *partitions;
+            let mut perf_cpu = Vec::new();
             let (perf, perf_all) = runs(a.reps, |_| {
-                consumer_performance(&bootstrap, topic, *records)
+                let before = cpu::children_secs();
+                let rate = consumer_performance(&bootstrap, topic, *records);
+                perf_cpu.push((cpu::children_secs() - before) * 1e6 / *records as f64);
+                rate
             });
             r.figure(
                 &format!("a_consumer_performance_{p}p"),
@@ -1151,22 +1174,32 @@ fn main() {
                 format!("{} records/s", fmt_rate(perf)),
                 json!(perf),
             );
-            let (bare, bare_all) = runs(a.reps, |_| bare_consume(&bootstrap, topic, *records));
+            let mut bare_cpu = Vec::new();
+            let (bare, bare_all) = runs(a.reps, |_| {
+                let before = cpu::process_secs();
+                let rate = bare_consume(&bootstrap, topic, *records);
+                bare_cpu.push((cpu::process_secs() - before) * 1e6 / *records as f64);
+                rate
+            });
             r.figure(
                 &format!("a_bare_rdkafka_{p}p"),
                 &format!("bare rdkafka BaseConsumer subscribing like the service (cooperative-sticky, read_committed, same fetch settings), no decoding, first to last record, median of {:?}", bare_all.iter().map(|x| x.round()).collect::<Vec<_>>()),
                 format!("{} records/s", fmt_rate(bare)),
                 json!(bare),
             );
+            let mut log_cpu: Vec<cpu::Split> = Vec::new();
             let (log, log_all) = runs(a.reps, |i| {
-                let (_, secs) = timed_run(&job_config(
-                    &format!("log{p}sqlite{pid}x{i}"),
+                // Short job names: the kernel keeps 15 bytes of a thread's name, and the CPU
+                // split tells `<job>/commit` from `<job>/<worker>` by them.
+                let t = timed_run_cpu(&job_config(
+                    &format!("b{p}s{i}"),
                     topic,
                     &bootstrap,
                     &d.join("snapshot"),
                     sqlite(d.join(format!("s{i}.sqlite"))),
                 ));
-                *records as f64 / secs
+                log_cpu.push(t.log_cpu);
+                *records as f64 / t.log_secs
             });
             r.figure(
                 &format!("b_log_store_sqlite_{p}p"),
@@ -1192,17 +1225,62 @@ fn main() {
                 format!("{ratio:.3}"),
                 Some(ratio >= 0.5),
             );
+            // CPU per million records: the OS's user + system seconds (`benches/backfill/cpu.rs`).
+            let perf_c = median(perf_cpu);
+            let bare_c = median(bare_cpu);
+            let mut log_c: Vec<(f64, String)> = log_cpu
+                .iter()
+                .map(|c| (c.per_million(*records), c.shares()))
+                .collect();
+            log_c.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+            let (log_cm, log_split) = log_c[log_c.len() / 2].clone();
+            r.figure(
+                &format!("cpu_log_store_sqlite_{p}p"),
+                &format!("CPU of the log-store phase into SQLite (user + system, the whole service: worker, committer, checkpointer, librdkafka; from the snapshot_done to the caught_up commit), per million records, median of {:?}; split of that run by thread: {log_split}", log_c.iter().map(|x| (x.0 * 100.0).round() / 100.0).collect::<Vec<_>>()),
+                format!("{log_cm:.2} CPU-s per million records"),
+                json!({"cpu_s_per_million": log_cm, "split": log_split}),
+            );
+            r.figure(
+                &format!("cpu_consumer_performance_{p}p"),
+                "CPU of Kafka's ConsumerPerformance (its whole JVM process, start-up included), per million records, median",
+                format!("{perf_c:.2} CPU-s per million records"),
+                json!(perf_c),
+            );
+            r.figure(
+                &format!("cpu_bare_rdkafka_{p}p"),
+                "CPU of the bare rdkafka consumer (in the bench's process: client start, subscription, polling to the last record), per million records, median",
+                format!("{bare_c:.2} CPU-s per million records"),
+                json!(bare_c),
+            );
+            r.target(
+                &format!(
+                    "log-store replay into SQLite ≤ 2.3 CPU-s per million records ({p} partitions)"
+                ),
+                format!("{log_cm:.2} (ConsumerPerformance {perf_c:.2}, bare rdkafka {bare_c:.2})"),
+                Some(log_cm <= 2.3),
+            );
             if p == 4 {
+                let mut pg_cpu = Vec::new();
                 let (pgr, pg_all) = runs(a.reps, |i| {
-                    let (_, secs) = timed_run(&job_config(
-                        &format!("log{p}pg{pid}x{i}"),
+                    // The job row outlives the run in PostgreSQL: a name of its own each time,
+                    // short enough for the thread names (see above).
+                    let t = timed_run_cpu(&job_config(
+                        &format!("p{}{i}", rand_suffix() % 100_000),
                         topic,
                         &bootstrap,
                         &d.join("snapshot"),
                         postgres(&pg, &format!("bench_log_{pid}_{i}_{}", rand_suffix())),
                     ));
-                    *records as f64 / secs
+                    pg_cpu.push(t.log_cpu.per_million(*records));
+                    *records as f64 / t.log_secs
                 });
+                let pg_c = median(pg_cpu);
+                r.figure(
+                    "cpu_log_store_postgres_4p",
+                    &format!("CPU of the log-store phase into {pg_label}: kafka-backfill's process only (the server's backends not counted), per million records, median"),
+                    format!("{pg_c:.2} CPU-s per million records"),
+                    json!(pg_c),
+                );
                 r.figure(
                     &format!("c_log_store_postgres_{p}p"),
                     &format!(
@@ -1249,16 +1327,26 @@ fn main() {
             format!("{} rows/s", fmt_rate(decode)),
             json!(decode),
         );
+        let mut snap_cpu = Vec::new();
         let (snap, snap_all) = runs(a.reps, |i| {
-            let (secs, _) = timed_run(&job_config(
-                &format!("snapsqlite{pid}x{i}"),
+            let t = timed_run_cpu(&job_config(
+                &format!("sn{i}"),
                 &topic,
                 &bootstrap,
                 &d.join("snapshot"),
                 sqlite(d.join(format!("s{i}.sqlite"))),
             ));
-            rows as f64 / secs
+            snap_cpu.push((t.snapshot_cpu.per_million(rows), t.snapshot_cpu.shares()));
+            rows as f64 / t.snapshot_secs
         });
+        snap_cpu.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+        let (snap_c, snap_split) = snap_cpu[snap_cpu.len() / 2].clone();
+        r.figure(
+            "cpu_snapshot_sqlite",
+            &format!("CPU of the snapshot phase into SQLite (phase entry to the snapshot_done commit), per million rows, median; split of that run by thread: {snap_split}"),
+            format!("{snap_c:.2} CPU-s per million rows"),
+            json!({"cpu_s_per_million": snap_c, "split": snap_split}),
+        );
         r.figure(
             "d_snapshot_sqlite_rows_per_s",
             &format!("snapshot phase into SQLite, committed (phase entry to the snapshot_done commit), median of {:?}", snap_all.iter().map(|x| x.round()).collect::<Vec<_>>()),
@@ -1276,14 +1364,21 @@ fn main() {
             format!("{} rows/s", fmt_rate(snap)),
             Some(snap >= 1_000_000.0),
         );
-        let (secs, _) = timed_run(&job_config(
-            &format!("snappg{pid}"),
+        let t = timed_run_cpu(&job_config(
+            &format!("q{}", rand_suffix() % 1_000_000),
             &topic,
             &bootstrap,
             &d.join("snapshot"),
             postgres(&pg, &format!("bench_snap_{pid}_{}", rand_suffix())),
         ));
-        let snap_pg = rows as f64 / secs;
+        let snap_pg = rows as f64 / t.snapshot_secs;
+        let snap_pg_c = t.snapshot_cpu.per_million(rows);
+        r.figure(
+            "cpu_snapshot_postgres",
+            &format!("CPU of the snapshot phase into {pg_label}: kafka-backfill's process only, per million rows, one run; split by thread: {}", t.snapshot_cpu.shares()),
+            format!("{snap_pg_c:.2} CPU-s per million rows"),
+            json!(snap_pg_c),
+        );
         r.figure(
             "d_snapshot_postgres_rows_per_s",
             &format!("snapshot phase into {pg_label}, committed, one run"),
