@@ -14,6 +14,21 @@ pub const MAX_EMPTY_ITEMS: u64 = 1 << 20;
 /// Schema nesting one datum may go through (JSON schemas parse to about 60 levels at most).
 pub const MAX_DEPTH: usize = 48;
 
+/// Whether a schema is written as an Avro long: `long` and the long-based logical types.
+pub fn is_long_based(schema: &Schema) -> bool {
+    matches!(
+        schema,
+        Schema::Long
+            | Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos
+    )
+}
+
 /// Advances `buf` past one datum of `schema`, or says why it cannot.
 pub fn skip(schema: &Schema, buf: &mut &[u8]) -> Result<(), String> {
     Walker {
@@ -45,14 +60,7 @@ impl Walker {
                     .map(|_| ())
                     .map_err(|_| format!("int {i} out of the 32-bit range"))
             }
-            Schema::Long
-            | Schema::TimeMicros
-            | Schema::TimestampMillis
-            | Schema::TimestampMicros
-            | Schema::TimestampNanos
-            | Schema::LocalTimestampMillis
-            | Schema::LocalTimestampMicros
-            | Schema::LocalTimestampNanos => long(buf).map(|_| ()),
+            s if is_long_based(s) => long(buf).map(|_| ()),
             Schema::Float => take(buf, 4).map(|_| ()),
             Schema::Double => take(buf, 8).map(|_| ()),
             Schema::Bytes | Schema::BigDecimal => {
@@ -97,6 +105,7 @@ impl Walker {
                 w.skip(&m.types, buf, depth)
             }),
             Schema::Ref { name } => Err(format!("unresolved schema reference {name}")),
+            other => Err(format!("no datum of schema {other:?} can be walked")),
         }
     }
 

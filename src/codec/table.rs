@@ -81,6 +81,9 @@ pub struct TableSchema {
     pub columns: Vec<Column>,
     pub primary_key: Vec<String>,
     pk_indices: Vec<usize>,
+    /// Every field is a primitive (or a nullable primitive) whose column value can be read straight
+    /// from the datum ([`direct_column`]); else rows go through apache-avro's decoder.
+    direct: bool,
 }
 
 impl TableSchema {
@@ -132,7 +135,9 @@ impl TableSchema {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let direct = record.fields.iter().all(|f| is_direct(&f.schema));
         Ok(TableSchema {
+            direct,
             name: record.name.name.clone(),
             json: value,
             columns,
@@ -173,6 +178,19 @@ impl TableSchema {
         let Schema::Record(record) = &self.schema else {
             unreachable!("checked in parse")
         };
+        if self.direct {
+            // Read straight from the bytes: apache-avro's decoder resolves the schema's names for
+            // every datum, which was most of a commit's decoding (docs/BENCHMARKS.md, CPU per record).
+            let mut rest = datum;
+            return record
+                .fields
+                .iter()
+                .map(|f| {
+                    direct_column(&f.schema, &mut rest)
+                        .map_err(|e| CodecError::Decode(format!("column {}: {e}", f.name)))
+                })
+                .collect();
+        }
         let fields = self.decode_row(datum)?;
         fields
             .into_iter()
@@ -296,6 +314,88 @@ fn column_value(ty: ColumnType, schema: &Schema, v: Value) -> Result<ColumnValue
             ColumnValue::Decimal(decimal_text(v, schema)?)
         }
         (ty, other) => return Err(format!("value {other:?} does not fit a {ty:?} column")),
+    })
+}
+
+/// Whether a field's column value can be read straight from its bytes: a primitive whose column is
+/// not JSON, or a two-branch union of null and one.
+fn is_direct(schema: &Schema) -> bool {
+    match schema {
+        Schema::Union(u) => {
+            u.variants().len() == 2
+                && u.variants().contains(&Schema::Null)
+                && u.variants()
+                    .iter()
+                    .all(|v| *v == Schema::Null || is_direct(v))
+        }
+        Schema::Boolean
+        | Schema::Int
+        | Schema::Float
+        | Schema::Double
+        | Schema::String
+        | Schema::Bytes
+        | Schema::Date
+        | Schema::TimeMillis => true,
+        s => super::skip::is_long_based(s),
+    }
+}
+
+/// One field's column value read from the datum (a schema [`is_direct`] accepts): the same value
+/// apache-avro's decoder and [`column_value`] give.
+fn direct_column(schema: &Schema, buf: &mut &[u8]) -> Result<ColumnValue, String> {
+    fn take<'a>(buf: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+        if buf.len() < n {
+            return Err(format!("truncated: {n} bytes wanted, {} left", buf.len()));
+        }
+        let (head, tail) = buf.split_at(n);
+        *buf = tail;
+        Ok(head)
+    }
+    fn long(buf: &mut &[u8]) -> Result<i64, String> {
+        super::varint::get_long(buf).ok_or_else(|| "truncated or overlong integer".to_string())
+    }
+    fn bytes<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], String> {
+        let n = long(buf)?;
+        let n = usize::try_from(n).map_err(|_| format!("negative length {n}"))?;
+        take(buf, n)
+    }
+    Ok(match schema {
+        Schema::Union(u) => {
+            let i = long(buf)?;
+            let branch = usize::try_from(i)
+                .ok()
+                .and_then(|i| u.variants().get(i))
+                .ok_or_else(|| format!("union index {i} out of range"))?;
+            if *branch == Schema::Null {
+                ColumnValue::Null
+            } else {
+                direct_column(branch, buf)?
+            }
+        }
+        Schema::Boolean => match take(buf, 1)?[0] {
+            0 => ColumnValue::Boolean(false),
+            1 => ColumnValue::Boolean(true),
+            b => return Err(format!("invalid boolean byte {b:#04x}")),
+        },
+        Schema::Int | Schema::Date | Schema::TimeMillis => {
+            let i = long(buf)?;
+            i32::try_from(i).map_err(|_| format!("int {i} out of the 32-bit range"))?;
+            ColumnValue::Integer(i)
+        }
+        Schema::Float => {
+            ColumnValue::Real(f32::from_le_bytes(take(buf, 4)?.try_into().expect("4 bytes")) as f64)
+        }
+        Schema::Double => ColumnValue::Real(f64::from_le_bytes(
+            take(buf, 8)?.try_into().expect("8 bytes"),
+        )),
+        Schema::String => ColumnValue::Text(
+            std::str::from_utf8(bytes(buf)?)
+                .map_err(|e| format!("string is not UTF-8: {e}"))?
+                .to_string(),
+        ),
+        Schema::Bytes => ColumnValue::Blob(bytes(buf)?.to_vec()),
+        s if super::skip::is_long_based(s) => ColumnValue::Integer(long(buf)?),
+        other => return Err(format!("type {other:?} is not read directly")),
     })
 }
 
@@ -467,4 +567,128 @@ pub fn to_json(v: Value, schema: Option<&Schema>) -> Result<serde_json::Value, S
         }
         other => return Err(format!("no JSON form for {other:?}")),
     })
+}
+
+#[cfg(test)]
+mod direct_tests {
+    use super::*;
+    use crate::rng::SimRng;
+
+    /// Every primitive the direct path reads, nullable in both branch orders.
+    const SCHEMA: &str = r#"{"type": "record", "name": "r", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "i", "type": "int"},
+        {"name": "b", "type": "boolean"},
+        {"name": "f", "type": "float"},
+        {"name": "d", "type": "double"},
+        {"name": "s", "type": "string"},
+        {"name": "y", "type": "bytes"},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "ns", "type": ["null", "string"]},
+        {"name": "nl", "type": ["long", "null"]},
+        {"name": "nd", "type": ["null", "double"]}
+    ]}"#;
+
+    fn same(a: &[ColumnValue], b: &[ColumnValue]) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| match (x, y) {
+                (ColumnValue::Real(p), ColumnValue::Real(q)) => p.to_bits() == q.to_bits(),
+                (x, y) => x == y,
+            })
+    }
+
+    #[test]
+    fn the_direct_path_reads_what_apache_avro_reads() {
+        let t = TableSchema::parse(SCHEMA, &["id".into()]).unwrap();
+        assert!(t.direct);
+        let mut rng = SimRng::new(7);
+        let specials = [
+            0.0,
+            -0.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e-310,
+            1.5,
+        ];
+        for n in 0..5_000u64 {
+            let long = |r: &mut SimRng| match r.below(4) {
+                0 => i64::MIN,
+                1 => i64::MAX,
+                _ => r.below(1 << 40) as i64 - (1 << 39),
+            };
+            let double = |r: &mut SimRng| specials[r.below(specials.len() as u64) as usize];
+            let text: String = (0..rng.below(12))
+                .map(|i| ['a', 'é', '日', '\u{0}', '😀'][(i + n) as usize % 5])
+                .collect();
+            let row = Value::Record(vec![
+                ("id".into(), Value::Long(long(&mut rng))),
+                ("i".into(), Value::Int(rng.below(1 << 32) as i64 as i32)),
+                ("b".into(), Value::Boolean(rng.chance(50))),
+                ("f".into(), Value::Float(double(&mut rng) as f32)),
+                ("d".into(), Value::Double(double(&mut rng))),
+                ("s".into(), Value::String(text.clone())),
+                ("y".into(), Value::Bytes(text.clone().into_bytes())),
+                ("day".into(), Value::Date(rng.below(40_000) as i32 - 20_000)),
+                ("ts".into(), Value::TimestampMicros(long(&mut rng))),
+                (
+                    "ns".into(),
+                    if rng.chance(50) {
+                        Value::Union(0, Box::new(Value::Null))
+                    } else {
+                        Value::Union(1, Box::new(Value::String(text)))
+                    },
+                ),
+                (
+                    "nl".into(),
+                    if rng.chance(50) {
+                        Value::Union(1, Box::new(Value::Null))
+                    } else {
+                        Value::Union(0, Box::new(Value::Long(long(&mut rng))))
+                    },
+                ),
+                (
+                    "nd".into(),
+                    Value::Union(1, Box::new(Value::Double(double(&mut rng)))),
+                ),
+            ]);
+            let datum = t.encode_row(&row).unwrap();
+            let direct = t.column_values(&datum).unwrap();
+            let Schema::Record(record) = &t.schema else {
+                unreachable!()
+            };
+            let via_avro: Vec<ColumnValue> = t
+                .decode_row(&datum)
+                .unwrap()
+                .into_iter()
+                .zip(&t.columns)
+                .zip(&record.fields)
+                .map(|((v, c), f)| column_value(c.ty, &f.schema, v).unwrap())
+                .collect();
+            assert!(
+                same(&direct, &via_avro),
+                "row {n}: {direct:?} vs {via_avro:?}"
+            );
+            // A cut datum is an error, never a wrong value.
+            let cut = &datum[..datum.len() - 1];
+            assert!(t.column_values(cut).is_err(), "row {n} cut");
+        }
+    }
+
+    #[test]
+    fn schemas_with_other_types_take_apache_avros_path() {
+        for other in [
+            r#"{"type": "string", "logicalType": "uuid"}"#,
+            r#"{"type": "array", "items": "long"}"#,
+            r#"["null", "long", "string"]"#,
+            r#"{"type": "enum", "name": "e", "symbols": ["a"]}"#,
+        ] {
+            let json = format!(
+                r#"{{"type": "record", "name": "r", "fields": [{{"name": "id", "type": "long"}}, {{"name": "x", "type": {other}}}]}}"#
+            );
+            let t = TableSchema::parse(&json, &["id".into()]).unwrap();
+            assert!(!t.direct, "{other}");
+        }
+    }
 }
