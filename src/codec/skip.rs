@@ -37,6 +37,27 @@ pub fn skip(schema: &Schema, buf: &mut &[u8]) -> Result<(), String> {
     .skip(schema, buf, 0)
 }
 
+/// Skips a record's datum as [`skip`] of the record does (one walker, so one budget of empty items
+/// and one depth for the whole row), calling `each(field, start, end)` with each field's byte range
+/// in the datum.
+pub fn skip_record(
+    record: &apache_avro::schema::RecordSchema,
+    datum: &[u8],
+    mut each: impl FnMut(usize, usize, usize),
+) -> Result<usize, String> {
+    let mut w = Walker {
+        empty_items: MAX_EMPTY_ITEMS,
+    };
+    let mut rest = datum;
+    for (i, f) in record.fields.iter().enumerate() {
+        let start = datum.len() - rest.len();
+        w.skip(&f.schema, &mut rest, 1)
+            .map_err(|e| format!("field {}: {e}", f.name))?;
+        each(i, start, datum.len() - rest.len());
+    }
+    Ok(datum.len() - rest.len())
+}
+
 struct Walker {
     /// Zero-byte items still allowed.
     empty_items: u64,

@@ -157,6 +157,41 @@ impl TableSchema {
         Ok(())
     }
 
+    /// Checks a row datum as [`check_row`](Self::check_row) does and whether its primary-key bytes
+    /// are `key`, in one walk over the datum and without copying the key.
+    pub fn check_row_key(&self, datum: &[u8], key: &[u8]) -> Result<bool, String> {
+        let Schema::Record(record) = &self.schema else {
+            unreachable!("checked in parse")
+        };
+        let mut matches = true;
+        let used = if let [only] = self.pk_indices[..] {
+            super::skip::skip_record(record, datum, |i, start, end| {
+                if i == only {
+                    matches = &datum[start..end] == key;
+                }
+            })?
+        } else {
+            let mut ranges = vec![(0usize, 0usize); record.fields.len()];
+            let used =
+                super::skip::skip_record(record, datum, |i, start, end| ranges[i] = (start, end))?;
+            let mut at = 0;
+            for &i in &self.pk_indices {
+                let field = &datum[ranges[i].0..ranges[i].1];
+                matches &= key.get(at..at + field.len()) == Some(field);
+                at += field.len();
+            }
+            matches &= at == key.len();
+            used
+        };
+        if used != datum.len() {
+            return Err(format!(
+                "{} trailing bytes after the row",
+                datum.len() - used
+            ));
+        }
+        Ok(matches)
+    }
+
     /// Encodes a row value as its datum.
     pub fn encode_row(&self, row: &Value) -> Result<Vec<u8>, CodecError> {
         apache_avro::to_avro_datum(&self.schema, row.clone())
@@ -226,8 +261,20 @@ impl TableSchema {
         let Schema::Record(record) = &self.schema else {
             unreachable!("checked in parse")
         };
-        let mut ranges = vec![(0usize, 0usize); record.fields.len()];
         let mut rest = datum;
+        if let [only] = self.pk_indices[..] {
+            // One key field (the common case): no table of ranges.
+            for (i, f) in record.fields.iter().enumerate().take(only + 1) {
+                let start = datum.len() - rest.len();
+                skip(&f.schema, &mut rest)
+                    .map_err(|e| CodecError::Decode(format!("field {}: {e}", f.name)))?;
+                if i == only {
+                    return Ok(datum[start..datum.len() - rest.len()].to_vec());
+                }
+            }
+            unreachable!("the key field is a field of the record");
+        }
+        let mut ranges = vec![(0usize, 0usize); record.fields.len()];
         let last = *self.pk_indices.iter().max().expect("non-empty key");
         for (i, f) in record.fields.iter().enumerate().take(last + 1) {
             let start = datum.len() - rest.len();
@@ -673,6 +720,52 @@ mod direct_tests {
             // A cut datum is an error, never a wrong value.
             let cut = &datum[..datum.len() - 1];
             assert!(t.column_values(cut).is_err(), "row {n} cut");
+        }
+    }
+
+    #[test]
+    fn the_one_walk_key_check_agrees_with_check_row_then_key_of_datum() {
+        use crate::workload::{example_row, typed_row, EXAMPLE_ROW_SCHEMA, TYPED_ROW_SCHEMA};
+        let tables = [
+            (
+                TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".into()]).unwrap(),
+                example_row as fn(i64, i64, usize, &mut SimRng) -> Value,
+            ),
+            (
+                TableSchema::parse(TYPED_ROW_SCHEMA, &["region".into(), "id".into()]).unwrap(),
+                typed_row,
+            ),
+            (
+                // The key fields in another order than the record's.
+                TableSchema::parse(TYPED_ROW_SCHEMA, &["id".into(), "region".into()]).unwrap(),
+                typed_row,
+            ),
+        ];
+        let mut rng = SimRng::new(11);
+        for (t, row) in &tables {
+            for n in 0..500 {
+                let datum = t.encode_row(&row(n, n % 7, 150, &mut rng)).unwrap();
+                let key = t.key_of_datum(&datum).unwrap();
+                assert_eq!(t.check_row_key(&datum, &key), Ok(true), "row {n}");
+                let other = t.encode_row(&row(n + 1, 0, 150, &mut rng)).unwrap();
+                let other_key = t.key_of_datum(&other).unwrap();
+                assert_eq!(t.check_row_key(&datum, &other_key), Ok(false), "row {n}");
+                assert_eq!(t.check_row_key(&datum, &key[..key.len() - 1]), Ok(false));
+                assert_eq!(
+                    t.check_row_key(&datum, &[key.as_slice(), b"x"].concat()),
+                    Ok(false)
+                );
+                for bad in [
+                    &datum[..datum.len() - 1],
+                    &[datum.as_slice(), &[0]].concat(),
+                ] {
+                    assert_eq!(
+                        t.check_row_key(bad, &key).unwrap_err(),
+                        t.check_row(bad).unwrap_err(),
+                        "row {n}: the same error as check_row"
+                    );
+                }
+            }
         }
     }
 

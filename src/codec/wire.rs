@@ -126,15 +126,20 @@ impl LogCodec {
                 let vnode = u16::try_from(vnode).map_err(|_| {
                     CodecError::Decode(format!("Change.vnode: {vnode} out of range"))
                 })?;
-                self.table
-                    .check_row(buf)
-                    .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
-                let key =
-                    key.ok_or_else(|| CodecError::Decode("change without a message key".into()))?;
+                let Some(key) = key else {
+                    self.table
+                        .check_row(buf)
+                        .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
+                    return Err(CodecError::Decode("change without a message key".into()));
+                };
                 // The message key must be the row's key bytes: they decide the vnode and which
                 // stored row a DELETE or UPDATE replaces.
-                let row_key = self.table.key_of_datum(buf)?;
-                if row_key != key {
+                let key_matches = self
+                    .table
+                    .check_row_key(buf, key)
+                    .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
+                if !key_matches {
+                    let row_key = self.table.key_of_datum(buf)?;
                     return Err(CodecError::Decode(format!(
                         "the message key {} is not the row's primary-key bytes {}",
                         hex(&key[..key.len().min(32)]),
