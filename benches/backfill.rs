@@ -363,6 +363,7 @@ fn job_config(
             recreation: RecreationConfig::default(),
             max_rows_per_second: 0,
             max_epochs_ahead: 256,
+            max_mib_ahead: 32,
             rate_limit: Default::default(),
             capture: None,
             on_bad_record: Default::default(),

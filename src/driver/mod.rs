@@ -45,8 +45,9 @@ pub struct DriverConfig {
     pub topic: String,
     pub worker: String,
     pub local_checkpoint: LocalCheckpointPolicy,
-    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
+    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead` and `JobSpec::max_bytes_ahead`).
     pub max_epochs_ahead: usize,
+    pub max_bytes_ahead: u64,
     /// Snapshot rows and log records per second each, until the store holds live limits
     /// (`StateStore::rate_limits`); 0 = unlimited.
     pub max_rows_per_second: u64,
@@ -339,6 +340,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             worker: self.cfg.worker.clone(),
             local_checkpoint: self.cfg.local_checkpoint,
             max_epochs_ahead: self.cfg.max_epochs_ahead,
+            max_bytes_ahead: self.cfg.max_bytes_ahead,
             reschedule: self.cfg.reschedule,
             max_dead_letters: self.cfg.max_dead_letters,
         };

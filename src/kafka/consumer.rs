@@ -171,6 +171,12 @@ impl KafkaConsumer {
             // (docs/BENCHMARKS.md, "What moved each figure").
             config.set("fetch.queue.backoff.ms", "10");
         }
+        if !setup.kafka.contains_key("queued.max.messages.kbytes") {
+            // A default, not managed: librdkafka's 64 MiB of prefetched messages grew with the
+            // partitions (a worker of 64 held ~130 MiB more outside the Rust heap than one of 4);
+            // 16 MiB ran the 64-partition replay as fast (docs/BENCHMARKS.md "Memory per partition").
+            config.set("queued.max.messages.kbytes", "16384");
+        }
         if !setup.kafka.contains_key("group.id") {
             config.set("group.id", format!("kafka-backfill-{}", setup.job));
         }

@@ -157,6 +157,11 @@ pub struct JobConfig {
     /// partition before it is paused. More uses memory for fewer pauses.
     #[serde(default = "default_ahead")]
     pub max_epochs_ahead: usize,
+    /// Alignment buffer by memory, per worker: once the changes staged beyond the slowest owned
+    /// partition's epoch hold more than this many MiB, every partition ahead of it is paused until
+    /// they hold half of it (checked at each barrier; the slowest is never paused).
+    #[serde(default = "default_mib_ahead")]
+    pub max_mib_ahead: u64,
     /// Adaptive rate limiting (off unless a target or a lag bound is set).
     #[serde(default)]
     pub rate_limit: AdaptiveRateConfig,
@@ -336,6 +341,10 @@ fn default_adaptive_window() -> u64 {
 
 fn default_ahead() -> usize {
     256
+}
+
+fn default_mib_ahead() -> u64 {
+    32
 }
 
 fn one() -> u32 {
@@ -880,6 +889,9 @@ impl Config {
             if job.local_checkpoint.max_rows == 0 {
                 return Err(err(at("local_checkpoint.max_rows"), "must be at least 1"));
             }
+            if job.max_mib_ahead == 0 || job.max_mib_ahead > 1 << 20 {
+                return Err(err(at("max_mib_ahead"), "must be from 1 to 1048576 (MiB)"));
+            }
             let r = &job.recreation;
             if r.backoff_initial_ms > r.backoff_max_ms {
                 return Err(err(
@@ -1261,6 +1273,18 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "jobs[0].vnode_count: must be 1..=32768");
+        let e = Config::parse(
+            &GOOD.replace(
+                "name = \"accounts\"",
+                "name = \"accounts\"\nmax_mib_ahead = 0",
+            ),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "jobs[0].max_mib_ahead: must be from 1 to 1048576 (MiB)"
+        );
         let rate =
             |extra: &str| Config::parse(&format!("{GOOD}rate_limit = {{ {extra} }}\n"), "t.toml");
         assert_eq!(

@@ -226,6 +226,7 @@ pub fn run(
                 max_rows_per_second: job.max_rows_per_second,
                 adaptive: job.rate_limit.core(),
                 max_epochs_ahead: job.max_epochs_ahead,
+                max_bytes_ahead: job.max_mib_ahead << 20,
                 reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
                 dead_letters: job.dead_letters(),
             };

@@ -212,6 +212,7 @@ mod tests {
                     max_interval_ms: 10,
                 },
                 max_epochs_ahead: 4,
+                max_bytes_ahead: u64::MAX,
                 reschedule: false,
                 max_dead_letters: None,
             },

@@ -44,6 +44,8 @@ pub struct WorkerSetup {
     /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
     /// often is costly).
     pub max_epochs_ahead: usize,
+    /// `max_mib_ahead`, in bytes.
+    pub max_bytes_ahead: u64,
     /// `recreation.policy = "reschedule"`.
     pub reschedule: bool,
     /// `on_bad_record = "dead-letter"`: the dead-letter topic and `max_dead_letters`.
@@ -87,6 +89,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         worker: setup.worker.clone(),
         local_checkpoint: setup.local_checkpoint,
         max_epochs_ahead: setup.max_epochs_ahead,
+        max_bytes_ahead: setup.max_bytes_ahead,
         max_rows_per_second: setup.max_rows_per_second,
         adaptive: setup.adaptive,
         max_messages_per_round: MAX_MESSAGES_PER_ROUND,

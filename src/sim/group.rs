@@ -45,6 +45,7 @@ impl Sim {
                 max_interval_ms: 50,
             },
             max_epochs_ahead: self.config.max_epochs_ahead,
+            max_bytes_ahead: self.config.max_bytes_ahead,
             max_rows_per_second: 0,
             adaptive: crate::core::AdaptiveConfig::default(),
             max_messages_per_round: 64,

@@ -62,6 +62,9 @@ pub struct SimConfig {
     pub local_checkpoint_rows: u64,
     /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
     pub max_epochs_ahead: usize,
+    /// Alignment back-pressure by memory (see `JobSpec::max_bytes_ahead`): unbounded or a few
+    /// rows' worth.
+    pub max_bytes_ahead: u64,
     /// A fetch delivers up to this many records of one partition.
     pub max_fetch_batch: u64,
     pub max_steps: u64,
@@ -129,6 +132,11 @@ impl SimConfig {
                 GroupProtocol::Consumer
             },
             dead_letters: r.below(3) == 0,
+            max_bytes_ahead: if r.below(2) == 0 {
+                u64::MAX
+            } else {
+                200 + r.below(2_000)
+            },
         }
     }
 }

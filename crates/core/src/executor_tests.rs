@@ -21,6 +21,7 @@ fn spec(partitions: u32) -> JobSpec {
             max_interval_ms: 100,
         },
         max_epochs_ahead: 1,
+        max_bytes_ahead: u64::MAX,
         reschedule: false,
         max_dead_letters: None,
     }
@@ -113,7 +114,11 @@ fn bad_record(x: &mut Executor, event: Event) -> CoreError {
 
 /// An executor in the log-store phase over two partitions.
 fn in_log_store() -> Executor {
-    let s = spec(2);
+    in_log_store_with(spec(2))
+}
+
+/// [`in_log_store`] with a spec of two partitions changed by the test.
+fn in_log_store_with(s: JobSpec) -> Executor {
     let map = s.map;
     let mut x = Executor::new(s, 0);
     let ds = x
@@ -164,6 +169,49 @@ fn aligns_barriers_pausing_the_partition_that_is_ahead() {
         .all(|p| p.next_offset == 3 || p.next_offset == 2));
     assert!(cs[0].vnodes.iter().all(|v| v.epoch == e(1)));
     assert!(ds.contains(&Decision::Resume(0)));
+}
+
+#[test]
+fn a_partition_ahead_is_paused_by_the_bytes_it_stages_beyond_its_share_and_resumed_at_half() {
+    let mut s = spec(2);
+    s.max_epochs_ahead = 100;
+    s.max_bytes_ahead = 2_000; // a share of 1,000 bytes for each of the two partitions
+    let map = s.map;
+    let mut x = in_log_store_with(s);
+    let big = |v: Vnode| {
+        LogRecord::Change(Change {
+            epoch: e(2),
+            op: Op::Insert,
+            vnode: v,
+            row: Row {
+                key: key_for_vnode(map, v),
+                value: vec![7; 400],
+            },
+        })
+    };
+    let ds = x
+        .handle(rec(0, 1, barrier(1, 2, BarrierKind::Barrier)))
+        .unwrap();
+    assert!(ds.is_empty(), "one barrier ahead, nothing staged: {ds:?}");
+    let mut offset = 2;
+    for v in map.vnodes_of(0) {
+        assert!(x.handle(rec(0, offset, big(v))).unwrap().is_empty());
+        offset += 1;
+    }
+    let ds = x
+        .handle(rec(0, offset, barrier(2, 3, BarrierKind::Barrier)))
+        .unwrap();
+    assert_eq!(
+        ds,
+        vec![Decision::Pause(0)],
+        "two barriers ahead of 100 allowed, but ~2 KiB staged beyond the frontier"
+    );
+    // The frontier partition is never paused; once it passes, nothing is staged beyond the new
+    // frontier and the partition ahead is resumed.
+    let ds = x
+        .handle(rec(1, 1, barrier(1, 2, BarrierKind::Barrier)))
+        .unwrap();
+    assert_eq!(ds, vec![Decision::Resume(0)]);
 }
 
 #[test]
