@@ -51,6 +51,7 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
         store: StoreConfig::Sqlite {
             path: o.dir.join("state.sqlite"),
             table: "accounts".into(),
+            store_datum: true,
         },
         local_checkpoint: LocalCheckpointConfig {
             max_rows: 2_000,

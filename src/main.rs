@@ -680,7 +680,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     println!("  … and {} more", letters.len() - 20);
                 }
             }
-            if let kafka_backfill::service::config::StoreConfig::Sqlite { path, table } = &j.store {
+            if let kafka_backfill::service::config::StoreConfig::Sqlite { path, table, .. } =
+                &j.store
+            {
                 println!(
                     "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",
                     path.display()

@@ -220,8 +220,15 @@ pub trait StateStore: Send {
     /// Compare-and-set `generation` from `from_generation` to the next, discarding rows and progress,
     /// in one transaction. Returns the job row after (also when another worker already recreated).
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError>;
-    /// The materialised rows: key bytes → row datum bytes.
+    /// The materialised rows: key bytes → row datum bytes (rebuilt from the typed columns when the
+    /// table keeps no datum: [`datumless_table`](Self::datumless_table)).
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError>;
+    /// The row schema when the table keeps no datum (`store_datum = false`): its rows are rebuilt
+    /// from typed columns, which hold a double by value (SQLite reads −0.0 back as 0.0), so
+    /// `verify` compares such rows by their column values.
+    fn datumless_table(&self) -> Option<crate::codec::TableSchema> {
+        None
+    }
     /// Committed progress of every vnode that has some.
     fn committed_vnodes(&mut self, job: &str)
         -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError>;

@@ -101,6 +101,41 @@ fn manifest_is_valid(f: &Fixture) {
         .unwrap();
 }
 
+/// `store_datum = false`: the table is made without `_kb_row`, the job backfills exactly (verify
+/// rebuilds each row from its typed columns), and the same table under the default layout is refused
+/// with what to do.
+#[test]
+fn a_table_without_the_datum_backfills_exactly_and_keeps_its_layout() {
+    let _g = serial();
+    let f = Fixture::new(&format!("nodatum{}", stamp()), 1, "");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let with = text.replace(
+        "table = \"accounts\"\n[jobs.local_checkpoint]",
+        "table = \"accounts\"\nstore_datum = false\n[jobs.local_checkpoint]",
+    );
+    assert_ne!(with, text);
+    std::fs::write(&f.config, &with).unwrap();
+    f.produce(&["--partitions", "2", "--rows", "500", "--changes", "3000"]);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    assert!(status.success(), "{}", support::tail(&run.log_text()));
+    verify_clean(&f, "out/expected");
+    let cols: Vec<Vec<i64>> =
+        f.sql("SELECT COUNT(*) FROM pragma_table_info('accounts') WHERE name = '_kb_row'");
+    assert_eq!(cols[0][0], 0, "no _kb_row column");
+    std::fs::write(&f.config, &text).unwrap();
+    let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(MIN);
+    let log = run.log_text();
+    assert!(
+        !status.success()
+            && log.contains("created without _kb_row")
+            && log.contains("set store_datum = false"),
+        "{}",
+        support::tail(&log)
+    );
+}
+
 /// Every Avro type (NaN, ±Inf and −0.0 doubles, nullable unions in both orders, decimals, nested
 /// records, …) with a composite key not in field order: exact into SQLite, then into PostgreSQL.
 /// Before typed columns handled NaN, the SQLite job looped forever on a NOT NULL constraint.

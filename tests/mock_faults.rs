@@ -80,6 +80,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
             store: StoreConfig::Sqlite {
                 path: dir.join("state.sqlite"),
                 table: "accounts".into(),
+                store_datum: true,
             },
             local_checkpoint: LocalCheckpointConfig {
                 max_rows: 300,

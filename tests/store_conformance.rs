@@ -526,6 +526,68 @@ fn sqlite() {
     );
 }
 
+/// `store_datum = false`: the table has no `_kb_row`; every scenario holds with the rows rebuilt
+/// from the typed columns.
+#[test]
+fn sqlite_without_the_datum() {
+    let path = fresh_sqlite("conformance-no-datum");
+    conformance(
+        &|| Box::new(SqliteStore::open_layout(&path, "accounts", table(), false).unwrap()),
+        "conformance",
+    );
+    let has_datum: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('accounts') WHERE name = '_kb_row'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(has_datum, 0, "the table was made without _kb_row");
+}
+
+/// A table keeps the layout it was created with (the last release's tables all have `_kb_row`);
+/// the other layout is refused with what to do, and so is `store_datum = false` for a row schema
+/// that its typed columns cannot rebuild.
+#[test]
+fn sqlite_tables_keep_their_layout() {
+    let path = fresh_sqlite("layout");
+    drop(SqliteStore::open(&path, "with_datum", table()).unwrap());
+    drop(SqliteStore::open_layout(&path, "without", table(), false).unwrap());
+    let e = SqliteStore::open_layout(&path, "with_datum", table(), false)
+        .err()
+        .expect("a table with _kb_row refuses store_datum = false")
+        .to_string();
+    assert!(
+        e.contains("table with_datum")
+            && e.contains("created with _kb_row")
+            && e.contains("set store_datum = true"),
+        "{e}"
+    );
+    let e = SqliteStore::open(&path, "without", table())
+        .err()
+        .expect("a table without _kb_row refuses store_datum = true")
+        .to_string();
+    assert!(
+        e.contains("created without _kb_row") && e.contains("set store_datum = false"),
+        "{e}"
+    );
+    SqliteStore::open(&path, "with_datum", table()).expect("the default opens the old layout");
+    let typed = TableSchema::parse(
+        kafka_backfill::workload::TYPED_ROW_SCHEMA,
+        &["region".to_string(), "id".to_string()],
+    )
+    .unwrap();
+    let e = SqliteStore::open_layout(&path, "typed", typed, false)
+        .err()
+        .expect("a schema with composite fields refuses store_datum = false")
+        .to_string();
+    assert!(
+        e.contains("store_datum = false needs a row schema of primitives"),
+        "{e}"
+    );
+}
+
 #[test]
 fn sqlite_table_ownership() {
     let path = fresh_sqlite("ownership");

@@ -157,6 +157,43 @@ impl TableSchema {
         Ok(())
     }
 
+    /// The first field whose column value is not read straight from the datum (not a primitive or
+    /// a nullable primitive), with its Avro type; `None` when every field is (such a table's row
+    /// can be rebuilt from its typed columns: [`datum_of_columns`](Self::datum_of_columns)).
+    pub fn first_composite_field(&self) -> Option<(String, String)> {
+        let Schema::Record(record) = &self.schema else {
+            unreachable!("checked in parse")
+        };
+        record
+            .fields
+            .iter()
+            .find(|f| !is_direct(&f.schema))
+            .map(|f| (f.name.clone(), format!("{:?}", f.schema)))
+    }
+
+    /// The datum of a row rebuilt from its typed column values, in field order: the inverse of
+    /// [`column_values`](Self::column_values) for a table whose fields are all primitives or nullable
+    /// primitives (`first_composite_field` is `None`); an error names a column whose value does not
+    /// fit its field.
+    pub fn datum_of_columns(&self, values: &[ColumnValue]) -> Result<Vec<u8>, CodecError> {
+        let Schema::Record(record) = &self.schema else {
+            unreachable!("checked in parse")
+        };
+        if values.len() != record.fields.len() {
+            return Err(CodecError::Encode(format!(
+                "{} column values for {} fields",
+                values.len(),
+                record.fields.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(64);
+        for (f, v) in record.fields.iter().zip(values) {
+            put_direct(&f.schema, v, &mut out)
+                .map_err(|e| CodecError::Encode(format!("column {}: {e}", f.name)))?;
+        }
+        Ok(out)
+    }
+
     /// Checks a row datum as [`check_row`](Self::check_row) does and whether its primary-key bytes
     /// are `key`, in one walk over the datum and without copying the key.
     pub fn check_row_key(&self, datum: &[u8], key: &[u8]) -> Result<bool, String> {
@@ -385,6 +422,45 @@ fn is_direct(schema: &Schema) -> bool {
         | Schema::TimeMillis => true,
         s => super::skip::is_long_based(s),
     }
+}
+
+/// Appends one field's datum from its column value (a schema [`is_direct`] accepts): the inverse of
+/// [`direct_column`].
+fn put_direct(schema: &Schema, v: &ColumnValue, out: &mut Vec<u8>) -> Result<(), String> {
+    use super::varint::put_long;
+    match (schema, v) {
+        (Schema::Union(u), v) => {
+            let null = matches!(v, ColumnValue::Null);
+            let (i, branch) = u
+                .variants()
+                .iter()
+                .enumerate()
+                .find(|(_, b)| (**b == Schema::Null) == null)
+                .ok_or_else(|| format!("no union branch for {v:?}"))?;
+            put_long(out, i as i64);
+            if !null {
+                put_direct(branch, v, out)?;
+            }
+        }
+        (Schema::Boolean, ColumnValue::Boolean(b)) => out.push(*b as u8),
+        (Schema::Int | Schema::Date | Schema::TimeMillis, ColumnValue::Integer(i)) => {
+            i32::try_from(*i).map_err(|_| format!("int {i} out of the 32-bit range"))?;
+            put_long(out, *i)
+        }
+        (Schema::Float, ColumnValue::Real(f)) => out.extend_from_slice(&(*f as f32).to_le_bytes()),
+        (Schema::Double, ColumnValue::Real(f)) => out.extend_from_slice(&f.to_le_bytes()),
+        (Schema::String, ColumnValue::Text(s)) => {
+            put_long(out, s.len() as i64);
+            out.extend_from_slice(s.as_bytes())
+        }
+        (Schema::Bytes, ColumnValue::Blob(b)) => {
+            put_long(out, b.len() as i64);
+            out.extend_from_slice(b)
+        }
+        (s, ColumnValue::Integer(i)) if super::skip::is_long_based(s) => put_long(out, *i),
+        (s, v) => return Err(format!("{v:?} does not fit {s:?}")),
+    }
+    Ok(())
 }
 
 /// One field's column value read from the datum (a schema [`is_direct`] accepts): the same value
@@ -645,11 +721,8 @@ mod direct_tests {
             })
     }
 
-    #[test]
-    fn the_direct_path_reads_what_apache_avro_reads() {
-        let t = TableSchema::parse(SCHEMA, &["id".into()]).unwrap();
-        assert!(t.direct);
-        let mut rng = SimRng::new(7);
+    /// A random row of [`SCHEMA`]: extremes, NaN, ±Inf, −0.0, Unicode, both union orders.
+    fn random_row(rng: &mut SimRng, n: u64) -> Value {
         let specials = [
             0.0,
             -0.0,
@@ -659,47 +732,55 @@ mod direct_tests {
             1e-310,
             1.5,
         ];
+        let long = |r: &mut SimRng| match r.below(4) {
+            0 => i64::MIN,
+            1 => i64::MAX,
+            _ => r.below(1 << 40) as i64 - (1 << 39),
+        };
+        let double = |r: &mut SimRng| specials[r.below(specials.len() as u64) as usize];
+        let text: String = (0..rng.below(12))
+            .map(|i| ['a', 'é', '日', '\u{0}', '😀'][(i + n) as usize % 5])
+            .collect();
+        Value::Record(vec![
+            ("id".into(), Value::Long(long(rng))),
+            ("i".into(), Value::Int(rng.below(1 << 32) as i64 as i32)),
+            ("b".into(), Value::Boolean(rng.chance(50))),
+            ("f".into(), Value::Float(double(rng) as f32)),
+            ("d".into(), Value::Double(double(rng))),
+            ("s".into(), Value::String(text.clone())),
+            ("y".into(), Value::Bytes(text.clone().into_bytes())),
+            ("day".into(), Value::Date(rng.below(40_000) as i32 - 20_000)),
+            ("ts".into(), Value::TimestampMicros(long(rng))),
+            (
+                "ns".into(),
+                if rng.chance(50) {
+                    Value::Union(0, Box::new(Value::Null))
+                } else {
+                    Value::Union(1, Box::new(Value::String(text)))
+                },
+            ),
+            (
+                "nl".into(),
+                if rng.chance(50) {
+                    Value::Union(1, Box::new(Value::Null))
+                } else {
+                    Value::Union(0, Box::new(Value::Long(long(rng))))
+                },
+            ),
+            (
+                "nd".into(),
+                Value::Union(1, Box::new(Value::Double(double(rng)))),
+            ),
+        ])
+    }
+
+    #[test]
+    fn the_direct_path_reads_what_apache_avro_reads() {
+        let t = TableSchema::parse(SCHEMA, &["id".into()]).unwrap();
+        assert!(t.direct);
+        let mut rng = SimRng::new(7);
         for n in 0..5_000u64 {
-            let long = |r: &mut SimRng| match r.below(4) {
-                0 => i64::MIN,
-                1 => i64::MAX,
-                _ => r.below(1 << 40) as i64 - (1 << 39),
-            };
-            let double = |r: &mut SimRng| specials[r.below(specials.len() as u64) as usize];
-            let text: String = (0..rng.below(12))
-                .map(|i| ['a', 'é', '日', '\u{0}', '😀'][(i + n) as usize % 5])
-                .collect();
-            let row = Value::Record(vec![
-                ("id".into(), Value::Long(long(&mut rng))),
-                ("i".into(), Value::Int(rng.below(1 << 32) as i64 as i32)),
-                ("b".into(), Value::Boolean(rng.chance(50))),
-                ("f".into(), Value::Float(double(&mut rng) as f32)),
-                ("d".into(), Value::Double(double(&mut rng))),
-                ("s".into(), Value::String(text.clone())),
-                ("y".into(), Value::Bytes(text.clone().into_bytes())),
-                ("day".into(), Value::Date(rng.below(40_000) as i32 - 20_000)),
-                ("ts".into(), Value::TimestampMicros(long(&mut rng))),
-                (
-                    "ns".into(),
-                    if rng.chance(50) {
-                        Value::Union(0, Box::new(Value::Null))
-                    } else {
-                        Value::Union(1, Box::new(Value::String(text)))
-                    },
-                ),
-                (
-                    "nl".into(),
-                    if rng.chance(50) {
-                        Value::Union(1, Box::new(Value::Null))
-                    } else {
-                        Value::Union(0, Box::new(Value::Long(long(&mut rng))))
-                    },
-                ),
-                (
-                    "nd".into(),
-                    Value::Union(1, Box::new(Value::Double(double(&mut rng)))),
-                ),
-            ]);
+            let row = random_row(&mut rng, n);
             let datum = t.encode_row(&row).unwrap();
             let direct = t.column_values(&datum).unwrap();
             let Schema::Record(record) = &t.schema else {
@@ -721,6 +802,31 @@ mod direct_tests {
             let cut = &datum[..datum.len() - 1];
             assert!(t.column_values(cut).is_err(), "row {n} cut");
         }
+    }
+
+    #[test]
+    fn a_row_rebuilt_from_its_typed_columns_is_its_datum() {
+        let t = TableSchema::parse(SCHEMA, &["id".into()]).unwrap();
+        assert_eq!(t.first_composite_field(), None);
+        let mut rng = SimRng::new(5);
+        for n in 0..2_000u64 {
+            let row = random_row(&mut rng, n);
+            let datum = t.encode_row(&row).unwrap();
+            let values = t.column_values(&datum).unwrap();
+            assert_eq!(t.datum_of_columns(&values).unwrap(), datum, "row {n}");
+        }
+        let typed = TableSchema::parse(
+            crate::workload::TYPED_ROW_SCHEMA,
+            &["region".into(), "id".into()],
+        )
+        .unwrap();
+        assert!(typed.first_composite_field().is_some());
+        let mut values = t
+            .column_values(&t.encode_row(&random_row(&mut rng, 0)).unwrap())
+            .unwrap();
+        values[0] = ColumnValue::Text("x".into());
+        let e = t.datum_of_columns(&values).unwrap_err().to_string();
+        assert!(e.contains("column id"), "{e}");
     }
 
     #[test]

@@ -343,6 +343,10 @@ fn default_ahead() -> usize {
     256
 }
 
+fn default_store_datum() -> bool {
+    true
+}
+
 fn default_mib_ahead() -> u64 {
     32
 }
@@ -411,6 +415,13 @@ pub enum StoreConfig {
         path: PathBuf,
         /// The SQL table that receives the rows.
         table: String,
+        /// Keep each row's Avro datum in a `_kb_row` column beside its typed columns (the default).
+        /// `false` leaves it out of a new table — fewer bytes per row to write — for row schemas
+        /// whose fields are all primitives or nullable primitives; `verify` then rebuilds each row
+        /// from its typed columns (a double by value: SQLite holds −0.0 as 0.0). A table keeps the
+        /// layout it was created with: asking an existing table for the other one is refused.
+        #[serde(default = "default_store_datum")]
+        store_datum: bool,
     },
     /// PostgreSQL, so that workers on several machines share one job.
     Postgres {
@@ -432,9 +443,15 @@ impl StoreConfig {
     /// Where the store is, with any password masked.
     pub fn describe(&self) -> String {
         match self {
-            StoreConfig::Sqlite { path, table } => {
-                format!("sqlite {} table {table}", path.display())
-            }
+            StoreConfig::Sqlite {
+                path,
+                table,
+                store_datum,
+            } => format!(
+                "sqlite {} table {table}{}",
+                path.display(),
+                if *store_datum { "" } else { " (no _kb_row)" }
+            ),
             StoreConfig::Postgres { url, table } => {
                 format!(
                     "postgres {} table {table}",

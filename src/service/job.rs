@@ -145,7 +145,11 @@ pub fn store_factory(
     schema: crate::codec::TableSchema,
 ) -> Result<StoreFactory> {
     Ok(match store.clone() {
-        StoreConfig::Sqlite { path, table } => {
+        StoreConfig::Sqlite {
+            path,
+            table,
+            store_datum,
+        } => {
             if let Some(parent) = path.parent() {
                 if !parent.as_os_str().is_empty() {
                     std::fs::create_dir_all(parent)
@@ -153,7 +157,7 @@ pub fn store_factory(
                 }
             }
             Arc::new(move || {
-                SqliteStore::open(&path, &table, schema.clone())
+                SqliteStore::open_layout(&path, &table, schema.clone(), store_datum)
                     .map(|s| Box::new(s) as Box<dyn StateStore>)
             })
         }

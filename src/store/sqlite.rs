@@ -105,6 +105,46 @@ impl rusqlite::ToSql for SqliteValue<'_> {
     }
 }
 
+/// A column value as SQLite holds it, read back the way [`SqliteValue`] wrote it (NaN as the text
+/// `NaN`; a REAL may come back as an INTEGER when it is integral, and −0.0 as 0.0).
+fn column_from_sqlite(
+    c: &crate::codec::Column,
+    v: rusqlite::types::ValueRef<'_>,
+    key: &[u8],
+) -> Result<ColumnValue, StoreError> {
+    use crate::codec::ColumnType as T;
+    use rusqlite::types::ValueRef as V;
+    Ok(match (c.ty, v) {
+        (_, V::Null) => ColumnValue::Null,
+        (T::Integer, V::Integer(i)) => ColumnValue::Integer(i),
+        (T::Boolean, V::Integer(i)) => ColumnValue::Boolean(i != 0),
+        (T::Real, V::Real(f)) => ColumnValue::Real(f),
+        (T::Real, V::Integer(i)) => ColumnValue::Real(i as f64),
+        (T::Real, V::Text(b"NaN")) => ColumnValue::Real(f64::NAN),
+        (T::Text, V::Text(t)) => match std::str::from_utf8(t) {
+            Ok(t) => ColumnValue::Text(t.to_string()),
+            Err(e) => {
+                return Err(StoreError::Value {
+                    column: c.name.clone(),
+                    key: crate::ports::key_hex(key),
+                    reason: format!("not UTF-8: {e}"),
+                })
+            }
+        },
+        (T::Blob, V::Blob(b)) => ColumnValue::Blob(b.to_vec()),
+        (ty, v) => {
+            return Err(StoreError::Value {
+                column: c.name.clone(),
+                key: crate::ports::key_hex(key),
+                reason: format!(
+                    "holds {:?} where a {ty:?} column value is expected",
+                    v.data_type()
+                ),
+            })
+        }
+    })
+}
+
 /// A failed row write: a constraint names its column where SQLite says which.
 fn row_error(e: rusqlite::Error, table: &TableSchema, key: &[u8]) -> StoreError {
     match classify(e) {
@@ -144,6 +184,9 @@ pub struct SqliteStore {
     conn: Connection,
     table: TableSchema,
     table_name: String,
+    /// The table has a `_kb_row` column holding each row's datum (`store_datum`, the default);
+    /// without it, [`StateStore::rows`] rebuilds the datum from the typed columns.
+    datum: bool,
     /// Moves WAL frames into the database file on its own thread (see [`Checkpointer`]).
     checkpointer: Checkpointer,
 }
@@ -264,18 +307,31 @@ impl SqliteStore {
     /// A transient failure (the file locked by another process's schema statement) is retried
     /// under [`Backoff::STORE`](crate::core::retry::Backoff::STORE).
     pub fn open(path: &Path, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
-        Self::open_restarting_at(path, table_name, table, WAL_RESTART_PAGES)
+        Self::open_layout(path, table_name, table, true)
+    }
+
+    /// [`open`](Self::open) with `store_datum`: whether a new table keeps each row's datum in
+    /// `_kb_row`. An existing table keeps the layout it was created with; asking for the other one
+    /// is refused, saying how to move.
+    pub fn open_layout(
+        path: &Path,
+        table_name: &str,
+        table: TableSchema,
+        store_datum: bool,
+    ) -> Result<Self, StoreError> {
+        Self::open_restarting_at(path, table_name, table, store_datum, WAL_RESTART_PAGES)
     }
 
     fn open_restarting_at(
         path: &Path,
         table_name: &str,
         table: TableSchema,
+        store_datum: bool,
         restart_pages: i64,
     ) -> Result<Self, StoreError> {
         crate::retry::retry_sleeping(
             crate::core::retry::Backoff::STORE,
-            || Self::open_once(path, table_name, table.clone(), restart_pages),
+            || Self::open_once(path, table_name, table.clone(), store_datum, restart_pages),
             StoreError::is_transient,
         )
     }
@@ -284,9 +340,17 @@ impl SqliteStore {
         path: &Path,
         table_name: &str,
         table: TableSchema,
+        store_datum: bool,
         restart_pages: i64,
     ) -> Result<Self, StoreError> {
         crate::ports::check_table_name(table_name)?;
+        if !store_datum {
+            if let Some((field, ty)) = table.first_composite_field() {
+                return Err(StoreError::Rejected(format!(
+                    "store_datum = false needs a row schema of primitives and nullable primitives (each row is rebuilt from its typed columns); field {field} is {ty}: keep store_datum = true for this table"
+                )));
+            }
+        }
         // A file that cannot be opened is a configuration error, not an outage.
         let conn = Connection::open(path)
             .map_err(|e| StoreError::Rejected(format!("{}: {e}", path.display())))?;
@@ -303,14 +367,33 @@ impl SqliteStore {
             .map_err(classify)?;
         conn.execute_batch(SCHEMA).map_err(classify)?;
         conn.execute_batch(&format!(
-            "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB NOT NULL, _kb_vnode INTEGER NOT NULL, {}, _kb_row BLOB NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key)) WITHOUT ROWID;",
-            table.column_ddl(crate::codec::ColumnType::sqlite)
+            "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB NOT NULL, _kb_vnode INTEGER NOT NULL, {}{}, PRIMARY KEY (_kb_vnode, _kb_key)) WITHOUT ROWID;",
+            table.column_ddl(crate::codec::ColumnType::sqlite),
+            if store_datum { ", _kb_row BLOB NOT NULL" } else { "" }
         ))
         .map_err(classify)?;
+        // The layout the table was created with (by this call or an earlier release: every table
+        // before `store_datum` has `_kb_row`).
+        // A table that is not one of ours (no `_kb_vnode`) is left to fail at its first write.
+        let (ours, has_datum): (bool, bool) = conn
+            .query_row(
+                "SELECT COALESCE(SUM(name = '_kb_vnode'), 0) > 0, COALESCE(SUM(name = '_kb_row'), 0) > 0 FROM pragma_table_info(?1)",
+                [table_name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(classify)?;
+        if ours && has_datum != store_datum {
+            return Err(StoreError::Rejected(format!(
+                "table {table_name} in {} was created {} _kb_row (the row datum), and [jobs.store] store_datum = {store_datum} asks for the other layout; a table keeps its layout: set store_datum = {has_datum}, or materialise into a new table (another table name or file) with the layout you want",
+                path.display(),
+                if has_datum { "with" } else { "without" }
+            )));
+        }
         Ok(SqliteStore {
             conn,
             table,
             table_name: table_name.to_string(),
+            datum: store_datum,
             checkpointer: Checkpointer::start(path, restart_pages)?,
         })
     }
@@ -396,12 +479,50 @@ impl SqliteStore {
             .collect()
     }
 
+    /// The rows of a table without `_kb_row` (`store_datum = false`): each datum rebuilt from the
+    /// typed columns.
+    fn rows_from_columns(&mut self) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        let cols: Vec<String> = self
+            .table
+            .columns
+            .iter()
+            .map(|c| format!("\"{}\"", c.name))
+            .collect();
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT _kb_key, {} FROM \"{}\"",
+                cols.join(", "),
+                self.table_name
+            ))
+            .map_err(classify)?;
+        let table = &self.table;
+        let mut rows = stmt.query([]).map_err(classify)?;
+        let mut out = BTreeMap::new();
+        while let Some(r) = rows.next().map_err(classify)? {
+            let key: Vec<u8> = r.get(0).map_err(classify)?;
+            let values = table
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| column_from_sqlite(c, r.get_ref(i + 1).map_err(classify)?, &key))
+                .collect::<Result<Vec<_>, _>>()?;
+            let datum = table.datum_of_columns(&values).map_err(|e| {
+                StoreError::Rejected(format!("row with key {}: {e}", crate::ports::key_hex(&key)))
+            })?;
+            out.insert(key, datum);
+        }
+        Ok(out)
+    }
+
     /// One checkpoint inside a transaction: the protocol's checks (which see the earlier
     /// checkpoints of the same group), then rows, vnode and partition progress, the job phase.
+    #[allow(clippy::too_many_arguments)]
     fn apply_checkpoint(
         tx: &Connection,
         table: &TableSchema,
         table_name: &str,
+        datum: bool,
         job: &str,
         cp: &Checkpoint,
         decoded: DecodedRows,
@@ -442,14 +563,18 @@ impl SqliteStore {
                 .iter()
                 .map(|c| format!("\"{}\"", c.name))
                 .collect();
-            let marks: Vec<String> = (0..cols.len()).map(|i| format!("?{}", i + 4)).collect();
+            // ?1 key, ?2 vnode, [?3 datum,] then the columns.
+            let first = if datum { 4 } else { 3 };
+            let marks: Vec<String> = (0..cols.len()).map(|i| format!("?{}", i + first)).collect();
             // `INSERT OR REPLACE`, measured against `ON CONFLICT DO UPDATE` (which evaluates an
             // update of every column per row): 31 vs 34 ms for 10k upserts, 108 vs 129 ms for 100k
             // (`scripts/bench.sh --only commit`).
             let mut upsert = tx
                 .prepare_cached(&format!(
-                    "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES (?1, ?2, ?3, {})",
+                    "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, {}{}) VALUES (?1, ?2, {}{})",
+                    if datum { "_kb_row, " } else { "" },
                     cols.join(", "),
+                    if datum { "?3, " } else { "" },
                     marks.join(", ")
                 ))
                 .map_err(classify)?;
@@ -468,9 +593,11 @@ impl SqliteStore {
                         let bind = |upsert: &mut rusqlite::CachedStatement<'_>| {
                             upsert.raw_bind_parameter(1, row.key.as_slice())?;
                             upsert.raw_bind_parameter(2, *vnode as i64)?;
-                            upsert.raw_bind_parameter(3, row.value.as_slice())?;
+                            if datum {
+                                upsert.raw_bind_parameter(3, row.value.as_slice())?;
+                            }
                             for (i, v) in fields.iter().enumerate() {
-                                upsert.raw_bind_parameter(i + 4, SqliteValue(v))?;
+                                upsert.raw_bind_parameter(i + first, SqliteValue(v))?;
                             }
                             upsert.raw_execute()
                         };
@@ -679,6 +806,7 @@ impl StateStore for SqliteStore {
                 &tx,
                 &self.table,
                 &self.table_name,
+                self.datum,
                 job,
                 cp,
                 decoded.next().unwrap_or_default(),
@@ -818,7 +946,14 @@ impl StateStore for SqliteStore {
         rows.map(|r| r.map_err(classify)).collect()
     }
 
+    fn datumless_table(&self) -> Option<TableSchema> {
+        (!self.datum).then(|| self.table.clone())
+    }
+
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        if !self.datum {
+            return self.rows_from_columns();
+        }
         let mut stmt = self
             .conn
             .prepare(&format!(
@@ -854,7 +989,8 @@ mod tests {
         let t = table();
         // A restart past 256 pages (1 MiB); 150 commits of ~200 scattered rows each write about
         // 25,000 frames (~100 MiB) if the WAL never starts over.
-        let mut store = SqliteStore::open_restarting_at(&path, "accounts", t.clone(), 256).unwrap();
+        let mut store =
+            SqliteStore::open_restarting_at(&path, "accounts", t.clone(), true, 256).unwrap();
         let info = SnapshotInfo {
             snapshot_epoch: Epoch(1 << 16),
             vnode_count: 256,
