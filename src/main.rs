@@ -434,11 +434,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     j.kafka_redacted()
                 );
             }
+            for j in &config.jobs {
+                match job::check_snapshot_files(j) {
+                    Ok(None) => {}
+                    Ok(Some(why)) => println!("note: {why}"),
+                    Err(e) => {
+                        eprintln!("error: invalid configuration: {e:#}");
+                        return Ok(ExitCode::from(2));
+                    }
+                }
+            }
             for note in config.notes() {
                 println!("note: {note}");
             }
             println!(
-                "{}: ok (not checked: whether the brokers, stores and snapshot sources are reachable)",
+                "{}: ok (checked: each job's snapshot files when they exist; not checked: whether the brokers, stores and PostgreSQL snapshots are reachable)",
                 file.display()
             );
             Ok(ExitCode::SUCCESS)

@@ -58,6 +58,94 @@ fn config_errors_exit_2_naming_the_key() {
     }
 }
 
+/// `check-config` reads a job's snapshot manifest when it exists and refuses what `run` would refuse
+/// of it (here `store_datum = false` over a row schema with a record field), with the same message;
+/// without a manifest it says it did not check it.
+#[test]
+fn check_config_refuses_what_run_refuses_of_the_snapshot() {
+    use kafka_backfill::snapshot::files::{write_manifest, Manifest, ManifestStart};
+    let dir = std::env::temp_dir().join(format!("kb-config-snap-{}", std::process::id()));
+    let snap = dir.join("snap");
+    std::fs::create_dir_all(&snap).unwrap();
+    let config = dir.join("job.toml");
+    let write_config = |store_datum: bool| {
+        std::fs::write(
+            &config,
+            format!(
+                "[[jobs]]\nname = \"typed\"\ntopic = \"t\"\nvnode_count = 16\nkafka = {{ \"bootstrap.servers\" = \"127.0.0.1:1\" }}\nsnapshot = {{ kind = \"files\", dir = \"{}\" }}\nstore = {{ kind = \"sqlite\", path = \"{}\", table = \"typed\", store_datum = {store_datum} }}\n",
+                snap.display(),
+                dir.join("state.sqlite").display()
+            ),
+        )
+        .unwrap()
+    };
+    let check = || {
+        Command::new(BIN)
+            .arg("check-config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    write_config(false);
+    let out = check();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("note: job typed: snapshot not checked")
+            && stdout.contains("does not exist yet"),
+        "{stdout}"
+    );
+    let table = kafka_backfill::workload::TableKind::Typed.schema().unwrap();
+    write_manifest(
+        &snap,
+        &Manifest {
+            snapshot_epoch: kafka_backfill::core::Epoch(1 << 16),
+            vnode_count: 16,
+            partition_count: 1,
+            topic: None,
+            row_schema: table.json.clone(),
+            primary_key: table.primary_key.clone(),
+            files: vec![],
+            start: vec![ManifestStart {
+                partition: 0,
+                next_offset: 1,
+                epoch: kafka_backfill::core::Epoch(2 << 16),
+            }],
+        },
+    )
+    .unwrap();
+    let out = check();
+    assert_eq!(out.status.code(), Some(2));
+    let refused = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        refused.contains("job typed: store.store_datum = false needs a row schema of primitives")
+            && refused.contains("manifest.json is "),
+        "{refused}"
+    );
+    let run = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let run_err = String::from_utf8_lossy(&run.stderr);
+    let message = refused
+        .trim_start_matches("error: invalid configuration: ")
+        .trim();
+    assert!(
+        run_err.contains(message),
+        "run: {run_err}\ncheck-config: {message}"
+    );
+    write_config(true);
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn endpoints_prometheus_scrape_status_and_sigterm() {
     let _g = serial();

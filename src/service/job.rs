@@ -97,15 +97,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
             }
         };
     let info = snapshot.info().clone();
-    if info.vnode_count != job.vnode_count {
-        bail!(
-            "job {}: vnode_count is {} in the configuration but {} in {}",
-            job.name,
-            job.vnode_count,
-            info.vnode_count,
-            manifest
-        );
-    }
+    check_against_snapshot(job, &table, &info, &manifest)?;
     let map = PartitionMap::new(info.vnode_count, info.partition_count)
         .with_context(|| manifest.clone())?;
     if check_topic {
@@ -137,6 +129,64 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         codec,
         open_store,
     })
+}
+
+/// What a job's configuration must agree on with its snapshot's table (read from `source`, a manifest
+/// path or a PostgreSQL snapshot): the vnode count, and a store layout the row schema allows. `run`
+/// refuses these before it opens anything else; `check-config` checks them whenever it can read the
+/// snapshot ([`check_snapshot_files`]), so that it never passes what `run` refuses.
+pub fn check_against_snapshot(
+    job: &JobConfig,
+    table: &TableSchema,
+    info: &crate::ports::SnapshotInfo,
+    source: &str,
+) -> Result<()> {
+    if info.vnode_count != job.vnode_count {
+        bail!(
+            "job {}: vnode_count is {} in the configuration but {} in {}",
+            job.name,
+            job.vnode_count,
+            info.vnode_count,
+            source
+        );
+    }
+    if let StoreConfig::Sqlite {
+        store_datum: false, ..
+    } = &job.store
+    {
+        if let Some((field, ty)) = table.first_composite_field() {
+            bail!(
+                "job {}: store.store_datum = false needs a row schema of primitives and nullable primitives (each row is rebuilt from its typed columns), but field {field} of the row schema in {source} is {ty}: keep store_datum = true for this table",
+                job.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `check-config`'s look at a job's snapshot files: `Ok(None)` when `dir/manifest.json` was read and
+/// agrees with the job ([`check_against_snapshot`]); `Ok(Some(why))` when there is nothing to read
+/// yet (no manifest: a capture or a producer writes it later; a PostgreSQL snapshot is not
+/// connected to); an error for a manifest that `run` would refuse.
+pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
+    let SnapshotConfig::Files { dir } = &job.snapshot else {
+        return Ok(Some(format!(
+            "job {}: snapshot not checked (a PostgreSQL snapshot is read at run)",
+            job.name
+        )));
+    };
+    let manifest = dir.join("manifest.json");
+    if !manifest.exists() {
+        return Ok(Some(format!(
+            "job {}: snapshot not checked ({} does not exist yet)",
+            job.name,
+            manifest.display()
+        )));
+    }
+    let s = SnapshotFiles::open(dir)
+        .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+    check_against_snapshot(job, &s.table, s.info(), &manifest.display().to_string())?;
+    Ok(None)
 }
 
 /// Opens state stores of the configured kind (one handle per worker).
