@@ -69,6 +69,8 @@ pub struct DriverConfig {
     /// `JobSpec::max_dead_letters`); `None` = stop at a bad record. Needs a sink
     /// ([`Driver::with_dead_letters`]).
     pub max_dead_letters: Option<u64>,
+    /// `JobSpec::commit_every_checkpoint` (publication across workers needs it; off in `run` today).
+    pub commit_every_checkpoint: bool,
 }
 
 /// The job stopped: the supervisor will not retry this worker's failure.
@@ -343,6 +345,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             max_bytes_ahead: self.cfg.max_bytes_ahead,
             reschedule: self.cfg.reschedule,
             max_dead_letters: self.cfg.max_dead_letters,
+            commit_every_checkpoint: self.cfg.commit_every_checkpoint,
         };
         self.undecoded.clear();
         self.observer

@@ -215,6 +215,7 @@ mod tests {
                 max_bytes_ahead: u64::MAX,
                 reschedule: false,
                 max_dead_letters: None,
+                commit_every_checkpoint: false,
             },
             0,
         );

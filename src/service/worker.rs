@@ -99,6 +99,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         static_member: setup.kafka.contains_key("group.instance.id"),
         reschedule: setup.reschedule,
         max_dead_letters: setup.dead_letters.as_ref().map(|(_, max)| *max),
+        commit_every_checkpoint: false,
     };
     let driver = Driver::new(
         cfg,

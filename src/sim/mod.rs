@@ -65,6 +65,8 @@ pub struct SimConfig {
     /// Alignment back-pressure by memory (see `JobSpec::max_bytes_ahead`): unbounded or a few
     /// rows' worth.
     pub max_bytes_ahead: u64,
+    /// `JobSpec::commit_every_checkpoint`: each checkpoint epoch committed on its own.
+    pub commit_every_checkpoint: bool,
     /// A fetch delivers up to this many records of one partition.
     pub max_fetch_batch: u64,
     pub max_steps: u64,
@@ -137,6 +139,7 @@ impl SimConfig {
             } else {
                 200 + r.below(2_000)
             },
+            commit_every_checkpoint: r.below(2) == 0,
         }
     }
 }

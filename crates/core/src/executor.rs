@@ -64,6 +64,12 @@ pub struct JobSpec {
     /// more); `None` = `"stop"`, the default. Records that break the barrier chain or the routing
     /// still stop: they make every later epoch unreliable.
     pub max_dead_letters: Option<u64>,
+    /// Commit every checkpoint epoch as its own checkpoint, oldest first, instead of one commit
+    /// through the newest checkpoint every owned partition has passed. Publication at one epoch
+    /// across workers needs it (docs/design/several-tables.md §2: every checkpoint barrier is then
+    /// a commit boundary of every partition, so the workers' boundaries meet); off, a backlog's
+    /// checkpoints coalesce into fewer, larger commits.
+    pub commit_every_checkpoint: bool,
 }
 
 /// Runtime state of one owned partition.
@@ -826,16 +832,25 @@ impl Executor {
         let Some(frontier) = self.frontier() else {
             return;
         };
-        // The newest checkpoint barrier that every owned partition has passed.
-        let checkpoint = self
-            .partitions
-            .values()
-            .flat_map(|p| p.barriers.iter())
-            .filter(|(b, _)| b.is_checkpoint() && b.prev < frontier)
-            .map(|(b, _)| b.prev)
-            .max();
-        if let Some(epoch) = checkpoint {
+        // The newest checkpoint barrier that every owned partition has passed (or, committing every
+        // checkpoint, the oldest, again until none is left: each commit pops the barriers it passes).
+        loop {
+            let checkpoints = self
+                .partitions
+                .values()
+                .flat_map(|p| p.barriers.iter())
+                .filter(|(b, _)| b.is_checkpoint() && b.prev < frontier)
+                .map(|(b, _)| b.prev);
+            let checkpoint = if self.spec.commit_every_checkpoint {
+                checkpoints.min()
+            } else {
+                checkpoints.max()
+            };
+            let Some(epoch) = checkpoint else { break };
             self.commit_through(epoch, CheckpointCause::Barrier, out);
+            if !self.spec.commit_every_checkpoint {
+                break;
+            }
         }
         self.update_pauses(out);
     }

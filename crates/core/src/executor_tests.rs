@@ -24,6 +24,7 @@ fn spec(partitions: u32) -> JobSpec {
         max_bytes_ahead: u64::MAX,
         reschedule: false,
         max_dead_letters: None,
+        commit_every_checkpoint: false,
     }
 }
 
@@ -977,4 +978,47 @@ fn a_dead_lettered_barrier_still_stops_at_the_broken_chain() {
     .unwrap();
     let e = bad_record(&mut x, rec(0, 2, barrier(2, 3, BarrierKind::Checkpoint)));
     assert!(matches!(e, CoreError::BarrierChainBroken { .. }), "{e:?}");
+}
+
+/// When the frontier jumps several checkpoints at once (the lagging partition revoked under
+/// `reschedule`), the executor commits through the newest in one checkpoint, or — with
+/// `commit_every_checkpoint` — each checkpoint epoch on its own, oldest first, each with the rows
+/// of its own epochs (docs/design/several-tables.md §2: the boundaries of all workers meet).
+#[test]
+fn a_jump_of_the_frontier_commits_each_checkpoint_on_its_own_when_asked() {
+    let run = |every: bool| {
+        let mut s = spec(2);
+        s.reschedule = true;
+        s.max_epochs_ahead = 100;
+        s.commit_every_checkpoint = every;
+        let map = s.map;
+        let mut x = in_log_store_with(s);
+        let vnodes: Vec<Vnode> = map.vnodes_of(0).collect();
+        let mut offset = 1;
+        for n in 1..=3u64 {
+            x.handle(rec(
+                0,
+                offset,
+                change(map, e(n), vnodes[n as usize - 1], Op::Insert),
+            ))
+            .unwrap();
+            offset += 1;
+            let ds = x
+                .handle(rec(0, offset, barrier(n, n + 1, BarrierKind::Checkpoint)))
+                .unwrap();
+            assert!(commits(&ds).is_empty(), "partition 1 has delivered nothing");
+            offset += 1;
+        }
+        let ds = x.handle(Event::Revoked(vec![1])).unwrap();
+        assert!(!ds.iter().any(|d| matches!(d, Decision::Fail(_))), "{ds:?}");
+        commits(&ds)
+            .into_iter()
+            .map(|c| (c.epoch, c.rows.len(), c.partitions[0].next_offset))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(false), vec![(Some(e(3)), 3, 7)]);
+    assert_eq!(
+        run(true),
+        vec![(Some(e(1)), 1, 3), (Some(e(2)), 1, 5), (Some(e(3)), 1, 7)]
+    );
 }

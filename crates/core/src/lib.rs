@@ -16,6 +16,7 @@ pub mod executor;
 pub mod faults;
 pub mod phase;
 pub mod progress;
+pub mod publication;
 pub mod retry;
 pub mod staging;
 pub mod supervisor;
