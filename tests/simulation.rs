@@ -212,6 +212,57 @@ fn each_deliberate_bug_is_caught() {
     }
 }
 
+/// Issue 23's proposed publication (docs/design/several-tables.md §2), over schedules of two to four
+/// workers: a store that publishes at an epoch every partition stands at shows, after every commit,
+/// the whole upstream table at one epoch, moving forward through the run (the oracle checks it in
+/// `whole_replica_check`); the same schedules committed per vnode, as today's stores do, leave the
+/// whole replica equal to no upstream state after some commits though every vnode is right at its
+/// own epoch — the reason publication exists.
+#[test]
+fn publication_keeps_the_whole_replica_at_one_epoch_where_per_vnode_commits_tear_it() {
+    let seeds = env_u64("SIM_SEEDS", 1_000).min(400);
+    let (mut checks, mut moves, mut runs, mut torn, mut torn_runs) = (0, 0, 0, 0, 0);
+    for seed in 0..seeds {
+        let mut config = SimConfig::random(seed);
+        config.initial_workers = 2 + (seed % 3) as u32;
+        config.partition_count = config.partition_count.max(2);
+        config.vnode_count = config.vnode_count.max(config.partition_count);
+        config.publication = true;
+        let r = run_config(config.clone()).unwrap_or_else(|e| panic!("{e}"));
+        checks += r.published_checks;
+        moves += r.published_moves;
+        runs += 1;
+        config.publication = false;
+        let r = run_config(config).unwrap_or_else(|e| panic!("{e}"));
+        torn += r.torn;
+        torn_runs += (r.torn > 0) as u64;
+    }
+    println!(
+        "publication: {runs} runs of 2-4 workers, the published replica checked after {checks} commits, its epoch moved {moves} times; per vnode: {torn} commits in {torn_runs} runs left the whole replica torn"
+    );
+    assert!(
+        moves > 3 * runs,
+        "the published epoch moves through a run: {moves}"
+    );
+    assert!(
+        torn_runs > runs / 10,
+        "per-vnode commits tear the whole replica: {torn_runs}"
+    );
+    // The control: one worker owning every partition, nobody joining, commits every partition at
+    // one epoch, so per-vnode commits are whole states too (what the issue's premise holds for).
+    for seed in 0..50 {
+        let mut config = SimConfig::random(seed);
+        config.initial_workers = 1;
+        config.chaos_percent = 0;
+        config.publication = false;
+        let r = run_config(config).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            r.torn, 0,
+            "seed {seed}: one calm worker never tears the replica"
+        );
+    }
+}
+
 /// Seeds `scripts/soak.sh` found failing, replayed in every run.
 #[test]
 fn soak_regressions() {

@@ -67,6 +67,12 @@ pub struct SimConfig {
     pub max_bytes_ahead: u64,
     /// `JobSpec::commit_every_checkpoint`: each checkpoint epoch committed on its own.
     pub commit_every_checkpoint: bool,
+    /// The store publishes the replica at one epoch across every partition
+    /// (`MemoryStore::publishing`, issue 23's proposed protocol): the oracle then reads the
+    /// published replica after every commit and requires it to be the whole upstream table at one
+    /// epoch, never going back; without it the oracle checks each vnode at its own epoch and counts
+    /// the commits after which the whole replica was no upstream state at all (`torn`).
+    pub publication: bool,
     /// A fetch delivers up to this many records of one partition.
     pub max_fetch_batch: u64,
     pub max_steps: u64,
@@ -140,6 +146,7 @@ impl SimConfig {
                 200 + r.below(2_000)
             },
             commit_every_checkpoint: r.below(2) == 0,
+            publication: r.below(2) == 0,
         }
     }
 }
@@ -177,6 +184,14 @@ pub struct SimReport {
     pub member_fences: u64,
     /// KIP-848 reconciliation steps delivered (one member's revocation and/or partial gain).
     pub reconciliations: u64,
+    /// Without publication: applied commits after which every vnode had finished its snapshot
+    /// and yet the whole replica equalled the upstream table at no epoch (each vnode right at its
+    /// own epoch, the whole torn across workers).
+    pub torn: u64,
+    /// With publication: applied commits after which the published replica was checked.
+    pub published_checks: u64,
+    /// With publication: how many times the published epoch moved.
+    pub published_moves: u64,
 }
 
 type SimDriver = Driver<SimConsumer, SimCommitter, SimClock>;
@@ -277,7 +292,11 @@ impl Sim {
             changes_in_epoch: 0,
             poison: Default::default(),
         };
-        let mut store = MemoryStore::new();
+        let mut store = if config.publication {
+            MemoryStore::publishing()
+        } else {
+            MemoryStore::new()
+        };
         store.ensure_job(JOB, &info).expect("job");
         let supervisor = Arc::new(Mutex::new(Supervisor::new(config.supervisor)));
         let world = Rc::new(RefCell::new(World {
@@ -294,6 +313,10 @@ impl Sim {
             unreported: 0,
             violation: None,
             dead_letters_sent: Vec::new(),
+            torn: 0,
+            published_checks: 0,
+            published_moves: 0,
+            last_published: None,
         }));
         Sim {
             config,
@@ -563,6 +586,9 @@ impl Sim {
             dead_letters_sent: self.world.borrow().dead_letters_sent.len() as u64,
             member_fences: self.member_fences,
             reconciliations: self.reconciliations,
+            torn: self.world.borrow().torn,
+            published_checks: self.world.borrow().published_checks,
+            published_moves: self.world.borrow().published_moves,
         }
     }
 

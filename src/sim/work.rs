@@ -164,6 +164,19 @@ impl Sim {
             ));
         }
         let last = *w.upstream.history.keys().last().unwrap();
+        if self.config.publication {
+            match self.store.published(JOB) {
+                Some((at, rows)) if at == last && rows == w.upstream.table => {}
+                Some((at, rows)) => {
+                    return Err(format!(
+                        "the replica ends published at epoch {at} with {} rows, not at the last epoch {last} with the final table's {}",
+                        rows.len(),
+                        w.upstream.table.len()
+                    ))
+                }
+                None => return Err("the replica was never published".into()),
+            }
+        }
         for (v, p) in self.store.vnode_progress(JOB) {
             if p.epoch != last {
                 return Err(format!(

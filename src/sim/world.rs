@@ -76,6 +76,12 @@ pub(super) struct World {
     pub(super) violation: Option<String>,
     /// Every dead letter written to the (simulated) dead-letter topic, in order, repeats included.
     pub(super) dead_letters_sent: Vec<(PartitionId, u64)>,
+    /// See `SimReport::torn` and `SimReport::published_checks`.
+    pub(super) torn: u64,
+    pub(super) published_checks: u64,
+    pub(super) published_moves: u64,
+    /// With publication: the epoch the replica was last seen published at (it never goes back).
+    pub(super) last_published: Option<Epoch>,
 }
 
 impl World {
@@ -126,12 +132,64 @@ impl World {
                 group_size,
             });
         }
-        if let Err(v) = self.oracle_check() {
+        if let Err(v) = self
+            .oracle_check()
+            .and_then(|()| self.whole_replica_check())
+        {
             self.violation.get_or_insert(v);
         }
     }
 
     /// Every committed vnode agrees with the upstream table at its committed epoch.
+    /// The replica as a whole, after an applied commit. With publication: the published replica is
+    /// the upstream table at its epoch, and that epoch never goes back (a recreation keeps the old
+    /// replica visible until the new generation reaches it). Without: counts the commits after
+    /// which the whole replica was no upstream state although every vnode had left its snapshot.
+    pub(super) fn whole_replica_check(&mut self) -> SimResult<()> {
+        if self.config.publication {
+            let Some((at, rows)) = self.store.published(JOB) else {
+                return match self.last_published {
+                    Some(was) => Err(format!(
+                        "the replica was published at {was} and is not published any more"
+                    )),
+                    None => Ok(()),
+                };
+            };
+            if self.last_published.is_some_and(|was| at < was) {
+                return Err(format!(
+                    "the published replica went back from epoch {} to {at}",
+                    self.last_published.unwrap()
+                ));
+            }
+            if self.last_published != Some(at) {
+                self.published_moves += 1;
+            }
+            self.last_published = Some(at);
+            self.published_checks += 1;
+            let table = self.upstream.history.get(&at).ok_or_else(|| {
+                format!("published at epoch {at}, which the upstream never completed")
+            })?;
+            if rows != *table {
+                return Err(format!(
+                    "the replica published at epoch {at} is not the upstream table there: {} rows vs {}",
+                    rows.len(),
+                    table.len()
+                ));
+            }
+            return Ok(());
+        }
+        let progress = self.store.vnode_progress(JOB);
+        let started = progress.len() == self.map.vnode_count() as usize
+            && progress.values().all(|p| p.finished);
+        if started {
+            let rows = self.store.clone().rows(JOB).map_err(|e| e.to_string())?;
+            if !self.upstream.history.values().any(|t| *t == rows) {
+                self.torn += 1;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn oracle_check(&self) -> SimResult<()> {
         // Dead letters: each recorded one is a record that does not decode, written to the
         // dead-letter topic before the store recorded it (the sink is written before the commit).
@@ -157,7 +215,13 @@ impl World {
         }
         let es = self.info.snapshot_epoch;
         let progress = self.store.vnode_progress(JOB);
-        let rows = self.store.clone().rows(JOB).map_err(|e| e.to_string())?;
+        // Under publication, what the commits hold: the shadow table with the pending units applied
+        // (each vnode at its own epoch, as without publication).
+        let rows = if self.config.publication {
+            self.store.rows_with_pending(JOB)
+        } else {
+            self.store.clone().rows(JOB).map_err(|e| e.to_string())?
+        };
         let mut by_vnode: BTreeMap<Vnode, BTreeMap<&Vec<u8>, &Vec<u8>>> = BTreeMap::new();
         for (k, v) in &rows {
             by_vnode

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::core::{
-    Checkpoint, ClaimedPartition, DeadLetter, LogRecord, PartitionId, PartitionMap,
+    Checkpoint, ClaimedPartition, DeadLetter, Epoch, LogRecord, PartitionId, PartitionMap,
     PartitionProgress, RateLimits, Row, RowMutation, Vnode, VnodeProgress,
 };
 use crate::ports::{
@@ -99,6 +99,39 @@ struct JobState {
     commits: u64,
     /// Dead letters by (partition, offset); kept across recreations.
     dead_letters: BTreeMap<(PartitionId, u64), DeadLetterRow>,
+    /// Publication only (docs/design/several-tables.md §2; `rows` is then the generation's shadow
+    /// table): the epoch `rows` stands at across every partition, `None` before the generation's
+    /// first publication.
+    applied: Option<Epoch>,
+    /// Publication only: committed log-store checkpoints not yet applied to `rows`.
+    pending: Vec<PendingUnit>,
+    /// Publication only: the previous generation's replica, visible until this generation's
+    /// `rows` stand at or beyond its epoch (so a recreation never shows a half-filled replica, nor
+    /// an older one).
+    previous: Option<(Epoch, Rows)>,
+}
+
+/// A job's materialised rows by key.
+pub type Rows = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// A committed checkpoint whose rows wait for every partition to reach its epoch.
+#[derive(Debug, Clone)]
+struct PendingUnit {
+    epoch: Epoch,
+    partitions: Vec<PartitionId>,
+    rows: Vec<RowMutation>,
+}
+
+impl JobState {
+    /// Publication: the replica readers see, and the epoch it stands at (`None`: nothing
+    /// consistent yet).
+    fn visible(&self) -> Option<(Epoch, &Rows)> {
+        match (&self.previous, self.applied) {
+            (Some((at, rows)), applied) if applied.is_none_or(|a| a < *at) => Some((*at, rows)),
+            (_, Some(a)) => Some((a, &self.rows)),
+            _ => None,
+        }
+    }
 }
 
 /// A state store in memory; clones share the same state (one handle per worker).
@@ -108,11 +141,48 @@ pub struct MemoryStore {
     /// Live rate limits per job (kept apart from the job's state, as they outlive recreations).
     limits: Arc<Mutex<BTreeMap<String, RateLimits>>>,
     paused: Arc<Mutex<BTreeMap<String, bool>>>,
+    /// Publish each job's replica at one epoch across every partition (issue 23's proposed
+    /// protocol; only the simulation uses it yet).
+    publish: bool,
 }
 
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store that publishes each job's replica only at an epoch every partition stands at
+    /// (docs/design/several-tables.md §2): a log-store checkpoint's rows wait as a pending unit
+    /// until [`publication_epoch`](crate::core::publication::publication_epoch) reaches it.
+    pub fn publishing() -> Self {
+        MemoryStore {
+            publish: true,
+            ..Self::default()
+        }
+    }
+
+    /// With [`publishing`](Self::publishing): the generation's rows with every pending unit
+    /// applied — what each vnode's commits hold at its own epoch (the simulation's per-vnode
+    /// oracle reads it).
+    pub fn rows_with_pending(&self, job: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let jobs = self.jobs.lock().unwrap();
+        let Some(j) = jobs.get(job) else {
+            return BTreeMap::new();
+        };
+        let mut rows = j.rows.clone();
+        let mut units: Vec<&PendingUnit> = j.pending.iter().collect();
+        units.sort_by_key(|u| u.epoch);
+        for u in units {
+            apply_rows(&mut rows, &u.rows);
+        }
+        rows
+    }
+
+    /// With [`publishing`](Self::publishing): the replica a reader sees and the epoch it stands at
+    /// across every partition; `None` before the first publication.
+    pub fn published(&self, job: &str) -> Option<(Epoch, Rows)> {
+        let jobs = self.jobs.lock().unwrap();
+        jobs.get(job)?.visible().map(|(e, rows)| (e, rows.clone()))
     }
 
     /// Committed vnode progress of a job (for tests and the simulation oracle).
@@ -205,6 +275,9 @@ impl StateStore for MemoryStore {
             owners: BTreeMap::new(),
             next_lease: 1,
             commits: 0,
+            applied: None,
+            pending: Vec::new(),
+            previous: None,
         });
         protocol::check_job_matches(&state.row, info)?;
         Ok(state.row.clone())
@@ -258,13 +331,14 @@ impl StateStore for MemoryStore {
             return protocol::check_commit(&mut Tx(None), job, cps.first().expect("a group"))
                 .map(|_| ());
         };
+        let publish = self.publish;
         if let [cp] = cps {
             // Only the checks can fail, and they run before anything is applied.
-            return apply_checkpoint(current, job, cp);
+            return apply_checkpoint(current, job, cp, publish);
         }
         let mut state = current.clone();
         for cp in cps {
-            apply_checkpoint(&mut state, job, cp)?;
+            apply_checkpoint(&mut state, job, cp, publish)?;
         }
         jobs.insert(job.to_string(), state);
         Ok(())
@@ -279,6 +353,17 @@ impl StateStore for MemoryStore {
             state.row.generation += 1;
             state.row.recreations += 1;
             state.row.phase = "snapshot".into();
+            if let Some((at, _)) = state.visible() {
+                // The replica readers see stays until the new generation reaches it.
+                let rows = if state.applied.is_some_and(|a| a >= at) {
+                    std::mem::take(&mut state.rows)
+                } else {
+                    state.previous.take().expect("visible").1
+                };
+                state.previous = Some((at, rows));
+            }
+            state.applied = None;
+            state.pending.clear();
             state.rows.clear();
             state.vnodes.clear();
             state.partitions.clear();
@@ -360,9 +445,27 @@ impl StateStore for MemoryStore {
     }
 }
 
+fn apply_rows(rows: &mut BTreeMap<Vec<u8>, Vec<u8>>, mutations: &[RowMutation]) {
+    for m in mutations {
+        match m {
+            RowMutation::Upsert { row, .. } => {
+                rows.insert(row.key.clone(), row.value.clone());
+            }
+            RowMutation::Delete { key, .. } => {
+                rows.remove(key);
+            }
+        }
+    }
+}
+
 /// One checkpoint on a job's state: the protocol's checks, then (only if they pass) its rows and
 /// progress.
-fn apply_checkpoint(state: &mut JobState, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+fn apply_checkpoint(
+    state: &mut JobState,
+    job: &str,
+    cp: &Checkpoint,
+    publish: bool,
+) -> Result<(), StoreError> {
     {
         protocol::check_commit(&mut Tx(Some(state)), job, cp)?;
         let fresh: Vec<&DeadLetter> = cp
@@ -383,15 +486,60 @@ fn apply_checkpoint(state: &mut JobState, job: &str, cp: &Checkpoint) -> Result<
                 },
             );
         }
-        for m in &cp.rows {
-            match m {
-                RowMutation::Upsert { row, .. } => {
-                    state.rows.insert(row.key.clone(), row.value.clone());
-                }
-                RowMutation::Delete { key, .. } => {
-                    state.rows.remove(key);
+        match (publish, cp.epoch) {
+            // Log-store data under publication: a unit, applied once every partition stands at
+            // its epoch (snapshot rows go straight into the generation's shadow table).
+            (true, Some(epoch)) => {
+                let map = PartitionMap::new(state.row.vnode_count, state.row.partition_count)
+                    .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;
+                state.pending.push(PendingUnit {
+                    epoch,
+                    partitions: crate::core::publication::partitions_at(map, epoch, cp),
+                    rows: cp.rows.clone(),
+                });
+                let at = crate::core::publication::publication_epoch(
+                    state.row.partition_count,
+                    state.applied,
+                    state
+                        .pending
+                        .iter()
+                        .map(|u| (u.epoch, u.partitions.as_slice())),
+                );
+                let at = if crate::core::faults::active(
+                    crate::core::faults::Fault::PublishAtMinimumCommitted,
+                ) {
+                    // The deliberate bug: the minimum epoch every vnode has committed.
+                    let vnodes = state.vnodes.clone();
+                    let mut merged = vnodes;
+                    for v in &cp.vnodes {
+                        merged.insert(v.vnode, v.clone());
+                    }
+                    let min = (merged.len() == state.row.vnode_count as usize
+                        && merged.values().all(|v| v.finished))
+                    .then(|| merged.values().map(|v| v.epoch).min())
+                    .flatten();
+                    min.filter(|m| state.applied.is_none_or(|a| *m > a))
+                } else {
+                    at
+                };
+                if let Some(at) = at {
+                    let (now, later): (Vec<PendingUnit>, Vec<PendingUnit>) =
+                        std::mem::take(&mut state.pending)
+                            .into_iter()
+                            .partition(|u| u.epoch <= at);
+                    state.pending = later;
+                    let mut now = now;
+                    now.sort_by_key(|u| u.epoch);
+                    for u in &now {
+                        apply_rows(&mut state.rows, &u.rows);
+                    }
+                    state.applied = Some(at);
+                    if state.previous.as_ref().is_some_and(|(p, _)| *p <= at) {
+                        state.previous = None;
+                    }
                 }
             }
+            _ => apply_rows(&mut state.rows, &cp.rows),
         }
         for v in &cp.vnodes {
             state.vnodes.insert(v.vnode, v.clone());

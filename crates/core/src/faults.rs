@@ -22,14 +22,23 @@ pub enum Fault {
     /// The capture acknowledges a source position to PostgreSQL before the Kafka transaction that
     /// holds it committed (a crash in between loses what lies between for good).
     CaptureAckBeforeCommit,
+    /// Publication (issue 23's proposed protocol) publishes at the minimum epoch every vnode has
+    /// committed, not at an epoch every partition stands at: a unit coalesced across that epoch
+    /// is left out, and the replica is published torn.
+    PublishAtMinimumCommitted,
+    /// Publication counts every partition a checkpoint carries progress for as standing at its
+    /// epoch, also one the worker gained whose previous owner had committed beyond it.
+    PublishEveryOwnedPartition,
 }
 
 impl Fault {
     /// The faults of the consumer's simulation (`tests/simulation.rs`).
-    pub const ALL: [Fault; 3] = [
+    pub const ALL: [Fault; 5] = [
         Fault::AckRevocationBeforeCommit,
         Fault::CommitAboveFrontier,
         Fault::SkipGenerationCheck,
+        Fault::PublishAtMinimumCommitted,
+        Fault::PublishEveryOwnedPartition,
     ];
 }
 

@@ -12,7 +12,28 @@
 use std::collections::BTreeMap;
 
 use super::epoch::Epoch;
-use super::vnode::PartitionId;
+use super::progress::Checkpoint;
+use super::vnode::{PartitionId, PartitionMap};
+
+/// The partitions a log-store checkpoint through `epoch` puts *at* `epoch`: those whose vnodes'
+/// progress it moves there. A worker's checkpoint also carries the progress of owned partitions it
+/// did not move — one gained under `reschedule` or in streaming whose previous owner committed
+/// beyond this worker's frontier — and such a partition is not at `epoch` (the simulation found a
+/// replica published torn when they were counted).
+pub fn partitions_at(map: PartitionMap, epoch: Epoch, cp: &Checkpoint) -> Vec<PartitionId> {
+    if super::faults::active(super::faults::Fault::PublishEveryOwnedPartition) {
+        return cp.partitions.iter().map(|p| p.partition).collect();
+    }
+    let mut out: Vec<PartitionId> = cp
+        .vnodes
+        .iter()
+        .filter(|v| v.epoch == epoch)
+        .map(|v| map.partition_of(v.vnode))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
 
 /// The greatest epoch above `published` that is a boundary of every partition `0..partition_count`:
 /// the epoch of a pending unit of each. `None` when there is none (some partition has nothing pending
