@@ -223,6 +223,12 @@ pub trait StateStore: Send {
     /// The materialised rows: key bytes → row datum bytes (rebuilt from the typed columns when the
     /// table keeps no datum: [`datumless_table`](Self::datumless_table)).
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError>;
+    /// Under publication (`consistency = "epoch"`, docs/design/several-tables.md §2): the upstream
+    /// epoch the whole table stands at, `None` before the first publication (or for a store that
+    /// does not publish: each vnode is then at its own epoch).
+    fn published_epoch(&mut self, _job: &str) -> Result<Option<crate::core::Epoch>, StoreError> {
+        Ok(None)
+    }
     /// The row schema when the table keeps no datum (`store_datum = false`): its rows are rebuilt
     /// from typed columns, which hold a double by value (SQLite reads −0.0 back as 0.0), so
     /// `verify` compares such rows by their column values.
@@ -262,6 +268,11 @@ pub fn check_table_name(name: &str) -> Result<(), StoreError> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(StoreError::Rejected(format!(
             "table name {name:?}: use letters, digits and _"
+        )));
+    }
+    if name.ends_with("__kb_next") {
+        return Err(StoreError::Rejected(format!(
+            "table name {name:?}: names ending in __kb_next are the service's own (where a new generation builds under consistency = \"epoch\")"
         )));
     }
     Ok(())

@@ -500,11 +500,163 @@ fn table_ownership(open: &dyn Fn(&str) -> Box<dyn StateStore>, t: &str, u: &str,
     assert_eq!(on_t.job(a).unwrap().unwrap().generation, 0);
 }
 
+/// A log-store checkpoint of the worker holding `partition` (lease `lease`) through `epoch`: its
+/// vnodes finished at `epoch`, the partition's next offset `offset`.
+fn log_checkpoint(
+    partition: PartitionId,
+    lease: u64,
+    epoch: Epoch,
+    offset: u64,
+    rows: Vec<RowMutation>,
+) -> Checkpoint {
+    let mut cp = checkpoint(0, vec![(partition, lease)]);
+    cp.cause = CheckpointCause::Barrier;
+    cp.epoch = Some(epoch);
+    cp.rows = rows;
+    cp.vnodes = map()
+        .vnodes_of(partition)
+        .map(|v| VnodeProgress {
+            finished: true,
+            ..VnodeProgress::fresh(v, epoch)
+        })
+        .collect();
+    cp.partitions = vec![PartitionProgress {
+        partition,
+        next_offset: offset,
+        epoch: Epoch(epoch.0 + (1 << 16)),
+        streaming: false,
+    }];
+    cp
+}
+
+fn upsert(partition: PartitionId, nth: usize) -> (Vec<u8>, Vec<u8>, RowMutation) {
+    let (key, datum, vnode) = row_in(partition, nth);
+    let m = RowMutation::Upsert {
+        vnode,
+        row: Row {
+            key: key.clone(),
+            value: datum.clone(),
+        },
+        offset: Some(1),
+    };
+    (key, datum, m)
+}
+
+/// Publication (`consistency = "epoch"`, docs/design/several-tables.md §2): two workers, one
+/// partition each. The one ahead commits and nothing of it shows; the laggard's commit at the
+/// same epoch publishes both; a checkpoint whose own epoch is published at once shows at once; a
+/// replay of a published checkpoint changes nothing; a recreation starts the publication over.
+fn publication(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
+    let mut a = open();
+    let mut b = open();
+    let info = info();
+    a.ensure_job(job, &info).unwrap();
+    let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+    assert_eq!(a.published_epoch(job).unwrap(), None);
+    let (k0, d0, u0) = upsert(0, 0);
+    let (k1, d1, u1) = upsert(1, 0);
+    let (k2, d2, u2) = upsert(0, 1);
+    // A is ahead: E1 and E2 committed, nothing published, the table unchanged.
+    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0.clone()]))
+        .unwrap();
+    a.commit(job, &log_checkpoint(0, la, E2, 20, vec![u2.clone()]))
+        .unwrap();
+    assert_eq!(b.published_epoch(job).unwrap(), None);
+    assert!(b.rows(job).unwrap().is_empty(), "nothing published yet");
+    assert_eq!(
+        b.committed_partitions(job).unwrap()[&0].next_offset,
+        20,
+        "progress is committed as ever"
+    );
+    // B reaches E1: both published at E1, A's E2 still waiting.
+    b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u1]))
+        .unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E1));
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(k0.clone(), d0.clone()), (k1.clone(), d1.clone())])
+    );
+    // B reaches E2 deleting its row: published at E2, B's rows straight in, A's E2 unit applied.
+    let del = RowMutation::Delete {
+        vnode: row_in(1, 0).2,
+        key: k1.clone(),
+    };
+    b.commit(job, &log_checkpoint(1, lb, E2, 21, vec![del]))
+        .unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(k0.clone(), d0.clone()), (k2.clone(), d2.clone())])
+    );
+    // A replay of A's E2 checkpoint (its answer lost): published already, nothing changes.
+    a.commit(job, &log_checkpoint(0, la, E2, 20, vec![u2]))
+        .unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
+    assert_eq!(a.rows(job).unwrap().len(), 2);
+    // A recreation keeps the replica readers see until the new generation reaches its epoch: the
+    // new one's snapshot rows and its publication at E1 do not show; at E3 it replaces the old.
+    let old = a.rows(job).unwrap();
+    let row = a.recreate(job, 0).unwrap();
+    assert_eq!(row.generation, 1);
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
+    assert_eq!(a.rows(job).unwrap(), old, "the old replica stays visible");
+    let la = a.claim(job, 1, "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, 1, "b", &[1], &info).unwrap()[0].lease;
+    let (k3, d3, u3) = upsert(1, 1);
+    let mut snap = checkpoint(1, vec![(1, lb)]);
+    snap.rows = vec![u3];
+    b.commit(job, &snap).unwrap();
+    let gen1 = |p: PartitionId, lease: u64, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
+        let mut cp = log_checkpoint(p, lease, epoch, offset, rows);
+        cp.generation = 1;
+        cp
+    };
+    a.commit(job, &gen1(0, la, E1, 10, vec![])).unwrap();
+    b.commit(job, &gen1(1, lb, E1, 11, vec![])).unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E2), "E1 is older");
+    assert_eq!(a.rows(job).unwrap(), old);
+    a.commit(job, &gen1(0, la, E3, 30, vec![])).unwrap();
+    b.commit(job, &gen1(1, lb, E3, 31, vec![])).unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
+    assert_eq!(
+        b.rows(job).unwrap(),
+        BTreeMap::from([(k3, d3)]),
+        "the new generation replaced the old"
+    );
+    // A stale generation's checkpoint is fenced as ever and publishes nothing.
+    assert!(a
+        .commit(job, &log_checkpoint(0, la, E4, 40, vec![]))
+        .unwrap_err()
+        .is_fenced());
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
+}
+
 #[cfg(feature = "testing")]
 #[test]
 fn memory() {
     let store = kafka_backfill::store::memory::MemoryStore::new();
     conformance(&|| Box::new(store.clone()), "conformance");
+}
+
+#[cfg(feature = "testing")]
+#[test]
+fn memory_publication() {
+    let store = kafka_backfill::store::memory::MemoryStore::publishing();
+    publication(&|| Box::new(store.clone()), "publication");
+}
+
+#[test]
+fn sqlite_publication() {
+    let path = fresh_sqlite("publication");
+    let options = kafka_backfill::store::sqlite::SqliteOptions {
+        publication: true,
+        ..Default::default()
+    };
+    publication(
+        &|| Box::new(SqliteStore::open_with(&path, "accounts", table(), options).unwrap()),
+        "publication",
+    );
 }
 
 /// A new SQLite file for one test, `name`.

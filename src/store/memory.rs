@@ -123,6 +123,15 @@ struct PendingUnit {
 }
 
 impl JobState {
+    /// What the job's table holds for a reader: under publication, the previous generation's
+    /// replica while the current one builds beside it; otherwise the current rows.
+    fn table(&self) -> &Rows {
+        match &self.previous {
+            Some((at, rows)) if self.applied.is_none_or(|a| a < *at) => rows,
+            _ => &self.rows,
+        }
+    }
+
     /// Publication: the replica readers see, and the epoch it stands at (`None`: nothing
     /// consistent yet).
     fn visible(&self) -> Option<(Epoch, &Rows)> {
@@ -434,13 +443,17 @@ impl StateStore for MemoryStore {
             }))
     }
 
+    fn published_epoch(&mut self, job: &str) -> Result<Option<Epoch>, StoreError> {
+        Ok(self.published(job).map(|(e, _)| e))
+    }
+
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
         Ok(self
             .jobs
             .lock()
             .unwrap()
             .get(job)
-            .map(|j| j.rows.clone())
+            .map(|j| j.table().clone())
             .unwrap_or_default())
     }
 }
@@ -489,6 +502,8 @@ fn apply_checkpoint(
         match (publish, cp.epoch) {
             // Log-store data under publication: a unit, applied once every partition stands at
             // its epoch (snapshot rows go straight into the generation's shadow table).
+            // A replay of a checkpoint already published: its rows are applied.
+            (true, Some(epoch)) if state.applied.is_some_and(|a| epoch <= a) => {}
             (true, Some(epoch)) => {
                 let map = PartitionMap::new(state.row.vnode_count, state.row.partition_count)
                     .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;

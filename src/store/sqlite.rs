@@ -59,6 +59,16 @@ CREATE TABLE IF NOT EXISTS kb_leases (
   job TEXT NOT NULL, partition INTEGER NOT NULL, owner TEXT NOT NULL, lease INTEGER NOT NULL,
   PRIMARY KEY (job, partition)
 );
+CREATE TABLE IF NOT EXISTS kb_publication (
+  job TEXT PRIMARY KEY, published_epoch INTEGER, visible_epoch INTEGER
+);
+CREATE TABLE IF NOT EXISTS kb_pending_units (
+  unit INTEGER PRIMARY KEY, job TEXT NOT NULL, epoch INTEGER NOT NULL, partitions TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kb_pending_rows (
+  unit INTEGER NOT NULL, seq INTEGER NOT NULL, vnode INTEGER NOT NULL, key BLOB NOT NULL, row BLOB,
+  PRIMARY KEY (unit, seq)
+) WITHOUT ROWID;
 ";
 
 /// Sorts a SQLite error into transient (busy, locked, I/O, full disk: a retry can succeed) and
@@ -179,6 +189,78 @@ const CACHE_KIB: i64 = 64 * 1024;
 /// checkpoint, holding the next commit back while it copies the frames the passive ones left.
 const WAL_RESTART_PAGES: i64 = 16 * 1024;
 
+/// The materialised table's `CREATE TABLE IF NOT EXISTS`.
+fn table_ddl(table_name: &str, table: &TableSchema, datum: bool) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB NOT NULL, _kb_vnode INTEGER NOT NULL, {}{}, PRIMARY KEY (_kb_vnode, _kb_key)) WITHOUT ROWID;",
+        table.column_ddl(crate::codec::ColumnType::sqlite),
+        if datum { ", _kb_row BLOB NOT NULL" } else { "" }
+    )
+}
+
+/// Under publication, the table a new generation builds in while the previous generation's replica
+/// stays visible in the table itself (renamed over it once the new one reaches that epoch).
+fn next_table(table_name: &str) -> String {
+    format!("{table_name}__kb_next")
+}
+
+/// A job's publication state (`kb_publication`): the epoch the current generation's rows stand at
+/// (`published`), and the epoch of what the table shows (`visible`, the previous generation's
+/// while the current one builds in [`next_table`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Publication {
+    published: Option<Epoch>,
+    visible: Option<Epoch>,
+}
+
+impl Publication {
+    fn read(tx: &Connection, job: &str) -> Result<Publication, StoreError> {
+        let epoch = |v: Option<i64>| v.map(|e| Epoch(e as u64));
+        Ok(tx
+            .query_row(
+                "SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = ?1",
+                [job],
+                |r| {
+                    Ok(Publication {
+                        published: epoch(r.get(0)?),
+                        visible: epoch(r.get(1)?),
+                    })
+                },
+            )
+            .optional()
+            .map_err(classify)?
+            .unwrap_or_default())
+    }
+
+    fn write(&self, tx: &Connection, job: &str) -> Result<(), StoreError> {
+        tx.execute(
+            "INSERT OR REPLACE INTO kb_publication VALUES (?1, ?2, ?3)",
+            params![
+                job,
+                self.published.map(|e| e.0 as i64),
+                self.visible.map(|e| e.0 as i64)
+            ],
+        )
+        .map_err(classify)?;
+        Ok(())
+    }
+
+    /// The current generation builds in [`next_table`]: an older replica is visible and it has
+    /// not reached it.
+    fn building(&self) -> bool {
+        self.visible
+            .is_some_and(|v| self.published.is_none_or(|p| p < v))
+    }
+
+    fn target(&self, table_name: &str) -> String {
+        if self.building() {
+            next_table(table_name)
+        } else {
+            table_name.to_string()
+        }
+    }
+}
+
 /// A SQLite state store for one job's table.
 pub struct SqliteStore {
     conn: Connection,
@@ -189,6 +271,37 @@ pub struct SqliteStore {
     datum: bool,
     /// Moves WAL frames into the database file on its own thread (see [`Checkpointer`]).
     checkpointer: Checkpointer,
+    /// `consistency = "epoch"`: log-store rows are published only at an epoch every partition
+    /// stands at ([`SqliteOptions::publication`]).
+    publication: bool,
+}
+
+/// How a [`SqliteStore`] is opened.
+#[derive(Clone, Copy, Debug)]
+pub struct SqliteOptions {
+    /// Whether a new table keeps each row's datum in `_kb_row` (`store_datum`, default `true`). An
+    /// existing table keeps the layout it was created with; asking for the other one is refused,
+    /// saying how to move.
+    pub store_datum: bool,
+    /// `consistency = "epoch"` (default `false`; docs/design/several-tables.md §2): a log-store
+    /// checkpoint's rows wait in `kb_pending_units`/`kb_pending_rows` until every partition of
+    /// the job stands at its epoch, then are applied in that commit's transaction, and
+    /// `kb_publication.published_epoch` says which upstream epoch the table is; a checkpoint whose
+    /// own epoch is published at once writes its rows straight into the table.
+    pub publication: bool,
+    /// The WAL size in pages past which the checkpointer restarts it (default
+    /// [`WAL_RESTART_PAGES`]; tests set it small).
+    pub restart_pages: i64,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            store_datum: true,
+            publication: false,
+            restart_pages: WAL_RESTART_PAGES,
+        }
+    }
 }
 
 /// Checkpoints the WAL off the commit path. The committing connection has `wal_autocheckpoint = 0`
@@ -307,31 +420,33 @@ impl SqliteStore {
     /// A transient failure (the file locked by another process's schema statement) is retried
     /// under [`Backoff::STORE`](crate::core::retry::Backoff::STORE).
     pub fn open(path: &Path, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
-        Self::open_layout(path, table_name, table, true)
+        Self::open_with(path, table_name, table, SqliteOptions::default())
     }
 
-    /// [`open`](Self::open) with `store_datum`: whether a new table keeps each row's datum in
-    /// `_kb_row`. An existing table keeps the layout it was created with; asking for the other one
-    /// is refused, saying how to move.
+    /// [`open`](Self::open) with `store_datum` ([`SqliteOptions::store_datum`]).
     pub fn open_layout(
         path: &Path,
         table_name: &str,
         table: TableSchema,
         store_datum: bool,
     ) -> Result<Self, StoreError> {
-        Self::open_restarting_at(path, table_name, table, store_datum, WAL_RESTART_PAGES)
+        let options = SqliteOptions {
+            store_datum,
+            ..SqliteOptions::default()
+        };
+        Self::open_with(path, table_name, table, options)
     }
 
-    fn open_restarting_at(
+    /// [`open`](Self::open) with every option.
+    pub fn open_with(
         path: &Path,
         table_name: &str,
         table: TableSchema,
-        store_datum: bool,
-        restart_pages: i64,
+        options: SqliteOptions,
     ) -> Result<Self, StoreError> {
         crate::retry::retry_sleeping(
             crate::core::retry::Backoff::STORE,
-            || Self::open_once(path, table_name, table.clone(), store_datum, restart_pages),
+            || Self::open_once(path, table_name, table.clone(), options),
             StoreError::is_transient,
         )
     }
@@ -340,9 +455,9 @@ impl SqliteStore {
         path: &Path,
         table_name: &str,
         table: TableSchema,
-        store_datum: bool,
-        restart_pages: i64,
+        options: SqliteOptions,
     ) -> Result<Self, StoreError> {
+        let store_datum = options.store_datum;
         crate::ports::check_table_name(table_name)?;
         if !store_datum {
             if let Some((field, ty)) = table.first_composite_field() {
@@ -366,12 +481,8 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(classify)?;
         conn.execute_batch(SCHEMA).map_err(classify)?;
-        conn.execute_batch(&format!(
-            "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB NOT NULL, _kb_vnode INTEGER NOT NULL, {}{}, PRIMARY KEY (_kb_vnode, _kb_key)) WITHOUT ROWID;",
-            table.column_ddl(crate::codec::ColumnType::sqlite),
-            if store_datum { ", _kb_row BLOB NOT NULL" } else { "" }
-        ))
-        .map_err(classify)?;
+        conn.execute_batch(&table_ddl(table_name, &table, store_datum))
+            .map_err(classify)?;
         // The layout the table was created with (by this call or an earlier release: every table
         // before `store_datum` has `_kb_row`).
         // A table that is not one of ours (no `_kb_vnode`) is left to fail at its first write.
@@ -394,7 +505,8 @@ impl SqliteStore {
             table,
             table_name: table_name.to_string(),
             datum: store_datum,
-            checkpointer: Checkpointer::start(path, restart_pages)?,
+            checkpointer: Checkpointer::start(path, options.restart_pages)?,
+            publication: options.publication,
         })
     }
 
@@ -518,11 +630,13 @@ impl SqliteStore {
     /// One checkpoint inside a transaction: the protocol's checks (which see the earlier
     /// checkpoints of the same group), then rows, vnode and partition progress, the job phase.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     fn apply_checkpoint(
         tx: &Connection,
         table: &TableSchema,
         table_name: &str,
         datum: bool,
+        publication: bool,
         job: &str,
         cp: &Checkpoint,
         decoded: DecodedRows,
@@ -555,60 +669,18 @@ impl SqliteStore {
                 .map_err(classify)?;
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
         }
-        let mut decoded = decoded.into_iter();
-        {
-            let t = table_name;
-            let cols: Vec<String> = table
-                .columns
-                .iter()
-                .map(|c| format!("\"{}\"", c.name))
-                .collect();
-            // ?1 key, ?2 vnode, [?3 datum,] then the columns.
-            let first = if datum { 4 } else { 3 };
-            let marks: Vec<String> = (0..cols.len()).map(|i| format!("?{}", i + first)).collect();
-            // `INSERT OR REPLACE`, measured against `ON CONFLICT DO UPDATE` (which evaluates an
-            // update of every column per row): 31 vs 34 ms for 10k upserts, 108 vs 129 ms for 100k
-            // (`scripts/bench.sh --only commit`).
-            let mut upsert = tx
-                .prepare_cached(&format!(
-                    "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, {}{}) VALUES (?1, ?2, {}{})",
-                    if datum { "_kb_row, " } else { "" },
-                    cols.join(", "),
-                    if datum { "?3, " } else { "" },
-                    marks.join(", ")
-                ))
-                .map_err(classify)?;
-            let mut delete = tx
-                .prepare_cached(&format!(
-                    "DELETE FROM \"{t}\" WHERE _kb_vnode = ?1 AND _kb_key = ?2"
-                ))
-                .map_err(classify)?;
-            for m in &cp.rows {
-                match m {
-                    RowMutation::Upsert { vnode, row, .. } => {
-                        let fields = row_columns(table, row, decoded.next().flatten())?;
-                        // Bound by reference: no copy of the key, the datum or a column value
-                        // before SQLite's own (a tenth of the committer's time went to those
-                        // copies and their frees, docs/BENCHMARKS.md "CPU per record").
-                        let bind = |upsert: &mut rusqlite::CachedStatement<'_>| {
-                            upsert.raw_bind_parameter(1, row.key.as_slice())?;
-                            upsert.raw_bind_parameter(2, *vnode as i64)?;
-                            if datum {
-                                upsert.raw_bind_parameter(3, row.value.as_slice())?;
-                            }
-                            for (i, v) in fields.iter().enumerate() {
-                                upsert.raw_bind_parameter(i + first, SqliteValue(v))?;
-                            }
-                            upsert.raw_execute()
-                        };
-                        bind(&mut upsert).map_err(|e| row_error(e, table, &row.key))?;
-                    }
-                    RowMutation::Delete { vnode, key } => {
-                        decoded.next();
-                        delete.execute(params![vnode, key]).map_err(classify)?;
-                    }
-                }
+        match cp.epoch {
+            Some(epoch) if publication => {
+                Self::publish(tx, table, table_name, datum, job, cp, epoch, decoded)?
             }
+            // Snapshot rows under publication go where the generation builds.
+            None if publication => {
+                let target = Publication::read(tx, job)?.target(table_name);
+                Self::write_rows(tx, table, &target, datum, &cp.rows, decoded)?
+            }
+            _ => Self::write_rows(tx, table, table_name, datum, &cp.rows, decoded)?,
+        }
+        {
             let mut vq = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO kb_vnode_progress VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -646,6 +718,213 @@ impl SqliteStore {
                 .map_err(classify)?;
         }
         Ok(())
+    }
+    /// Upserts and deletes `rows` in the table (`decoded`: their column values, decoded off the
+    /// committer's thread; missing ones are decoded here).
+    fn write_rows(
+        tx: &Connection,
+        table: &TableSchema,
+        table_name: &str,
+        datum: bool,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+    ) -> Result<(), StoreError> {
+        let mut decoded = decoded.into_iter();
+        {
+            let t = table_name;
+            let cols: Vec<String> = table
+                .columns
+                .iter()
+                .map(|c| format!("\"{}\"", c.name))
+                .collect();
+            // ?1 key, ?2 vnode, [?3 datum,] then the columns.
+            let first = if datum { 4 } else { 3 };
+            let marks: Vec<String> = (0..cols.len()).map(|i| format!("?{}", i + first)).collect();
+            // `INSERT OR REPLACE`, measured against `ON CONFLICT DO UPDATE` (which evaluates an
+            // update of every column per row): 31 vs 34 ms for 10k upserts, 108 vs 129 ms for 100k
+            // (`scripts/bench.sh --only commit`).
+            let mut upsert = tx
+                .prepare_cached(&format!(
+                    "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, {}{}) VALUES (?1, ?2, {}{})",
+                    if datum { "_kb_row, " } else { "" },
+                    cols.join(", "),
+                    if datum { "?3, " } else { "" },
+                    marks.join(", ")
+                ))
+                .map_err(classify)?;
+            let mut delete = tx
+                .prepare_cached(&format!(
+                    "DELETE FROM \"{t}\" WHERE _kb_vnode = ?1 AND _kb_key = ?2"
+                ))
+                .map_err(classify)?;
+            for m in rows {
+                match m {
+                    RowMutation::Upsert { vnode, row, .. } => {
+                        let fields = row_columns(table, row, decoded.next().flatten())?;
+                        // Bound by reference: no copy of the key, the datum or a column value
+                        // before SQLite's own (a tenth of the committer's time went to those
+                        // copies and their frees, docs/BENCHMARKS.md "CPU per record").
+                        let bind = |upsert: &mut rusqlite::CachedStatement<'_>| {
+                            upsert.raw_bind_parameter(1, row.key.as_slice())?;
+                            upsert.raw_bind_parameter(2, *vnode as i64)?;
+                            if datum {
+                                upsert.raw_bind_parameter(3, row.value.as_slice())?;
+                            }
+                            for (i, v) in fields.iter().enumerate() {
+                                upsert.raw_bind_parameter(i + first, SqliteValue(v))?;
+                            }
+                            upsert.raw_execute()
+                        };
+                        bind(&mut upsert).map_err(|e| row_error(e, table, &row.key))?;
+                    }
+                    RowMutation::Delete { vnode, key } => {
+                        decoded.next();
+                        delete.execute(params![vnode, key]).map_err(classify)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A log-store checkpoint under publication (docs/design/several-tables.md §2), in its
+    /// transaction: the epoch every partition now stands at is computed over the pending units and
+    /// this one (`publication_epoch`); the pending units at or below it are applied in epoch order
+    /// and deleted, and this checkpoint's rows go straight into the table when its own epoch is
+    /// published, or wait as a unit otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn publish(
+        tx: &Connection,
+        table: &TableSchema,
+        table_name: &str,
+        datum: bool,
+        job: &str,
+        cp: &Checkpoint,
+        epoch: Epoch,
+        decoded: DecodedRows,
+    ) -> Result<(), StoreError> {
+        let row = protocol::job_row(&mut Tx(tx), job)?;
+        let map = crate::core::PartitionMap::new(row.vnode_count, row.partition_count)
+            .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;
+        let parts = crate::core::publication::partitions_at(map, epoch, cp);
+        let mut state = Publication::read(tx, job)?;
+        let published = state.published;
+        let target = state.target(table_name);
+        if published.is_some_and(|p| epoch <= p) {
+            // Only a replay (a transaction retried after its answer was lost) can be at or below
+            // the published epoch, whose rows every partition had past it: applied already.
+            return Ok(());
+        }
+        let mut units: Vec<(i64, Epoch, Vec<PartitionId>)> = Vec::new();
+        {
+            let mut q = tx
+                .prepare_cached(
+                    "SELECT unit, epoch, partitions FROM kb_pending_units WHERE job = ?1 ORDER BY epoch, unit",
+                )
+                .map_err(classify)?;
+            let mut rs = q.query([job]).map_err(classify)?;
+            while let Some(r) = rs.next().map_err(classify)? {
+                let text: String = r.get(2).map_err(classify)?;
+                let partitions = text
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse::<PartitionId>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        StoreError::Rejected(format!(
+                            "kb_pending_units of job {job}: partitions {text:?}: {e}"
+                        ))
+                    })?;
+                units.push((
+                    r.get(0).map_err(classify)?,
+                    Epoch(r.get::<_, i64>(1).map_err(classify)? as u64),
+                    partitions,
+                ));
+            }
+        }
+        let at = crate::core::publication::publication_epoch(
+            row.partition_count,
+            published,
+            units
+                .iter()
+                .map(|(_, e, ps)| (*e, ps.as_slice()))
+                .chain(std::iter::once((epoch, parts.as_slice()))),
+        );
+        if let Some(at) = at {
+            for (unit, _, _) in units.iter().filter(|(_, e, _)| *e <= at) {
+                let rows = Self::pending_rows(tx, *unit)?;
+                Self::write_rows(tx, table, &target, datum, &rows, Vec::new())?;
+                tx.execute("DELETE FROM kb_pending_rows WHERE unit = ?1", [unit])
+                    .map_err(classify)?;
+                tx.execute("DELETE FROM kb_pending_units WHERE unit = ?1", [unit])
+                    .map_err(classify)?;
+            }
+            if epoch <= at {
+                Self::write_rows(tx, table, &target, datum, &cp.rows, decoded)?;
+            }
+            let was_building = state.building();
+            state.published = Some(at);
+            if !state.building() {
+                if was_building {
+                    // The new generation reached the replica readers see: it replaces it, in this
+                    // transaction.
+                    tx.execute_batch(&format!(
+                        "DROP TABLE \"{table_name}\"; ALTER TABLE \"{target}\" RENAME TO \"{table_name}\";"
+                    ))
+                    .map_err(classify)?;
+                }
+                state.visible = Some(at);
+            }
+            state.write(tx, job)?;
+            if epoch <= at {
+                return Ok(());
+            }
+        }
+        let list: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+        tx.execute(
+            "INSERT INTO kb_pending_units (job, epoch, partitions) VALUES (?1, ?2, ?3)",
+            params![job, epoch.0 as i64, list.join(",")],
+        )
+        .map_err(classify)?;
+        let unit = tx.last_insert_rowid();
+        let mut q = tx
+            .prepare_cached("INSERT INTO kb_pending_rows VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(classify)?;
+        for (seq, m) in cp.rows.iter().enumerate() {
+            let (vnode, key, value) = match m {
+                RowMutation::Upsert { vnode, row, .. } => (vnode, &row.key, Some(&row.value)),
+                RowMutation::Delete { vnode, key } => (vnode, key, None),
+            };
+            q.execute(params![unit, seq as i64, vnode, key, value])
+                .map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    /// The rows of a pending unit, in the order they were committed.
+    fn pending_rows(tx: &Connection, unit: i64) -> Result<Vec<RowMutation>, StoreError> {
+        let mut q = tx
+            .prepare_cached(
+                "SELECT vnode, key, row FROM kb_pending_rows WHERE unit = ?1 ORDER BY seq",
+            )
+            .map_err(classify)?;
+        let rows = q
+            .query_map([unit], |r| {
+                let vnode: Vnode = r.get(0)?;
+                let key: Vec<u8> = r.get(1)?;
+                Ok(match r.get::<_, Option<Vec<u8>>>(2)? {
+                    Some(value) => RowMutation::Upsert {
+                        vnode,
+                        row: crate::core::Row { key, value },
+                        offset: None,
+                    },
+                    None => RowMutation::Delete { vnode, key },
+                })
+            })
+            .map_err(classify)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(classify)?;
+        Ok(rows)
     }
 }
 
@@ -807,6 +1086,7 @@ impl StateStore for SqliteStore {
                 &self.table,
                 &self.table_name,
                 self.datum,
+                self.publication,
                 job,
                 cp,
                 decoded.next().unwrap_or_default(),
@@ -833,8 +1113,34 @@ impl StateStore for SqliteStore {
                 tx.execute(&format!("DELETE FROM {t} WHERE job = ?1"), [job])
                     .map_err(classify)?;
             }
-            tx.execute(&format!("DELETE FROM \"{}\"", self.table_name), [])
+            tx.execute(
+                "DELETE FROM kb_pending_rows WHERE unit IN (SELECT unit FROM kb_pending_units WHERE job = ?1)",
+                [job],
+            )
+            .map_err(classify)?;
+            tx.execute("DELETE FROM kb_pending_units WHERE job = ?1", [job])
                 .map_err(classify)?;
+            let mut state = Publication::read(&tx, job)?;
+            let next = next_table(&self.table_name);
+            if self.publication && state.visible.is_some() {
+                // Under publication the replica readers see stays in the table until the new
+                // generation, building in its own table, reaches its epoch.
+                tx.execute_batch(&format!(
+                    "DROP TABLE IF EXISTS \"{next}\"; {}",
+                    table_ddl(&next, &self.table, self.datum)
+                ))
+                .map_err(classify)?;
+                if !state.building() {
+                    state.visible = state.published;
+                }
+                state.published = None;
+                state.write(&tx, job)?;
+            } else {
+                tx.execute(&format!("DELETE FROM \"{}\"", self.table_name), [])
+                    .map_err(classify)?;
+                tx.execute("DELETE FROM kb_publication WHERE job = ?1", [job])
+                    .map_err(classify)?;
+            }
         }
         let row = Self::job_row(&tx, job)?.expect("job row");
         tx.commit().map_err(classify)?;
@@ -946,6 +1252,10 @@ impl StateStore for SqliteStore {
         rows.map(|r| r.map_err(classify)).collect()
     }
 
+    fn published_epoch(&mut self, job: &str) -> Result<Option<Epoch>, StoreError> {
+        Ok(Publication::read(&self.conn, job)?.visible)
+    }
+
     fn datumless_table(&self) -> Option<TableSchema> {
         (!self.datum).then(|| self.table.clone())
     }
@@ -989,8 +1299,16 @@ mod tests {
         let t = table();
         // A restart past 256 pages (1 MiB); 150 commits of ~200 scattered rows each write about
         // 25,000 frames (~100 MiB) if the WAL never starts over.
-        let mut store =
-            SqliteStore::open_restarting_at(&path, "accounts", t.clone(), true, 256).unwrap();
+        let mut store = SqliteStore::open_with(
+            &path,
+            "accounts",
+            t.clone(),
+            SqliteOptions {
+                restart_pages: 256,
+                ..SqliteOptions::default()
+            },
+        )
+        .unwrap();
         let info = SnapshotInfo {
             snapshot_epoch: Epoch(1 << 16),
             vnode_count: 256,
