@@ -364,6 +364,7 @@ fn job_config(
             max_rows_per_second: 0,
             max_epochs_ahead: 256,
             max_mib_ahead: 32,
+            consistency: Default::default(),
             rate_limit: Default::default(),
             capture: None,
             on_bad_record: Default::default(),

@@ -64,6 +64,7 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
         max_rows_per_second: o.throttle,
         max_epochs_ahead: 256,
         max_mib_ahead: 32,
+        consistency: Default::default(),
         rate_limit: Default::default(),
         capture: None,
         on_bad_record: Default::default(),

@@ -93,6 +93,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
             max_rows_per_second: throttle,
             max_epochs_ahead: 256,
             max_mib_ahead: 32,
+            consistency: Default::default(),
             rate_limit: Default::default(),
             capture: None,
             on_bad_record: Default::default(),

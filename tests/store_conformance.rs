@@ -639,6 +639,41 @@ fn memory() {
     conformance(&|| Box::new(store.clone()), "conformance");
 }
 
+/// Leaving `consistency = "epoch"` with checkpoints pending would lose them: refused, saying what to
+/// do; entering it from `"vnode"` is fine (the table's rows are each vnode's, the units continue).
+#[test]
+fn sqlite_leaving_publication_with_work_pending_is_refused() {
+    use kafka_backfill::store::sqlite::SqliteOptions;
+    let path = fresh_sqlite("publication-switch");
+    let epoch = SqliteOptions {
+        publication: true,
+        ..Default::default()
+    };
+    let job = "switch";
+    let mut a = SqliteStore::open_with(&path, "accounts", table(), epoch).unwrap();
+    a.ensure_job(job, &info()).unwrap();
+    let la = a.claim(job, 0, "a", &[0], &info()).unwrap()[0].lease;
+    let (_, _, u0) = upsert(0, 0);
+    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
+        .unwrap();
+    let mut vnode = SqliteStore::open(&path, "accounts", table()).unwrap();
+    let e = vnode.ensure_job(job, &info()).unwrap_err().to_string();
+    assert!(
+        e.contains("was run with consistency = \"epoch\" and holds 1 checkpoint(s) waiting for publication; set consistency = \"epoch\" again"),
+        "{e}"
+    );
+    a.ensure_job(job, &info())
+        .expect("with publication it opens");
+    let fresh = fresh_sqlite("publication-enter");
+    let mut v = SqliteStore::open(&fresh, "accounts", table()).unwrap();
+    v.ensure_job(job, &info()).unwrap();
+    drop(v);
+    SqliteStore::open_with(&fresh, "accounts", table(), epoch)
+        .unwrap()
+        .ensure_job(job, &info())
+        .expect("a vnode job may move to epoch");
+}
+
 #[cfg(feature = "testing")]
 #[test]
 fn memory_publication() {

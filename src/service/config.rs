@@ -157,11 +157,21 @@ pub struct JobConfig {
     /// partition before it is paused. More uses memory for fewer pauses.
     #[serde(default = "default_ahead")]
     pub max_epochs_ahead: usize,
-    /// Alignment buffer by memory, per worker: once the changes staged beyond the slowest owned
-    /// partition's epoch hold more than this many MiB, every partition ahead of it is paused until
-    /// they hold half of it (checked at each barrier; the slowest is never paused).
+    /// Alignment buffer by memory, per worker: a partition ahead of the slowest owned partition is
+    /// paused once the changes it delivered beyond the slowest's epoch hold more than its share of
+    /// this many MiB (over the worker's partitions), until they hold half of it (checked at each
+    /// barrier; the slowest is never paused).
     #[serde(default = "default_mib_ahead")]
     pub max_mib_ahead: u64,
+    /// What a reader of the table sees while the job moves. `"vnode"` (the default): each vnode at
+    /// its own committed epoch — the freshest rows, but with several workers the whole table may be
+    /// at no upstream state at all. `"epoch"`: the whole table at one upstream epoch every
+    /// partition stands at (`kb_publication.visible_epoch`, `published_epoch` in `/status`); a
+    /// worker ahead of the slowest keeps its rows pending until the slowest arrives, and a
+    /// recreation keeps the old replica visible until the new generation reaches it
+    /// (docs/design/several-tables.md). SQLite store only so far.
+    #[serde(default)]
+    pub consistency: Consistency,
     /// Adaptive rate limiting (off unless a target or a lag bound is set).
     #[serde(default)]
     pub rate_limit: AdaptiveRateConfig,
@@ -182,6 +192,17 @@ pub struct JobConfig {
     /// would record one more is refused and the job stops.
     #[serde(default = "default_max_dead_letters")]
     pub max_dead_letters: u64,
+}
+
+/// `consistency`: what a reader of the table sees while the job moves.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Consistency {
+    /// Each vnode at its own committed epoch.
+    #[default]
+    Vnode,
+    /// The whole table at one epoch every partition stands at (publication).
+    Epoch,
 }
 
 /// `on_bad_record`: what a record that does not decode does.
@@ -909,6 +930,14 @@ impl Config {
             if job.max_mib_ahead == 0 || job.max_mib_ahead > 1 << 20 {
                 return Err(err(at("max_mib_ahead"), "must be from 1 to 1048576 (MiB)"));
             }
+            if job.consistency == Consistency::Epoch
+                && matches!(job.store, StoreConfig::Postgres { .. })
+            {
+                return Err(err(
+                    at("consistency"),
+                    "\"epoch\" is built for the SQLite store only so far (docs/design/several-tables.md); use \"vnode\" with PostgreSQL",
+                ));
+            }
             let r = &job.recreation;
             if r.backoff_initial_ms > r.backoff_max_ms {
                 return Err(err(
@@ -1512,6 +1541,24 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
             e.starts_with("log.level: \"verbose=[\" is not a log filter"),
             "{e}"
         );
+        let pg = "store = { kind = \"postgres\", url = \"postgresql://u@h/db\", table = \"t\" }";
+        let e = refused(&store(pg).replace(
+            "name = \"accounts\"",
+            "name = \"accounts\"\nconsistency = \"epoch\"",
+        ));
+        assert_eq!(
+            e,
+            "jobs[0].consistency: \"epoch\" is built for the SQLite store only so far (docs/design/several-tables.md); use \"vnode\" with PostgreSQL"
+        );
+        let c = Config::parse(
+            &GOOD.replace(
+                "name = \"accounts\"",
+                "name = \"accounts\"\nconsistency = \"epoch\"",
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.jobs[0].consistency, Consistency::Epoch);
         let e = refused(&store(
             "store = { kind = \"sqlite\", path = \"state.sqlite\", table = \"kb_jobs\" }",
         ));

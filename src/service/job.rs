@@ -116,7 +116,11 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         }
     }
     let codec = Arc::new(LogCodec::new(table.clone())?);
-    let open_store = store_factory(&job.store, table.clone())?;
+    let open_store = store_factory(
+        &job.store,
+        table.clone(),
+        job.consistency == crate::service::config::Consistency::Epoch,
+    )?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
     store
@@ -189,10 +193,12 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// Opens state stores of the configured kind (one handle per worker).
+/// Opens state stores of the configured kind (one handle per worker); `publication`:
+/// `consistency = "epoch"` (SQLite only; validation refuses it for PostgreSQL).
 pub fn store_factory(
     store: &StoreConfig,
     schema: crate::codec::TableSchema,
+    publication: bool,
 ) -> Result<StoreFactory> {
     Ok(match store.clone() {
         StoreConfig::Sqlite {
@@ -206,8 +212,13 @@ pub fn store_factory(
                         .with_context(|| format!("creating {}", parent.display()))?;
                 }
             }
+            let options = crate::store::sqlite::SqliteOptions {
+                store_datum,
+                publication,
+                ..Default::default()
+            };
             Arc::new(move || {
-                SqliteStore::open_layout(&path, &table, schema.clone(), store_datum)
+                SqliteStore::open_with(&path, &table, schema.clone(), options)
                     .map(|s| Box::new(s) as Box<dyn StateStore>)
             })
         }
@@ -283,6 +294,8 @@ pub fn run(
                 max_bytes_ahead: job.max_mib_ahead << 20,
                 reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
                 dead_letters: job.dead_letters(),
+                commit_every_checkpoint: job.consistency
+                    == crate::service::config::Consistency::Epoch,
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

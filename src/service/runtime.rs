@@ -102,6 +102,8 @@ pub struct JobRuntime {
     progress: Mutex<Option<JobProgress>>,
     /// Dead letters the store holds for the job, as last read with the progress.
     dead_letters: Mutex<Option<u64>>,
+    /// Under `consistency = "epoch"`: the epoch the whole table stands at, as last read.
+    published_epoch: Mutex<Option<crate::core::Epoch>>,
 }
 
 impl JobRuntime {
@@ -120,26 +122,34 @@ impl JobRuntime {
             configured_limits,
             progress: Mutex::new(None),
             dead_letters: Mutex::new(None),
+            published_epoch: Mutex::new(None),
         }
     }
 
     /// The job's progress over all its vnodes, read from its store now (and kept for `/status`).
     pub fn read_progress(&self) -> Result<JobProgress> {
         let name = &self.name;
-        let (vnodes, partitions, letters) = self
+        let (vnodes, partitions, letters, published) = self
             .stores
             .with(|s| {
                 Ok((
                     s.committed_vnodes(name)?,
                     s.committed_partitions(name)?,
                     s.dead_letters(name)?.len() as u64,
+                    s.published_epoch(name)?,
                 ))
             })
             .with_context(|| format!("job {name}: reading progress"))?;
         let p = JobProgress::of(self.map, &vnodes, &partitions);
         *self.progress.lock().unwrap() = Some(p.clone());
         *self.dead_letters.lock().unwrap() = Some(letters);
+        *self.published_epoch.lock().unwrap() = published;
         Ok(p)
+    }
+
+    /// Under `consistency = "epoch"`: the epoch the whole table stood at, at the last progress read.
+    pub fn published_epoch(&self) -> Option<crate::core::Epoch> {
+        *self.published_epoch.lock().unwrap()
     }
 
     /// The dead letters the store held at the last progress read.
@@ -257,6 +267,11 @@ impl Runtimes {
     /// The dead letters of `name` in its store, as last read, for `/status`.
     pub fn dead_letters_of(&self, name: &str) -> Option<u64> {
         self.get(name).and_then(|j| j.dead_letters())
+    }
+
+    /// The epoch the whole table of `name` stood at, as last read, for `/status`.
+    pub fn published_epoch_of(&self, name: &str) -> Option<crate::core::Epoch> {
+        self.get(name).and_then(|j| j.published_epoch())
     }
 }
 

@@ -110,6 +110,7 @@ pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes
                 "job": job,
                 "progress": progress,
                 "dead_letters": jobs.dead_letters_of(job),
+                "published_epoch": jobs.published_epoch_of(job).map(|e| e.0),
                 "workers": ws,
             })
         })

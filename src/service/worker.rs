@@ -50,6 +50,8 @@ pub struct WorkerSetup {
     pub reschedule: bool,
     /// `on_bad_record = "dead-letter"`: the dead-letter topic and `max_dead_letters`.
     pub dead_letters: Option<(String, u64)>,
+    /// `consistency = "epoch"`: every checkpoint epoch its own commit (`JobSpec::commit_every_checkpoint`).
+    pub commit_every_checkpoint: bool,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -99,7 +101,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         static_member: setup.kafka.contains_key("group.instance.id"),
         reschedule: setup.reschedule,
         max_dead_letters: setup.dead_letters.as_ref().map(|(_, max)| *max),
-        commit_every_checkpoint: false,
+        commit_every_checkpoint: setup.commit_every_checkpoint,
     };
     let driver = Driver::new(
         cfg,

@@ -1002,6 +1002,28 @@ impl StateStore for SqliteStore {
         .map_err(classify)?;
         let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         protocol::check_job_matches(&row, info)?;
+        if !self.publication {
+            // Leaving publication with work in flight would lose it: the pending checkpoints (and a
+            // generation building beside the visible table) are applied only under publication.
+            let pending: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM kb_pending_units WHERE job = ?1",
+                    [job],
+                    |r| r.get(0),
+                )
+                .map_err(classify)?;
+            if pending > 0 || Publication::read(&tx, job)?.building() {
+                return Err(StoreError::Rejected(format!(
+                    "job {job}: table {} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
+                    self.table_name,
+                    if Publication::read(&tx, job)?.building() {
+                        format!(" and a new generation building in {}", next_table(&self.table_name))
+                    } else {
+                        String::new()
+                    }
+                )));
+            }
+        }
         tx.commit().map_err(classify)?;
         Ok(row)
     }

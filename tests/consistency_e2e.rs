@@ -1,0 +1,241 @@
+//! `consistency = "epoch"` on the real broker (docs/design/several-tables.md §2): two workers of one
+//! job commit their partitions independently, and a reader of the SQLite file, sampling the table
+//! in one read transaction at a time while the job catches up, must see the whole table equal the
+//! upstream at `kb_publication.visible_epoch` every time. The upstream at each epoch is rebuilt
+//! here from the snapshot files and the topic itself, independently of the service. The same
+//! schedule under `"vnode"` is sampled too and its torn states are printed (not asserted: whether
+//! a sample lands between two workers' commits is timing).
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_backfill::codec::LogCodec;
+use kafka_backfill::core::{Epoch, LogRecord, Op, Vnode};
+use kafka_backfill::ports::SnapshotSource;
+use kafka_backfill::snapshot::files::SnapshotFiles;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use support::{serial, Fixture};
+
+type Table = BTreeMap<Vec<u8>, Vec<u8>>;
+/// A change as the oracle applies it: op, key, datum.
+type Change = (Op, Vec<u8>, Vec<u8>);
+
+fn digest(t: &Table) -> u64 {
+    let mut h = DefaultHasher::new();
+    t.hash(&mut h);
+    h.finish()
+}
+
+/// The upstream table after every epoch, by digest: the snapshot, then each epoch's changes (a
+/// key's changes are in one partition, in order), read back from the topic.
+fn upstream_by_epoch(f: &Fixture) -> HashMap<u64, Epoch> {
+    let snap = SnapshotFiles::open(&f.dir.join("out/snapshot")).unwrap();
+    let info = snap.info().clone();
+    let mut table = Table::new();
+    for v in 0..info.vnode_count as Vnode {
+        for row in snap.scan(v, None).unwrap() {
+            let row = row.unwrap();
+            table.insert(row.key, row.value);
+        }
+    }
+    let codec = LogCodec::new(snap.table.clone()).unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &f.bootstrap)
+        .set("group.id", format!("{}-oracle", f.group))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    // Per epoch, the changes of every partition in partition order.
+    let mut by_epoch: BTreeMap<Epoch, Vec<Change>> = BTreeMap::new();
+    let mut epochs = std::collections::BTreeSet::new();
+    for start in &info.start {
+        let p = start.partition as i32;
+        let (_, high) = consumer
+            .fetch_watermarks(&f.topic, p, Duration::from_secs(10))
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&f.topic, p, Offset::Offset(start.next_offset as i64))
+            .unwrap();
+        consumer.assign(&tpl).unwrap();
+        let mut next = start.next_offset as i64;
+        while next < high {
+            let Some(m) = consumer.poll(Duration::from_secs(10)) else {
+                panic!("partition {p}: nothing at offset {next} (high {high})");
+            };
+            let m = m.unwrap();
+            next = m.offset() + 1;
+            match codec.decode(m.payload().unwrap(), m.key()).unwrap() {
+                LogRecord::Change(c) => {
+                    by_epoch
+                        .entry(c.epoch)
+                        .or_default()
+                        .push((c.op, c.row.key, c.row.value))
+                }
+                LogRecord::Barrier(b) => {
+                    epochs.insert(b.prev);
+                }
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    out.insert(digest(&table), info.snapshot_epoch);
+    for e in epochs {
+        for (op, key, value) in by_epoch.remove(&e).unwrap_or_default() {
+            match op {
+                Op::Insert | Op::UpdateInsert => {
+                    table.insert(key, value);
+                }
+                Op::Delete | Op::UpdateDelete => {
+                    table.remove(&key);
+                }
+            }
+        }
+        out.insert(digest(&table), e);
+    }
+    out
+}
+
+/// One sample: in one read transaction, the epoch the table says it is at (`None`: not published,
+/// or every vnode not yet past its snapshot under `"vnode"`) and the table's digest.
+fn sample(
+    conn: &rusqlite::Connection,
+    job: &str,
+    vnodes: u32,
+    epoch_mode: bool,
+) -> rusqlite::Result<Option<(Option<Epoch>, u64)>> {
+    conn.execute_batch("BEGIN")?;
+    let result = (|| {
+        let published: Option<i64> = conn
+            .query_row(
+                "SELECT visible_epoch FROM kb_publication WHERE job = ?1",
+                [job],
+                |r| r.get(0),
+            )
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                e => Err(e),
+            })?;
+        let finished: u32 = conn.query_row(
+            "SELECT COUNT(*) FROM kb_vnode_progress WHERE job = ?1 AND finished = 1",
+            [job],
+            |r| r.get(0),
+        )?;
+        // Under "epoch" only a published table is a replica state; under "vnode" once every vnode
+        // is past its snapshot (before, the table is still filling).
+        if published.is_none() && (epoch_mode || finished < vnodes) {
+            return Ok(None);
+        }
+        let mut q = conn.prepare_cached("SELECT _kb_key, _kb_row FROM accounts")?;
+        let table: Table = q
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(Some((published.map(|e| Epoch(e as u64)), digest(&table))))
+    })();
+    conn.execute_batch("COMMIT")?;
+    result
+}
+
+/// Runs the job to caught-up under `consistency`, sampling the table meanwhile; returns the samples.
+fn run_sampled(f: &Fixture, epoch_mode: bool) -> Vec<(Option<Epoch>, u64)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        let db = f.db();
+        let job = f.name.clone();
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            let mut conn: Option<rusqlite::Connection> = None;
+            while !stop.load(Ordering::Relaxed) {
+                if conn.is_none() && db.exists() {
+                    conn = Some(rusqlite::Connection::open(&db).unwrap());
+                }
+                let Some(c) = &conn else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                match sample(c, &job, 256, epoch_mode) {
+                    Ok(Some(s)) => samples.push(s),
+                    Ok(None) => {}
+                    // Before the run created its tables, or while it holds the write lock past
+                    // the busy timeout: not a sample.
+                    Err(rusqlite::Error::SqliteFailure(e, _))
+                        if matches!(
+                            e.code,
+                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                        ) => {}
+                    Err(e) if e.to_string().contains("no such table") => {}
+                    Err(e) => panic!("sampling {}: {e}", db.display()),
+                }
+            }
+            samples
+        })
+    };
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(Duration::from_secs(180));
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().unwrap();
+    assert!(status.success(), "run: {}", run.log_text());
+    samples
+}
+
+#[test]
+fn epoch_consistency_shows_the_whole_table_at_one_upstream_epoch_at_every_sample() {
+    let _g = serial();
+    let produce = [
+        "--partitions",
+        "4",
+        "--rows",
+        "2000",
+        "--changes",
+        "40000",
+        "--epoch-changes",
+        "200",
+        "--checkpoint-every",
+        "1",
+    ];
+    let f = Fixture::new("consistent", 2, "consistency = \"epoch\"");
+    f.produce(&produce);
+    let upstream = upstream_by_epoch(&f);
+    let samples = run_sampled(&f, true);
+    let mut epochs = std::collections::BTreeSet::new();
+    for (i, (at, d)) in samples.iter().enumerate() {
+        let at = at.expect("under epoch consistency only published states are sampled");
+        assert_eq!(
+            upstream.get(d),
+            Some(&at),
+            "sample {i}: the table published at epoch {at} is not the upstream table there"
+        );
+        epochs.insert(at);
+    }
+    let out = f.verify();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(samples.len() >= 50, "{} samples", samples.len());
+    assert!(epochs.len() >= 5, "published at {} epochs", epochs.len());
+
+    // The same schedule per vnode: how many samples were no upstream state at all.
+    let g = Fixture::new("pervnode", 2, "");
+    g.produce(&produce);
+    let upstream = upstream_by_epoch(&g);
+    let per_vnode = run_sampled(&g, false);
+    let torn = per_vnode
+        .iter()
+        .filter(|(_, d)| !upstream.contains_key(d))
+        .count();
+    println!(
+        "consistency = \"epoch\": {} samples at {} published epochs, none torn; \"vnode\": {torn} of {} samples torn",
+        samples.len(),
+        epochs.len(),
+        per_vnode.len()
+    );
+}
