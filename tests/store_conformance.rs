@@ -802,6 +802,17 @@ fn postgres_table_ownership() {
 }
 
 #[test]
+fn postgres_publication() {
+    let url = support::pg_url();
+    let stamp = support::stamp();
+    let tname = format!("publication_{stamp}");
+    publication(
+        &|| Box::new(PostgresStore::open_with(&url, &tname, table(), true).unwrap()),
+        &format!("publication-{stamp}"),
+    );
+}
+
+#[test]
 fn postgres() {
     let url = support::pg_url();
     let stamp = support::stamp();

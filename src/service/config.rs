@@ -169,7 +169,7 @@ pub struct JobConfig {
     /// partition stands at (`kb_publication.visible_epoch`, `published_epoch` in `/status`); a
     /// worker ahead of the slowest keeps its rows pending until the slowest arrives, and a
     /// recreation keeps the old replica visible until the new generation reaches it
-    /// (docs/design/several-tables.md). SQLite store only so far.
+    /// (docs/design/several-tables.md). SQLite and PostgreSQL.
     #[serde(default)]
     pub consistency: Consistency,
     /// Adaptive rate limiting (off unless a target or a lag bound is set).
@@ -930,14 +930,6 @@ impl Config {
             if job.max_mib_ahead == 0 || job.max_mib_ahead > 1 << 20 {
                 return Err(err(at("max_mib_ahead"), "must be from 1 to 1048576 (MiB)"));
             }
-            if job.consistency == Consistency::Epoch
-                && matches!(job.store, StoreConfig::Postgres { .. })
-            {
-                return Err(err(
-                    at("consistency"),
-                    "\"epoch\" is built for the SQLite store only so far (docs/design/several-tables.md); use \"vnode\" with PostgreSQL",
-                ));
-            }
             let r = &job.recreation;
             if r.backoff_initial_ms > r.backoff_max_ms {
                 return Err(err(
@@ -1540,15 +1532,6 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         assert!(
             e.starts_with("log.level: \"verbose=[\" is not a log filter"),
             "{e}"
-        );
-        let pg = "store = { kind = \"postgres\", url = \"postgresql://u@h/db\", table = \"t\" }";
-        let e = refused(&store(pg).replace(
-            "name = \"accounts\"",
-            "name = \"accounts\"\nconsistency = \"epoch\"",
-        ));
-        assert_eq!(
-            e,
-            "jobs[0].consistency: \"epoch\" is built for the SQLite store only so far (docs/design/several-tables.md); use \"vnode\" with PostgreSQL"
         );
         let c = Config::parse(
             &GOOD.replace(

@@ -194,7 +194,7 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
 }
 
 /// Opens state stores of the configured kind (one handle per worker); `publication`:
-/// `consistency = "epoch"` (SQLite only; validation refuses it for PostgreSQL).
+/// `consistency = "epoch"`.
 pub fn store_factory(
     store: &StoreConfig,
     schema: crate::codec::TableSchema,
@@ -223,8 +223,13 @@ pub fn store_factory(
             })
         }
         StoreConfig::Postgres { url, table } => Arc::new(move || {
-            crate::store::postgres::PostgresStore::open(url.expose(), &table, schema.clone())
-                .map(|s| Box::new(s) as Box<dyn StateStore>)
+            crate::store::postgres::PostgresStore::open_with(
+                url.expose(),
+                &table,
+                schema.clone(),
+                publication,
+            )
+            .map(|s| Box::new(s) as Box<dyn StateStore>)
         }),
     })
 }

@@ -19,7 +19,7 @@ use crate::core::{
 use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
-use crate::store::protocol::{self, TxRead};
+use crate::store::protocol::{self, next_table, Publication, TxRead};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -41,6 +41,13 @@ CREATE TABLE IF NOT EXISTS kb_leases (
 CREATE TABLE IF NOT EXISTS kb_dead_letters (
   job TEXT NOT NULL, partition INT NOT NULL, record_offset BIGINT NOT NULL, epoch BIGINT NOT NULL,
   generation BIGINT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (job, partition, record_offset));
+CREATE TABLE IF NOT EXISTS kb_publication (
+  job TEXT PRIMARY KEY, published_epoch BIGINT, visible_epoch BIGINT);
+CREATE TABLE IF NOT EXISTS kb_pending_units (
+  unit BIGSERIAL PRIMARY KEY, job TEXT NOT NULL, epoch BIGINT NOT NULL, partitions INT[] NOT NULL);
+CREATE TABLE IF NOT EXISTS kb_pending_rows (
+  unit BIGINT NOT NULL, seq INT NOT NULL, vnode INT NOT NULL, key BYTEA NOT NULL, row BYTEA,
+  PRIMARY KEY (unit, seq));
 ";
 
 /// Rows per multi-row upsert, at most; wide rows get fewer (a statement takes 65,535 parameters).
@@ -70,6 +77,8 @@ pub struct PostgresStore {
     client: Client,
     table: TableSchema,
     table_name: String,
+    /// `consistency = "epoch"` ([`PostgresStore::open_with`]).
+    publication: bool,
 }
 
 /// A column value bound as its PostgreSQL type (decimals and JSON go as text and are cast in the
@@ -173,6 +182,19 @@ fn classify(e: postgres::Error) -> StoreError {
 impl PostgresStore {
     /// Connects (retrying with backoff) and creates the tables.
     pub fn open(url: &str, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
+        Self::open_with(url, table_name, table, false)
+    }
+
+    /// [`open`](Self::open); `publication`: `consistency = "epoch"` (docs/design/several-tables.md
+    /// §2) — a log-store checkpoint's rows wait in `kb_pending_units`/`kb_pending_rows` until every
+    /// partition of the job stands at its epoch, the job's commits taking its `kb_publication` row
+    /// in turn so that each sees the units committed before it.
+    pub fn open_with(
+        url: &str,
+        table_name: &str,
+        table: TableSchema,
+        publication: bool,
+    ) -> Result<Self, StoreError> {
         crate::ports::check_table_name(table_name)?;
         let mut client = connect(url)?;
         // `IF NOT EXISTS` on a present table is a NOTICE that the driver would log on every open
@@ -190,6 +212,7 @@ impl PostgresStore {
             client,
             table,
             table_name: table_name.to_string(),
+            publication,
         })
     }
 
@@ -355,6 +378,7 @@ impl TxRead for Tx<'_, '_> {
 impl StateStore for PostgresStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         let table_name = self.table_name.clone();
+        let publication = self.publication;
         let row = self.with_tx(|tx, _, _| {
             // Serialises job creation on this table: two jobs starting at once cannot both find it free.
             tx.execute("LOCK TABLE kb_jobs IN SHARE ROW EXCLUSIVE MODE", &[])
@@ -377,6 +401,24 @@ impl StateStore for PostgresStore {
             .map_err(classify)?;
             let row = job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             protocol::check_job_matches(&row, info)?;
+            if !publication {
+                // Leaving publication with work in flight would lose it (see the SQLite store).
+                let pending: i64 = tx
+                    .query_one("SELECT COUNT(*) FROM kb_pending_units WHERE job = $1", &[&job])
+                    .map_err(classify)?
+                    .get(0);
+                let building = read_publication(tx, job)?.building();
+                if pending > 0 || building {
+                    return Err(StoreError::Rejected(format!(
+                        "job {job}: table {table_name} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
+                        if building {
+                            format!(" and a new generation building in {}", next_table(&table_name))
+                        } else {
+                            String::new()
+                        }
+                    )));
+                }
+            }
             Ok(row)
         })?;
         Ok(row)
@@ -444,6 +486,7 @@ impl StateStore for PostgresStore {
         // The transaction may be retried (a lost connection): decoded values are taken on the
         // first attempt, and a retry decodes again.
         let mut decoded = Some(decoded);
+        let publication = self.publication;
         self.with_tx(|tx, table, table_name| {
             let mut pre = decoded.take().unwrap_or_default().into_iter();
             for cp in cps {
@@ -451,6 +494,7 @@ impl StateStore for PostgresStore {
                     tx,
                     table,
                     table_name,
+                    publication,
                     job,
                     cp,
                     pre.next().unwrap_or_default(),
@@ -461,6 +505,7 @@ impl StateStore for PostgresStore {
     }
 
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+        let publication = self.publication;
         self.with_tx(|tx, _, table_name| {
             let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             if protocol::recreation_applies(&row, from_generation) {
@@ -472,10 +517,36 @@ impl StateStore for PostgresStore {
                 for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
                     tx.execute(&format!("DELETE FROM {t} WHERE job = $1"), &[&job]).map_err(classify)?;
                 }
-                tx.execute(&format!("DELETE FROM \"{table_name}\""), &[]).map_err(classify)?;
+                tx.execute(
+                    "DELETE FROM kb_pending_rows WHERE unit IN (SELECT unit FROM kb_pending_units WHERE job = $1)",
+                    &[&job],
+                )
+                .map_err(classify)?;
+                tx.execute("DELETE FROM kb_pending_units WHERE job = $1", &[&job])
+                    .map_err(classify)?;
+                let mut state = read_publication(tx, job)?;
+                if publication && state.visible.is_some() {
+                    // The replica readers see stays until the new generation, building in its own
+                    // table, reaches its epoch.
+                    let next = next_table(table_name);
+                    tx.batch_execute(&format!(
+                        "DROP TABLE IF EXISTS \"{next}\"; CREATE TABLE \"{next}\" (LIKE \"{table_name}\" INCLUDING ALL);"
+                    ))
+                    .map_err(classify)?;
+                    state.recreated();
+                    write_publication(tx, job, &state)?;
+                } else {
+                    tx.execute(&format!("DELETE FROM \"{table_name}\""), &[]).map_err(classify)?;
+                    tx.execute("DELETE FROM kb_publication WHERE job = $1", &[&job])
+                        .map_err(classify)?;
+                }
             }
             job_row(tx, job, false).map(|r| r.expect("job row"))
         })
+    }
+
+    fn published_epoch(&mut self, job: &str) -> Result<Option<Epoch>, StoreError> {
+        self.with_tx(|tx, _, _| Ok(read_publication(tx, job)?.visible))
     }
 
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
@@ -626,12 +697,13 @@ fn apply_checkpoint(
     tx: &mut Transaction<'_>,
     table: &TableSchema,
     table_name: &str,
+    publication: bool,
     job: &str,
     cp: &Checkpoint,
     decoded: DecodedRows,
 ) -> Result<(), StoreError> {
     {
-        protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let row = protocol::check_commit(&mut Tx(tx), job, cp)?;
         if !cp.dead_letters.is_empty() {
             // Commits that record dead letters take the job row in turn, so the cap is exact
             // across workers; a record read again after a recreation is recorded once.
@@ -662,76 +734,16 @@ fn apply_checkpoint(
                 .get(0);
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
         }
-        let mut decoded = decoded.into_iter();
-        // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
-        // within a checkpoint (coalesced), so one statement never touches a row twice.
-        let ncols = 3 + table.columns.len();
-        let cols: Vec<String> = table
-            .columns
-            .iter()
-            .map(|c| format!("\"{}\"", c.name))
-            .collect();
-        let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
-        let mut upserts: Vec<UpsertRow> = Vec::new();
-        let mut deletes: Vec<Vec<u8>> = Vec::new();
-        for m in &cp.rows {
-            match m {
-                RowMutation::Upsert { vnode, row, .. } => {
-                    let fields = row_columns(table, row, decoded.next().flatten())?;
-                    let values = fields
-                        .into_iter()
-                        .zip(&table.columns)
-                        .map(|(v, c)| PgValue::of(c.ty, v, &c.name, &row.key))
-                        .collect::<Result<_, _>>()?;
-                    upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
-                }
-                RowMutation::Delete { key, .. } => {
-                    decoded.next();
-                    deletes.push(key.clone())
-                }
+        match cp.epoch {
+            Some(epoch) if publication => {
+                let mut p = Publishing { tx, table };
+                protocol::publish(&mut p, &row, table_name, cp, epoch, decoded)?
             }
-        }
-        if upserts.len() >= COPY_FROM_ROWS {
-            copy_upserts(tx, table, table_name, &cols, &sets, &upserts)?;
-            upserts.clear();
-        }
-        let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
-        for chunk in upserts.chunks(per_statement) {
-            let tuples: Vec<String> = (0..chunk.len())
-                .map(|r| {
-                    let mut marks: Vec<String> =
-                        (1..=3).map(|c| format!("${}", r * ncols + c)).collect();
-                    marks.extend(
-                        table
-                            .columns
-                            .iter()
-                            .enumerate()
-                            .map(|(i, col)| placeholder(col.ty, r * ncols + 4 + i)),
-                    );
-                    format!("({})", marks.join(", "))
-                })
-                .collect();
-            let sql = format!(
-                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
-                    cols.join(", "),
-                    tuples.join(", "),
-                    sets.join(", ")
-                );
-            let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
-            for (key, vnode, value, values) in chunk {
-                params.push(key);
-                params.push(vnode);
-                params.push(value);
-                params.extend(values.iter().map(|v| v.sql()));
+            None if publication => {
+                let target = read_publication(tx, job)?.target(table_name);
+                write_rows(tx, table, &target, &cp.rows, decoded)?
             }
-            tx.execute(&sql, &params).map_err(classify)?;
-        }
-        if !deletes.is_empty() {
-            tx.execute(
-                &format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"),
-                &[&deletes],
-            )
-            .map_err(classify)?;
+            _ => write_rows(tx, table, table_name, &cp.rows, decoded)?,
         }
         if !cp.vnodes.is_empty() {
             let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
@@ -758,6 +770,263 @@ fn apply_checkpoint(
                 .map_err(classify)?;
         }
         Ok(())
+    }
+}
+
+/// Upserts and deletes `rows` in `table_name`: multi-row statements, or `COPY` for many.
+fn write_rows(
+    tx: &mut Transaction<'_>,
+    table: &TableSchema,
+    table_name: &str,
+    rows: &[RowMutation],
+    decoded: DecodedRows,
+) -> Result<(), StoreError> {
+    let mut decoded = decoded.into_iter();
+    // Rows in multi-row statements (one round trip per chunk, not per row): keys are unique
+    // within a checkpoint (coalesced), so one statement never touches a row twice.
+    let ncols = 3 + table.columns.len();
+    let cols: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| format!("\"{}\"", c.name))
+        .collect();
+    let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
+    let mut upserts: Vec<UpsertRow> = Vec::new();
+    let mut deletes: Vec<Vec<u8>> = Vec::new();
+    for m in rows {
+        match m {
+            RowMutation::Upsert { vnode, row, .. } => {
+                let fields = row_columns(table, row, decoded.next().flatten())?;
+                let values = fields
+                    .into_iter()
+                    .zip(&table.columns)
+                    .map(|(v, c)| PgValue::of(c.ty, v, &c.name, &row.key))
+                    .collect::<Result<_, _>>()?;
+                upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
+            }
+            RowMutation::Delete { key, .. } => {
+                decoded.next();
+                deletes.push(key.clone())
+            }
+        }
+    }
+    if upserts.len() >= COPY_FROM_ROWS {
+        copy_upserts(tx, table, table_name, &cols, &sets, &upserts)?;
+        upserts.clear();
+    }
+    let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
+    for chunk in upserts.chunks(per_statement) {
+        let tuples: Vec<String> = (0..chunk.len())
+            .map(|r| {
+                let mut marks: Vec<String> =
+                    (1..=3).map(|c| format!("${}", r * ncols + c)).collect();
+                marks.extend(
+                    table
+                        .columns
+                        .iter()
+                        .enumerate()
+                        .map(|(i, col)| placeholder(col.ty, r * ncols + 4 + i)),
+                );
+                format!("({})", marks.join(", "))
+            })
+            .collect();
+        let sql = format!(
+                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+                    cols.join(", "),
+                    tuples.join(", "),
+                    sets.join(", ")
+                );
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
+        for (key, vnode, value, values) in chunk {
+            params.push(key);
+            params.push(vnode);
+            params.push(value);
+            params.extend(values.iter().map(|v| v.sql()));
+        }
+        tx.execute(&sql, &params).map_err(classify)?;
+    }
+    if !deletes.is_empty() {
+        tx.execute(
+            &format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"),
+            &[&deletes],
+        )
+        .map_err(classify)?;
+    }
+    Ok(())
+}
+
+/// `kb_publication`'s row of a job.
+fn read_publication(tx: &mut Transaction<'_>, job: &str) -> Result<Publication, StoreError> {
+    let epoch = |v: Option<i64>| v.map(|e| Epoch(e as u64));
+    Ok(tx
+        .query_opt(
+            "SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = $1",
+            &[&job],
+        )
+        .map_err(classify)?
+        .map(|r| Publication {
+            published: epoch(r.get(0)),
+            visible: epoch(r.get(1)),
+        })
+        .unwrap_or_default())
+}
+
+fn write_publication(
+    tx: &mut Transaction<'_>,
+    job: &str,
+    p: &Publication,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO kb_publication VALUES ($1, $2, $3) ON CONFLICT (job) DO UPDATE SET published_epoch = EXCLUDED.published_epoch, visible_epoch = EXCLUDED.visible_epoch",
+        &[
+            &job,
+            &p.published.map(|e| e.0 as i64),
+            &p.visible.map(|e| e.0 as i64),
+        ],
+    )
+    .map_err(classify)?;
+    Ok(())
+}
+
+/// Publication's primitives inside a PostgreSQL transaction (`protocol::publish` is the rule).
+struct Publishing<'a, 'b> {
+    tx: &'a mut Transaction<'b>,
+    table: &'a TableSchema,
+}
+
+impl protocol::TxPublish for Publishing<'_, '_> {
+    /// Commits of several workers run concurrently here, and each must see every unit committed
+    /// before it, or two commits completing the same epoch would each miss the other's unit and
+    /// leave it unpublished: the job's `kb_publication` row is taken first (`FOR UPDATE`), and
+    /// every later statement of this transaction sees what committed before it was granted.
+    fn lock_publication(&mut self, job: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "INSERT INTO kb_publication VALUES ($1, NULL, NULL) ON CONFLICT (job) DO NOTHING",
+                &[&job],
+            )
+            .map_err(classify)?;
+        self.tx
+            .execute(
+                "SELECT 1 FROM kb_publication WHERE job = $1 FOR UPDATE",
+                &[&job],
+            )
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    fn publication(&mut self, job: &str) -> Result<Publication, StoreError> {
+        read_publication(self.tx, job)
+    }
+
+    fn set_publication(&mut self, job: &str, p: &Publication) -> Result<(), StoreError> {
+        write_publication(self.tx, job, p)
+    }
+
+    fn pending_units(&mut self, job: &str) -> Result<Vec<protocol::PendingUnit>, StoreError> {
+        Ok(self
+            .tx
+            .query(
+                "SELECT unit, epoch, partitions FROM kb_pending_units WHERE job = $1 ORDER BY epoch, unit",
+                &[&job],
+            )
+            .map_err(classify)?
+            .iter()
+            .map(|r| {
+                let ps: Vec<i32> = r.get(2);
+                (
+                    r.get(0),
+                    Epoch(r.get::<_, i64>(1) as u64),
+                    ps.into_iter().map(|p| p as PartitionId).collect(),
+                )
+            })
+            .collect())
+    }
+
+    fn take_unit(&mut self, unit: i64) -> Result<Vec<RowMutation>, StoreError> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT vnode, key, row FROM kb_pending_rows WHERE unit = $1 ORDER BY seq",
+                &[&unit],
+            )
+            .map_err(classify)?
+            .iter()
+            .map(|r| {
+                let vnode = r.get::<_, i32>(0) as Vnode;
+                let key: Vec<u8> = r.get(1);
+                match r.get::<_, Option<Vec<u8>>>(2) {
+                    Some(value) => RowMutation::Upsert {
+                        vnode,
+                        row: crate::core::Row { key, value },
+                        offset: None,
+                    },
+                    None => RowMutation::Delete { vnode, key },
+                }
+            })
+            .collect();
+        self.tx
+            .execute("DELETE FROM kb_pending_rows WHERE unit = $1", &[&unit])
+            .map_err(classify)?;
+        self.tx
+            .execute("DELETE FROM kb_pending_units WHERE unit = $1", &[&unit])
+            .map_err(classify)?;
+        Ok(rows)
+    }
+
+    fn add_unit(
+        &mut self,
+        job: &str,
+        epoch: Epoch,
+        partitions: &[PartitionId],
+        rows: &[RowMutation],
+    ) -> Result<(), StoreError> {
+        let unit: i64 = self
+            .tx
+            .query_one(
+                "INSERT INTO kb_pending_units (job, epoch, partitions) VALUES ($1, $2, $3) RETURNING unit",
+                &[
+                    &job,
+                    &(epoch.0 as i64),
+                    &partitions.iter().map(|p| *p as i32).collect::<Vec<i32>>(),
+                ],
+            )
+            .map_err(classify)?
+            .get(0);
+        let seqs: Vec<i32> = (0..rows.len() as i32).collect();
+        let vnodes: Vec<i32> = rows.iter().map(|m| m.vnode() as i32).collect();
+        let keys: Vec<&[u8]> = rows.iter().map(|m| m.key()).collect();
+        let values: Vec<Option<&[u8]>> = rows
+            .iter()
+            .map(|m| match m {
+                RowMutation::Upsert { row, .. } => Some(row.value.as_slice()),
+                RowMutation::Delete { .. } => None,
+            })
+            .collect();
+        self.tx
+            .execute(
+                "INSERT INTO kb_pending_rows SELECT $1::bigint, * FROM UNNEST($2::int[], $3::int[], $4::bytea[], $5::bytea[])",
+                &[&unit, &seqs, &vnodes, &keys, &values],
+            )
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    fn write_rows(
+        &mut self,
+        target: &str,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+    ) -> Result<(), StoreError> {
+        write_rows(self.tx, self.table, target, rows, decoded)
+    }
+
+    fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError> {
+        self.tx
+            .batch_execute(&format!(
+                "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
+            ))
+            .map_err(classify)
     }
 }
 

@@ -285,3 +285,148 @@ pub fn check_dead_letter_cap(job: &str, cp: &Checkpoint, recorded: u64) -> Resul
     }
     Ok(())
 }
+
+/// A job's publication state under `consistency = "epoch"` (`kb_publication`;
+/// docs/design/several-tables.md §2), read and written by each backend in its transaction: the
+/// epoch the current generation's rows stand at (`published`), and the epoch of what the table shows
+/// (`visible`: the previous generation's while the current one builds in [`next_table`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Publication {
+    pub published: Option<crate::core::Epoch>,
+    pub visible: Option<crate::core::Epoch>,
+}
+
+impl Publication {
+    /// The current generation builds in [`next_table`]: an older replica is visible and it has not
+    /// reached it.
+    pub fn building(&self) -> bool {
+        self.visible
+            .is_some_and(|v| self.published.is_none_or(|p| p < v))
+    }
+
+    /// The table the current generation writes.
+    pub fn target(&self, table_name: &str) -> String {
+        if self.building() {
+            next_table(table_name)
+        } else {
+            table_name.to_string()
+        }
+    }
+
+    /// The current generation now stands at `at`. Returns `true` when it has just reached the
+    /// visible replica's epoch while building beside it: the backend then replaces the table by
+    /// [`next_table`] in the same transaction.
+    pub fn publish_at(&mut self, at: crate::core::Epoch) -> bool {
+        let was_building = self.building();
+        self.published = Some(at);
+        if self.building() {
+            return false;
+        }
+        self.visible = Some(at);
+        was_building
+    }
+
+    /// A recreation while a replica is visible: it stays, and the new generation starts building
+    /// beside it.
+    pub fn recreated(&mut self) {
+        if !self.building() {
+            self.visible = self.published;
+        }
+        self.published = None;
+    }
+}
+
+/// Under publication, where a new generation builds while an older replica stays visible in the
+/// table itself.
+pub fn next_table(table_name: &str) -> String {
+    format!("{table_name}__kb_next")
+}
+
+/// A pending unit as a backend lists it: its id, epoch and the partitions it puts at that epoch.
+pub type PendingUnit = (i64, crate::core::Epoch, Vec<PartitionId>);
+
+/// What publication needs of a backend inside its transaction: the primitives; the rule is
+/// [`publish`], written once.
+pub trait TxPublish {
+    /// Serialises the job's publishing commits (PostgreSQL takes the job's `kb_publication` row;
+    /// SQLite's write transactions are serial already), so that each sees every unit committed
+    /// before it.
+    fn lock_publication(&mut self, job: &str) -> Result<(), StoreError>;
+    fn publication(&mut self, job: &str) -> Result<Publication, StoreError>;
+    fn set_publication(&mut self, job: &str, p: &Publication) -> Result<(), StoreError>;
+    /// The job's pending units, by epoch and then by the order they were committed.
+    fn pending_units(&mut self, job: &str) -> Result<Vec<PendingUnit>, StoreError>;
+    /// A pending unit's rows in their order, deleting the unit.
+    fn take_unit(&mut self, unit: i64) -> Result<Vec<crate::core::RowMutation>, StoreError>;
+    fn add_unit(
+        &mut self,
+        job: &str,
+        epoch: crate::core::Epoch,
+        partitions: &[PartitionId],
+        rows: &[crate::core::RowMutation],
+    ) -> Result<(), StoreError>;
+    /// Writes rows into `target` (the table or [`next_table`]), with their pre-decoded columns.
+    fn write_rows(
+        &mut self,
+        target: &str,
+        rows: &[crate::core::RowMutation],
+        decoded: crate::ports::DecodedRows,
+    ) -> Result<(), StoreError>;
+    /// Replaces `table_name` by `next` (drop, rename), in the transaction.
+    fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError>;
+}
+
+/// A log-store checkpoint through `epoch` under publication (docs/design/several-tables.md §2), in
+/// the backend's transaction after [`check_commit`] passed (`row` is what it returned): the epoch
+/// every partition now stands at is computed over the pending units and this one
+/// ([`publication_epoch`](crate::core::publication::publication_epoch)); the pending units at or
+/// below it are applied in epoch order and deleted; this checkpoint's rows go straight into the
+/// table when its own epoch is published, or wait as a unit otherwise. A generation building beside
+/// the visible replica replaces it once it reaches that replica's epoch.
+pub fn publish(
+    tx: &mut impl TxPublish,
+    row: &JobRow,
+    table_name: &str,
+    cp: &Checkpoint,
+    epoch: crate::core::Epoch,
+    decoded: crate::ports::DecodedRows,
+) -> Result<(), StoreError> {
+    let job = row.job.as_str();
+    tx.lock_publication(job)?;
+    let map = PartitionMap::new(row.vnode_count, row.partition_count)
+        .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;
+    let parts = crate::core::publication::partitions_at(map, epoch, cp);
+    let mut state = tx.publication(job)?;
+    if state.published.is_some_and(|p| epoch <= p) {
+        // Only a replay (a transaction retried after its answer was lost) can be at or below the
+        // published epoch, whose rows every partition had past it: applied already.
+        return Ok(());
+    }
+    let target = state.target(table_name);
+    let units = tx.pending_units(job)?;
+    let at = crate::core::publication::publication_epoch(
+        row.partition_count,
+        state.published,
+        units
+            .iter()
+            .map(|(_, e, ps)| (*e, ps.as_slice()))
+            .chain(std::iter::once((epoch, parts.as_slice()))),
+    );
+    if let Some(at) = at {
+        for (unit, _, _) in units.iter().filter(|(_, e, _)| *e <= at) {
+            let rows = tx.take_unit(*unit)?;
+            tx.write_rows(&target, &rows, Vec::new())?;
+        }
+        if epoch <= at {
+            tx.write_rows(&target, &cp.rows, decoded)?;
+        }
+        if state.publish_at(at) {
+            tx.replace_table(table_name, &target)?;
+        }
+        tx.set_publication(job, &state)?;
+        if epoch <= at {
+            return Ok(());
+        }
+    }
+    tx.add_unit(job, epoch, &parts, &cp.rows)
+}

@@ -21,7 +21,7 @@ use crate::core::{
 use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
-use crate::store::protocol::{self, TxRead};
+use crate::store::protocol::{self, next_table, Publication, TxRead};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -198,67 +198,36 @@ fn table_ddl(table_name: &str, table: &TableSchema, datum: bool) -> String {
     )
 }
 
-/// Under publication, the table a new generation builds in while the previous generation's replica
-/// stays visible in the table itself (renamed over it once the new one reaches that epoch).
-fn next_table(table_name: &str) -> String {
-    format!("{table_name}__kb_next")
-}
-
-/// A job's publication state (`kb_publication`): the epoch the current generation's rows stand at
-/// (`published`), and the epoch of what the table shows (`visible`, the previous generation's
-/// while the current one builds in [`next_table`]).
-#[derive(Clone, Copy, Debug, Default)]
-struct Publication {
-    published: Option<Epoch>,
-    visible: Option<Epoch>,
-}
-
-impl Publication {
-    fn read(tx: &Connection, job: &str) -> Result<Publication, StoreError> {
-        let epoch = |v: Option<i64>| v.map(|e| Epoch(e as u64));
-        Ok(tx
-            .query_row(
-                "SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = ?1",
-                [job],
-                |r| {
-                    Ok(Publication {
-                        published: epoch(r.get(0)?),
-                        visible: epoch(r.get(1)?),
-                    })
-                },
-            )
-            .optional()
-            .map_err(classify)?
-            .unwrap_or_default())
-    }
-
-    fn write(&self, tx: &Connection, job: &str) -> Result<(), StoreError> {
-        tx.execute(
-            "INSERT OR REPLACE INTO kb_publication VALUES (?1, ?2, ?3)",
-            params![
-                job,
-                self.published.map(|e| e.0 as i64),
-                self.visible.map(|e| e.0 as i64)
-            ],
+/// `kb_publication`'s row of a job.
+fn read_publication(tx: &Connection, job: &str) -> Result<Publication, StoreError> {
+    let epoch = |v: Option<i64>| v.map(|e| Epoch(e as u64));
+    Ok(tx
+        .query_row(
+            "SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = ?1",
+            [job],
+            |r| {
+                Ok(Publication {
+                    published: epoch(r.get(0)?),
+                    visible: epoch(r.get(1)?),
+                })
+            },
         )
-        .map_err(classify)?;
-        Ok(())
-    }
+        .optional()
+        .map_err(classify)?
+        .unwrap_or_default())
+}
 
-    /// The current generation builds in [`next_table`]: an older replica is visible and it has
-    /// not reached it.
-    fn building(&self) -> bool {
-        self.visible
-            .is_some_and(|v| self.published.is_none_or(|p| p < v))
-    }
-
-    fn target(&self, table_name: &str) -> String {
-        if self.building() {
-            next_table(table_name)
-        } else {
-            table_name.to_string()
-        }
-    }
+fn write_publication(tx: &Connection, job: &str, p: &Publication) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT OR REPLACE INTO kb_publication VALUES (?1, ?2, ?3)",
+        params![
+            job,
+            p.published.map(|e| e.0 as i64),
+            p.visible.map(|e| e.0 as i64)
+        ],
+    )
+    .map_err(classify)?;
+    Ok(())
 }
 
 /// A SQLite state store for one job's table.
@@ -641,7 +610,7 @@ impl SqliteStore {
         cp: &Checkpoint,
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let row = protocol::check_commit(&mut Tx(tx), job, cp)?;
         if !cp.dead_letters.is_empty() {
             // A record read again after a recreation is recorded once (its first generation kept).
             let mut dq = tx
@@ -671,11 +640,12 @@ impl SqliteStore {
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                Self::publish(tx, table, table_name, datum, job, cp, epoch, decoded)?
+                let mut p = Publishing { tx, table, datum };
+                protocol::publish(&mut p, &row, table_name, cp, epoch, decoded)?
             }
             // Snapshot rows under publication go where the generation builds.
             None if publication => {
-                let target = Publication::read(tx, job)?.target(table_name);
+                let target = read_publication(tx, job)?.target(table_name);
                 Self::write_rows(tx, table, &target, datum, &cp.rows, decoded)?
             }
             _ => Self::write_rows(tx, table, table_name, datum, &cp.rows, decoded)?,
@@ -786,111 +756,114 @@ impl SqliteStore {
         }
         Ok(())
     }
+}
 
-    /// A log-store checkpoint under publication (docs/design/several-tables.md §2), in its
-    /// transaction: the epoch every partition now stands at is computed over the pending units and
-    /// this one (`publication_epoch`); the pending units at or below it are applied in epoch order
-    /// and deleted, and this checkpoint's rows go straight into the table when its own epoch is
-    /// published, or wait as a unit otherwise.
-    #[allow(clippy::too_many_arguments)]
-    fn publish(
-        tx: &Connection,
-        table: &TableSchema,
-        table_name: &str,
-        datum: bool,
-        job: &str,
-        cp: &Checkpoint,
-        epoch: Epoch,
-        decoded: DecodedRows,
-    ) -> Result<(), StoreError> {
-        let row = protocol::job_row(&mut Tx(tx), job)?;
-        let map = crate::core::PartitionMap::new(row.vnode_count, row.partition_count)
-            .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;
-        let parts = crate::core::publication::partitions_at(map, epoch, cp);
-        let mut state = Publication::read(tx, job)?;
-        let published = state.published;
-        let target = state.target(table_name);
-        if published.is_some_and(|p| epoch <= p) {
-            // Only a replay (a transaction retried after its answer was lost) can be at or below
-            // the published epoch, whose rows every partition had past it: applied already.
-            return Ok(());
+/// Publication's primitives inside a SQLite transaction (`protocol::publish` is the rule).
+struct Publishing<'a> {
+    tx: &'a Connection,
+    table: &'a TableSchema,
+    datum: bool,
+}
+
+impl protocol::TxPublish for Publishing<'_> {
+    fn lock_publication(&mut self, _job: &str) -> Result<(), StoreError> {
+        // A commit's transaction is `IMMEDIATE`: the file's one writer already.
+        Ok(())
+    }
+
+    fn publication(&mut self, job: &str) -> Result<Publication, StoreError> {
+        read_publication(self.tx, job)
+    }
+
+    fn set_publication(&mut self, job: &str, p: &Publication) -> Result<(), StoreError> {
+        write_publication(self.tx, job, p)
+    }
+
+    fn pending_units(&mut self, job: &str) -> Result<Vec<protocol::PendingUnit>, StoreError> {
+        let mut q = self
+            .tx
+            .prepare_cached(
+                "SELECT unit, epoch, partitions FROM kb_pending_units WHERE job = ?1 ORDER BY epoch, unit",
+            )
+            .map_err(classify)?;
+        let mut rs = q.query([job]).map_err(classify)?;
+        let mut units = Vec::new();
+        while let Some(r) = rs.next().map_err(classify)? {
+            let text: String = r.get(2).map_err(classify)?;
+            let partitions = text
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse::<PartitionId>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    StoreError::Rejected(format!(
+                        "kb_pending_units of job {job}: partitions {text:?}: {e}"
+                    ))
+                })?;
+            units.push((
+                r.get(0).map_err(classify)?,
+                Epoch(r.get::<_, i64>(1).map_err(classify)? as u64),
+                partitions,
+            ));
         }
-        let mut units: Vec<(i64, Epoch, Vec<PartitionId>)> = Vec::new();
-        {
-            let mut q = tx
+        Ok(units)
+    }
+
+    fn take_unit(&mut self, unit: i64) -> Result<Vec<RowMutation>, StoreError> {
+        let rows = {
+            let mut q = self
+                .tx
                 .prepare_cached(
-                    "SELECT unit, epoch, partitions FROM kb_pending_units WHERE job = ?1 ORDER BY epoch, unit",
+                    "SELECT vnode, key, row FROM kb_pending_rows WHERE unit = ?1 ORDER BY seq",
                 )
                 .map_err(classify)?;
-            let mut rs = q.query([job]).map_err(classify)?;
-            while let Some(r) = rs.next().map_err(classify)? {
-                let text: String = r.get(2).map_err(classify)?;
-                let partitions = text
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(|s| s.parse::<PartitionId>())
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| {
-                        StoreError::Rejected(format!(
-                            "kb_pending_units of job {job}: partitions {text:?}: {e}"
-                        ))
-                    })?;
-                units.push((
-                    r.get(0).map_err(classify)?,
-                    Epoch(r.get::<_, i64>(1).map_err(classify)? as u64),
-                    partitions,
-                ));
-            }
-        }
-        let at = crate::core::publication::publication_epoch(
-            row.partition_count,
-            published,
-            units
-                .iter()
-                .map(|(_, e, ps)| (*e, ps.as_slice()))
-                .chain(std::iter::once((epoch, parts.as_slice()))),
-        );
-        if let Some(at) = at {
-            for (unit, _, _) in units.iter().filter(|(_, e, _)| *e <= at) {
-                let rows = Self::pending_rows(tx, *unit)?;
-                Self::write_rows(tx, table, &target, datum, &rows, Vec::new())?;
-                tx.execute("DELETE FROM kb_pending_rows WHERE unit = ?1", [unit])
-                    .map_err(classify)?;
-                tx.execute("DELETE FROM kb_pending_units WHERE unit = ?1", [unit])
-                    .map_err(classify)?;
-            }
-            if epoch <= at {
-                Self::write_rows(tx, table, &target, datum, &cp.rows, decoded)?;
-            }
-            let was_building = state.building();
-            state.published = Some(at);
-            if !state.building() {
-                if was_building {
-                    // The new generation reached the replica readers see: it replaces it, in this
-                    // transaction.
-                    tx.execute_batch(&format!(
-                        "DROP TABLE \"{table_name}\"; ALTER TABLE \"{target}\" RENAME TO \"{table_name}\";"
-                    ))
-                    .map_err(classify)?;
-                }
-                state.visible = Some(at);
-            }
-            state.write(tx, job)?;
-            if epoch <= at {
-                return Ok(());
-            }
-        }
-        let list: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
-        tx.execute(
-            "INSERT INTO kb_pending_units (job, epoch, partitions) VALUES (?1, ?2, ?3)",
-            params![job, epoch.0 as i64, list.join(",")],
-        )
-        .map_err(classify)?;
-        let unit = tx.last_insert_rowid();
-        let mut q = tx
+            let rows = q
+                .query_map([unit], |r| {
+                    let vnode: Vnode = r.get(0)?;
+                    let key: Vec<u8> = r.get(1)?;
+                    Ok(match r.get::<_, Option<Vec<u8>>>(2)? {
+                        Some(value) => RowMutation::Upsert {
+                            vnode,
+                            row: crate::core::Row { key, value },
+                            offset: None,
+                        },
+                        None => RowMutation::Delete { vnode, key },
+                    })
+                })
+                .map_err(classify)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(classify)?;
+            rows
+        };
+        self.tx
+            .execute("DELETE FROM kb_pending_rows WHERE unit = ?1", [unit])
+            .map_err(classify)?;
+        self.tx
+            .execute("DELETE FROM kb_pending_units WHERE unit = ?1", [unit])
+            .map_err(classify)?;
+        Ok(rows)
+    }
+
+    fn add_unit(
+        &mut self,
+        job: &str,
+        epoch: Epoch,
+        partitions: &[PartitionId],
+        rows: &[RowMutation],
+    ) -> Result<(), StoreError> {
+        let list: Vec<String> = partitions.iter().map(|p| p.to_string()).collect();
+        self.tx
+            .execute(
+                "INSERT INTO kb_pending_units (job, epoch, partitions) VALUES (?1, ?2, ?3)",
+                params![job, epoch.0 as i64, list.join(",")],
+            )
+            .map_err(classify)?;
+        let unit = self.tx.last_insert_rowid();
+        let mut q = self
+            .tx
             .prepare_cached("INSERT INTO kb_pending_rows VALUES (?1, ?2, ?3, ?4, ?5)")
             .map_err(classify)?;
-        for (seq, m) in cp.rows.iter().enumerate() {
+        for (seq, m) in rows.iter().enumerate() {
             let (vnode, key, value) = match m {
                 RowMutation::Upsert { vnode, row, .. } => (vnode, &row.key, Some(&row.value)),
                 RowMutation::Delete { vnode, key } => (vnode, key, None),
@@ -901,30 +874,21 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// The rows of a pending unit, in the order they were committed.
-    fn pending_rows(tx: &Connection, unit: i64) -> Result<Vec<RowMutation>, StoreError> {
-        let mut q = tx
-            .prepare_cached(
-                "SELECT vnode, key, row FROM kb_pending_rows WHERE unit = ?1 ORDER BY seq",
-            )
-            .map_err(classify)?;
-        let rows = q
-            .query_map([unit], |r| {
-                let vnode: Vnode = r.get(0)?;
-                let key: Vec<u8> = r.get(1)?;
-                Ok(match r.get::<_, Option<Vec<u8>>>(2)? {
-                    Some(value) => RowMutation::Upsert {
-                        vnode,
-                        row: crate::core::Row { key, value },
-                        offset: None,
-                    },
-                    None => RowMutation::Delete { vnode, key },
-                })
-            })
-            .map_err(classify)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(classify)?;
-        Ok(rows)
+    fn write_rows(
+        &mut self,
+        target: &str,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+    ) -> Result<(), StoreError> {
+        SqliteStore::write_rows(self.tx, self.table, target, self.datum, rows, decoded)
+    }
+
+    fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute_batch(&format!(
+                "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
+            ))
+            .map_err(classify)
     }
 }
 
@@ -1012,11 +976,11 @@ impl StateStore for SqliteStore {
                     |r| r.get(0),
                 )
                 .map_err(classify)?;
-            if pending > 0 || Publication::read(&tx, job)?.building() {
+            if pending > 0 || read_publication(&tx, job)?.building() {
                 return Err(StoreError::Rejected(format!(
                     "job {job}: table {} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
                     self.table_name,
-                    if Publication::read(&tx, job)?.building() {
+                    if read_publication(&tx, job)?.building() {
                         format!(" and a new generation building in {}", next_table(&self.table_name))
                     } else {
                         String::new()
@@ -1142,7 +1106,7 @@ impl StateStore for SqliteStore {
             .map_err(classify)?;
             tx.execute("DELETE FROM kb_pending_units WHERE job = ?1", [job])
                 .map_err(classify)?;
-            let mut state = Publication::read(&tx, job)?;
+            let mut state = read_publication(&tx, job)?;
             let next = next_table(&self.table_name);
             if self.publication && state.visible.is_some() {
                 // Under publication the replica readers see stays in the table until the new
@@ -1152,11 +1116,8 @@ impl StateStore for SqliteStore {
                     table_ddl(&next, &self.table, self.datum)
                 ))
                 .map_err(classify)?;
-                if !state.building() {
-                    state.visible = state.published;
-                }
-                state.published = None;
-                state.write(&tx, job)?;
+                state.recreated();
+                write_publication(&tx, job, &state)?;
             } else {
                 tx.execute(&format!("DELETE FROM \"{}\"", self.table_name), [])
                     .map_err(classify)?;
@@ -1275,7 +1236,7 @@ impl StateStore for SqliteStore {
     }
 
     fn published_epoch(&mut self, job: &str) -> Result<Option<Epoch>, StoreError> {
-        Ok(Publication::read(&self.conn, job)?.visible)
+        Ok(read_publication(&self.conn, job)?.visible)
     }
 
     fn datumless_table(&self) -> Option<TableSchema> {
