@@ -1149,7 +1149,7 @@ fn main() {
 
     // ---- (a)–(c): the log-store phase against the consumers, 4 and 16 partitions ----------------
     let mut log_topics = Vec::new();
-    if a.want("log") || a.want("scale") {
+    if a.want("log") || a.want("scale") || a.want("consistency") {
         for partitions in [4u32, 16] {
             eprintln!(
                 "log topic: {} changes over {partitions} partitions…",
@@ -1754,6 +1754,74 @@ fn main() {
                 &format!("{partitions} partitions, {processes} process(es) × {workers} worker(s), {pg_label}: {records} records, end to end (spawn → every process exited; group join included), summed peak RSS {mib:.0} MiB"),
                 format!("{} records/s ({secs:.1} s)", fmt_rate(rate)),
                 json!({"records_per_s": rate, "seconds": secs, "peak_rss_mib": mib}),
+            );
+        }
+    }
+
+    // ---- consistency: what "epoch" costs against "vnode", two workers, each store -----------------
+    if a.want("consistency") {
+        eprintln!("consistency…");
+        let (_, topic, d, records) = log_topics
+            .iter()
+            .find(|t| t.0 == 4)
+            .expect("the 4-partition log topic")
+            .clone();
+        for store_kind in ["sqlite", "postgres"] {
+            let mut rates = BTreeMap::new();
+            for consistency in ["vnode", "epoch"] {
+                let mut cpus = Vec::new();
+                let (rate, all) = runs(a.reps, |i| {
+                    let name = format!("cons{store_kind}{consistency}{i}{}", rand_suffix());
+                    let store = if store_kind == "sqlite" {
+                        format!(
+                            "kind = \"sqlite\"\npath = \"{}\"\ntable = \"accounts\"",
+                            d.join(format!("{name}.sqlite")).display()
+                        )
+                    } else {
+                        format!("kind = \"postgres\"\nurl = \"{pg}\"\ntable = \"bench_{name}\"")
+                    };
+                    let cfg = d.join(format!("{name}.toml"));
+                    write_job_toml(
+                        &cfg,
+                        &job_toml(
+                            &name,
+                            &topic,
+                            &bootstrap,
+                            &d.join("snapshot"),
+                            &store,
+                            2,
+                            "reschedule",
+                        )
+                        .replace(
+                            "max_epochs_ahead = 256\n",
+                            &format!("max_epochs_ahead = 256\nconsistency = \"{consistency}\"\n"),
+                        ),
+                    );
+                    let before = cpu::children_secs();
+                    let (secs, _) = run_processes(&a.bin, &cfg, 1);
+                    cpus.push((cpu::children_secs() - before) * 1e6 / records as f64);
+                    records as f64 / secs
+                });
+                let cpu_m = median(cpus);
+                let label = if store_kind == "sqlite" {
+                    "SQLite".to_string()
+                } else {
+                    pg_label.clone()
+                };
+                r.figure(
+                    &format!("k_consistency_{store_kind}_{consistency}"),
+                    &format!("consistency = \"{consistency}\", {label}: one process of 2 workers, {records} records over 4 partitions, end to end (spawn → exit when caught up: join, 10,000-row snapshot, log store), median of {:?}; {cpu_m:.2} CPU-s per million records (the process's user + system)", all.iter().map(|x| x.round()).collect::<Vec<_>>()),
+                    format!("{} records/s", fmt_rate(rate)),
+                    json!({"records_per_s": rate, "cpu_s_per_million": cpu_m}),
+                );
+                rates.insert(consistency, rate);
+            }
+            let ratio = rates["epoch"] / rates["vnode"];
+            r.figure(
+                &format!("ratio_k_epoch_over_vnode_{store_kind}"),
+                "consistency = \"epoch\" / \"vnode\", same log, same run: the cost of publishing the whole table at one epoch",
+                format!("{ratio:.3}"),
+                json!(ratio),
             );
         }
     }

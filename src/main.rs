@@ -761,6 +761,13 @@ fn install_signals(shutdown: Arc<AtomicBool>, grace: std::time::Duration) -> Res
 fn print_status(v: &serde_json::Value) {
     for job in v["jobs"].as_array().into_iter().flatten() {
         println!("job {}", job["job"].as_str().unwrap_or("?"));
+        if let Some(e) = job["published_epoch"].as_u64() {
+            // consistency = "epoch": the table as a whole is one upstream state.
+            println!(
+                "  the whole table is the upstream at epoch {} (consistency = \"epoch\")",
+                kafka_backfill::core::Epoch(e)
+            );
+        }
         for w in job["workers"].as_array().into_iter().flatten() {
             println!(
                 "  worker {:<12} phase {:<10} generation {} vnodes {:<4} snapshot rows {:<9} log changes {:<9} epoch lag {:.1}s lag {} records{}{}",

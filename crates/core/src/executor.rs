@@ -937,7 +937,14 @@ impl Executor {
                     .iter()
                     .filter(|(b, _)| b.prev >= frontier)
                     .count();
-                s.bytes_by_epoch = s.bytes_by_epoch.split_off(&Epoch(frontier.0 + 1));
+                // Drop what the frontier has passed, in place (no new map per partition per barrier).
+                while s
+                    .bytes_by_epoch
+                    .first_key_value()
+                    .is_some_and(|(e, _)| *e <= frontier)
+                {
+                    s.bytes_by_epoch.pop_first();
+                }
                 let bytes: u64 = s.bytes_by_epoch.values().sum();
                 s.over_bytes = bytes > share || (s.over_bytes && bytes > share / 2);
                 (
