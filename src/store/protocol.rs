@@ -1,8 +1,11 @@
 //! The store protocol, written once: the checks every state store makes inside its transaction
 //! before it changes anything (generation, leases, the checkpoint against committed progress, the
-//! job's shape), and the shape of a claim. A backend implements only primitives — reading the job
-//! row, a lease and vnode progress inside its transaction ([`TxRead`]), and writing what the
-//! protocol allowed — so the rules cannot drift between memory, SQLite and PostgreSQL.
+//! job's shape), the shape of a claim, and publication under `consistency = "epoch"` ([`publish`]).
+//! A backend implements only primitives — reading the job row, a lease and vnode progress inside its
+//! transaction ([`TxRead`]), the pending units and the table swap of publication ([`TxPublish`]),
+//! and writing what the protocol allowed — so the rules cannot drift between SQLite and PostgreSQL
+//! (the in-memory store models publication on its own, and the conformance suite holds all three to
+//! one scenario).
 //! `tests/store_conformance.rs` runs one suite unchanged against all three.
 
 use std::collections::BTreeMap;
