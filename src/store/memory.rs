@@ -524,8 +524,7 @@ fn apply_checkpoint(
                     crate::core::faults::Fault::PublishAtMinimumCommitted,
                 ) {
                     // The deliberate bug: the minimum epoch every vnode has committed.
-                    let vnodes = state.vnodes.clone();
-                    let mut merged = vnodes;
+                    let mut merged = state.vnodes.clone();
                     for v in &cp.vnodes {
                         merged.insert(v.vnode, v.clone());
                     }

@@ -408,16 +408,7 @@ impl StateStore for PostgresStore {
                     .map_err(classify)?
                     .get(0);
                 let building = read_publication(tx, job)?.building();
-                if pending > 0 || building {
-                    return Err(StoreError::Rejected(format!(
-                        "job {job}: table {table_name} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
-                        if building {
-                            format!(" and a new generation building in {}", next_table(&table_name))
-                        } else {
-                            String::new()
-                        }
-                    )));
-                }
+                protocol::check_leaving_publication(job, &table_name, pending, building)?;
             }
             Ok(row)
         })?;

@@ -339,6 +339,28 @@ impl Publication {
     }
 }
 
+/// A job opened without publication: refused while it holds work only publication applies —
+/// `pending` checkpoints waiting for publication, or a generation `building` beside the visible
+/// table — which `"vnode"` would lose.
+pub fn check_leaving_publication(
+    job: &str,
+    table_name: &str,
+    pending: i64,
+    building: bool,
+) -> Result<(), StoreError> {
+    if pending == 0 && !building {
+        return Ok(());
+    }
+    Err(StoreError::Rejected(format!(
+        "job {job}: table {table_name} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
+        if building {
+            format!(" and a new generation building in {}", next_table(table_name))
+        } else {
+            String::new()
+        }
+    )))
+}
+
 /// Under publication, where a new generation builds while an older replica stays visible in the
 /// table itself.
 pub fn next_table(table_name: &str) -> String {

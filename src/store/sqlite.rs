@@ -976,17 +976,8 @@ impl StateStore for SqliteStore {
                     |r| r.get(0),
                 )
                 .map_err(classify)?;
-            if pending > 0 || read_publication(&tx, job)?.building() {
-                return Err(StoreError::Rejected(format!(
-                    "job {job}: table {} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
-                    self.table_name,
-                    if read_publication(&tx, job)?.building() {
-                        format!(" and a new generation building in {}", next_table(&self.table_name))
-                    } else {
-                        String::new()
-                    }
-                )));
-            }
+            let building = read_publication(&tx, job)?.building();
+            protocol::check_leaving_publication(job, &self.table_name, pending, building)?;
         }
         tx.commit().map_err(classify)?;
         Ok(row)
