@@ -484,7 +484,8 @@ impl FailureKind {
     pub fn of(f: &crate::core::WorkerFailure) -> Self {
         match f {
             crate::core::WorkerFailure::Core(_) => FailureKind::Core,
-            crate::core::WorkerFailure::Fenced(_) => FailureKind::Fenced,
+            crate::core::WorkerFailure::Fenced(_)
+            | crate::core::WorkerFailure::Recreated { .. } => FailureKind::Fenced,
             crate::core::WorkerFailure::Unavailable(_) => FailureKind::Unavailable,
             crate::core::WorkerFailure::Fatal(_) => FailureKind::Fatal,
         }

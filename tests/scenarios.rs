@@ -441,3 +441,41 @@ fn one_rebalance_seen_by_four_workers_is_one_recreation() {
     assert_eq!(s.store().job_row("sim").unwrap().recreations, 1);
     assert_eq!(r.stopped, None, "the cap of 1 was not used up: {r:?}");
 }
+
+/// The members of a second process join one by one — a rebalance each, as the classic protocol
+/// does when they start a few hundred milliseconds apart — while the job is in the log store. The
+/// first join is the invariant error and a recreation; every worker of the old generation then
+/// waits out the recreation's backoff (not only the one that recreated), so the later joins move
+/// partitions of no running executor and the job is recreated once. Before, a sibling fenced by the
+/// recreation restarted after 200 ms, finished its short snapshot and met the next join in the log
+/// store: a second recreation, and with `max_recreations = 1` the job stopped (the four-worker test
+/// in `tests/kafka_e2e.rs` failed so in CI).
+#[test]
+fn members_of_a_second_process_joining_one_by_one_are_one_recreation() {
+    let mut c = calm_config(13, 32, 8, 64);
+    c.key_space = 4_096;
+    c.supervisor.max_recreations = 1;
+    c.supervisor.backoff_initial_ms = 1_500;
+    let mut s = Sim::new(c);
+    for _ in 0..400 {
+        s.write_epoch(4, CP);
+    }
+    let ws = s.join_together(4).unwrap();
+    s.run_until(20_000, |s| {
+        ws.iter().all(|&w| s.phase(w) == Some(Phase::LogStore))
+    })
+    .unwrap();
+    let gen = s.generation();
+    assert_eq!(s.report().recreations, 0);
+    // The second process's members, 500 ms apart: well within the recreation's backoff, long
+    // enough for a worker restarted after 200 ms to be back in the log store.
+    for _ in 0..4 {
+        s.join().unwrap();
+        s.run_steps(500).unwrap();
+    }
+    s.settle().unwrap();
+    let r = s.report();
+    assert_eq!(r.stopped, None, "the cap of 1 was not used up: {r:?}");
+    assert_eq!(s.generation(), gen + 1, "one recreation: {r:?}");
+    assert_eq!(r.recreations, 1, "{r:?}");
+}

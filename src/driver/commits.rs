@@ -52,7 +52,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             }
             Err(e) if e.is_fenced() => {
                 warn!(job = %job, worker = %self.cfg.worker, error = %e, "commit fenced");
-                self.fail(WorkerFailure::Fenced(e.to_string()));
+                self.fail(super::store_failure(e));
             }
             Err(e) if e.is_transient() => {
                 warn!(job = %job, worker = %self.cfg.worker, error = %e, "store unavailable; restarting from the last commit");

@@ -251,9 +251,12 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     self.observer
                         .observe(WorkerEvent::PhaseChanged { from, to });
                 }
-                Decision::Restart { reason } => {
+                Decision::Restart { generation, reason } => {
                     info!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "restarting from the store");
-                    return self.fail(WorkerFailure::Fenced(reason));
+                    return self.fail(WorkerFailure::Recreated {
+                        generation,
+                        detail: reason,
+                    });
                 }
                 Decision::Fail(e) => {
                     // Invariant 4: the error is raised only after the checkpoint before it is durable.

@@ -95,11 +95,16 @@ struct Scan {
     rows: VecDeque<Row>,
 }
 
-/// A store error as the supervisor sees it: transient → unavailable (restart, bounded), fencing →
-/// fenced, anything else fatal.
+/// A store error as the supervisor sees it: transient → unavailable (restart, bounded), a newer
+/// generation → recreated, another owner's lease → fenced, anything else fatal.
 pub fn store_failure(e: StoreError) -> WorkerFailure {
     if e.is_transient() {
         WorkerFailure::Unavailable(e.to_string())
+    } else if let StoreError::StaleGeneration { current, .. } = e {
+        WorkerFailure::Recreated {
+            generation: current,
+            detail: e.to_string(),
+        }
     } else if e.is_fenced() {
         WorkerFailure::Fenced(e.to_string())
     } else {
@@ -203,7 +208,13 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             dead_letter_sink: None,
             undecoded: Default::default(),
         };
-        d.start_executor()?;
+        let pending = d.supervisor.lock().unwrap().recreation_pending(now);
+        match pending {
+            // Started during a recreation's backoff (one of this process's workers recreated the
+            // job): it starts the new generation with the recreation's workers, not before.
+            Some(at) => d.restart_at = Some(at),
+            None => d.start_executor()?,
+        }
         Ok(d)
     }
 

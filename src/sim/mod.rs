@@ -428,6 +428,17 @@ impl Sim {
         Ok(i)
     }
 
+    /// Adds `n` workers to the group in one rebalance (a process starting its workers together);
+    /// returns their indexes.
+    pub fn join_together(&mut self, n: usize) -> SimResult<Vec<usize>> {
+        let ws = (0..n)
+            .map(|_| self.add_worker())
+            .collect::<SimResult<Vec<usize>>>()?;
+        self.rebalance();
+        self.settle_group()?;
+        Ok(ws)
+    }
+
     /// Worker `i` leaves gracefully: it commits what is complete and leaves the group.
     pub fn leave(&mut self, i: usize) -> SimResult<()> {
         if let Some(d) = self.workers[i].driver.as_mut() {

@@ -381,6 +381,7 @@ impl Executor {
                 let skip = crate::faults::active(crate::faults::Fault::SkipGenerationCheck);
                 if generation != self.spec.generation && !skip {
                     out.push(Decision::Restart {
+                        generation,
                         reason: format!(
                             "job recreated: generation {} -> {generation}",
                             self.spec.generation

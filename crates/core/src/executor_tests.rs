@@ -722,6 +722,7 @@ fn a_new_job_generation_restarts_the_executor_and_the_same_one_does_nothing() {
     assert_eq!(
         ds,
         vec![Decision::Restart {
+            generation: 4,
             reason: "job recreated: generation 3 -> 4".into()
         }]
     );

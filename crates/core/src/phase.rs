@@ -130,8 +130,10 @@ pub enum Decision {
     },
     /// Stop the worker with this error, after the decisions before it are carried out.
     Fail(CoreError),
-    /// This executor is stale (the job was recreated): drop it and restart from the store.
+    /// This executor is stale (the job was recreated, the store is at `generation`): drop it and
+    /// restart from the store.
     Restart {
+        generation: u64,
         reason: String,
     },
 }

@@ -10,6 +10,15 @@
 //! doubles no backoff. The cap counts recreations that *applied* (the driver reports each
 //! compare-and-set's outcome with [`Supervisor::recreation_outcome`]): a compare-and-set that another
 //! process won is not this process's recreation.
+//!
+//! A recreation's workers restart together, at the end of its backoff: a worker of a generation
+//! already recreated (its executor fenced, its own invariant error, its store briefly away) waits
+//! until then too, and so does a worker that learns of another process's recreation
+//! ([`WorkerFailure::Recreated`]; it waits the first backoff, as that process's workers do at
+//! least). The backoff is when the group settles — a second process's members join one by one, a
+//! rebalance each — so those later rebalances move partitions of no running executor. A sibling
+//! restarted early would finish its snapshot and meet the next one in the log store: a second
+//! recreation for one process joining.
 
 use std::collections::VecDeque;
 
@@ -58,9 +67,12 @@ impl Default for SupervisorConfig {
 pub enum WorkerFailure {
     /// The core raised an error (the bitmap-update invariant or bad input).
     Core(CoreError),
-    /// The store rejected a commit: stale generation or a partition claimed by someone else: restart
-    /// from what is committed.
+    /// The store rejected a commit: a partition claimed by someone else: restart from what is
+    /// committed.
     Fenced(String),
+    /// The job was recreated while this executor ran (the store is at `generation`, newer than the
+    /// executor's): restart under it, when the recreation's workers do.
+    Recreated { generation: u64, detail: String },
     /// The store was unavailable or busy (transient): restart from what is committed.
     Unavailable(String),
     /// Anything else that cannot be retried (a corrupt snapshot file, a value the store refuses, a
@@ -73,6 +85,10 @@ impl std::fmt::Display for WorkerFailure {
         match self {
             WorkerFailure::Core(e) => write!(f, "{e}"),
             WorkerFailure::Fenced(e) => write!(f, "fenced, restarting from the store: {e}"),
+            WorkerFailure::Recreated { generation, detail } => write!(
+                f,
+                "fenced by the job's recreation (generation {generation}), restarting under it: {detail}"
+            ),
             WorkerFailure::Unavailable(e) => write!(f, "{e}; restarting from the last commit"),
             WorkerFailure::Fatal(e) => write!(f, "{e}"),
         }
@@ -107,6 +123,9 @@ pub struct Supervisor {
     recreated_from: Option<u64>,
     /// When restarts for an unavailable store happened, within [`UNAVAILABLE_WINDOW_MS`].
     unavailable: VecDeque<u64>,
+    /// When the newest recreation's workers restart (its backoff's end): a restart of a worker
+    /// of a generation it recreated waits until then.
+    restart_at_ms: u64,
 }
 
 /// Restarts for an unavailable store counted over this window.
@@ -125,6 +144,27 @@ impl Supervisor {
             total: 0,
             recreated_from: None,
             unavailable: VecDeque::new(),
+            restart_at_ms: 0,
+        }
+    }
+
+    /// When a recreation's workers restart, while that is still ahead of `now_ms`: a worker that
+    /// starts before then waits for it as well.
+    pub fn recreation_pending(&self, now_ms: u64) -> Option<u64> {
+        (self.restart_at_ms > now_ms).then_some(self.restart_at_ms)
+    }
+
+    /// A restart's backoff: at least `backoff_ms`, and for a worker of a generation already
+    /// recreated, until the recreation's workers restart.
+    fn restart(&self, generation: u64, backoff_ms: u64, now_ms: u64) -> Verdict {
+        let recreated = self.recreated_from.is_some_and(|g| generation <= g);
+        let wait = if recreated {
+            self.restart_at_ms.saturating_sub(now_ms)
+        } else {
+            0
+        };
+        Verdict::Restart {
+            backoff_ms: backoff_ms.max(wait),
         }
     }
 
@@ -147,9 +187,20 @@ impl Supervisor {
     /// failed (not the store's current one: another worker may have recreated the job since).
     pub fn on_failure(&mut self, failure: &WorkerFailure, generation: u64, now_ms: u64) -> Verdict {
         match failure {
-            WorkerFailure::Fenced(_) => Verdict::Restart {
-                backoff_ms: FENCED_RESTART_MS,
-            },
+            WorkerFailure::Fenced(_) => self.restart(generation, FENCED_RESTART_MS, now_ms),
+            WorkerFailure::Recreated {
+                generation: current,
+                ..
+            } => {
+                let from = current.saturating_sub(1);
+                if self.recreated_from.is_none_or(|g| g < from) {
+                    // Another process recreated the job: its workers wait at least the first
+                    // backoff; so do this one's.
+                    self.recreated_from = Some(from);
+                    self.restart_at_ms = now_ms.saturating_add(self.config.backoff_initial_ms);
+                }
+                self.restart(generation, FENCED_RESTART_MS, now_ms)
+            }
             WorkerFailure::Unavailable(e) => {
                 while self
                     .unavailable
@@ -169,7 +220,7 @@ impl Supervisor {
                 // Doubling from 500 ms to 30 s with each restart in the window.
                 let backoff_ms = (500u64 << self.unavailable.len().min(6)).min(30_000);
                 self.unavailable.push_back(now_ms);
-                Verdict::Restart { backoff_ms }
+                self.restart(generation, backoff_ms, now_ms)
             }
             WorkerFailure::Core(CoreError::VnodeBitmapUpdateDuringLogStore) => {
                 if self.config.policy == RecreationPolicy::Fail {
@@ -182,9 +233,7 @@ impl Supervisor {
                 }
                 if self.recreated_from.is_some_and(|g| generation <= g) {
                     // Another worker's failure from this generation already recreated the job.
-                    return Verdict::Restart {
-                        backoff_ms: FENCED_RESTART_MS,
-                    };
+                    return self.restart(generation, FENCED_RESTART_MS, now_ms);
                 }
                 while self
                     .recreations
@@ -210,6 +259,7 @@ impl Supervisor {
                     .saturating_mul(1u64 << recent.min(20))
                     .min(self.config.backoff_max_ms);
                 self.recreated_from = Some(generation);
+                self.restart_at_ms = now_ms.saturating_add(backoff_ms);
                 Verdict::Recreate {
                     from_generation: generation,
                     backoff_ms,
@@ -319,6 +369,69 @@ mod tests {
             s.on_failure(&bitmap(), 5, 7_000),
             Verdict::Stop { .. }
         ));
+    }
+
+    /// A recreation's workers restart together at its backoff's end: a sibling whose executor was
+    /// fenced by it, raised the same error or found the store away waits until then; a worker of the
+    /// new generation does not; another process's recreation makes this one's workers wait the
+    /// first backoff.
+    #[test]
+    fn the_workers_of_a_recreated_generation_restart_when_the_recreation_does() {
+        let mut s = Supervisor::new(SupervisorConfig {
+            backoff_initial_ms: 3_000,
+            ..Default::default()
+        });
+        assert_eq!(
+            s.on_failure(&bitmap(), 0, 10_000),
+            Verdict::Recreate {
+                from_generation: 0,
+                backoff_ms: 3_000
+            }
+        );
+        s.recreation_outcome(true, 10_000);
+        let recreated = WorkerFailure::Recreated {
+            generation: 1,
+            detail: "commit from generation 0 rejected".into(),
+        };
+        let fenced = WorkerFailure::Fenced("lease 3 taken".into());
+        let away = WorkerFailure::Unavailable("connection refused".into());
+        for (f, at, wait) in [
+            (&recreated, 10_100, 2_900),
+            (&bitmap(), 11_000, 2_000),
+            (&fenced, 12_500, 500),
+            (&away, 12_800, 500),
+            (&recreated, 12_900, FENCED_RESTART_MS),
+        ] {
+            assert_eq!(
+                s.on_failure(f, 0, at),
+                Verdict::Restart { backoff_ms: wait },
+                "{f} at {at}"
+            );
+        }
+        // A worker of the new generation fenced by a partition's new owner: no recreation to wait for.
+        assert_eq!(
+            s.on_failure(&fenced, 1, 10_500),
+            Verdict::Restart {
+                backoff_ms: FENCED_RESTART_MS
+            }
+        );
+        // Another process recreated 1 -> 2: this one's workers of generation 1 wait its first backoff.
+        let by_other = WorkerFailure::Recreated {
+            generation: 2,
+            detail: "commit from generation 1 rejected".into(),
+        };
+        assert_eq!(
+            s.on_failure(&by_other, 1, 50_000),
+            Verdict::Restart { backoff_ms: 3_000 }
+        );
+        assert_eq!(
+            s.on_failure(&bitmap(), 1, 51_000),
+            Verdict::Restart { backoff_ms: 2_000 },
+            "the same rebalance seen here: no second recreation"
+        );
+        assert_eq!(s.recreations(), 1);
+        assert_eq!(s.recreation_pending(51_000), Some(53_000));
+        assert_eq!(s.recreation_pending(53_000), None);
     }
 
     #[test]
