@@ -226,6 +226,7 @@ fn log_workload(
         progress: false,
         append: false,
         table: Default::default(),
+        tables: 1,
         kafka_properties: Default::default(),
         transactional: false,
         snapshot_layout: Default::default(),
@@ -357,6 +358,7 @@ fn job_config(
             kafka,
             snapshot: SnapshotConfig::Files {
                 dir: snapshot.to_path_buf(),
+                table: None,
             },
             store,
             local_checkpoint: LocalCheckpointConfig::default(),

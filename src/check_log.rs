@@ -47,19 +47,37 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Checks job `job`'s snapshot and its topic from the manifest's start offsets to the high
 /// watermarks taken when checking starts.
 pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
+    let mut tables: Vec<TableSchema> = Vec::new();
     let mut report = Report::default();
+    // Every table of the log, each with its snapshot: a log of several tables is checked whole,
+    // whichever of them the job materialises.
+    let mut snapshots: Vec<Arc<dyn SnapshotSource>> = Vec::new();
     let (snapshot, table): (Arc<dyn SnapshotSource>, TableSchema) = match &job.snapshot {
-        SnapshotConfig::Files { dir } => match crate::snapshot::files::SnapshotFiles::open(dir) {
-            Ok(s) => {
-                let t = s.table.clone();
-                (Arc::new(s), t)
+        SnapshotConfig::Files { dir, table } => {
+            match crate::snapshot::files::SnapshotFiles::open_table(dir, table.as_deref()) {
+                Ok(s) => {
+                    let t = s.table.clone();
+                    for lt in &s.tables {
+                        if lt.name != s.tables[s.table_index].name {
+                            match crate::snapshot::files::SnapshotFiles::open_table(
+                                dir,
+                                Some(&lt.name),
+                            ) {
+                                Ok(o) => snapshots.push(Arc::new(o)),
+                                Err(e) => report.violation(max_report, e.to_string()),
+                            }
+                        }
+                    }
+                    tables = s.tables.iter().map(|t| t.schema.clone()).collect();
+                    (Arc::new(s), t)
+                }
+                Err(e) => {
+                    // Without a manifest there is no schema to check the log with.
+                    report.violation(max_report, e.to_string());
+                    return Ok(report);
+                }
             }
-            Err(e) => {
-                // Without a manifest there is no schema to check the log with.
-                report.violation(max_report, e.to_string());
-                return Ok(report);
-            }
-        },
+        }
         SnapshotConfig::Postgres { url, name } => {
             let s = crate::snapshot::postgres::PostgresSnapshot::open(url.expose(), name)
                 .with_context(|| format!("job {}: opening the snapshot", job.name))?;
@@ -84,7 +102,10 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
             return Ok(report);
         }
     };
-    for v in 0..info.vnode_count as Vnode {
+    snapshots.insert(0, snapshot.clone());
+    for (v, snapshot) in
+        (0..info.vnode_count as Vnode).flat_map(|v| snapshots.iter().map(move |s| (v, s)))
+    {
         match snapshot.scan(v, None) {
             Ok(rows) => {
                 for row in rows {
@@ -133,12 +154,19 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
         return Ok(report);
     }
     report.partitions = partitions;
-    let codec = LogCodec::new(table)?;
+    // One codec per table of the log, each decoding its own table's rows whole.
+    let codecs: Vec<LogCodec> = if tables.len() > 1 {
+        (0..tables.len())
+            .map(|i| LogCodec::of_log(&tables, i))
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![LogCodec::new(table)?]
+    };
     let mut barriers = std::collections::BTreeMap::new();
     for p in 0..partitions {
         check_partition(
             &consumer,
-            &codec,
+            &codecs,
             job,
             map,
             &info,
@@ -154,7 +182,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
 #[allow(clippy::too_many_arguments)]
 fn check_partition(
     consumer: &BaseConsumer,
-    codec: &LogCodec,
+    codecs: &[LogCodec],
     job: &JobConfig,
     map: PartitionMap,
     info: &crate::ports::SnapshotInfo,
@@ -220,7 +248,15 @@ fn check_partition(
         let offset = m.offset() as u64;
         next = offset + 1;
         report.records += 1;
-        let record = match codec.decode(m.payload().unwrap_or(&[]), m.key()) {
+        let value = m.payload().unwrap_or(&[]);
+        // The first codec tells the record's table; that table's codec checks its row.
+        let decoded = match codecs[0].decode(value, m.key()) {
+            Ok(LogRecord::Change(c)) if c.table != 0 => {
+                codecs[c.table as usize].decode(value, m.key())
+            }
+            other => other,
+        };
+        let record = match decoded {
             Ok(r) => r,
             Err(e) => {
                 let e = CoreError::Undecodable {

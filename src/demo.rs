@@ -47,6 +47,7 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
         kafka,
         snapshot: SnapshotConfig::Files {
             dir: o.dir.join("snapshot"),
+            table: None,
         },
         store: StoreConfig::Sqlite {
             path: o.dir.join("state.sqlite"),
@@ -154,6 +155,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         progress: false,
         append: false,
         table: Default::default(),
+        tables: 1,
         kafka_properties: Default::default(),
         transactional: false,
         snapshot_layout: Default::default(),

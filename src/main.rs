@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use kafka_backfill::service::config::{Config, LogFormat};
+use kafka_backfill::service::config::{Config, LogFormat, SnapshotConfig};
 use kafka_backfill::service::job::{self, RunOptions};
 use kafka_backfill::workload::{self, Workload};
 
@@ -135,6 +135,12 @@ enum Command {
         /// (schemas/typed_row.avsc: every Avro type, primary key [region, id]).
         #[arg(long, value_enum, default_value_t)]
         table: kafka_backfill::workload::TableKind,
+        /// Tables in the one log (docs/WIRE.md, "Several tables"): with more than one, tables
+        /// `<table>_1` … `<table>_N` of the --table shape share the topic, the barriers and the
+        /// epochs, each change of one drawn at random; the snapshot and expected folders hold a
+        /// several-table manifest (a job names its table with `snapshot.table`).
+        #[arg(long, default_value_t = 1)]
+        tables: u32,
         /// A librdkafka property for every client, e.g. -X security.protocol=SASL_SSL (repeatable;
         /// a value may be ${ENV}).
         #[arg(short = 'X', long = "property", value_name = "KEY=VALUE")]
@@ -552,6 +558,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             seed,
             append,
             table,
+            tables,
             properties,
             transactional,
             snapshot_layout,
@@ -575,6 +582,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress: true,
                 append,
                 table,
+                tables: tables.max(1),
                 kafka_properties: kafka_backfill::service::config::parse_properties(&properties)?,
                 transactional,
                 snapshot_layout,
@@ -667,7 +675,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let report = match (&expected, against_source) {
                 (_, true) => kafka_backfill::verify::verify_against_source(store.as_mut(), j)?,
                 (Some(expected), false) => {
-                    kafka_backfill::verify::verify(store.as_mut(), &j.name, expected)?
+                    let table = match &j.snapshot {
+                        SnapshotConfig::Files { table, .. } => table.as_deref(),
+                        SnapshotConfig::Postgres { .. } => None,
+                    };
+                    kafka_backfill::verify::verify_table(store.as_mut(), &j.name, expected, table)?
                 }
                 (None, false) => anyhow::bail!("verify needs --expected DIR or --against-source"),
             };

@@ -50,7 +50,17 @@ impl std::fmt::Display for VerifyReport {
 
 /// Compares `store`'s rows and progress with the expected table in `expected_dir`.
 pub fn verify(store: &mut dyn StateStore, job: &str, expected_dir: &Path) -> Result<VerifyReport> {
-    let expected = SnapshotFiles::open(expected_dir)
+    verify_table(store, job, expected_dir, None)
+}
+
+/// [`verify`] against table `table` of an expected folder of several tables (`None`: its only one).
+pub fn verify_table(
+    store: &mut dyn StateStore,
+    job: &str,
+    expected_dir: &Path,
+    table: Option<&str>,
+) -> Result<VerifyReport> {
+    let expected = SnapshotFiles::open_table(expected_dir, table)
         .with_context(|| format!("opening {}", expected_dir.display()))?;
     let info = expected.info().clone();
     let mut want: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();

@@ -19,7 +19,10 @@ use crate::core::{
     vnode_of, Barrier, BarrierKind, Epoch, Op, PartitionMap, PartitionProgress, Vnode,
 };
 use crate::rng::SimRng;
-use crate::snapshot::files::{write_files, write_manifest, write_single_file, Manifest};
+use crate::snapshot::files::{
+    write_files, write_manifest, write_single_file, write_tables_manifest, Manifest, ManifestTable,
+    TablesManifest,
+};
 
 /// The example table's row schema.
 pub const EXAMPLE_ROW_SCHEMA: &str = include_str!("../schemas/example_row.avsc");
@@ -60,6 +63,32 @@ pub enum SnapshotLayout {
 }
 
 impl TableKind {
+    /// The kind's name, as `--table` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableKind::Accounts => "accounts",
+            TableKind::Typed => "typed",
+        }
+    }
+
+    /// The log's tables when it carries `n` of this kind: for `n > 1`, `<kind>_1` … `<kind>_n`,
+    /// whose row records are the kind's with the number appended to the record name (so each
+    /// table's writer schema has its own fingerprint).
+    pub fn log_tables(self, n: u32) -> Result<Vec<(String, TableSchema)>> {
+        let base = self.schema()?;
+        if n <= 1 {
+            return Ok(vec![(base.name.clone(), base)]);
+        }
+        (1..=n)
+            .map(|i| {
+                let mut json = base.json.clone();
+                json["name"] = serde_json::Value::String(format!("{}{i}", base.name));
+                let schema = TableSchema::parse(&json.to_string(), &base.primary_key)?;
+                Ok((format!("{}_{i}", self.name()), schema))
+            })
+            .collect()
+    }
+
     pub fn schema(self) -> Result<TableSchema> {
         Ok(match self {
             TableKind::Accounts => TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".to_string()])?,
@@ -210,6 +239,9 @@ pub struct Workload {
     pub append: bool,
     /// Which table to generate.
     pub table: TableKind,
+    /// Tables of that shape in the one log (1: the one-table log; more: `<kind>_1` … `<kind>_N`,
+    /// docs/WIRE.md "Several tables").
+    pub tables: u32,
     /// How the snapshot's files are laid out.
     pub snapshot_layout: SnapshotLayout,
     /// More librdkafka properties for every client (security: `security.protocol`, SASL, TLS).
@@ -238,6 +270,13 @@ struct WriterState {
     next_epoch: Epoch,
     #[serde(default)]
     table: TableKind,
+    /// Tables in the log (absent in a state written before several tables: one).
+    #[serde(default = "one_table")]
+    tables: u32,
+}
+
+fn one_table() -> u32 {
+    1
 }
 
 const WRITER_STATE: &str = "writer.json";
@@ -311,7 +350,8 @@ pub fn example_row(id: i64, version: i64, row_size: usize, rng: &mut SimRng) -> 
 
 struct Writer<'a> {
     producer: BaseProducer<Ctx>,
-    codec: &'a LogCodec,
+    /// One per table of the log; barriers are written with the first's fingerprint.
+    codecs: &'a [LogCodec],
     topic: &'a str,
     map: PartitionMap,
 }
@@ -323,18 +363,81 @@ impl Writer<'_> {
     }
 
     fn barrier(&self, b: Barrier) -> Result<()> {
-        let value = self.codec.encode_barrier(&b);
+        let value = self.codecs[0].encode_barrier(&b);
         for p in 0..self.map.partition_count() {
             self.send(p, &[], &value)?;
         }
         Ok(())
     }
 
-    fn change(&self, epoch: Epoch, op: Op, key: &[u8], datum: &[u8]) -> Result<()> {
+    /// A change of table `t` of the log.
+    fn change(&self, t: usize, epoch: Epoch, op: Op, key: &[u8], datum: &[u8]) -> Result<()> {
         let vnode = vnode_of(key, self.map.vnode_count());
-        let value = self.codec.encode_change(epoch, op, vnode, datum);
+        let value = self.codecs[t].encode_change(epoch, op, vnode, datum);
         self.send(self.map.partition_of(vnode), key, &value)
     }
+}
+
+/// One table's rows by id: (key bytes, datum).
+pub type TableRows = HashMap<i64, (Vec<u8>, Vec<u8>)>;
+
+/// Writes the log's tables as a snapshot-format folder at `epoch`: one table as today's one-table
+/// manifest, several as a `tables` manifest with each table's files in a folder of its name.
+#[allow(clippy::too_many_arguments)]
+pub fn write_tables(
+    dir: &std::path::Path,
+    layout: SnapshotLayout,
+    tables: &[(String, TableSchema)],
+    map: PartitionMap,
+    topic: &str,
+    epoch: Epoch,
+    rows: &[TableRows],
+    start: Vec<PartitionProgress>,
+) -> Result<()> {
+    if tables.len() == 1 {
+        return write_table(
+            dir,
+            layout,
+            &tables[0].1,
+            map,
+            topic,
+            epoch,
+            &rows[0],
+            start,
+        );
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    let mut entries = Vec::new();
+    for ((name, table), rows) in tables.iter().zip(rows) {
+        let sub = dir.join(name);
+        write_table(&sub, layout, table, map, topic, epoch, rows, Vec::new())?;
+        let one = sub.join("manifest.json");
+        let mut files = serde_json::from_slice::<Manifest>(&std::fs::read(&one)?)?.files;
+        std::fs::remove_file(&one)?;
+        for f in &mut files {
+            f.path = format!("{name}/{}", f.path);
+        }
+        entries.push(ManifestTable {
+            name: name.clone(),
+            row_schema: table.json.clone(),
+            primary_key: table.primary_key.clone(),
+            files,
+        });
+    }
+    write_tables_manifest(
+        dir,
+        &TablesManifest {
+            snapshot_epoch: epoch,
+            vnode_count: map.vnode_count(),
+            partition_count: map.partition_count(),
+            topic: Some(topic.to_string()),
+            tables: entries,
+            start: start.iter().map(Into::into).collect(),
+        },
+    )?;
+    Ok(())
 }
 
 /// Writes a table's rows as a snapshot-format folder (files + manifest) at `epoch`.
@@ -346,7 +449,7 @@ fn write_table(
     map: PartitionMap,
     topic: &str,
     epoch: Epoch,
-    rows: &HashMap<i64, (Vec<u8>, Vec<u8>)>,
+    rows: &TableRows,
     start: Vec<PartitionProgress>,
 ) -> Result<()> {
     let mut by_vnode: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
@@ -394,8 +497,16 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     let map = PartitionMap::new(w.vnode_count, w.partitions)?;
     let props = w.client_properties();
     crate::kafka::admin::ensure_topic(&props, &w.topic, w.partitions)?;
-    let table = w.table.schema()?;
-    let codec = LogCodec::new(table.clone())?;
+    let tables = w.table.log_tables(w.tables)?;
+    let n = tables.len();
+    if w.append && n > 1 {
+        bail!("--append continues a one-table log; --tables {n} writes a new one (leave out --append)");
+    }
+    let table = tables[0].1.clone();
+    let codecs: Vec<LogCodec> = tables
+        .iter()
+        .map(|(_, t)| LogCodec::new(t.clone()))
+        .collect::<Result<_, _>>()?;
     let ctx = Ctx {
         failed: Arc::new(AtomicU64::new(0)),
         first_error: Default::default(),
@@ -427,14 +538,14 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     }
     let writer = Writer {
         producer,
-        codec: &codec,
+        codecs: &codecs,
         topic: &w.topic,
         map,
     };
     let mut rng = SimRng::new(w.seed);
 
     // The table at Es.
-    let mut versions: HashMap<i64, i64> = HashMap::new();
+    let mut versions: Vec<HashMap<i64, i64>> = vec![HashMap::new(); n];
     let (mut rows, es, mut epoch, snapshot_rows) = if w.append {
         // Continue the chain of an earlier run: its expected table is the table now, and the open
         // epoch is the `curr` of its last barrier.
@@ -442,6 +553,13 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             serde_json::from_slice(&std::fs::read(w.out.join(WRITER_STATE)).with_context(
                 || format!("--append needs {}", w.out.join(WRITER_STATE).display()),
             )?)?;
+        if state.tables != 1 {
+            bail!(
+                "--append: {} holds a log of {} tables; --append continues a one-table log",
+                w.out.display(),
+                state.tables
+            );
+        }
         if state.table != w.table {
             bail!(
                 "--append: {} holds the {:?} table, not {:?} (pass --table)",
@@ -471,13 +589,17 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 rows.insert(id, (row.key, row.value));
             }
         }
-        (rows, state.snapshot_epoch, state.next_epoch, 0)
+        (vec![rows], state.snapshot_epoch, state.next_epoch, 0)
     } else {
-        let mut rows: HashMap<i64, (Vec<u8>, Vec<u8>)> = HashMap::with_capacity(w.rows as usize);
-        for id in 0..w.rows as i64 {
-            let datum = table.encode_row(&w.table.row(id, 0, w.row_size, &mut rng))?;
-            let key = table.key_of_datum(&datum)?;
-            rows.insert(id, (key, datum));
+        let mut rows: Vec<TableRows> = Vec::with_capacity(n);
+        for (_, table) in &tables {
+            let mut t = HashMap::with_capacity(w.rows as usize);
+            for id in 0..w.rows as i64 {
+                let datum = table.encode_row(&w.table.row(id, 0, w.row_size, &mut rng))?;
+                let key = table.key_of_datum(&datum)?;
+                t.insert(id, (key, datum));
+            }
+            rows.push(t);
         }
         let es = Epoch::from_unix_millis(unix_ms());
         let epoch = es.next_at(unix_ms());
@@ -512,18 +634,18 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             });
         }
         let snapshot_dir = w.out.join("snapshot");
-        write_table(
+        write_tables(
             &snapshot_dir,
             w.snapshot_layout,
-            &table,
+            &tables,
             map,
             &w.topic,
             es,
             &rows,
             start,
         )?;
-        let n = rows.len() as u64;
-        (rows, es, epoch, n)
+        let total = rows.iter().map(|t| t.len() as u64).sum();
+        (rows, es, epoch, total)
     };
 
     // Changes and barriers.
@@ -544,26 +666,33 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 std::thread::sleep(due - now);
             }
         }
+        // A one-table log draws no table (the same seed writes the same log as before).
+        let t = if n > 1 {
+            rng.below(n as u64) as usize
+        } else {
+            0
+        };
+        let table = &tables[t].1;
         let id = rng.below(w.key_space) as i64;
-        match rows.get(&id).cloned() {
+        match rows[t].get(&id).cloned() {
             Some((key, old)) => {
                 if rng.below(100) < w.update_percent {
-                    let v = versions.entry(id).or_default();
+                    let v = versions[t].entry(id).or_default();
                     *v += 1;
                     let new = table.encode_row(&w.table.row(id, *v, w.row_size, &mut rng))?;
-                    writer.change(epoch, Op::UpdateDelete, &key, &old)?;
-                    writer.change(epoch, Op::UpdateInsert, &key, &new)?;
-                    rows.insert(id, (key, new));
+                    writer.change(t, epoch, Op::UpdateDelete, &key, &old)?;
+                    writer.change(t, epoch, Op::UpdateInsert, &key, &new)?;
+                    rows[t].insert(id, (key, new));
                 } else {
-                    writer.change(epoch, Op::Delete, &key, &old)?;
-                    rows.remove(&id);
+                    writer.change(t, epoch, Op::Delete, &key, &old)?;
+                    rows[t].remove(&id);
                 }
             }
             None => {
                 let new = table.encode_row(&w.table.row(id, 0, w.row_size, &mut rng))?;
                 let key = table.key_of_datum(&new)?;
-                writer.change(epoch, Op::Insert, &key, &new)?;
-                rows.insert(id, (key, new));
+                writer.change(t, epoch, Op::Insert, &key, &new)?;
+                rows[t].insert(id, (key, new));
             }
         }
         in_epoch += 1;
@@ -592,8 +721,8 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                     if transactions.is_multiple_of(3) {
                         // Deletes of live rows in the open epoch, aborted: never to be applied.
                         writer.producer.begin_transaction()?;
-                        for (key, datum) in rows.values().take(20) {
-                            writer.change(next, Op::Delete, key, datum)?;
+                        for (key, datum) in rows[0].values().take(20) {
+                            writer.change(0, next, Op::Delete, key, datum)?;
                         }
                         writer.producer.flush(Duration::from_secs(60))?;
                         writer.producer.abort_transaction(Duration::from_secs(60))?;
@@ -635,11 +764,11 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             w.topic
         );
     }
-    let final_rows = checkpoint_rows.len() as u64;
-    write_table(
+    let final_rows = checkpoint_rows.iter().map(|t| t.len() as u64).sum();
+    write_tables(
         &w.out.join("expected"),
         SnapshotLayout::PerVnode,
-        &table,
+        &tables,
         map,
         &w.topic,
         last_checkpoint,
@@ -651,6 +780,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         snapshot_epoch: es,
         next_epoch: epoch,
         table: w.table,
+        tables: n as u32,
     };
     std::fs::write(w.out.join(WRITER_STATE), serde_json::to_vec_pretty(&state)?)?;
     std::io::stderr().flush().ok();

@@ -879,3 +879,97 @@ fn dead_letters_are_written_recorded_once_exact_for_every_other_row_and_capped()
     let n: Vec<Vec<i64>> = f.sql("SELECT COUNT(*) FROM kb_dead_letters");
     assert_eq!(n[0][0], 2, "nothing of the refused checkpoint recorded");
 }
+
+/// A log of several tables (docs/WIRE.md, "Several tables"): `produce --tables 2` writes two
+/// tables into one topic, one barrier chain, one several-table manifest. `check-log` checks every
+/// table's records and snapshot; one job per table (`snapshot.table`) materialises its table and
+/// passes over the other's changes; each is exact. A job that names no table of a several-table
+/// manifest is refused at `check-config`, naming the tables.
+#[test]
+fn a_log_of_two_tables_is_checked_whole_and_backfilled_one_job_per_table() {
+    let _g = serial();
+    let f = Fixture::new("twotables", 2, "");
+    f.produce(&[
+        "--tables",
+        "2",
+        "--partitions",
+        "2",
+        "--rows",
+        "300",
+        "--changes",
+        "4000",
+        "--epoch-changes",
+        "100",
+    ]);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("out/snapshot/manifest.json")).unwrap())
+            .unwrap();
+    let names: Vec<&str> = m["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["accounts_1", "accounts_2"]);
+    // Without a table named, the job is refused before it runs.
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success()
+            && text.contains(
+                "holds 2 tables (accounts_1, accounts_2): name the job's with `snapshot.table`"
+            ),
+        "{text}"
+    );
+    // One job per table, each into its own store table of the one SQLite file.
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let job = &text[text.find("[[jobs]]").unwrap()..];
+    let second = job
+        .replacen("name = \"twotables\"", "name = \"twotables2\"", 1)
+        .replacen(&f.group, &format!("{}-2", f.group), 1)
+        .replacen("table = \"accounts\"", "table = \"accounts_2\"", 1)
+        .replacen(
+            "[jobs.snapshot]\n",
+            "[jobs.snapshot]\ntable = \"accounts_2\"\n",
+            1,
+        );
+    let first = job
+        .replacen("table = \"accounts\"", "table = \"accounts_1\"", 1)
+        .replacen(
+            "[jobs.snapshot]\n",
+            "[jobs.snapshot]\ntable = \"accounts_1\"\n",
+            1,
+        );
+    let head = &text[..text.find("[[jobs]]").unwrap()];
+    std::fs::write(&f.config, format!("{head}{first}{second}")).unwrap();
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": 0 violations"), "{out}");
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    assert!(
+        run.wait_exit(2 * MIN).success(),
+        "{}",
+        support::tail(&run.log_text())
+    );
+    for (job, table) in [("twotables", "accounts_1"), ("twotables2", "accounts_2")] {
+        let out = Command::new(BIN)
+            .args(["verify", "--config"])
+            .arg(&f.config)
+            .args(["--job", job, "--expected"])
+            .arg(f.dir.join("out/expected"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success() && text.contains(" 0 missing, 0 extra, 0 different"),
+            "{job}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: Vec<Vec<i64>> = f.sql(&format!("SELECT COUNT(*) FROM {table}"));
+        assert!(rows[0][0] > 100, "{table}: {rows:?}");
+    }
+}

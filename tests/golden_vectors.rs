@@ -78,9 +78,126 @@ fn vectors() -> Value {
         }));
     }
     json!({
-        "$comment": "Golden vectors of the wire format (docs/WIRE.md). For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. Checked by tests/golden_vectors.rs.",
+        "several_tables": several_tables(),
+        "$comment": "Golden vectors of the wire format (docs/WIRE.md). several_tables: one log carrying two tables (\"Several tables\"): each table's row schema and fingerprint, then messages in log order, each change naming its table by that fingerprint, and a barrier under the first table's. For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. Checked by tests/golden_vectors.rs.",
         "tables": tables,
     })
+}
+
+/// One log of two tables: `accounts_1` and `accounts_2` (the accounts row with the record renamed,
+/// so each has its own fingerprint), changes of both in one epoch, then a barrier.
+fn several_tables() -> Value {
+    let tables = TableKind::Accounts.log_tables(2).unwrap();
+    let schemas: Vec<_> = tables.iter().map(|(_, t)| t.clone()).collect();
+    let codecs: Vec<LogCodec> = (0..2)
+        .map(|i| LogCodec::of_log(&schemas, i).unwrap())
+        .collect();
+    let mut rng = SimRng::new(43);
+    let epoch = Epoch::from_unix_millis(1_767_225_600_000);
+    let mut messages = Vec::new();
+    for (t, id, op) in [
+        (0usize, 5i64, Op::Insert),
+        (1, 5, Op::Insert),
+        (1, 6, Op::Delete),
+    ] {
+        let table = &schemas[t];
+        let row = TableKind::Accounts.row(id, 1, 40, &mut rng);
+        let datum = table.encode_row(&row).unwrap();
+        let key = table.key_of_datum(&datum).unwrap();
+        let vnode = vnode_of(&key, V);
+        messages.push(json!({
+            "table": tables[t].0,
+            "op": op.as_str(),
+            "epoch": epoch.0,
+            "key_hex": hex(&key),
+            "vnode": vnode,
+            "row_datum_hex": hex(&datum),
+            "message_value_hex": hex(&codecs[t].encode_change(epoch, op, vnode, &datum)),
+        }));
+    }
+    let barrier = Barrier {
+        prev: epoch,
+        curr: Epoch(epoch.0 + (1 << 16)),
+        kind: BarrierKind::Checkpoint,
+    };
+    messages.push(json!({
+        "barrier": {"prev_epoch": barrier.prev.0, "curr_epoch": barrier.curr.0, "kind": "CHECKPOINT"},
+        "message_value_hex": hex(&codecs[0].encode_barrier(&barrier)),
+    }));
+    json!({
+        "vnode_count": V,
+        "tables": tables.iter().zip(&codecs).map(|((name, t), c)| json!({
+            "name": name,
+            "row_schema": t.json,
+            "primary_key": t.primary_key,
+            "fingerprint_hex": c.fingerprint_hex(),
+        })).collect::<Vec<_>>(),
+        "messages": messages,
+    })
+}
+
+/// The several-table vector decodes with the codec of either table: each change's table is the
+/// one its fingerprint names; a table's own rows come back whole, the other's by key only.
+#[test]
+fn the_several_table_vector_tells_each_change_s_table_by_its_fingerprint() {
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(PATH).unwrap()).unwrap();
+    let log = &stored["several_tables"];
+    let tables = TableKind::Accounts.log_tables(2).unwrap();
+    let schemas: Vec<_> = tables.iter().map(|(_, t)| t.clone()).collect();
+    let names: Vec<&str> = log["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["accounts_1", "accounts_2"]);
+    let fps: Vec<&str> = log["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["fingerprint_hex"].as_str().unwrap())
+        .collect();
+    assert_ne!(fps[0], fps[1]);
+    for own in 0..2 {
+        let codec = LogCodec::of_log(&schemas, own).unwrap();
+        for m in log["messages"].as_array().unwrap() {
+            let value = unhex(m["message_value_hex"].as_str().unwrap());
+            let key = m["key_hex"].as_str().map(unhex);
+            match codec.decode(&value, key.as_deref()).unwrap() {
+                kafka_backfill::core::LogRecord::Change(c) => {
+                    let t = names
+                        .iter()
+                        .position(|n| *n == m["table"].as_str().unwrap())
+                        .unwrap();
+                    assert_eq!(c.table as usize, t);
+                    assert_eq!(hex(&value[2..10]), fps[t]);
+                    let want = if t == own {
+                        m["row_datum_hex"].as_str().unwrap()
+                    } else {
+                        ""
+                    };
+                    assert_eq!(hex(&c.row.value), want);
+                }
+                kafka_backfill::core::LogRecord::Barrier(b) => {
+                    assert_eq!(b.prev.0, m["barrier"]["prev_epoch"].as_u64().unwrap());
+                }
+            }
+        }
+    }
+    // A codec of one table alone refuses the other's changes: the fingerprint is unknown to it.
+    let alone = LogCodec::new(schemas[0].clone()).unwrap();
+    let m = &log["messages"][1];
+    let e = alone
+        .decode(
+            &unhex(m["message_value_hex"].as_str().unwrap()),
+            Some(&unhex(m["key_hex"].as_str().unwrap())),
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("unknown writer schema fingerprint"),
+        "{e}"
+    );
 }
 
 #[test]

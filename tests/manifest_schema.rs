@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kafka_backfill::codec::TableSchema;
 use kafka_backfill::core::{vnode_of, Epoch, Vnode};
+use kafka_backfill::ports::SnapshotSource;
 use kafka_backfill::snapshot::files::{
     write_files, write_manifest, Manifest, ManifestStart, SnapshotFiles,
 };
@@ -225,4 +226,145 @@ fn the_typed_table_schema_is_a_row_schema() {
     let t = TableKind::Typed.schema().unwrap();
     assert_eq!(t.primary_key, vec!["region".to_string(), "id".to_string()]);
     TableSchema::parse(EXAMPLE_ROW_SCHEMA, &["id".to_string()]).unwrap();
+}
+
+/// A manifest of two tables sharing the log, as the writer lays it out (each table's files in a
+/// folder of its name): the schema accepts it, the reader opens each table by name and refuses to
+/// guess which one a job means.
+fn written_two_tables(d: &Path) -> serde_json::Value {
+    let tables = TableKind::Accounts.log_tables(2).unwrap();
+    let mut rng = kafka_backfill::rng::SimRng::new(7);
+    let rows: Vec<kafka_backfill::workload::TableRows> = tables
+        .iter()
+        .map(|(_, table)| {
+            (0..20)
+                .map(|id| {
+                    let row = kafka_backfill::workload::example_row(id, 0, 60, &mut rng);
+                    let datum = table.encode_row(&row).unwrap();
+                    (id, (table.key_of_datum(&datum).unwrap(), datum))
+                })
+                .collect()
+        })
+        .collect();
+    let start = (0..2)
+        .map(|p| kafka_backfill::core::PartitionProgress {
+            partition: p,
+            next_offset: 1,
+            epoch: Epoch(6 << 16),
+            streaming: false,
+        })
+        .collect();
+    kafka_backfill::workload::write_tables(
+        d,
+        Default::default(),
+        &tables,
+        kafka_backfill::core::PartitionMap::new(8, 2).unwrap(),
+        "log",
+        Epoch(5 << 16),
+        &rows,
+        start,
+    )
+    .unwrap();
+    read_json(d)
+}
+
+#[test]
+fn a_manifest_of_several_tables_is_read_table_by_table() {
+    let d = dir("tables");
+    let v = written_two_tables(&d);
+    valid(&v).unwrap();
+    for (i, name) in ["accounts_1", "accounts_2"].into_iter().enumerate() {
+        let s = SnapshotFiles::open_table(&d, Some(name)).unwrap();
+        assert_eq!(s.table_index, i);
+        assert_eq!(s.tables.len(), 2);
+        assert_eq!(s.table.name, format!("Account{}", i + 1));
+        let rows: usize = (0..8).map(|v| s.scan(v, None).unwrap().count()).sum();
+        assert_eq!(rows, 20, "{name}");
+    }
+    let e = SnapshotFiles::open(&d).err().unwrap().to_string();
+    assert!(
+        e.contains("holds 2 tables (accounts_1, accounts_2): name the job's with `snapshot.table`"),
+        "{e}"
+    );
+    let e = SnapshotFiles::open_table(&d, Some("tellers"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("no table tellers in the manifest (its tables: accounts_1, accounts_2)"),
+        "{e}"
+    );
+    // A one-table manifest's table is named by its row record.
+    let one = dir("tables-one");
+    written(&one);
+    SnapshotFiles::open_table(&one, Some("Account")).unwrap();
+    let e = SnapshotFiles::open_table(&one, Some("accounts_1"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("its one table is Account"), "{e}");
+}
+
+/// What the schema refuses of the several-table form the reader refuses too; and what no JSON
+/// Schema can say — two tables whose changes could not be told apart — the reader refuses naming
+/// both.
+#[test]
+fn several_tables_the_schema_refuses_the_reader_refuses() {
+    let d = dir("tables-refused");
+    let base = written_two_tables(&d);
+    type Change = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, &str, Change)> = vec![
+        (
+            "both forms",
+            "beside `tables`",
+            Box::new(|v| {
+                v["row_schema"] = v["tables"][0]["row_schema"].clone();
+            }),
+        ),
+        (
+            "no tables",
+            "`tables` is empty",
+            Box::new(|v| {
+                v["tables"] = serde_json::json!([]);
+            }),
+        ),
+        (
+            "a table without files",
+            "invalid manifest",
+            Box::new(|v| {
+                v["tables"][1].as_object_mut().unwrap().remove("files");
+            }),
+        ),
+        (
+            "a table name that is no SQL name",
+            "tables[1].name",
+            Box::new(|v| {
+                v["tables"][1]["name"] = serde_json::json!("accounts-2");
+            }),
+        ),
+    ];
+    for (what, says, change) in cases {
+        let mut v = base.clone();
+        change(&mut v);
+        assert!(valid(&v).is_err(), "the schema accepts {what}");
+        write_json(&d, &v);
+        let e = SnapshotFiles::open_table(&d, Some("accounts_1"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(says), "the reader on {what}: {e:?}");
+    }
+    let mut v = base.clone();
+    v["tables"][1]["row_schema"] = v["tables"][0]["row_schema"].clone();
+    v["tables"][1]["files"] = serde_json::json!([]);
+    valid(&v).unwrap();
+    write_json(&d, &v);
+    let e = SnapshotFiles::open_table(&d, Some("accounts_1"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("tables[1] (accounts_2) and table accounts_1 have one writer schema"),
+        "{e}"
+    );
 }

@@ -51,6 +51,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         progress: false,
         append: false,
         table: Default::default(),
+        tables: 1,
         kafka_properties: Default::default(),
         transactional: false,
         snapshot_layout: Default::default(),
@@ -76,6 +77,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
             kafka,
             snapshot: SnapshotConfig::Files {
                 dir: dir.join("snapshot"),
+                table: None,
             },
             store: StoreConfig::Sqlite {
                 path: dir.join("state.sqlite"),

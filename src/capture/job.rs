@@ -151,7 +151,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
         .capture
         .as_ref()
         .with_context(|| format!("job {} has no [jobs.capture] section", job.name))?;
-    let SnapshotConfig::Files { dir } = &job.snapshot else {
+    let SnapshotConfig::Files { dir, .. } = &job.snapshot else {
         bail!(
             "job {}: capture writes the snapshot as files (snapshot.kind = \"files\")",
             job.name
@@ -475,7 +475,7 @@ impl InProcess {
         }
         let mut me = InProcess { threads, stop };
         for job in jobs.iter().filter(|j| j.capture.is_some()) {
-            let SnapshotConfig::Files { dir } = &job.snapshot else {
+            let SnapshotConfig::Files { dir, .. } = &job.snapshot else {
                 continue;
             };
             let manifest = dir.join("manifest.json");

@@ -28,12 +28,19 @@ pub enum CodecError {
     Encode(String),
 }
 
-/// Encodes and decodes one table's log records.
+/// Encodes and decodes one table's log records. In a log of several tables (docs/WIRE.md,
+/// "Several tables") it decodes its own table's changes whole and the other tables' by their
+/// header only (epoch, op, vnode and the message key: what the contract checks), told apart by
+/// their writer schemas' fingerprints.
 #[derive(Clone, Debug)]
 pub struct LogCodec {
     pub table: TableSchema,
     pub schema: Schema,
     fingerprint: [u8; 8],
+    /// This table's index among the log's tables (0 in a one-table log).
+    index: u16,
+    /// The other tables' fingerprints and indexes.
+    others: Vec<([u8; 8], u16)>,
 }
 
 impl LogCodec {
@@ -55,7 +62,30 @@ impl LogCodec {
             table,
             schema,
             fingerprint,
+            index: 0,
+            others: Vec::new(),
         })
+    }
+
+    /// The codec of table `own` of a log carrying `tables` (in manifest order).
+    pub fn of_log(tables: &[TableSchema], own: usize) -> Result<Self, CodecError> {
+        let table = tables
+            .get(own)
+            .ok_or_else(|| CodecError::Schema(format!("no table {own} in the log")))?;
+        let mut codec = LogCodec::new(table.clone())?;
+        codec.index = own as u16;
+        for (i, t) in tables.iter().enumerate() {
+            if i != own {
+                let other = LogCodec::new(t.clone())?;
+                codec.others.push((other.fingerprint, i as u16));
+            }
+        }
+        Ok(codec)
+    }
+
+    /// This table's index among the log's tables.
+    pub fn index(&self) -> u16 {
+        self.index
     }
 
     pub fn fingerprint_hex(&self) -> String {
@@ -101,12 +131,16 @@ impl LogCodec {
         if value.len() < 10 || value[..2] != SINGLE_OBJECT_MARKER {
             return Err(CodecError::NoMarker(hex(&value[..value.len().min(4)])));
         }
-        if value[2..10] != self.fingerprint {
+        let table = if value[2..10] == self.fingerprint {
+            self.index
+        } else if let Some((_, i)) = self.others.iter().find(|(f, _)| value[2..10] == *f) {
+            *i
+        } else {
             return Err(CodecError::UnknownFingerprint {
                 found: hex(&value[2..10]),
                 expected: self.fingerprint_hex(),
             });
-        }
+        };
         let mut buf = &value[10..];
         let long = |buf: &mut &[u8], what: &str| {
             get_long(buf).ok_or_else(|| CodecError::Decode(format!("{what}: truncated")))
@@ -126,6 +160,22 @@ impl LogCodec {
                 let vnode = u16::try_from(vnode).map_err(|_| {
                     CodecError::Decode(format!("Change.vnode: {vnode} out of range"))
                 })?;
+                if table != self.index {
+                    // Another table's change: its header for the contract, its row left unread.
+                    let Some(key) = key else {
+                        return Err(CodecError::Decode("change without a message key".into()));
+                    };
+                    return Ok(LogRecord::Change(Change {
+                        epoch,
+                        op,
+                        vnode,
+                        table,
+                        row: Row {
+                            key: key.to_vec(),
+                            value: Vec::new(),
+                        },
+                    }));
+                }
                 let Some(key) = key else {
                     self.table
                         .check_row(buf)
@@ -150,6 +200,7 @@ impl LogCodec {
                     epoch,
                     op,
                     vnode,
+                    table,
                     row: Row {
                         key: key.to_vec(),
                         value: buf.to_vec(),

@@ -113,7 +113,9 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         match record {
             Ok(record) => {
                 if let LogRecord::Change(c) = &record {
-                    self.observer.observe(WorkerEvent::Change(c.op));
+                    if c.table == self.cfg.table {
+                        self.observer.observe(WorkerEvent::Change(c.op));
+                    }
                 }
                 self.feed(Event::Record {
                     partition,

@@ -416,6 +416,10 @@ pub enum SnapshotConfig {
     Files {
         /// The folder holding `manifest.json`.
         dir: PathBuf,
+        /// The table of the log this job materialises, by its manifest name, when the manifest
+        /// holds several (`tables`); absent: the manifest's only table.
+        #[serde(default)]
+        table: Option<String>,
     },
     /// A PostgreSQL table recorded in `kb_snapshots` (see `kafka-backfill export-snapshot`).
     Postgres {
@@ -768,6 +772,12 @@ impl Config {
                     return Err(err(
                         at("capture"),
                         "capture writes the snapshot as files: set snapshot = { kind = \"files\", dir = … }",
+                    ));
+                }
+                if matches!(job.snapshot, SnapshotConfig::Files { table: Some(_), .. }) {
+                    return Err(err(
+                        at("snapshot.table"),
+                        "capture writes a log of one table: leave snapshot.table out",
                     ));
                 }
                 crate::capture::pg::TableName::parse(&c.table)

@@ -70,12 +70,17 @@ pub struct PreparedJob {
 
 /// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
 pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
+    // The log's tables, when the snapshot names them (files); else the job's table is the log's one.
+    let mut log_tables: Vec<TableSchema> = Vec::new();
+    let mut table_index = 0;
     let (snapshot, table, manifest): (Arc<dyn SnapshotSource>, TableSchema, String) =
         match &job.snapshot {
-            SnapshotConfig::Files { dir } => {
-                let s = SnapshotFiles::open(dir)
+            SnapshotConfig::Files { dir, table } => {
+                let s = SnapshotFiles::open_table(dir, table.as_deref())
                     .with_context(|| format!("job {}: opening the snapshot", job.name))?;
                 let table = s.table.clone();
+                log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
+                table_index = s.table_index;
                 (
                     Arc::new(s),
                     table,
@@ -115,7 +120,11 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 .with_context(|| format!("job {} (snapshot {manifest})", job.name))?,
         }
     }
-    let codec = Arc::new(LogCodec::new(table.clone())?);
+    let codec = Arc::new(if log_tables.len() > 1 {
+        LogCodec::of_log(&log_tables, table_index)?
+    } else {
+        LogCodec::new(table.clone())?
+    });
     let open_store = store_factory(
         &job.store,
         table.clone(),
@@ -173,7 +182,7 @@ pub fn check_against_snapshot(
 /// yet (no manifest: a capture or a producer writes it later; a PostgreSQL snapshot is not
 /// connected to); an error for a manifest that `run` would refuse.
 pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
-    let SnapshotConfig::Files { dir } = &job.snapshot else {
+    let SnapshotConfig::Files { dir, table } = &job.snapshot else {
         return Ok(Some(format!(
             "job {}: snapshot not checked (a PostgreSQL snapshot is read at run)",
             job.name
@@ -187,7 +196,7 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
             manifest.display()
         )));
     }
-    let s = SnapshotFiles::open(dir)
+    let s = SnapshotFiles::open_table(dir, table.as_deref())
         .with_context(|| format!("job {}: opening the snapshot", job.name))?;
     check_against_snapshot(job, &s.table, s.info(), &manifest.display().to_string())?;
     Ok(None)

@@ -217,6 +217,7 @@ mod tests {
                 reschedule: false,
                 max_dead_letters: None,
                 commit_every_checkpoint: false,
+                table: 0,
             },
             0,
         );

@@ -102,6 +102,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         reschedule: setup.reschedule,
         max_dead_letters: setup.dead_letters.as_ref().map(|(_, max)| *max),
         commit_every_checkpoint: setup.commit_every_checkpoint,
+        table: setup.codec.index(),
     };
     let driver = Driver::new(
         cfg,

@@ -47,6 +47,7 @@ impl Upstream {
                     epoch,
                     op,
                     vnode,
+                    table: 0,
                     row: Row {
                         key: key.clone(),
                         value,
@@ -90,6 +91,7 @@ impl Upstream {
                 epoch: self.epoch,
                 op: Op::Insert,
                 vnode,
+                table: 0,
                 row: Row {
                     key: b"poison".to_vec(),
                     value: b"poison".to_vec(),

@@ -56,6 +56,56 @@ pub struct Manifest {
     pub start: Vec<ManifestStart>,
 }
 
+/// `manifest.json` of a log carrying several tables (docs/WIRE.md, "Several tables"): the tables
+/// share the snapshot epoch, the vnode map and the start offsets; each has its own row schema,
+/// primary key and files. A one-table [`Manifest`] is the same log with one table.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TablesManifest {
+    pub snapshot_epoch: Epoch,
+    pub vnode_count: u32,
+    pub partition_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// The log's tables, in the order that numbers them (a change's table is found by its writer
+    /// schema's fingerprint).
+    pub tables: Vec<ManifestTable>,
+    pub start: Vec<ManifestStart>,
+}
+
+/// One table of a [`TablesManifest`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ManifestTable {
+    /// The table's name: what a job names in `snapshot.table`, and its store table by default.
+    pub name: String,
+    pub row_schema: serde_json::Value,
+    pub primary_key: Vec<String>,
+    pub files: Vec<ManifestFile>,
+}
+
+impl TablesManifest {
+    /// The one-table manifest of table `index` (what a job of that table reads).
+    pub fn table_view(&self, index: usize) -> Manifest {
+        let t = &self.tables[index];
+        Manifest {
+            snapshot_epoch: self.snapshot_epoch,
+            vnode_count: self.vnode_count,
+            partition_count: self.partition_count,
+            topic: self.topic.clone(),
+            row_schema: t.row_schema.clone(),
+            primary_key: t.primary_key.clone(),
+            files: t.files.clone(),
+            start: self.start.clone(),
+        }
+    }
+}
+
+/// A table of the log a snapshot folder describes: its name and row schema.
+#[derive(Clone, Debug)]
+pub struct LogTable {
+    pub name: String,
+    pub schema: TableSchema,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ManifestFile {
     /// Relative to the manifest's folder.
@@ -628,6 +678,13 @@ fn next_owned_record(r: &mut impl std::io::BufRead) -> std::io::Result<Option<Ow
 /// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
 /// (a reader sees the old manifest or the whole new one, never part of one).
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, SourceError> {
+    write_manifest_json(dir, manifest)
+}
+
+fn write_manifest_json(
+    dir: &Path,
+    manifest: &impl serde::Serialize,
+) -> Result<PathBuf, SourceError> {
     use std::io::Write;
     let path = dir.join("manifest.json");
     let tmp = dir.join(".manifest.json.tmp");
@@ -673,13 +730,78 @@ impl Spill {
     }
 }
 
+/// The tables of a several-table manifest, checked: names unique and usable as table names, row
+/// records of distinct full names (so their writer schemas' fingerprints differ).
+fn log_tables(m: &TablesManifest, mpath: &Path) -> Result<Vec<LogTable>, SourceError> {
+    if m.tables.is_empty() {
+        return Err(file_err(mpath, "invalid manifest: `tables` is empty"));
+    }
+    let mut out: Vec<LogTable> = Vec::with_capacity(m.tables.len());
+    for (i, t) in m.tables.iter().enumerate() {
+        let schema = TableSchema::parse(&t.row_schema.to_string(), &t.primary_key)
+            .map_err(|e| file_err(mpath, format!("tables[{i}] ({}): {e}", t.name)))?;
+        crate::ports::check_table_name(&t.name)
+            .map_err(|e| file_err(mpath, format!("tables[{i}].name: {e}")))?;
+        if let Some(o) = out.iter().find(|o| o.name == t.name) {
+            return Err(file_err(
+                mpath,
+                format!("tables[{i}]: table {} is named twice", o.name),
+            ));
+        }
+        let fingerprint = crate::codec::LogCodec::new(schema.clone())
+            .map_err(|e| file_err(mpath, format!("tables[{i}] ({}): {e}", t.name)))?
+            .fingerprint_hex();
+        for o in &out {
+            if crate::codec::LogCodec::new(o.schema.clone())
+                .map_err(|e| file_err(mpath, e))?
+                .fingerprint_hex()
+                == fingerprint
+            {
+                return Err(file_err(
+                    mpath,
+                    format!(
+                        "tables[{i}] ({}) and table {} have one writer schema (fingerprint {fingerprint}): a change's table is told by it, so give each table's row record its own full name",
+                        t.name, o.name
+                    ),
+                ));
+            }
+        }
+        out.push(LogTable {
+            name: t.name.clone(),
+            schema,
+        });
+    }
+    Ok(out)
+}
+
+fn names(tables: &[LogTable]) -> String {
+    tables
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Writes a several-table `manifest.json` (atomically, as [`write_manifest`]).
+pub fn write_tables_manifest(
+    dir: &Path,
+    manifest: &TablesManifest,
+) -> Result<PathBuf, SourceError> {
+    write_manifest_json(dir, manifest)
+}
+
 /// Spill folders get distinct names within a process.
 static SPILL_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A snapshot on disk, opened through its manifest.
 pub struct SnapshotFiles {
     dir: PathBuf,
+    /// The manifest of the table read (for a several-table manifest, that table's view).
     pub manifest: Manifest,
+    /// Every table of the log, in manifest order (one for a one-table manifest).
+    pub tables: Vec<LogTable>,
+    /// Which of them this snapshot reads.
+    pub table_index: usize,
     /// Keys of `manifest.json` this release does not know and ignored (paths such as
     /// `start.0.streaming`), warned about once at open.
     pub ignored_keys: Vec<String>,
@@ -707,22 +829,87 @@ impl SnapshotFiles {
     /// Opens `dir/manifest.json`, checks that every file it names exists, lists only vnodes below
     /// `vnode_count`, and has the manifest's row schema in its header.
     pub fn open(dir: &Path) -> Result<Self, SourceError> {
+        Self::open_table(dir, None)
+    }
+
+    /// [`open`](Self::open) for table `name` of the log (`None`: its only table). A several-table
+    /// manifest (`tables`) needs a name when it holds more than one; a one-table manifest's table is
+    /// named by its row record.
+    pub fn open_table(dir: &Path, name: Option<&str>) -> Result<Self, SourceError> {
         let mpath = dir.join("manifest.json");
         let text = fs::read_to_string(&mpath).map_err(|e| file_err(&mpath, e))?;
         // Keys this release does not know are ignored with one warning naming them: a manifest
         // written for an earlier release (whose `start[]` entries carried `streaming`) or by a later
         // writer still opens. Every key this release needs is required and typed.
         let mut ignored_keys = Vec::new();
-        let manifest: Manifest =
-            serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(&text), |path| {
-                ignored_keys.push(path.to_string())
-            })
+        let several = serde_json::from_str::<serde_json::Value>(&text)
+            .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?
+            .get("tables")
+            .is_some();
+        let (manifest, tables, table_index) = if several {
+            let m: TablesManifest = serde_ignored::deserialize(
+                &mut serde_json::Deserializer::from_str(&text),
+                |path| ignored_keys.push(path.to_string()),
+            )
             .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?;
+            if let Some(k) = ignored_keys
+                .iter()
+                .find(|k| ["row_schema", "primary_key", "files"].contains(&k.as_str()))
+            {
+                return Err(file_err(
+                    &mpath,
+                    format!("invalid manifest: `{k}` beside `tables`: a manifest is one table (row_schema, primary_key, files) or several (tables), not both"),
+                ));
+            }
+            let tables = log_tables(&m, &mpath)?;
+            let index = match name {
+                Some(n) => tables.iter().position(|t| t.name == n).ok_or_else(|| {
+                    file_err(
+                        &mpath,
+                        format!(
+                            "no table {n} in the manifest (its tables: {})",
+                            names(&tables)
+                        ),
+                    )
+                })?,
+                None if tables.len() == 1 => 0,
+                None => {
+                    return Err(file_err(
+                        &mpath,
+                        format!(
+                        "the manifest holds {} tables ({}): name the job's with `snapshot.table`",
+                        tables.len(),
+                        names(&tables)
+                    ),
+                    ))
+                }
+            };
+            (m.table_view(index), tables, index)
+        } else {
+            let m: Manifest = serde_ignored::deserialize(
+                &mut serde_json::Deserializer::from_str(&text),
+                |path| ignored_keys.push(path.to_string()),
+            )
+            .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?;
+            let schema = TableSchema::parse(&m.row_schema.to_string(), &m.primary_key)
+                .map_err(|e: CodecError| file_err(&mpath, e))?;
+            let table_name = schema.name.clone();
+            if let Some(n) = name.filter(|n| *n != table_name) {
+                return Err(file_err(
+                    &mpath,
+                    format!("no table {n} in the manifest (its one table is {table_name})"),
+                ));
+            }
+            let tables = vec![LogTable {
+                name: table_name,
+                schema,
+            }];
+            (m, tables, 0)
+        };
         if !ignored_keys.is_empty() {
             tracing::warn!(file = %mpath.display(), keys = %ignored_keys.join(", "), "manifest.json: ignoring keys this release does not know");
         }
-        let table = TableSchema::parse(&manifest.row_schema.to_string(), &manifest.primary_key)
-            .map_err(|e: CodecError| file_err(&mpath, e))?;
+        let table = tables[table_index].schema.clone();
         let canonical = table.schema.canonical_form();
         let mut by_vnode: BTreeMap<Vnode, Vec<usize>> = BTreeMap::new();
         for (i, f) in manifest.files.iter().enumerate() {
@@ -767,6 +954,8 @@ impl SnapshotFiles {
         Ok(SnapshotFiles {
             dir: dir.to_path_buf(),
             manifest,
+            tables,
+            table_index,
             ignored_keys,
             table,
             info,

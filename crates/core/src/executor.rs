@@ -70,6 +70,9 @@ pub struct JobSpec {
     /// a commit boundary of every partition, so the workers' boundaries meet); off, a backlog's
     /// checkpoints coalesce into fewer, larger commits.
     pub commit_every_checkpoint: bool,
+    /// The table of the log this job materialises (`Change::table`; 0 in a one-table log): the
+    /// other tables' changes are checked against the contract and passed over.
+    pub table: u16,
 }
 
 /// Runtime state of one owned partition.
@@ -798,6 +801,11 @@ impl Executor {
         p.next_offset = offset + 1;
         p.record_end = offset + 1;
         match record {
+            LogRecord::Change(change) if change.table != self.spec.table => {
+                // Another table of the log: checked, read past, never staged.
+                self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
+                Ok(())
+            }
             LogRecord::Change(change) => {
                 // What staging the change holds, estimated: its bytes, the staging map's copy of
                 // the key and a fixed overhead for the entry and its allocations.

@@ -25,6 +25,7 @@ fn spec(partitions: u32) -> JobSpec {
         reschedule: false,
         max_dead_letters: None,
         commit_every_checkpoint: false,
+        table: 0,
     }
 }
 
@@ -61,6 +62,7 @@ fn change(map: PartitionMap, epoch: Epoch, v: Vnode, op: Op) -> LogRecord {
         epoch,
         op,
         vnode: v,
+        table: 0,
         row: Row {
             key: key_for_vnode(map, v),
             value: b"x".to_vec(),
@@ -172,6 +174,43 @@ fn aligns_barriers_pausing_the_partition_that_is_ahead() {
     assert!(ds.contains(&Decision::Resume(0)));
 }
 
+/// In a log of several tables a job stages only its own table's changes; another table's are held
+/// to the same contract (epoch, routing) and read past, so the checkpoint's offsets pass them.
+#[test]
+fn another_table_s_changes_are_checked_and_read_past_never_staged() {
+    let mut x = in_log_store();
+    let map = x.spec().map;
+    let other = |epoch: Epoch, v: Vnode| match change(map, epoch, v, Op::Insert) {
+        LogRecord::Change(c) => LogRecord::Change(Change {
+            table: 1,
+            row: Row {
+                key: c.row.key,
+                value: Vec::new(),
+            },
+            ..c
+        }),
+        b => b,
+    };
+    x.handle(rec(0, 1, change(map, e(1), 0, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 2, other(e(1), 1))).unwrap();
+    x.handle(rec(0, 3, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    x.handle(rec(1, 1, other(e(1), 5))).unwrap();
+    let ds = x
+        .handle(rec(1, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cs = commits(&ds);
+    assert_eq!(cs.len(), 1, "{ds:?}");
+    assert_eq!(cs[0].rows.len(), 1, "only the job's own table's row");
+    let mut next: Vec<u64> = cs[0].partitions.iter().map(|p| p.next_offset).collect();
+    next.sort();
+    assert_eq!(next, [3, 4], "past the other table's changes");
+    // Another table's change in the wrong epoch is the same violation as the job's own.
+    let e = bad_record(&mut x, rec(1, 3, other(e(1), 5)));
+    assert!(matches!(e, CoreError::EpochMismatch { .. }), "{e}");
+}
+
 #[test]
 fn a_partition_ahead_is_paused_by_the_bytes_it_stages_beyond_its_share_and_resumed_at_half() {
     let mut s = spec(2);
@@ -184,6 +223,7 @@ fn a_partition_ahead_is_paused_by_the_bytes_it_stages_beyond_its_share_and_resum
             epoch: e(2),
             op: Op::Insert,
             vnode: v,
+            table: 0,
             row: Row {
                 key: key_for_vnode(map, v),
                 value: vec![7; 400],

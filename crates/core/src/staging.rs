@@ -184,6 +184,7 @@ mod tests {
             epoch: Epoch(epoch),
             op,
             vnode,
+            table: 0,
             row: Row {
                 key: key.as_bytes().to_vec(),
                 value: value.as_bytes().to_vec(),

@@ -80,6 +80,7 @@ fn change(epoch: Epoch, op: Op, vnode: Vnode, key: &[u8]) -> Change {
         epoch,
         op,
         vnode,
+        table: 0,
         row: Row {
             key: key.to_vec(),
             value: b"v".to_vec(),
