@@ -780,6 +780,15 @@ fn print_status(v: &serde_json::Value) {
                 kafka_backfill::core::Epoch(e)
             );
         }
+        let held = &job["published_held_back_by"];
+        if let Some(p) = held["partition"].as_u64() {
+            println!(
+                "  held back by partition {p} (owner {}): committed to epoch {}, {:.1} s behind the furthest partition",
+                held["owner"].as_str().unwrap_or("none"),
+                kafka_backfill::core::Epoch(held["epoch"].as_u64().unwrap_or(0)),
+                held["seconds_behind"].as_f64().unwrap_or(0.0)
+            );
+        }
         for w in job["workers"].as_array().into_iter().flatten() {
             println!(
                 "  worker {:<12} phase {:<10} generation {} vnodes {:<4} snapshot rows {:<9} log changes {:<9} epoch lag {:.1}s lag {} records{}{}",

@@ -273,6 +273,7 @@ pub fn run(
             supervisor.clone(),
             prepared.open_store.clone(),
             crate::core::RateLimits::both(job.max_rows_per_second),
+            job.consistency == crate::service::config::Consistency::Epoch,
         ));
         runtimes.insert(runtime.clone());
         jobs.push(runtime);

@@ -20,6 +20,9 @@ pub struct Metrics {
     pub alignment_seconds: HistogramVec,
     pub epoch_lag_seconds: GaugeVec,
     pub catch_up_eta_seconds: GaugeVec,
+    /// Under `consistency = "epoch"`: how far the partition holding the published table back
+    /// trails the furthest one (0 when none does).
+    pub publication_lag_seconds: GaugeVec,
     pub rate_limit: IntGaugeVec,
     pub paused: IntGaugeVec,
     pub http_unauthorized: prometheus::IntCounter,
@@ -92,6 +95,16 @@ impl Metrics {
         )
         .expect("metric");
         r.register(Box::new(eta.clone())).expect("register");
+        let publication_lag = GaugeVec::new(
+            Opts::new(
+                "kafka_backfill_publication_lag_seconds",
+                "Under consistency = \"epoch\": the committed epoch of the furthest partition minus that of the partition holding the published table back, in seconds (0 when all stand at one epoch).",
+            ),
+            &["job_name"],
+        )
+        .expect("metric");
+        r.register(Box::new(publication_lag.clone()))
+            .expect("register");
         let http_rejected = prometheus::IntCounter::new(
             "kafka_backfill_http_connections_rejected_total",
             "HTTP connections closed at once because http.max_connections were being served.",
@@ -125,6 +138,7 @@ impl Metrics {
             ),
             epoch_lag_seconds: epoch_lag,
             catch_up_eta_seconds: eta,
+            publication_lag_seconds: publication_lag,
             rate_limit: gauge(&r, "kafka_backfill_rate_limit", "Rate limit in force per worker, by kind (snapshot_rows, log_records per second; 0 = none).", &["job_name", "worker", "kind"]),
             partition_lag: gauge(&r, "kafka_backfill_partition_lag", "High watermark minus committed offset.", &["job_name", "partition"]),
             bitmap_updates: counter(

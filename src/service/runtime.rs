@@ -104,6 +104,10 @@ pub struct JobRuntime {
     dead_letters: Mutex<Option<u64>>,
     /// Under `consistency = "epoch"`: the epoch the whole table stands at, as last read.
     published_epoch: Mutex<Option<crate::core::Epoch>>,
+    /// The job publishes its table at one epoch (`consistency = "epoch"`).
+    publication: bool,
+    /// Under publication: the partition holding the table back and its owner, as last read.
+    held_back: Mutex<Option<(crate::core::publication::HeldBack, Option<String>)>>,
 }
 
 impl JobRuntime {
@@ -113,6 +117,7 @@ impl JobRuntime {
         supervisor: Arc<Mutex<Supervisor>>,
         open: StoreFactory,
         configured_limits: RateLimits,
+        publication: bool,
     ) -> Self {
         JobRuntime {
             name: name.to_string(),
@@ -123,13 +128,16 @@ impl JobRuntime {
             progress: Mutex::new(None),
             dead_letters: Mutex::new(None),
             published_epoch: Mutex::new(None),
+            publication,
+            held_back: Mutex::new(None),
         }
     }
 
     /// The job's progress over all its vnodes, read from its store now (and kept for `/status`).
     pub fn read_progress(&self) -> Result<JobProgress> {
         let name = &self.name;
-        let (vnodes, partitions, letters, published) = self
+        let publication = self.publication;
+        let (vnodes, partitions, letters, published, owners) = self
             .stores
             .with(|s| {
                 Ok((
@@ -137,9 +145,22 @@ impl JobRuntime {
                     s.committed_partitions(name)?,
                     s.dead_letters(name)?.len() as u64,
                     s.published_epoch(name)?,
+                    if publication {
+                        s.owners(name)?
+                    } else {
+                        Default::default()
+                    },
                 ))
             })
             .with_context(|| format!("job {name}: reading progress"))?;
+        if publication {
+            let held = crate::core::publication::held_back(partitions.values());
+            crate::service::metrics::metrics()
+                .publication_lag_seconds
+                .with_label_values(&[name])
+                .set(held.map_or(0.0, |h| h.seconds()));
+            *self.held_back.lock().unwrap() = held.map(|h| (h, owners.get(&h.partition).cloned()));
+        }
         let p = JobProgress::of(self.map, &vnodes, &partitions);
         *self.progress.lock().unwrap() = Some(p.clone());
         *self.dead_letters.lock().unwrap() = Some(letters);
@@ -150,6 +171,12 @@ impl JobRuntime {
     /// Under `consistency = "epoch"`: the epoch the whole table stood at, at the last progress read.
     pub fn published_epoch(&self) -> Option<crate::core::Epoch> {
         *self.published_epoch.lock().unwrap()
+    }
+
+    /// Under `consistency = "epoch"`: the partition holding the table back and its owner (the
+    /// worker of its last claim), at the last progress read.
+    pub fn held_back(&self) -> Option<(crate::core::publication::HeldBack, Option<String>)> {
+        self.held_back.lock().unwrap().clone()
     }
 
     /// The dead letters the store held at the last progress read.
@@ -273,6 +300,14 @@ impl Runtimes {
     pub fn published_epoch_of(&self, name: &str) -> Option<crate::core::Epoch> {
         self.get(name).and_then(|j| j.published_epoch())
     }
+
+    /// The partition holding the published table of `name` back, as last read, for `/status`.
+    pub fn held_back_of(
+        &self,
+        name: &str,
+    ) -> Option<(crate::core::publication::HeldBack, Option<String>)> {
+        self.get(name).and_then(|j| j.held_back())
+    }
 }
 
 #[cfg(test)]
@@ -291,6 +326,133 @@ mod tests {
             crate::store::sqlite::SqliteStore::open(&path, "accounts", table.clone())
                 .map(|s| Box::new(s) as Box<dyn StateStore>)
         })
+    }
+
+    /// Under publication the runtime names the partition holding the table back, its owner and how
+    /// far it trails (what `/status` and `kafka_backfill_publication_lag_seconds` show): worker b's
+    /// partition 1 committed through an older epoch than worker a's partition 0.
+    #[test]
+    fn under_publication_the_partition_holding_the_table_back_is_named_with_its_owner() {
+        use crate::core::{
+            Checkpoint, CheckpointCause, Epoch, PartitionProgress, SupervisorConfig, VnodeProgress,
+        };
+        use crate::ports::SnapshotInfo;
+        let dir = std::env::temp_dir().join(format!("kb-held-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.sqlite");
+        let _ = std::fs::remove_file(&path);
+        let table = crate::codec::TableSchema::parse(
+            crate::workload::EXAMPLE_ROW_SCHEMA,
+            &["id".to_string()],
+        )
+        .unwrap();
+        let open: StoreFactory = Arc::new(move || {
+            let options = crate::store::sqlite::SqliteOptions {
+                publication: true,
+                ..Default::default()
+            };
+            crate::store::sqlite::SqliteStore::open_with(&path, "accounts", table.clone(), options)
+                .map(|s| Box::new(s) as Box<dyn StateStore>)
+        });
+        let map = PartitionMap::new(4, 2).unwrap();
+        let ms = |n: u64| Epoch::from_unix_millis(1_767_225_600_000 + n);
+        let info = SnapshotInfo {
+            snapshot_epoch: ms(0),
+            vnode_count: 4,
+            partition_count: 2,
+            start: (0..2)
+                .map(|p| PartitionProgress {
+                    partition: p,
+                    next_offset: 1,
+                    epoch: ms(1_000),
+                    streaming: false,
+                })
+                .collect(),
+        };
+        let mut store = open().unwrap();
+        store.ensure_job("j", &info).unwrap();
+        // Each worker finishes its snapshot, then commits its partition's log through an epoch.
+        for (worker, partition, through, next) in [
+            ("a-0", 0, ms(3_000), ms(4_000)),
+            ("b-0", 1, ms(1_000), ms(1_500)),
+        ] {
+            let claims = store.claim("j", 0, worker, &[partition], &info).unwrap();
+            let lease = claims[0].lease;
+            let vnodes = |epoch: Epoch| {
+                map.vnodes_of(partition)
+                    .map(|v| VnodeProgress {
+                        finished: true,
+                        epoch,
+                        ..VnodeProgress::fresh(v, ms(0))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let cp =
+                |cause, epoch: Option<Epoch>, v: Vec<VnodeProgress>, next_offset, at| Checkpoint {
+                    generation: 0,
+                    worker: worker.to_string(),
+                    cause,
+                    epoch,
+                    leases: vec![(partition, lease)],
+                    rows: Vec::new(),
+                    vnodes: v,
+                    partitions: vec![PartitionProgress {
+                        partition,
+                        next_offset,
+                        epoch: at,
+                        streaming: false,
+                    }],
+                    dead_letters: Vec::new(),
+                    max_dead_letters: 0,
+                };
+            store
+                .commit(
+                    "j",
+                    &cp(
+                        CheckpointCause::SnapshotDone,
+                        None,
+                        vnodes(ms(0)),
+                        1,
+                        ms(1_000),
+                    ),
+                )
+                .unwrap();
+            store
+                .commit(
+                    "j",
+                    &cp(
+                        CheckpointCause::Barrier,
+                        Some(through),
+                        vnodes(through),
+                        9,
+                        next,
+                    ),
+                )
+                .unwrap();
+        }
+        let runtime = JobRuntime::new(
+            "j",
+            map,
+            Arc::new(Mutex::new(crate::core::Supervisor::new(
+                SupervisorConfig::default(),
+            ))),
+            open,
+            RateLimits::both(0),
+            true,
+        );
+        runtime.read_progress().unwrap();
+        let (h, owner) = runtime.held_back().unwrap();
+        assert_eq!(
+            (h.partition, h.epoch, h.freshest),
+            (1, ms(1_500), ms(4_000))
+        );
+        assert_eq!(owner.as_deref(), Some("b-0"));
+        assert_eq!(h.seconds(), 2.5);
+        let lag = crate::service::metrics::metrics()
+            .publication_lag_seconds
+            .with_label_values(&["j"])
+            .get();
+        assert_eq!(lag, 2.5);
     }
 
     /// Reads reuse the pool's handles: a hundred reads open one store, not a hundred.

@@ -111,6 +111,12 @@ pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes
                 "progress": progress,
                 "dead_letters": jobs.dead_letters_of(job),
                 "published_epoch": jobs.published_epoch_of(job).map(|e| e.0),
+                "published_held_back_by": jobs.held_back_of(job).map(|(h, owner)| json!({
+                    "partition": h.partition,
+                    "epoch": h.epoch.0,
+                    "owner": owner,
+                    "seconds_behind": h.seconds(),
+                })),
                 "workers": ws,
             })
         })

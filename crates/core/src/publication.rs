@@ -1,6 +1,7 @@
 //! Publishing a replica at one epoch across every partition (docs/design/several-tables.md §2, issue
-//! 23; proposed — no store calls this yet): which epoch a store may publish, given the checkpoints
-//! each partition has committed and not yet published.
+//! 23; `src/store/protocol.rs`, `publish`, calls it): which epoch a store may publish, given the
+//! checkpoints each partition has committed and not yet published, and which partition holds the
+//! published table back.
 //!
 //! A committed checkpoint not yet published is a *pending unit*: its epoch and the partitions it
 //! covers. Its rows are coalesced over (that worker's previous commit, epoch], so a unit is applied
@@ -12,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::epoch::Epoch;
-use super::progress::Checkpoint;
+use super::progress::{Checkpoint, PartitionProgress};
 use super::vnode::{PartitionId, PartitionMap};
 
 /// The partitions a log-store checkpoint through `epoch` puts *at* `epoch`: those whose vnodes'
@@ -72,6 +73,47 @@ pub fn publication_epoch<'a>(
         .map(|(epoch, _)| epoch)
 }
 
+/// What holds a published table back: the partition whose committed progress is the oldest, while
+/// another stands further. The table can be published no further than that partition's last commit,
+/// so its owner (or its lack of one: a worker gone, a partition unassigned) is what an operator
+/// looks at when the table is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldBack {
+    pub partition: PartitionId,
+    /// The partition's committed progress: the epoch its next data belongs to.
+    pub epoch: Epoch,
+    /// The furthest partition's.
+    pub freshest: Epoch,
+}
+
+impl HeldBack {
+    /// How far the slowest partition trails the furthest, in the epochs' own time.
+    pub fn seconds(&self) -> f64 {
+        self.freshest.seconds_since(self.epoch)
+    }
+}
+
+/// The partition holding the published table back, from every partition's committed progress
+/// (the lowest-numbered of the oldest); `None` when all stand at one epoch (or none committed).
+pub fn held_back<'a>(
+    partitions: impl IntoIterator<Item = &'a PartitionProgress>,
+) -> Option<HeldBack> {
+    let mut slowest: Option<&PartitionProgress> = None;
+    let mut freshest: Option<Epoch> = None;
+    for p in partitions {
+        freshest = freshest.max(Some(p.epoch));
+        if slowest.is_none_or(|s| (p.epoch, p.partition) < (s.epoch, s.partition)) {
+            slowest = Some(p);
+        }
+    }
+    let (slowest, freshest) = (slowest?, freshest?);
+    (slowest.epoch < freshest).then_some(HeldBack {
+        partition: slowest.partition,
+        epoch: slowest.epoch,
+        freshest,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +121,32 @@ mod tests {
 
     fn e(n: u64) -> Epoch {
         Epoch(n << 16)
+    }
+
+    #[test]
+    fn the_oldest_partition_holds_the_table_back_while_another_stands_further() {
+        let at = |partition, epoch| PartitionProgress {
+            partition,
+            next_offset: 1,
+            epoch,
+            streaming: false,
+        };
+        assert_eq!(held_back(&[]), None);
+        assert_eq!(
+            held_back(&[at(0, e(5)), at(1, e(5))]),
+            None,
+            "all at one epoch"
+        );
+        let ms = |n: u64| Epoch::from_unix_millis(1_767_225_600_000 + n);
+        let h = held_back(&[
+            at(0, ms(3_000)),
+            at(2, ms(500)),
+            at(1, ms(500)),
+            at(3, ms(2_000)),
+        ])
+        .unwrap();
+        assert_eq!((h.partition, h.epoch, h.freshest), (1, ms(500), ms(3_000)));
+        assert_eq!(h.seconds(), 2.5);
     }
 
     #[test]
