@@ -1828,6 +1828,96 @@ fn main() {
         }
     }
 
+    // ---- pg-key: the PostgreSQL table keyed (_kb_vnode, _kb_key) against the last release's _kb_key -
+    if a.want("pg-key") {
+        // A table larger than the server's buffers, so that where an index insert lands matters:
+        // the snapshot's rows (appended vnode by vnode in key order), then the log over them.
+        let rows = a.snapshot_rows;
+        eprintln!("pg-key: {rows}-row snapshot, {} changes…", a.log_changes);
+        let d = dir("pgkey");
+        let topic = format!("bench-pgkey-{}", rand_suffix());
+        produce(log_workload(
+            &bootstrap,
+            &topic,
+            4,
+            rows,
+            a.log_changes,
+            100,
+            &d,
+        ));
+        let records = topic_records(&bootstrap, &topic, 4);
+        let mut client = postgres::Client::connect(&pg, postgres::NoTls).unwrap();
+        let columns = workload::TableKind::Accounts
+            .schema()
+            .unwrap()
+            .column_ddl(kafka_backfill::codec::ColumnType::postgres);
+        let mut rates: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut cpus: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut snapshot_rates: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        // Alternating, so that both layouts meet the same machine, broker and server state.
+        for i in 0..a.reps {
+            for layout in ["vnode_key", "key"] {
+                let table = format!("bench_key_{layout}_{pid}_{i}_{}", rand_suffix());
+                if layout == "key" {
+                    // As the last release created its tables.
+                    client
+                        .batch_execute(&format!("CREATE TABLE \"{table}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {columns}, _kb_row BYTEA NOT NULL)"))
+                        .unwrap();
+                }
+                let t = timed_run_cpu(&job_config(
+                    &format!("k{}{i}", rand_suffix() % 100_000),
+                    &topic,
+                    &bootstrap,
+                    &d.join("snapshot"),
+                    postgres(&pg, &table),
+                ));
+                rates
+                    .entry(layout)
+                    .or_default()
+                    .push(records as f64 / t.log_secs);
+                snapshot_rates
+                    .entry(layout)
+                    .or_default()
+                    .push(rows as f64 / t.snapshot_secs);
+                cpus.entry(layout)
+                    .or_default()
+                    .push(t.log_cpu.per_million(records));
+            }
+        }
+        let mut medians = BTreeMap::new();
+        for (layout, what) in [
+            ("vnode_key", "PRIMARY KEY (_kb_vnode, _kb_key), new tables"),
+            ("key", "PRIMARY KEY (_kb_key), the last release's tables"),
+        ] {
+            let rate = median(rates[layout].clone());
+            let cpu_m = median(cpus[layout].clone());
+            let snap = median(snapshot_rates[layout].clone());
+            r.figure(
+                &format!("l_pg_key_snapshot_{layout}"),
+                &format!("snapshot phase into {pg_label}, table keyed {what}: {rows} rows, 1 worker, median of {:?}", snapshot_rates[layout].iter().map(|x| x.round()).collect::<Vec<_>>()),
+                format!("{} rows/s", fmt_rate(snap)),
+                json!(snap),
+            );
+            r.figure(
+                &format!("l_pg_key_log_{layout}"),
+                &format!("log-store phase over it, same table: {records} records over 4 partitions, median of {:?}; {cpu_m:.2} CPU-s per million records (kafka-backfill's process)", rates[layout].iter().map(|x| x.round()).collect::<Vec<_>>()),
+                format!("{} records/s", fmt_rate(rate)),
+                json!({"records_per_s": rate, "cpu_s_per_million": cpu_m}),
+            );
+            medians.insert(layout, (snap, rate));
+        }
+        for (i, phase) in ["snapshot", "log"].into_iter().enumerate() {
+            let pick = |m: (f64, f64)| if i == 0 { m.0 } else { m.1 };
+            let ratio = pick(medians["vnode_key"]) / pick(medians["key"]);
+            r.figure(
+                &format!("ratio_l_{phase}_vnode_key_over_key"),
+                &format!("{phase} phase: PostgreSQL table keyed (_kb_vnode, _kb_key) / keyed _kb_key, same log, same run, alternating"),
+                format!("{ratio:.3}"),
+                json!(ratio),
+            );
+        }
+    }
+
     // ---- capture: PostgreSQL → the log store, against COPY and pg_recvlogical ---------------------
     if a.want("capture") {
         let sizes = match a.size {

@@ -822,3 +822,49 @@ fn postgres() {
         &format!("conformance-{stamp}"),
     );
 }
+
+/// The primary-key columns of PostgreSQL table `t`, in key order.
+fn pg_primary_key(client: &mut postgres::Client, t: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
+            &[&t],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// New PostgreSQL tables are keyed `(_kb_vnode, _kb_key)`; a table the last release created, keyed
+/// by `_kb_key` alone, keeps its key and passes the whole suite (and publication) as it is.
+#[test]
+fn postgres_tables_of_the_last_release_keep_their_key() {
+    let url = support::pg_url();
+    let stamp = support::stamp();
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let new = format!("keyed_new_{stamp}");
+    PostgresStore::open(&url, &new, table()).unwrap();
+    assert_eq!(pg_primary_key(&mut client, &new), ["_kb_vnode", "_kb_key"]);
+    for (scenario, publishing) in [("suite", false), ("publication", true)] {
+        let old = format!("keyed_old_{scenario}_{stamp}");
+        // As the last release created it.
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE \"{old}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL)",
+                table().column_ddl(kafka_backfill::codec::ColumnType::postgres)
+            ))
+            .unwrap();
+        let open = || {
+            Box::new(PostgresStore::open_with(&url, &old, table(), publishing).unwrap())
+                as Box<dyn StateStore>
+        };
+        if publishing {
+            publication(&open, &format!("keyed-old-publication-{stamp}"));
+        } else {
+            conformance(&open, &format!("keyed-old-{stamp}"));
+        }
+        assert_eq!(pg_primary_key(&mut client, &old), ["_kb_key"], "{scenario}");
+    }
+}

@@ -79,6 +79,39 @@ pub struct PostgresStore {
     table_name: String,
     /// `consistency = "epoch"` ([`PostgresStore::open_with`]).
     publication: bool,
+    /// The table's primary key, as it was created.
+    layout: KeyLayout,
+}
+
+/// A materialised table's primary key. New tables are keyed `(_kb_vnode, _kb_key)`, RisingWave's
+/// state-table layout: a checkpoint's rows, sorted by (vnode, key), land on neighbouring index
+/// pages instead of pages spread over the whole key space. Tables created before (keyed `_kb_key`
+/// alone) keep their key and work as they did: the statements follow the layout found at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// `PRIMARY KEY (_kb_key)`: tables of earlier releases.
+    Key,
+    /// `PRIMARY KEY (_kb_vnode, _kb_key)`.
+    VnodeKey,
+}
+
+impl KeyLayout {
+    /// The `ON CONFLICT` target.
+    fn conflict(self) -> &'static str {
+        match self {
+            KeyLayout::Key => "(_kb_key)",
+            KeyLayout::VnodeKey => "(_kb_vnode, _kb_key)",
+        }
+    }
+
+    /// What an upsert sets besides the row: a key's vnode is part of the new key, not a column to
+    /// update.
+    fn set_vnode(self) -> &'static str {
+        match self {
+            KeyLayout::Key => "_kb_vnode = EXCLUDED._kb_vnode, ",
+            KeyLayout::VnodeKey => "",
+        }
+    }
 }
 
 /// A column value bound as its PostgreSQL type (decimals and JSON go as text and are cast in the
@@ -200,19 +233,21 @@ impl PostgresStore {
         // `IF NOT EXISTS` on a present table is a NOTICE that the driver would log on every open
         // (one per worker, committer and pooled handle): this session hears warnings and up only.
         let ddl = format!(
-            "SET client_min_messages TO warning; {SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL);",
+            "SET client_min_messages TO warning; {SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));",
             table.column_ddl(ColumnType::postgres)
         );
         // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
         if client.batch_execute(&ddl).is_err() {
             client.batch_execute(&ddl).map_err(classify)?;
         }
+        let layout = key_layout(&mut client, table_name)?;
         Ok(PostgresStore {
             url: url.to_string(),
             client,
             table,
             table_name: table_name.to_string(),
             publication,
+            layout,
         })
     }
 
@@ -478,6 +513,7 @@ impl StateStore for PostgresStore {
         // first attempt, and a retry decodes again.
         let mut decoded = Some(decoded);
         let publication = self.publication;
+        let layout = self.layout;
         self.with_tx(|tx, table, table_name| {
             let mut pre = decoded.take().unwrap_or_default().into_iter();
             for cp in cps {
@@ -485,6 +521,7 @@ impl StateStore for PostgresStore {
                     tx,
                     table,
                     table_name,
+                    layout,
                     publication,
                     job,
                     cp,
@@ -682,12 +719,34 @@ impl StateStore for PostgresStore {
     }
 }
 
+/// The primary key `table_name` was created with: `_kb_key` alone (an earlier release's table) or
+/// `(_kb_vnode, _kb_key)`.
+fn key_layout(client: &mut Client, table_name: &str) -> Result<KeyLayout, StoreError> {
+    let columns: Vec<String> = client
+        .query(
+            "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
+            &[&table_name],
+        )
+        .map_err(classify)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(if columns == ["_kb_key"] {
+        KeyLayout::Key
+    } else {
+        KeyLayout::VnodeKey
+    })
+}
+
 /// One checkpoint inside a transaction: the protocol's checks (which see the earlier checkpoints of
 /// the same group), then rows, vnode and partition progress, the job phase.
+#[allow(clippy::too_many_arguments)]
 fn apply_checkpoint(
     tx: &mut Transaction<'_>,
     table: &TableSchema,
     table_name: &str,
+    layout: KeyLayout,
     publication: bool,
     job: &str,
     cp: &Checkpoint,
@@ -727,14 +786,14 @@ fn apply_checkpoint(
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                let mut p = Publishing { tx, table };
+                let mut p = Publishing { tx, table, layout };
                 protocol::publish(&mut p, &row, table_name, cp, epoch, decoded)?
             }
             None if publication => {
                 let target = read_publication(tx, job)?.target(table_name);
-                write_rows(tx, table, &target, &cp.rows, decoded)?
+                write_rows(tx, table, &target, layout, &cp.rows, decoded)?
             }
-            _ => write_rows(tx, table, table_name, &cp.rows, decoded)?,
+            _ => write_rows(tx, table, table_name, layout, &cp.rows, decoded)?,
         }
         if !cp.vnodes.is_empty() {
             let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
@@ -769,6 +828,7 @@ fn write_rows(
     tx: &mut Transaction<'_>,
     table: &TableSchema,
     table_name: &str,
+    layout: KeyLayout,
     rows: &[RowMutation],
     decoded: DecodedRows,
 ) -> Result<(), StoreError> {
@@ -783,7 +843,7 @@ fn write_rows(
         .collect();
     let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
     let mut upserts: Vec<UpsertRow> = Vec::new();
-    let mut deletes: Vec<Vec<u8>> = Vec::new();
+    let mut deletes: Vec<(i32, Vec<u8>)> = Vec::new();
     for m in rows {
         match m {
             RowMutation::Upsert { vnode, row, .. } => {
@@ -795,14 +855,14 @@ fn write_rows(
                     .collect::<Result<_, _>>()?;
                 upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
             }
-            RowMutation::Delete { key, .. } => {
+            RowMutation::Delete { vnode, key } => {
                 decoded.next();
-                deletes.push(key.clone())
+                deletes.push((*vnode as i32, key.clone()))
             }
         }
     }
     if upserts.len() >= COPY_FROM_ROWS {
-        copy_upserts(tx, table, table_name, &cols, &sets, &upserts)?;
+        copy_upserts(tx, table, table_name, layout, &cols, &sets, &upserts)?;
         upserts.clear();
     }
     let per_statement = ROWS_PER_STATEMENT.min(60_000 / ncols).max(1);
@@ -822,9 +882,11 @@ fn write_rows(
             })
             .collect();
         let sql = format!(
-                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT {} DO UPDATE SET {}_kb_row = EXCLUDED._kb_row, {}",
                     cols.join(", "),
                     tuples.join(", "),
+                    layout.conflict(),
+                    layout.set_vnode(),
                     sets.join(", ")
                 );
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
@@ -837,10 +899,18 @@ fn write_rows(
         tx.execute(&sql, &params).map_err(classify)?;
     }
     if !deletes.is_empty() {
-        tx.execute(
-            &format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"),
-            &[&deletes],
-        )
+        let (vnodes, keys): (Vec<i32>, Vec<Vec<u8>>) = deletes.into_iter().unzip();
+        match layout {
+            KeyLayout::Key => tx.execute(
+                &format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"),
+                &[&keys],
+            ),
+            // By the whole key: there is no index on `_kb_key` alone.
+            KeyLayout::VnodeKey => tx.execute(
+                &format!("DELETE FROM \"{table_name}\" t USING UNNEST($1::int[], $2::bytea[]) AS d(v, k) WHERE t._kb_vnode = d.v AND t._kb_key = d.k"),
+                &[&vnodes, &keys],
+            ),
+        }
         .map_err(classify)?;
     }
     Ok(())
@@ -883,6 +953,7 @@ fn write_publication(
 struct Publishing<'a, 'b> {
     tx: &'a mut Transaction<'b>,
     table: &'a TableSchema,
+    layout: KeyLayout,
 }
 
 impl protocol::TxPublish for Publishing<'_, '_> {
@@ -1009,7 +1080,7 @@ impl protocol::TxPublish for Publishing<'_, '_> {
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        write_rows(self.tx, self.table, target, rows, decoded)
+        write_rows(self.tx, self.table, target, self.layout, rows, decoded)
     }
 
     fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError> {
@@ -1042,6 +1113,7 @@ fn copy_upserts(
     tx: &mut Transaction<'_>,
     table: &TableSchema,
     table_name: &str,
+    layout: KeyLayout,
     cols: &[String],
     sets: &[String],
     upserts: &[UpsertRow],
@@ -1089,9 +1161,11 @@ fn copy_upserts(
         .collect();
     tx.execute(
         &format!(
-            "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) SELECT k, v, r, {} FROM \"{stage}\" ON CONFLICT (_kb_key) DO UPDATE SET _kb_vnode = EXCLUDED._kb_vnode, _kb_row = EXCLUDED._kb_row, {}",
+            "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) SELECT k, v, r, {} FROM \"{stage}\" ON CONFLICT {} DO UPDATE SET {}_kb_row = EXCLUDED._kb_row, {}",
             cols.join(", "),
             selected.join(", "),
+            layout.conflict(),
+            layout.set_vnode(),
             sets.join(", ")
         ),
         &[],
