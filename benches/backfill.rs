@@ -229,6 +229,7 @@ fn log_workload(
         tables: 1,
         kafka_properties: Default::default(),
         transactional: false,
+        evolve: false,
         snapshot_layout: Default::default(),
     }
 }

@@ -28,6 +28,9 @@ pub struct Report {
     pub partitions: u32,
     /// The first violations, as operators read them (at most the requested number).
     pub violations: Vec<String>,
+    /// Row-schema versions of the log's tables, the manifest's included (docs/WIRE.md "Schema
+    /// changes").
+    pub schema_versions: u64,
     /// All violations found.
     pub violation_count: u64,
 }
@@ -52,6 +55,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
     // Every table of the log, each with its snapshot: a log of several tables is checked whole,
     // whichever of them the job materialises.
     let mut snapshots: Vec<Arc<dyn SnapshotSource>> = Vec::new();
+    let mut evolution = None;
     let (snapshot, table): (Arc<dyn SnapshotSource>, TableSchema) = match &job.snapshot {
         SnapshotConfig::Files { dir, table } => {
             match crate::snapshot::files::SnapshotFiles::open_table(dir, table.as_deref()) {
@@ -69,6 +73,21 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
                         }
                     }
                     tables = s.tables.iter().map(|t| t.schema.clone()).collect();
+                    // The schema versions beside the manifest (docs/WIRE.md "Schema changes").
+                    match crate::snapshot::versions::evolution(
+                        dir,
+                        tables.clone(),
+                        s.tables.iter().map(|t| Some(t.name.clone())).collect(),
+                        s.info().snapshot_epoch,
+                    ) {
+                        Ok(ev) => {
+                            let vs = ev.current();
+                            report.schema_versions =
+                                (0..tables.len()).map(|i| vs.of(i).len() as u64).sum();
+                            evolution = Some(ev);
+                        }
+                        Err(e) => report.violation(max_report, e.to_string()),
+                    }
                     (Arc::new(s), t)
                 }
                 Err(e) => {
@@ -155,13 +174,19 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
     }
     report.partitions = partitions;
     // One codec per table of the log, each decoding its own table's rows whole.
-    let codecs: Vec<LogCodec> = if tables.len() > 1 {
+    let mut codecs: Vec<LogCodec> = if tables.len() > 1 {
         (0..tables.len())
             .map(|i| LogCodec::of_log(&tables, i))
             .collect::<Result<_, _>>()?
     } else {
         vec![LogCodec::new(table)?]
     };
+    if let Some(ev) = &evolution {
+        codecs = codecs
+            .into_iter()
+            .map(|c| c.with_evolution(ev.clone()))
+            .collect();
+    }
     let mut barriers = std::collections::BTreeMap::new();
     for p in 0..partitions {
         check_partition(

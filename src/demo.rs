@@ -158,6 +158,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         tables: 1,
         kafka_properties: Default::default(),
         transactional: false,
+        evolve: false,
         snapshot_layout: Default::default(),
     })?;
     println!(

@@ -153,6 +153,11 @@ enum Command {
         /// file of every vnode in random order (as a data-lake export usually is).
         #[arg(long, value_enum, default_value_t)]
         snapshot_layout: kafka_backfill::workload::SnapshotLayout,
+        /// Change the row schema three times during the log, each at a checkpoint barrier (add
+        /// two columns, widen one to a long, drop one: docs/WIRE.md "Schema changes"); the
+        /// versions go to `<out>/snapshot/schema_versions/`.
+        #[arg(long)]
+        evolve: bool,
     },
     /// Check a job's snapshot and log topic against the wire contract without materialising
     /// anything: every violation is listed; exit 1 if there is any.
@@ -562,6 +567,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             properties,
             transactional,
             snapshot_layout,
+            evolve,
         } => {
             init_logs(LogFormat::Text, None);
             let w = Workload {
@@ -586,6 +592,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 kafka_properties: kafka_backfill::service::config::parse_properties(&properties)?,
                 transactional,
                 snapshot_layout,
+                evolve,
             };
             let r = workload::produce(&w)?;
             if append {
@@ -650,8 +657,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("violation: {v}");
             }
             println!(
-                "check-log {}: {} snapshot rows, {} log records in {} partitions: {} violations",
-                j.name, r.snapshot_rows, r.records, r.partitions, r.violation_count
+                "check-log {}: {} snapshot rows, {} log records in {} partitions, {} row-schema versions: {} violations",
+                j.name, r.snapshot_rows, r.records, r.partitions, r.schema_versions, r.violation_count
             );
             Ok(if r.violation_count == 0 {
                 ExitCode::SUCCESS

@@ -250,6 +250,9 @@ pub struct Workload {
     /// checkpoint barrier), and after every third one a transaction of deletes that is aborted
     /// (a consumer that applied aborted records would lose those rows).
     pub transactional: bool,
+    /// Change the row schema three times during the log (docs/WIRE.md "Schema changes",
+    /// [`evolved_schemas`]): at the first checkpoint barrier after each quarter of the changes.
+    pub evolve: bool,
 }
 
 impl Workload {
@@ -351,7 +354,7 @@ pub fn example_row(id: i64, version: i64, row_size: usize, rng: &mut SimRng) -> 
 struct Writer<'a> {
     producer: BaseProducer<Ctx>,
     /// One per table of the log; barriers are written with the first's fingerprint.
-    codecs: &'a [LogCodec],
+    codecs: Vec<LogCodec>,
     topic: &'a str,
     map: PartitionMap,
 }
@@ -502,7 +505,10 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     if w.append && n > 1 {
         bail!("--append continues a one-table log; --tables {n} writes a new one (leave out --append)");
     }
-    let table = tables[0].1.clone();
+    if w.evolve && (n > 1 || w.append || w.table != TableKind::Accounts) {
+        bail!("--evolve writes a new log of the accounts table (one table, no --append)");
+    }
+    let mut table = tables[0].1.clone();
     let codecs: Vec<LogCodec> = tables
         .iter()
         .map(|(_, t)| LogCodec::new(t.clone()))
@@ -536,9 +542,9 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             producer.begin_transaction()?;
         }
     }
-    let writer = Writer {
+    let mut writer = Writer {
         producer,
-        codecs: &codecs,
+        codecs: codecs.clone(),
         topic: &w.topic,
         map,
     };
@@ -607,6 +613,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
             prev: es,
             curr: epoch,
             kind: BarrierKind::Initial,
+            schema_change: false,
         })?;
         writer.producer.flush(Duration::from_secs(60))?;
         if w.transactional {
@@ -658,6 +665,13 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
     let mut in_epoch = 0u64;
     let mut last_checkpoint = epoch; // overwritten by the first checkpoint barrier
     let mut checkpoint_rows = rows.clone();
+    // `--evolve`: the row schema's version now (0: the manifest's) and the versions after it.
+    let mut version = 0usize;
+    let evolved = if w.evolve {
+        evolved_schemas()?
+    } else {
+        Vec::new()
+    };
     for i in 0..w.changes {
         if w.rate > 0 {
             let due = started + Duration::from_secs_f64(i as f64 / w.rate as f64);
@@ -672,14 +686,18 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         } else {
             0
         };
-        let table = &tables[t].1;
+        let tb = if t == 0 { &table } else { &tables[t].1 };
         let id = rng.below(w.key_space) as i64;
         match rows[t].get(&id).cloned() {
             Some((key, old)) => {
                 if rng.below(100) < w.update_percent {
                     let v = versions[t].entry(id).or_default();
                     *v += 1;
-                    let new = table.encode_row(&w.table.row(id, *v, w.row_size, &mut rng))?;
+                    let new = tb.encode_row(&evolve_row(
+                        w.table.row(id, *v, w.row_size, &mut rng),
+                        version,
+                        id,
+                    ))?;
                     writer.change(t, epoch, Op::UpdateDelete, &key, &old)?;
                     writer.change(t, epoch, Op::UpdateInsert, &key, &new)?;
                     rows[t].insert(id, (key, new));
@@ -689,8 +707,12 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 }
             }
             None => {
-                let new = table.encode_row(&w.table.row(id, 0, w.row_size, &mut rng))?;
-                let key = table.key_of_datum(&new)?;
+                let new = tb.encode_row(&evolve_row(
+                    w.table.row(id, 0, w.row_size, &mut rng),
+                    version,
+                    id,
+                ))?;
+                let key = tb.key_of_datum(&new)?;
                 writer.change(t, epoch, Op::Insert, &key, &new)?;
                 rows[t].insert(id, (key, new));
             }
@@ -705,31 +727,64 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 BarrierKind::Barrier
             };
             let next = epoch.next_at(unix_ms());
+            // A schema change starts after a checkpoint barrier: its version file is written
+            // before the barrier, so that every record with its fingerprint follows the file.
+            let due = (i + 1) * (evolved.len() as u64 + 1) / w.changes.max(1);
+            let switch = kind == BarrierKind::Checkpoint
+                && !last
+                && version < evolved.len()
+                && due as usize > version;
+            if switch {
+                let to = evolved[version].clone();
+                let codec = LogCodec::new(to.clone())?;
+                crate::snapshot::versions::write(
+                    &w.out.join("snapshot"),
+                    &codec.fingerprint_hex(),
+                    &crate::snapshot::versions::VersionFile {
+                        table: None,
+                        from_epoch: next,
+                        row_schema: to.json.clone(),
+                    },
+                )
+                .with_context(|| format!("writing schema version {}", version + 1))?;
+            }
             writer.barrier(Barrier {
                 prev: epoch,
                 curr: next,
                 kind,
+                schema_change: false,
             })?;
             if kind == BarrierKind::Checkpoint {
                 last_checkpoint = epoch;
                 checkpoint_rows = rows.clone();
-                if w.transactional {
-                    writer
-                        .producer
-                        .commit_transaction(Duration::from_secs(60))?;
-                    transactions += 1;
-                    if transactions.is_multiple_of(3) {
-                        // Deletes of live rows in the open epoch, aborted: never to be applied.
-                        writer.producer.begin_transaction()?;
-                        for (key, datum) in rows[0].values().take(20) {
-                            writer.change(0, next, Op::Delete, key, datum)?;
-                        }
-                        writer.producer.flush(Duration::from_secs(60))?;
-                        writer.producer.abort_transaction(Duration::from_secs(60))?;
+            }
+            if switch {
+                // Every live row as the new version reads it: what the writer's next deletes
+                // and updates carry as the old row, and what the expected table holds.
+                let to = evolved[version].clone();
+                for (_, datum) in rows[0].values_mut() {
+                    *datum = crate::codec::versions::resolve(datum, &table, &to)?;
+                }
+                writer.codecs[0] = LogCodec::new(to.clone())?;
+                table = to;
+                version += 1;
+            }
+            if kind == BarrierKind::Checkpoint && w.transactional {
+                writer
+                    .producer
+                    .commit_transaction(Duration::from_secs(60))?;
+                transactions += 1;
+                if transactions.is_multiple_of(3) {
+                    // Deletes of live rows in the open epoch, aborted: never to be applied.
+                    writer.producer.begin_transaction()?;
+                    for (key, datum) in rows[0].values().take(20) {
+                        writer.change(0, next, Op::Delete, key, datum)?;
                     }
-                    if !last {
-                        writer.producer.begin_transaction()?;
-                    }
+                    writer.producer.flush(Duration::from_secs(60))?;
+                    writer.producer.abort_transaction(Duration::from_secs(60))?;
+                }
+                if !last {
+                    writer.producer.begin_transaction()?;
                 }
             }
             epoch = next;
@@ -765,10 +820,16 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         );
     }
     let final_rows = checkpoint_rows.iter().map(|t| t.len() as u64).sum();
+    // The expected table at the last checkpoint, in the version in force there (the writer's
+    // version now: a switch follows a checkpoint barrier, and the last barrier switches nothing).
+    let mut final_tables = tables.clone();
+    if version > 0 {
+        final_tables[0].1 = table.clone();
+    }
     write_tables(
         &w.out.join("expected"),
         SnapshotLayout::PerVnode,
-        &tables,
+        &final_tables,
         map,
         &w.topic,
         last_checkpoint,
@@ -793,4 +854,67 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         final_rows,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// `produce --evolve`'s versions of the accounts table after the manifest's (docs/WIRE.md "Schema
+/// changes"): 1 adds `tier` (an int, default 1) and `note` (a nullable string, default null), 2
+/// widens `tier` to a long, 3 drops `payload`.
+pub fn evolved_schemas() -> Result<Vec<TableSchema>> {
+    let base = TableKind::Accounts.schema()?;
+    let mut json = base.json.clone();
+    let mut out = Vec::new();
+    let fields = |json: &mut serde_json::Value| -> Result<Vec<serde_json::Value>> {
+        json["fields"]
+            .as_array()
+            .cloned()
+            .context("the row schema has fields")
+    };
+    let mut f = fields(&mut json)?;
+    f.push(serde_json::json!({"name": "tier", "type": "int", "default": 1}));
+    f.push(serde_json::json!({"name": "note", "type": ["null", "string"], "default": null}));
+    json["fields"] = serde_json::Value::Array(f);
+    out.push(TableSchema::parse(&json.to_string(), &base.primary_key)?);
+    let mut f = fields(&mut json)?;
+    for x in &mut f {
+        if x["name"] == "tier" {
+            x["type"] = serde_json::json!("long");
+        }
+    }
+    json["fields"] = serde_json::Value::Array(f);
+    out.push(TableSchema::parse(&json.to_string(), &base.primary_key)?);
+    let mut f = fields(&mut json)?;
+    f.retain(|x| x["name"] != "payload");
+    json["fields"] = serde_json::Value::Array(f);
+    out.push(TableSchema::parse(&json.to_string(), &base.primary_key)?);
+    Ok(out)
+}
+
+/// An accounts row (`schemas/example_row.avsc`) as version `version` of [`evolved_schemas`] has it.
+pub fn evolve_row(row: Value, version: usize, id: i64) -> Value {
+    if version == 0 {
+        return row;
+    }
+    let Value::Record(mut fields) = row else {
+        return row;
+    };
+    fields.push((
+        "tier".into(),
+        if version == 1 {
+            Value::Int((id % 5) as i32)
+        } else {
+            Value::Long(id % 5 + (1 << 40))
+        },
+    ));
+    fields.push((
+        "note".into(),
+        if id % 3 == 0 {
+            Value::Union(0, Box::new(Value::Null))
+        } else {
+            Value::Union(1, Box::new(Value::String(format!("note {id}"))))
+        },
+    ));
+    if version >= 3 {
+        fields.retain(|(n, _)| n != "payload");
+    }
+    Value::Record(fields)
 }

@@ -188,18 +188,7 @@ fn verify_source_eventually(f: &Fixture, within: Duration) -> String {
 }
 
 fn check_log(f: &Fixture) -> String {
-    let out = Command::new(BIN)
-        .args(["check-log", "--config"])
-        .arg(&f.config)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "check-log: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+    f.check_log()
 }
 
 fn wait_child(child: &mut Child, within: Duration) {

@@ -221,6 +221,7 @@ fn a_value_the_store_cannot_hold_stops_the_job_naming_topic_partition_offset_and
         prev: epoch,
         curr: Epoch(epoch.0 + (1 << 16)),
         kind: BarrierKind::Checkpoint,
+        schema_change: false,
     });
     for q in 0..2 {
         send(&p, &f.topic, q, &[], &barrier);
@@ -518,6 +519,7 @@ fn check_log_passes_on_produce_and_names_each_violation() {
         prev: Epoch(1 << 16),
         curr: Epoch(2 << 16),
         kind: BarrierKind::Checkpoint,
+        schema_change: false,
     });
     send(&p, &f.topic, 1, &[], &bad_barrier);
 

@@ -59,6 +59,7 @@ fn vectors() -> Value {
             prev: epoch,
             curr: Epoch(epoch.0 + (1 << 16)),
             kind: BarrierKind::Checkpoint,
+            schema_change: false,
         };
         tables.push(json!({
             "table": name,
@@ -119,6 +120,7 @@ fn several_tables() -> Value {
         prev: epoch,
         curr: Epoch(epoch.0 + (1 << 16)),
         kind: BarrierKind::Checkpoint,
+        schema_change: false,
     };
     messages.push(json!({
         "barrier": {"prev_epoch": barrier.prev.0, "curr_epoch": barrier.curr.0, "kind": "CHECKPOINT"},

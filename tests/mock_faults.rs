@@ -54,6 +54,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         tables: 1,
         kafka_properties: Default::default(),
         transactional: false,
+        evolve: false,
         snapshot_layout: Default::default(),
     })
     .unwrap();

@@ -8,6 +8,7 @@
 mod skip;
 mod table;
 pub mod varint;
+pub mod versions;
 mod wire;
 
 pub use skip::skip as skip_datum;

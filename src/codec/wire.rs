@@ -2,10 +2,13 @@
 //! writer schema little-endian, then the datum) of the log-record union `[Change, Barrier]`.
 
 use apache_avro::rabin::Rabin;
+use std::sync::Arc;
+
 use apache_avro::Schema;
 
 use super::table::TableSchema;
 use super::varint::{get_long, put_long};
+use super::versions::{Evolution, SchemaChangeError, SchemaVersions};
 use crate::core::{Barrier, BarrierKind, Change, Epoch, LogRecord, Op, Row};
 
 /// The two bytes every single-object-encoded datum starts with.
@@ -26,6 +29,8 @@ pub enum CodecError {
     Decode(String),
     #[error("cannot encode: {0}")]
     Encode(String),
+    #[error(transparent)]
+    SchemaChange(#[from] SchemaChangeError),
 }
 
 /// Encodes and decodes one table's log records. In a log of several tables (docs/WIRE.md,
@@ -41,6 +46,9 @@ pub struct LogCodec {
     index: u16,
     /// The other tables' fingerprints and indexes.
     others: Vec<([u8; 8], u16)>,
+    /// The log's later schema versions (docs/WIRE.md "Schema changes"), when it has a place for
+    /// them: a change written with one is read with its own version.
+    evolution: Option<Arc<Evolution>>,
 }
 
 impl LogCodec {
@@ -64,7 +72,24 @@ impl LogCodec {
             fingerprint,
             index: 0,
             others: Vec::new(),
+            evolution: None,
         })
+    }
+
+    /// This codec, reading changes written with any of `evolution`'s versions.
+    pub fn with_evolution(mut self, evolution: Arc<Evolution>) -> Self {
+        self.evolution = Some(evolution);
+        self
+    }
+
+    /// The schema versions this codec reads, if the log has a place for them.
+    pub fn evolution(&self) -> Option<&Arc<Evolution>> {
+        self.evolution.as_ref()
+    }
+
+    /// The writer-schema fingerprint of this table's manifest version.
+    pub fn fingerprint(&self) -> [u8; 8] {
+        self.fingerprint
     }
 
     /// The codec of table `own` of a log carrying `tables` (in manifest order).
@@ -131,16 +156,32 @@ impl LogCodec {
         if value.len() < 10 || value[..2] != SINGLE_OBJECT_MARKER {
             return Err(CodecError::NoMarker(hex(&value[..value.len().min(4)])));
         }
-        let table = if value[2..10] == self.fingerprint {
-            self.index
-        } else if let Some((_, i)) = self.others.iter().find(|(f, _)| value[2..10] == *f) {
-            *i
-        } else {
-            return Err(CodecError::UnknownFingerprint {
-                found: hex(&value[2..10]),
-                expected: self.fingerprint_hex(),
-            });
-        };
+        let fp = &value[2..10];
+        // (table, version, the versions when a later one is involved)
+        let (table, version, versions): (u16, usize, Option<Arc<SchemaVersions>>) =
+            if *fp == self.fingerprint {
+                (self.index, 0, None)
+            } else if let Some((_, i)) = self.others.iter().find(|(f, _)| *fp == *f) {
+                (*i, 0, None)
+            } else if let Some(ev) = &self.evolution {
+                // A later version: known, or announced since the versions were read.
+                let mut vs = ev.current();
+                if vs.by_fingerprint(fp).is_none() {
+                    vs = ev.refresh()?;
+                }
+                let Some((t, k)) = vs.by_fingerprint(fp) else {
+                    return Err(CodecError::UnknownFingerprint {
+                        found: hex(fp),
+                        expected: self.fingerprint_hex(),
+                    });
+                };
+                (t as u16, k, Some(vs))
+            } else {
+                return Err(CodecError::UnknownFingerprint {
+                    found: hex(fp),
+                    expected: self.fingerprint_hex(),
+                });
+            };
         let mut buf = &value[10..];
         let long = |buf: &mut &[u8], what: &str| {
             get_long(buf).ok_or_else(|| CodecError::Decode(format!("{what}: truncated")))
@@ -160,6 +201,27 @@ impl LogCodec {
                 let vnode = u16::try_from(vnode).map_err(|_| {
                     CodecError::Decode(format!("Change.vnode: {vnode} out of range"))
                 })?;
+                // A change is written with the version in force at its epoch.
+                let versions = match (&self.evolution, versions) {
+                    (Some(ev), None) if !ev.before_first_change(epoch) => Some(ev.current()),
+                    (_, vs) => vs,
+                };
+                if let Some(vs) = &versions {
+                    let due = vs.at(table as usize, epoch);
+                    if due != version {
+                        let v = &vs.of(table as usize)[due];
+                        return Err(CodecError::Decode(format!(
+                            "a change at epoch {epoch} is written with schema version {version} of table {}, but version {due} (fingerprint {}) is in force from epoch {}",
+                            v.table.name,
+                            hex(&v.fingerprint),
+                            v.from_epoch
+                        )));
+                    }
+                }
+                let row_table = match &versions {
+                    Some(vs) if table == self.index => &vs.of(table as usize)[version].table,
+                    _ => &self.table,
+                };
                 if table != self.index {
                     // Another table's change: its header for the contract, its row left unread.
                     let Some(key) = key else {
@@ -177,19 +239,18 @@ impl LogCodec {
                     }));
                 }
                 let Some(key) = key else {
-                    self.table
+                    row_table
                         .check_row(buf)
                         .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
                     return Err(CodecError::Decode("change without a message key".into()));
                 };
                 // The message key must be the row's key bytes: they decide the vnode and which
                 // stored row a DELETE or UPDATE replaces.
-                let key_matches = self
-                    .table
+                let key_matches = row_table
                     .check_row_key(buf, key)
                     .map_err(|e| CodecError::Decode(format!("Change.row: {e}")))?;
                 if !key_matches {
-                    let row_key = self.table.key_of_datum(buf)?;
+                    let row_key = row_table.key_of_datum(buf)?;
                     return Err(CodecError::Decode(format!(
                         "the message key {} is not the row's primary-key bytes {}",
                         hex(&key[..key.len().min(32)]),
@@ -226,7 +287,28 @@ impl LogCodec {
                         buf.len()
                     )));
                 }
-                Ok(LogRecord::Barrier(Barrier { prev, curr, kind }))
+                // A version starts after a checkpoint barrier and is announced before it: at
+                // each one, the versions are read again if more are announced.
+                let mut schema_change = false;
+                if let Some(ev) = &self.evolution {
+                    let vs = if kind == BarrierKind::Checkpoint {
+                        ev.refresh_if_grown()?
+                    } else {
+                        ev.current()
+                    };
+                    schema_change = vs.starts_at(curr);
+                    if schema_change && kind != BarrierKind::Checkpoint {
+                        return Err(CodecError::Decode(format!(
+                            "the barrier into epoch {curr} is a {kind:?} barrier, but a schema version starts at epoch {curr}: a version starts after a CHECKPOINT barrier"
+                        )));
+                    }
+                }
+                Ok(LogRecord::Barrier(Barrier {
+                    prev,
+                    curr,
+                    kind,
+                    schema_change,
+                }))
             }
             i => Err(CodecError::Decode(format!(
                 "log record union index {i} out of range"
@@ -235,7 +317,7 @@ impl LogCodec {
     }
 }
 
-pub(crate) fn hex(b: &[u8]) -> String {
+pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

@@ -82,6 +82,7 @@ fn round_trips_changes_and_barriers() {
         prev: Epoch(5),
         curr: Epoch(9),
         kind: BarrierKind::Checkpoint,
+        schema_change: false,
     };
     assert_eq!(
         codec.decode(&codec.encode_barrier(&b), None).unwrap(),
@@ -138,6 +139,7 @@ fn malformed_inputs_are_clear_errors() {
         prev: Epoch(1),
         curr: Epoch(2),
         kind: BarrierKind::Barrier,
+        schema_change: false,
     });
     *bad.last_mut().unwrap() = 40;
     assert!(codec

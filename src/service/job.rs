@@ -73,6 +73,8 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     // The log's tables, when the snapshot names them (files); else the job's table is the log's one.
     let mut log_tables: Vec<TableSchema> = Vec::new();
     let mut table_index = 0;
+    // The log's schema versions (docs/WIRE.md "Schema changes"): a folder beside a file snapshot.
+    let mut evolution = None;
     let (snapshot, table, manifest): (Arc<dyn SnapshotSource>, TableSchema, String) =
         match &job.snapshot {
             SnapshotConfig::Files { dir, table } => {
@@ -81,6 +83,17 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 let table = s.table.clone();
                 log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
                 table_index = s.table_index;
+                evolution = Some(
+                    crate::snapshot::versions::evolution(
+                        dir,
+                        log_tables.clone(),
+                        s.tables.iter().map(|t| Some(t.name.clone())).collect(),
+                        s.info().snapshot_epoch,
+                    )
+                    .with_context(|| {
+                        format!("job {}: reading the snapshot's schema versions", job.name)
+                    })?,
+                );
                 (
                     Arc::new(s),
                     table,
@@ -120,15 +133,20 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 .with_context(|| format!("job {} (snapshot {manifest})", job.name))?,
         }
     }
-    let codec = Arc::new(if log_tables.len() > 1 {
+    let mut codec = if log_tables.len() > 1 {
         LogCodec::of_log(&log_tables, table_index)?
     } else {
         LogCodec::new(table.clone())?
-    });
+    };
+    if let Some(ev) = &evolution {
+        codec = codec.with_evolution(ev.clone());
+    }
+    let codec = Arc::new(codec);
     let open_store = store_factory(
         &job.store,
         table.clone(),
         job.consistency == crate::service::config::Consistency::Epoch,
+        evolution.map(|ev| (ev, table_index)),
     )?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
@@ -208,6 +226,7 @@ pub fn store_factory(
     store: &StoreConfig,
     schema: crate::codec::TableSchema,
     publication: bool,
+    evolution: Option<(Arc<crate::codec::versions::Evolution>, usize)>,
 ) -> Result<StoreFactory> {
     Ok(match store.clone() {
         StoreConfig::Sqlite {
@@ -227,8 +246,12 @@ pub fn store_factory(
                 ..Default::default()
             };
             Arc::new(move || {
-                SqliteStore::open_with(&path, &table, schema.clone(), options)
-                    .map(|s| Box::new(s) as Box<dyn StateStore>)
+                SqliteStore::open_with(&path, &table, schema.clone(), options).map(|s| {
+                    Box::new(match &evolution {
+                        Some((ev, t)) => s.with_evolution(ev.clone(), *t),
+                        None => s,
+                    }) as Box<dyn StateStore>
+                })
             })
         }
         StoreConfig::Postgres { url, table } => Arc::new(move || {
@@ -238,7 +261,12 @@ pub fn store_factory(
                 schema.clone(),
                 publication,
             )
-            .map(|s| Box::new(s) as Box<dyn StateStore>)
+            .map(|s| {
+                Box::new(match &evolution {
+                    Some((ev, t)) => s.with_evolution(ev.clone(), *t),
+                    None => s,
+                }) as Box<dyn StateStore>
+            })
         }),
     })
 }

@@ -257,6 +257,7 @@ impl Sim {
             prev: es,
             curr: e1,
             kind: BarrierKind::Initial,
+            schema_change: false,
         };
         let mut start = Vec::new();
         for p in 0..config.partition_count {

@@ -118,6 +118,7 @@ impl Upstream {
             prev: self.epoch,
             curr: next,
             kind,
+            schema_change: false,
         };
         for p in 0..self.map.partition_count() {
             self.log.append(p, LogRecord::Barrier(barrier));

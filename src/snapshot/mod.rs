@@ -3,3 +3,4 @@
 
 pub mod files;
 pub mod postgres;
+pub mod versions;

@@ -6,10 +6,12 @@
 //! guarded by the same leases), so a retry after an unknown outcome cannot apply anything twice.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use postgres::types::ToSql;
 use postgres::{Client, Transaction};
 
+use crate::codec::versions::{Evolution, RowVersion, SchemaVersions};
 use crate::codec::{ColumnType, ColumnValue, TableSchema};
 use crate::core::retry::Backoff;
 use crate::core::{
@@ -45,6 +47,9 @@ CREATE TABLE IF NOT EXISTS kb_publication (
   job TEXT PRIMARY KEY, published_epoch BIGINT, visible_epoch BIGINT);
 CREATE TABLE IF NOT EXISTS kb_pending_units (
   unit BIGSERIAL PRIMARY KEY, job TEXT NOT NULL, epoch BIGINT NOT NULL, partitions INT[] NOT NULL);
+CREATE TABLE IF NOT EXISTS kb_schema_history (
+  job TEXT NOT NULL, version INT NOT NULL, from_epoch BIGINT NOT NULL, fingerprint TEXT NOT NULL,
+  row_schema TEXT NOT NULL, applied_epoch BIGINT, PRIMARY KEY (job, version));
 CREATE TABLE IF NOT EXISTS kb_pending_rows (
   unit BIGINT NOT NULL, seq INT NOT NULL, vnode INT NOT NULL, key BYTEA NOT NULL, row BYTEA,
   PRIMARY KEY (unit, seq));
@@ -81,6 +86,9 @@ pub struct PostgresStore {
     publication: bool,
     /// The table's primary key, as it was created.
     layout: KeyLayout,
+    /// The log's schema versions and this table's index among the log's tables (docs/WIRE.md
+    /// "Schema changes"), when the log has a place for them.
+    evolution: Option<(Arc<Evolution>, usize)>,
 }
 
 /// A materialised table's primary key. New tables are keyed `(_kb_vnode, _kb_key)`, RisingWave's
@@ -248,7 +256,16 @@ impl PostgresStore {
             table_name: table_name.to_string(),
             publication,
             layout,
+            evolution: None,
         })
+    }
+
+    /// This store, following the log's schema versions (`table`: its table's index in the log):
+    /// each commit brings the table to the version in force at its epoch (docs/WIRE.md "Schema
+    /// changes").
+    pub fn with_evolution(mut self, evolution: Arc<Evolution>, table: usize) -> Self {
+        self.evolution = Some((evolution, table));
+        self
     }
 
     /// Runs `f` in a transaction; a transient failure (connection lost, serialization failure,
@@ -514,6 +531,14 @@ impl StateStore for PostgresStore {
         let mut decoded = Some(decoded);
         let publication = self.publication;
         let layout = self.layout;
+        let versions = match &self.evolution {
+            Some((ev, t)) => Some((
+                ev.refresh_if_grown()
+                    .map_err(|e| StoreError::Rejected(e.to_string()))?,
+                *t,
+            )),
+            None => None,
+        };
         self.with_tx(|tx, table, table_name| {
             let mut pre = decoded.take().unwrap_or_default().into_iter();
             for cp in cps {
@@ -526,6 +551,7 @@ impl StateStore for PostgresStore {
                     job,
                     cp,
                     pre.next().unwrap_or_default(),
+                    versions.as_ref().map(|(v, t)| (&**v, *t)),
                 )?;
             }
             Ok(())
@@ -751,9 +777,18 @@ fn apply_checkpoint(
     job: &str,
     cp: &Checkpoint,
     decoded: DecodedRows,
+    versions: Option<(&SchemaVersions, usize)>,
 ) -> Result<(), StoreError> {
     {
         let row = protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let evolved = match versions {
+            Some((vs, t)) => {
+                let mut schema = PgSchema { tx, table_name };
+                protocol::evolve(&mut schema, job, vs, t, cp, publication)?
+            }
+            None => None,
+        };
+        let (table, rows, decoded) = protocol::rows_to_write(&evolved, table, cp, decoded);
         if !cp.dead_letters.is_empty() {
             // Commits that record dead letters take the job row in turn, so the cap is exact
             // across workers; a record read again after a recreation is recorded once.
@@ -793,7 +828,7 @@ fn apply_checkpoint(
                 let target = read_publication(tx, job)?.target(table_name);
                 write_rows(tx, table, &target, layout, &cp.rows, decoded)?
             }
-            _ => write_rows(tx, table, table_name, layout, &cp.rows, decoded)?,
+            _ => write_rows(tx, table, table_name, layout, rows, decoded)?,
         }
         if !cp.vnodes.is_empty() {
             let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
@@ -819,6 +854,104 @@ fn apply_checkpoint(
             tx.execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job])
                 .map_err(classify)?;
         }
+        Ok(())
+    }
+}
+
+/// A schema change's primitives inside a PostgreSQL commit (`protocol::evolve` is the rule).
+struct PgSchema<'a, 'b> {
+    tx: &'a mut Transaction<'b>,
+    table_name: &'a str,
+}
+
+impl protocol::TxSchema for PgSchema<'_, '_> {
+    fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
+        Ok(self
+            .tx
+            .query_opt(
+                "SELECT version, fingerprint FROM kb_schema_history WHERE job = $1 ORDER BY version DESC LIMIT 1",
+                &[&job],
+            )
+            .map_err(classify)?
+            .map(|r| (r.get::<_, i32>(0) as usize, r.get::<_, String>(1))))
+    }
+
+    fn alter_table(
+        &mut self,
+        job: &str,
+        version: usize,
+        from: &TableSchema,
+        to: &RowVersion,
+        applied_epoch: Option<Epoch>,
+    ) -> Result<(), StoreError> {
+        let t = self.table_name;
+        // Commits of one job change the table in turn: a second worker's commit waits here, then
+        // finds the version recorded and resolves its rows to it.
+        self.tx
+            .execute("SELECT 1 FROM kb_jobs WHERE job = $1 FOR UPDATE", &[&job])
+            .map_err(classify)?;
+        let (added, dropped) = protocol::column_changes(from, &to.table);
+        for c in &added {
+            self.tx
+                .batch_execute(&format!(
+                    "ALTER TABLE \"{t}\" ADD COLUMN \"{}\" {}",
+                    c.name,
+                    c.ty.postgres()
+                ))
+                .map_err(classify)?;
+        }
+        let rows = self
+            .tx
+            .query(
+                &format!("SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\""),
+                &[],
+            )
+            .map_err(classify)?;
+        let sets: String = added
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!(", \"{}\" = {}", c.name, placeholder(c.ty, i + 4)))
+            .collect();
+        let update = self
+            .tx
+            .prepare(&format!(
+                "UPDATE \"{t}\" SET _kb_row = $3{sets} WHERE _kb_vnode = $1 AND _kb_key = $2"
+            ))
+            .map_err(classify)?;
+        for r in rows {
+            let vnode: i32 = r.get(0);
+            let key: Vec<u8> = r.get(1);
+            let datum: Vec<u8> = r.get(2);
+            let (next, values) =
+                protocol::resolve_stored_row(from, &to.table, version, &added, &key, &datum)?;
+            let bound = added
+                .iter()
+                .zip(values)
+                .map(|(c, v)| PgValue::of(c.ty, v, &c.name, &key))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&vnode, &key, &next];
+            params.extend(bound.iter().map(PgValue::sql));
+            self.tx.execute(&update, &params).map_err(classify)?;
+        }
+        for c in &dropped {
+            self.tx
+                .batch_execute(&format!("ALTER TABLE \"{t}\" DROP COLUMN \"{c}\""))
+                .map_err(classify)?;
+        }
+        self.tx
+            .execute(
+                "INSERT INTO kb_schema_history VALUES ($1, $2, $3, $4, $5, $6)",
+                &[
+                    &job,
+                    &(version as i32),
+                    &(to.from_epoch.0 as i64),
+                    &crate::codec::versions::hex(&to.fingerprint),
+                    &to.table.json.to_string(),
+                    &applied_epoch.map(|e| e.0 as i64),
+                ],
+            )
+            .map_err(classify)?;
+        tracing::info!(job, table = t, version, from_epoch = %to.from_epoch, added = added.len(), dropped = dropped.len(), "schema change applied");
         Ok(())
     }
 }

@@ -455,3 +455,181 @@ pub fn publish(
     }
     tx.add_unit(job, epoch, &parts, &cp.rows)
 }
+
+/// A schema change's primitives inside a backend's commit transaction ([`evolve`] is the rule).
+pub trait TxSchema {
+    /// The table's recorded schema version and its fingerprint (hex); `None`: never changed (the
+    /// manifest's, version 0).
+    fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError>;
+    /// Alters the table from `from` to version `version` (`to`): adds and drops columns, rewrites
+    /// every row (its datum resolved to `to`, the added columns' values), and records the version
+    /// in `kb_schema_history` with `applied_epoch`.
+    fn alter_table(
+        &mut self,
+        job: &str,
+        version: usize,
+        from: &crate::codec::TableSchema,
+        to: &crate::codec::versions::RowVersion,
+        applied_epoch: Option<crate::core::Epoch>,
+    ) -> Result<(), StoreError>;
+}
+
+/// What a checkpoint's rows are written as after [`evolve`]: the table's schema now, and the rows
+/// resolved to it when they were written with an older version (`None`: as they are).
+pub struct Evolved {
+    pub table: crate::codec::TableSchema,
+    pub rows: Option<Vec<crate::core::RowMutation>>,
+}
+
+/// Before a checkpoint's rows (docs/WIRE.md "Schema changes"): brings the table to the version in
+/// force at the checkpoint's epoch, each change since the recorded version applied in order in this
+/// transaction, and resolves the checkpoint's rows (written with that version, or the manifest's
+/// for snapshot rows) to the table's version, which another worker's later commit may have moved
+/// on. `None` while the table is at the manifest's version and the rows are of it.
+pub fn evolve(
+    tx: &mut impl TxSchema,
+    job: &str,
+    versions: &crate::codec::versions::SchemaVersions,
+    table: usize,
+    cp: &Checkpoint,
+    publication: bool,
+) -> Result<Option<Evolved>, StoreError> {
+    let all = versions.of(table);
+    let stored = match tx.schema_version(job)? {
+        None => 0,
+        Some((k, fp)) => {
+            match all.get(k) {
+                Some(v) if crate::codec::versions::hex(&v.fingerprint) == fp => {}
+                _ => {
+                    return Err(StoreError::Rejected(format!(
+                        "the table of job {job} is at schema version {k} (fingerprint {fp}), which the log's schema versions do not have: the store was written from another log"
+                    )))
+                }
+            }
+            k
+        }
+    };
+    let rows_version = cp.epoch.map_or(0, |e| versions.at(table, e));
+    let target = stored.max(rows_version);
+    if target > 0 && publication {
+        return Err(StoreError::Rejected(format!(
+            "job {job}: schema version {target} (from epoch {}) under consistency = \"epoch\": schema changes are applied under consistency = \"checkpoint\" only",
+            all[target].from_epoch
+        )));
+    }
+    for k in stored + 1..=target {
+        tx.alter_table(job, k, &all[k - 1].table, &all[k], cp.epoch)?;
+    }
+    if target == 0 {
+        return Ok(None);
+    }
+    let to = &all[target].table;
+    let rows = if rows_version == target {
+        None
+    } else {
+        let from = &all[rows_version].table;
+        Some(
+            cp.rows
+                .iter()
+                .map(|m| match m {
+                    crate::core::RowMutation::Upsert { vnode, row, offset } => {
+                        let value = crate::codec::versions::resolve(&row.value, from, to)
+                            .map_err(|e| {
+                                StoreError::Rejected(format!(
+                                    "row with key {} (schema version {rows_version}) does not resolve to version {target}: {e}",
+                                    crate::ports::key_hex(&row.key)
+                                ))
+                            })?;
+                        Ok(crate::core::RowMutation::Upsert {
+                            vnode: *vnode,
+                            row: crate::core::Row {
+                                key: row.key.clone(),
+                                value,
+                            },
+                            offset: *offset,
+                        })
+                    }
+                    d => Ok(d.clone()),
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?,
+        )
+    };
+    Ok(Some(Evolved {
+        table: to.clone(),
+        rows,
+    }))
+}
+
+/// What a checkpoint's rows are written as: after a schema change (`evolved`), its table and rows
+/// with nothing decoded ahead (decoded with the manifest's schema); else as they came.
+pub fn rows_to_write<'a>(
+    evolved: &'a Option<Evolved>,
+    table: &'a crate::codec::TableSchema,
+    cp: &'a Checkpoint,
+    decoded: crate::ports::DecodedRows,
+) -> (
+    &'a crate::codec::TableSchema,
+    &'a [crate::core::RowMutation],
+    crate::ports::DecodedRows,
+) {
+    match evolved {
+        Some(e) => (&e.table, e.rows.as_deref().unwrap_or(&cp.rows), Vec::new()),
+        None => (table, &cp.rows, decoded),
+    }
+}
+
+/// The columns a schema change adds and drops, by name.
+pub fn column_changes(
+    from: &crate::codec::TableSchema,
+    to: &crate::codec::TableSchema,
+) -> (Vec<crate::codec::Column>, Vec<String>) {
+    let added = to
+        .columns
+        .iter()
+        .filter(|c| !from.columns.iter().any(|f| f.name == c.name))
+        .cloned()
+        .collect();
+    let dropped = from
+        .columns
+        .iter()
+        .filter(|c| !to.columns.iter().any(|t| t.name == c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    (added, dropped)
+}
+
+/// One stored row under a schema change from `from` to version `version` (`to`): its datum
+/// resolved to `to`, and the values of the columns `added` (in that order).
+pub fn resolve_stored_row(
+    from: &crate::codec::TableSchema,
+    to: &crate::codec::TableSchema,
+    version: usize,
+    added: &[crate::codec::Column],
+    key: &[u8],
+    datum: &[u8],
+) -> Result<(Vec<u8>, Vec<crate::codec::ColumnValue>), StoreError> {
+    let next = crate::codec::versions::resolve(datum, from, to).map_err(|e| {
+        StoreError::Rejected(format!(
+            "row with key {} does not resolve to schema version {version}: {e}",
+            crate::ports::key_hex(key)
+        ))
+    })?;
+    if added.is_empty() {
+        return Ok((next, Vec::new()));
+    }
+    let mut values = to
+        .column_values(&next)
+        .map_err(|e| StoreError::Rejected(e.to_string()))?;
+    let added = added
+        .iter()
+        .map(|c| {
+            let at = to
+                .columns
+                .iter()
+                .position(|x| x.name == c.name)
+                .expect("an added column of the new version");
+            std::mem::replace(&mut values[at], crate::codec::ColumnValue::Null)
+        })
+        .collect();
+    Ok((next, added))
+}

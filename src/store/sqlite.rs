@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use crate::codec::versions::{Evolution, RowVersion};
 use crate::codec::{ColumnValue, TableSchema};
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
@@ -64,6 +65,10 @@ CREATE TABLE IF NOT EXISTS kb_publication (
 );
 CREATE TABLE IF NOT EXISTS kb_pending_units (
   unit INTEGER PRIMARY KEY, job TEXT NOT NULL, epoch INTEGER NOT NULL, partitions TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kb_schema_history (
+  job TEXT NOT NULL, version INTEGER NOT NULL, from_epoch INTEGER NOT NULL, fingerprint TEXT NOT NULL,
+  row_schema TEXT NOT NULL, applied_epoch INTEGER, PRIMARY KEY (job, version)
 );
 CREATE TABLE IF NOT EXISTS kb_pending_rows (
   unit INTEGER NOT NULL, seq INTEGER NOT NULL, vnode INTEGER NOT NULL, key BLOB NOT NULL, row BLOB,
@@ -243,6 +248,9 @@ pub struct SqliteStore {
     /// `consistency = "epoch"`: log-store rows are published only at an epoch every partition
     /// stands at ([`SqliteOptions::publication`]).
     publication: bool,
+    /// The log's schema versions and this table's index among the log's tables (docs/WIRE.md
+    /// "Schema changes"), when the log has a place for them.
+    evolution: Option<(Arc<Evolution>, usize)>,
 }
 
 /// How a [`SqliteStore`] is opened.
@@ -476,7 +484,16 @@ impl SqliteStore {
             datum: store_datum,
             checkpointer: Checkpointer::start(path, options.restart_pages)?,
             publication: options.publication,
+            evolution: None,
         })
+    }
+
+    /// This store, following the log's schema versions (`table`: its table's index in the log):
+    /// each commit brings the table to the version in force at its epoch (docs/WIRE.md "Schema
+    /// changes").
+    pub fn with_evolution(mut self, evolution: Arc<Evolution>, table: usize) -> Self {
+        self.evolution = Some((evolution, table));
+        self
     }
 
     fn job_row(conn: &Connection, job: &str) -> Result<Option<JobRow>, StoreError> {
@@ -599,7 +616,6 @@ impl SqliteStore {
     /// One checkpoint inside a transaction: the protocol's checks (which see the earlier
     /// checkpoints of the same group), then rows, vnode and partition progress, the job phase.
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     fn apply_checkpoint(
         tx: &Connection,
         table: &TableSchema,
@@ -609,8 +625,21 @@ impl SqliteStore {
         job: &str,
         cp: &Checkpoint,
         decoded: DecodedRows,
+        versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
     ) -> Result<(), StoreError> {
         let row = protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let evolved = match versions {
+            Some((vs, t)) => {
+                let mut schema = SqliteSchema {
+                    tx,
+                    table_name,
+                    datum,
+                };
+                protocol::evolve(&mut schema, job, vs, t, cp, publication)?
+            }
+            None => None,
+        };
+        let (table, rows, decoded) = protocol::rows_to_write(&evolved, table, cp, decoded);
         if !cp.dead_letters.is_empty() {
             // A record read again after a recreation is recorded once (its first generation kept).
             let mut dq = tx
@@ -648,7 +677,7 @@ impl SqliteStore {
                 let target = read_publication(tx, job)?.target(table_name);
                 Self::write_rows(tx, table, &target, datum, &cp.rows, decoded)?
             }
-            _ => Self::write_rows(tx, table, table_name, datum, &cp.rows, decoded)?,
+            _ => Self::write_rows(tx, table, table_name, datum, rows, decoded)?,
         }
         {
             let mut vq = tx
@@ -754,6 +783,114 @@ impl SqliteStore {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+/// A schema change's primitives inside a SQLite commit (`protocol::evolve` is the rule).
+struct SqliteSchema<'a> {
+    tx: &'a Connection,
+    table_name: &'a str,
+    datum: bool,
+}
+
+impl protocol::TxSchema for SqliteSchema<'_> {
+    fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
+        self.tx
+            .query_row(
+                "SELECT version, fingerprint FROM kb_schema_history WHERE job = ?1 ORDER BY version DESC LIMIT 1",
+                [job],
+                |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, String>(1)?)),
+            )
+            .optional()
+            .map_err(classify)
+    }
+
+    fn alter_table(
+        &mut self,
+        job: &str,
+        version: usize,
+        from: &TableSchema,
+        to: &RowVersion,
+        applied_epoch: Option<Epoch>,
+    ) -> Result<(), StoreError> {
+        let t = self.table_name;
+        if !self.datum {
+            return Err(StoreError::Rejected(format!(
+                "job {job}: table {t} cannot take schema version {version} (from epoch {}): schema changes are applied with store_datum = true (each row's datum is resolved to the new version)",
+                to.from_epoch
+            )));
+        }
+        let (added, dropped) = protocol::column_changes(from, &to.table);
+        for c in &added {
+            self.tx
+                .execute(
+                    &format!(
+                        "ALTER TABLE \"{t}\" ADD COLUMN \"{}\" {}",
+                        c.name,
+                        c.ty.sqlite()
+                    ),
+                    [],
+                )
+                .map_err(classify)?;
+        }
+        let rows: Vec<(i64, Vec<u8>, Vec<u8>)> = {
+            let mut q = self
+                .tx
+                .prepare(&format!("SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\""))
+                .map_err(classify)?;
+            let it = q
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .map_err(classify)?;
+            it.collect::<Result<_, _>>().map_err(classify)?
+        };
+        let sets: String = added
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!(", \"{}\" = ?{}", c.name, i + 4))
+            .collect();
+        let mut update = self
+            .tx
+            .prepare(&format!(
+                "UPDATE \"{t}\" SET _kb_row = ?3{sets} WHERE _kb_vnode = ?1 AND _kb_key = ?2"
+            ))
+            .map_err(classify)?;
+        for (vnode, key, datum) in rows {
+            let (next, values) =
+                protocol::resolve_stored_row(from, &to.table, version, &added, &key, &datum)?;
+            update.raw_bind_parameter(1, vnode).map_err(classify)?;
+            update
+                .raw_bind_parameter(2, key.as_slice())
+                .map_err(classify)?;
+            update
+                .raw_bind_parameter(3, next.as_slice())
+                .map_err(classify)?;
+            for (i, v) in values.iter().enumerate() {
+                update
+                    .raw_bind_parameter(i + 4, SqliteValue(v))
+                    .map_err(classify)?;
+            }
+            update.raw_execute().map_err(classify)?;
+        }
+        for c in &dropped {
+            self.tx
+                .execute(&format!("ALTER TABLE \"{t}\" DROP COLUMN \"{c}\""), [])
+                .map_err(classify)?;
+        }
+        self.tx
+            .execute(
+                "INSERT INTO kb_schema_history VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    job,
+                    version as i64,
+                    to.from_epoch.0 as i64,
+                    crate::codec::versions::hex(&to.fingerprint),
+                    to.table.json.to_string(),
+                    applied_epoch.map(|e| e.0 as i64)
+                ],
+            )
+            .map_err(classify)?;
+        tracing::info!(job, table = t, version, from_epoch = %to.from_epoch, added = added.len(), dropped = dropped.len(), "schema change applied");
         Ok(())
     }
 }
@@ -1056,6 +1193,14 @@ impl StateStore for SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(classify)?;
+        let versions = match &self.evolution {
+            Some((ev, t)) => Some((
+                ev.refresh_if_grown()
+                    .map_err(|e| StoreError::Rejected(e.to_string()))?,
+                *t,
+            )),
+            None => None,
+        };
         let mut decoded = decoded.into_iter();
         for cp in cps {
             Self::apply_checkpoint(
@@ -1067,6 +1212,7 @@ impl StateStore for SqliteStore {
                 job,
                 cp,
                 decoded.next().unwrap_or_default(),
+                versions.as_ref().map(|(v, t)| (&**v, *t)),
             )?;
         }
         tx.commit().map_err(classify)?;

@@ -563,3 +563,21 @@ pub fn kill_9_in_every_phase(f: &Fixture) {
         "after kills in {kills:?}: {text}"
     );
 }
+
+impl Fixture {
+    /// `kafka-backfill check-log` on this fixture's job, which must pass; its report.
+    pub fn check_log(&self) -> String {
+        let out = Command::new(BIN)
+            .args(["check-log", "--config"])
+            .arg(&self.config)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "check-log: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+}

@@ -20,6 +20,10 @@ pub struct Barrier {
     pub prev: Epoch,
     pub curr: Epoch,
     pub kind: BarrierKind,
+    /// A new row-schema version starts at `curr` (docs/WIRE.md "Schema changes"; known from the
+    /// schema versions beside the manifest, not carried on the wire): the epochs up to `prev` are
+    /// committed apart from later ones, so that every checkpoint's rows are of one version.
+    pub schema_change: bool,
 }
 
 impl Barrier {

@@ -189,6 +189,7 @@ impl Assembler {
                 prev: snapshot_epoch,
                 curr: first,
                 kind: BarrierKind::Initial,
+                schema_change: false,
             }),
             Action::CommitLog(state),
         ];
@@ -336,6 +337,7 @@ impl Assembler {
             } else {
                 BarrierKind::Barrier
             },
+            schema_change: false,
         }));
         self.epoch = next;
         self.epoch_opened_ms = Some(now_ms);

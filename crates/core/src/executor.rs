@@ -843,6 +843,7 @@ impl Executor {
         };
         // The newest checkpoint barrier that every owned partition has passed (or, committing every
         // checkpoint, the oldest, again until none is left: each commit pops the barriers it passes).
+        // A schema change splits: the epochs before it commit apart from later ones.
         loop {
             let checkpoints = self
                 .partitions
@@ -850,18 +851,30 @@ impl Executor {
                 .flat_map(|p| p.barriers.iter())
                 .filter(|(b, _)| b.is_checkpoint() && b.prev < frontier)
                 .map(|(b, _)| b.prev);
+            let split = self.schema_split_below(frontier);
             let checkpoint = if self.spec.commit_every_checkpoint {
                 checkpoints.min()
             } else {
-                checkpoints.max()
+                split.or_else(|| checkpoints.max())
             };
             let Some(epoch) = checkpoint else { break };
             self.commit_through(epoch, CheckpointCause::Barrier, out);
-            if !self.spec.commit_every_checkpoint {
+            if !self.spec.commit_every_checkpoint && split.is_none() {
                 break;
             }
         }
         self.update_pauses(out);
+    }
+
+    /// The oldest barrier below `frontier` at which a new row-schema version starts (its `prev`):
+    /// a commit never takes epochs on both sides of it (docs/WIRE.md "Schema changes").
+    fn schema_split_below(&self, frontier: Epoch) -> Option<Epoch> {
+        self.partitions
+            .values()
+            .flat_map(|p| p.barriers.iter())
+            .filter(|(b, _)| b.schema_change && b.prev < frontier)
+            .map(|(b, _)| b.prev)
+            .min()
     }
 
     /// Commits every complete epoch (all barriers below the frontier), checkpoint or not: used before
@@ -870,6 +883,15 @@ impl Executor {
         let Some(frontier) = self.frontier() else {
             return;
         };
+        // Each schema change's earlier epochs first, apart from later ones.
+        let mut done = None;
+        while let Some(split) = self.schema_split_below(frontier) {
+            if done == Some(split) {
+                break; // committed and still listed: nothing more to split
+            }
+            self.commit_through(split, cause, out);
+            done = Some(split);
+        }
         let complete = self
             .partitions
             .values()

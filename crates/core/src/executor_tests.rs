@@ -75,6 +75,7 @@ fn barrier(prev: u64, curr: u64, kind: BarrierKind) -> LogRecord {
         prev: e(prev),
         curr: e(curr),
         kind,
+        schema_change: false,
     })
 }
 
@@ -1062,4 +1063,43 @@ fn a_jump_of_the_frontier_commits_each_checkpoint_on_its_own_when_asked() {
         run(true),
         vec![(Some(e(1)), 1, 3), (Some(e(2)), 1, 5), (Some(e(3)), 1, 7)]
     );
+}
+
+/// A schema change (docs/WIRE.md "Schema changes") splits a commit: when the frontier jumps past
+/// the checkpoint barrier a new row-schema version starts at, the epochs before it are committed
+/// in a checkpoint of their own, so that every checkpoint's rows are of one version (the store
+/// resolves them by the checkpoint's epoch).
+#[test]
+fn a_commit_never_takes_epochs_on_both_sides_of_a_schema_change() {
+    let mut s = spec(2);
+    s.reschedule = true;
+    s.max_epochs_ahead = 100;
+    let map = s.map;
+    let mut x = in_log_store_with(s);
+    let vnodes: Vec<Vnode> = map.vnodes_of(0).collect();
+    let mut offset = 1;
+    for n in 1..=3u64 {
+        x.handle(rec(
+            0,
+            offset,
+            change(map, e(n), vnodes[n as usize - 1], Op::Insert),
+        ))
+        .unwrap();
+        offset += 1;
+        let mut b = barrier(n, n + 1, BarrierKind::Checkpoint);
+        if let LogRecord::Barrier(b) = &mut b {
+            // A version starts at e(3).
+            b.schema_change = n == 2;
+        }
+        let ds = x.handle(rec(0, offset, b)).unwrap();
+        assert!(commits(&ds).is_empty(), "partition 1 has delivered nothing");
+        offset += 1;
+    }
+    let ds = x.handle(Event::Revoked(vec![1])).unwrap();
+    assert!(!ds.iter().any(|d| matches!(d, Decision::Fail(_))), "{ds:?}");
+    let got: Vec<_> = commits(&ds)
+        .into_iter()
+        .map(|c| (c.epoch, c.rows.len(), c.partitions[0].next_offset))
+        .collect();
+    assert_eq!(got, vec![(Some(e(2)), 2, 5), (Some(e(3)), 1, 7)]);
 }

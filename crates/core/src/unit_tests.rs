@@ -222,6 +222,7 @@ fn the_contract_position_follows_update_pairs_and_barrier_kinds() {
         prev: e1,
         curr: e2,
         kind: BarrierKind::Checkpoint,
+        schema_change: false,
     });
     at.advance(9, &cp, &mut barriers);
     assert_eq!(at.open_epoch, e2);
@@ -233,6 +234,7 @@ fn the_contract_position_follows_update_pairs_and_barrier_kinds() {
         prev: e1,
         curr: e2,
         kind: BarrierKind::Barrier,
+        schema_change: false,
     });
     assert!(matches!(
         check_record("t", map, 1, 3, &other, &plain, &barriers),

@@ -1,0 +1,516 @@
+//! Schema changes aligned at a barrier (docs/WIRE.md "Schema changes"): the versions of each table's
+//! row schema, the epoch each is in force from, which changes are compatible, and Avro schema
+//! resolution of a row datum from an older version to a newer one.
+//!
+//! This module decides; it reads no files. Where the versions come from is the caller's loader
+//! (`snapshot::versions` reads `<snapshot dir>/schema_versions/`); [`Evolution`] is the shared,
+//! refreshable handle the codec and the stores hold.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use apache_avro::Schema;
+
+use super::table::TableSchema;
+pub use super::wire::hex;
+use super::wire::{CodecError, LogCodec};
+use crate::core::Epoch;
+
+/// One version of a table's row schema.
+#[derive(Clone, Debug)]
+pub struct RowVersion {
+    /// The first epoch whose changes are written with this version (`Epoch(0)` for the manifest's).
+    pub from_epoch: Epoch,
+    pub table: TableSchema,
+    /// The fingerprint of the log-record schema with this row record (what changes carry).
+    pub fingerprint: [u8; 8],
+}
+
+/// A version announced by the writer, as the loader read it (before it is checked).
+#[derive(Clone, Debug)]
+pub struct AnnouncedVersion {
+    /// Where it was read (a file), for errors.
+    pub source: String,
+    /// The table it belongs to (`None` in a one-table log).
+    pub table: Option<String>,
+    pub from_epoch: Epoch,
+    /// The row schema's JSON text.
+    pub row_schema: String,
+    /// The fingerprint the source names it by (its file name), checked against the schema.
+    pub named_fingerprint: Option<String>,
+}
+
+/// Why a schema change is refused: the job stops before anything of it is applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaChangeError {
+    #[error("incompatible schema change of table {table} at epoch {from_epoch} ({place}): {why}")]
+    Incompatible {
+        table: String,
+        from_epoch: Epoch,
+        place: String,
+        why: String,
+    },
+    #[error("schema version in {place}: {why}")]
+    Bad { place: String, why: String },
+}
+
+/// Every version of every table of a log, each table's sorted by `from_epoch`; index 0 is the
+/// manifest's row schema, in force from the start.
+#[derive(Clone, Debug)]
+pub struct SchemaVersions {
+    tables: Vec<Vec<RowVersion>>,
+}
+
+impl SchemaVersions {
+    /// The versions of a log whose manifest names `base` (in manifest order, with their names
+    /// `names`; a one-table log's name is `None`), announced as `announced`. Checks every rule of
+    /// docs/WIRE.md "Schema changes" that needs no log.
+    pub fn new(
+        base: &[TableSchema],
+        names: &[Option<String>],
+        snapshot_epoch: Epoch,
+        announced: &[AnnouncedVersion],
+    ) -> Result<Self, SchemaChangeError> {
+        let mut tables: Vec<Vec<RowVersion>> = Vec::with_capacity(base.len());
+        for t in base {
+            let fingerprint = fingerprint_of(t).map_err(|e| SchemaChangeError::Bad {
+                place: "the manifest".into(),
+                why: e.to_string(),
+            })?;
+            tables.push(vec![RowVersion {
+                from_epoch: Epoch(0),
+                table: t.clone(),
+                fingerprint,
+            }]);
+        }
+        let mut sorted: Vec<&AnnouncedVersion> = announced.iter().collect();
+        sorted.sort_by_key(|a| a.from_epoch);
+        for a in sorted {
+            let bad = |why: String| SchemaChangeError::Bad {
+                place: a.source.clone(),
+                why,
+            };
+            let index = match (&a.table, base.len()) {
+                (None, 1) => 0,
+                (None, _) => {
+                    return Err(bad(
+                        "the log has several tables: name the version's table".into()
+                    ))
+                }
+                (Some(name), _) => names
+                    .iter()
+                    .position(|n| n.as_deref() == Some(name.as_str()))
+                    .ok_or_else(|| bad(format!("the log has no table {name}")))?,
+            };
+            let versions = &mut tables[index];
+            let previous = versions.last().expect("the manifest's version");
+            let table_name = names[index]
+                .clone()
+                .unwrap_or_else(|| previous.table.name.clone());
+            if a.from_epoch <= snapshot_epoch {
+                return Err(bad(format!(
+                    "from_epoch {} is not after the snapshot epoch {snapshot_epoch}",
+                    a.from_epoch
+                )));
+            }
+            if previous.from_epoch == a.from_epoch {
+                return Err(bad(format!(
+                    "two versions of table {table_name} start at epoch {}",
+                    a.from_epoch
+                )));
+            }
+            let incompatible = |why: String| SchemaChangeError::Incompatible {
+                table: table_name.clone(),
+                from_epoch: a.from_epoch,
+                place: a.source.clone(),
+                why,
+            };
+            let table = TableSchema::parse(&a.row_schema, &previous.table.primary_key)
+                .map_err(|e| incompatible(e.to_string()))?;
+            compatible(&previous.table, &table).map_err(incompatible)?;
+            let fingerprint = fingerprint_of(&table).map_err(|e| bad(e.to_string()))?;
+            if let Some(named) = &a.named_fingerprint {
+                if *named != super::wire::hex(&fingerprint) {
+                    return Err(bad(format!(
+                        "named by fingerprint {named}, but its log-record schema's fingerprint is {}",
+                        super::wire::hex(&fingerprint)
+                    )));
+                }
+            }
+            if tables
+                .iter()
+                .flatten()
+                .any(|v| v.fingerprint == fingerprint)
+            {
+                return Err(bad(format!(
+                    "its row schema is already a version of the log (fingerprint {})",
+                    super::wire::hex(&fingerprint)
+                )));
+            }
+            tables[index].push(RowVersion {
+                from_epoch: a.from_epoch,
+                table,
+                fingerprint,
+            });
+        }
+        Ok(SchemaVersions { tables })
+    }
+
+    /// The versions of table `table` (index 0: the manifest's).
+    pub fn of(&self, table: usize) -> &[RowVersion] {
+        &self.tables[table]
+    }
+
+    /// The table and version a fingerprint names.
+    pub fn by_fingerprint(&self, fp: &[u8]) -> Option<(usize, usize)> {
+        self.tables.iter().enumerate().find_map(|(t, vs)| {
+            vs.iter()
+                .position(|v| v.fingerprint[..] == *fp)
+                .map(|k| (t, k))
+        })
+    }
+
+    /// The version of table `table` in force at `epoch`.
+    pub fn at(&self, table: usize, epoch: Epoch) -> usize {
+        self.tables[table]
+            .iter()
+            .rposition(|v| v.from_epoch <= epoch)
+            .unwrap_or(0)
+    }
+
+    /// The first epoch of the version after `version` of `table`, if one is announced.
+    pub fn until(&self, table: usize, version: usize) -> Option<Epoch> {
+        self.tables[table].get(version + 1).map(|v| v.from_epoch)
+    }
+
+    /// Whether some table's version starts at `epoch`.
+    pub fn starts_at(&self, epoch: Epoch) -> bool {
+        self.tables
+            .iter()
+            .flatten()
+            .any(|v| v.from_epoch == epoch && epoch > Epoch(0))
+    }
+
+    fn count(&self) -> usize {
+        self.tables.iter().map(Vec::len).sum()
+    }
+}
+
+fn fingerprint_of(table: &TableSchema) -> Result<[u8; 8], CodecError> {
+    Ok(LogCodec::new(table.clone())?.fingerprint())
+}
+
+/// Whether `new` may follow `old` (docs/WIRE.md "Schema changes"): the same record name and primary
+/// key (each key field unchanged), and per field: unchanged, added with a default, dropped, int
+/// widened to long, float to double (also inside a nullable union), or an enum with symbols appended.
+/// The error names the field and the change.
+pub fn compatible(old: &TableSchema, new: &TableSchema) -> Result<(), String> {
+    let (Schema::Record(o), Schema::Record(n)) = (&old.schema, &new.schema) else {
+        unreachable!("row schemas are records")
+    };
+    if o.name != n.name {
+        return Err(format!(
+            "the row record is renamed from {} to {}",
+            o.name.fullname(None),
+            n.name.fullname(None)
+        ));
+    }
+    if old.primary_key != new.primary_key {
+        return Err("the primary key changes".into());
+    }
+    for f in &n.fields {
+        match o.fields.iter().find(|x| x.name == f.name) {
+            None => {
+                if f.default.is_none() {
+                    return Err(format!(
+                        "field {} is added without a default (add it with a default, or as a nullable union with default null)",
+                        f.name
+                    ));
+                }
+            }
+            Some(prev) => {
+                let key = new.primary_key.contains(&f.name);
+                if key && prev.schema.canonical_form() != f.schema.canonical_form() {
+                    return Err(format!("primary-key field {} changes its type", f.name));
+                }
+                field_change(&prev.schema, &f.schema)
+                    .map_err(|why| format!("field {}: {why}", f.name))?;
+            }
+        }
+    }
+    for f in &o.fields {
+        if !n.fields.iter().any(|x| x.name == f.name) && old.primary_key.contains(&f.name) {
+            return Err(format!("primary-key field {} is dropped", f.name));
+        }
+    }
+    Ok(())
+}
+
+/// A field's type change: none, a widening, a nullable union of one, or appended enum symbols.
+fn field_change(old: &Schema, new: &Schema) -> Result<(), String> {
+    if old.canonical_form() == new.canonical_form() {
+        return Ok(());
+    }
+    match (old, new) {
+        (Schema::Int, Schema::Long) | (Schema::Float, Schema::Double) => Ok(()),
+        (Schema::Enum(a), Schema::Enum(b))
+            if a.name == b.name
+                && b.symbols.len() > a.symbols.len()
+                && b.symbols[..a.symbols.len()] == a.symbols[..] =>
+        {
+            Ok(())
+        }
+        (Schema::Union(a), Schema::Union(b))
+            if a.variants().len() == b.variants().len()
+                && a.variants()
+                    .iter()
+                    .zip(b.variants())
+                    .all(|(x, y)| field_change(x, y).is_ok()) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "{} to {} is not a compatible change (only int to long, float to double, enum symbols appended)",
+            old.canonical_form(),
+            new.canonical_form()
+        )),
+    }
+}
+
+/// A row datum written with `from`, as `to` reads it (Avro schema resolution), re-encoded with `to`.
+pub fn resolve(datum: &[u8], from: &TableSchema, to: &TableSchema) -> Result<Vec<u8>, CodecError> {
+    let mut r = datum;
+    let value = apache_avro::from_avro_datum(&from.schema, &mut r, Some(&to.schema))
+        .map_err(|e| CodecError::Decode(format!("resolving the row to the new schema: {e}")))?;
+    to.encode_row(&value)
+}
+
+type Loader =
+    Box<dyn Fn() -> Result<Vec<AnnouncedVersion>, SchemaChangeError> + Send + Sync + 'static>;
+
+/// How many versions the source holds now, cheaply (without reading them).
+type Probe = Box<dyn Fn() -> usize + Send + Sync + 'static>;
+
+/// The log's versions as this process knows them, shared by the codec and the stores of a job, and
+/// read again from the loader when a fingerprint is unknown or a commit may pass a new version's
+/// epoch (versions are only ever added).
+pub struct Evolution {
+    base: Vec<TableSchema>,
+    names: Vec<Option<String>>,
+    snapshot_epoch: Epoch,
+    loader: Loader,
+    probe: Probe,
+    current: RwLock<Arc<SchemaVersions>>,
+    /// The smallest `from_epoch` of a version after the manifest's, per the current versions
+    /// (`u64::MAX`: none): below it, the manifest's fingerprint needs no lookup.
+    first_change: AtomicU64,
+    refreshing: Mutex<()>,
+}
+
+impl std::fmt::Debug for Evolution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evolution")
+            .field("versions", &self.current())
+            .finish()
+    }
+}
+
+impl Evolution {
+    /// Loads the versions once (an error is the job's start-up error).
+    pub fn new(
+        base: Vec<TableSchema>,
+        names: Vec<Option<String>>,
+        snapshot_epoch: Epoch,
+        loader: Loader,
+        probe: Probe,
+    ) -> Result<Self, SchemaChangeError> {
+        let versions = SchemaVersions::new(&base, &names, snapshot_epoch, &loader()?)?;
+        let e = Evolution {
+            base,
+            names,
+            snapshot_epoch,
+            loader,
+            probe,
+            current: RwLock::new(Arc::new(SchemaVersions { tables: Vec::new() })),
+            first_change: AtomicU64::new(u64::MAX),
+            refreshing: Mutex::new(()),
+        };
+        e.install(versions);
+        Ok(e)
+    }
+
+    fn install(&self, v: SchemaVersions) {
+        let first = v
+            .tables
+            .iter()
+            .flat_map(|vs| vs.iter().skip(1))
+            .map(|v| v.from_epoch.0)
+            .min()
+            .unwrap_or(u64::MAX);
+        *self.current.write().expect("not poisoned") = Arc::new(v);
+        self.first_change.store(first, Ordering::Release);
+    }
+
+    /// The versions as last loaded.
+    pub fn current(&self) -> Arc<SchemaVersions> {
+        self.current.read().expect("not poisoned").clone()
+    }
+
+    /// Whether `epoch` is before every announced change (the manifest's schemas are in force).
+    pub fn before_first_change(&self, epoch: Epoch) -> bool {
+        epoch.0 < self.first_change.load(Ordering::Acquire)
+    }
+
+    /// Reads the versions again if the source holds more than are known (one directory listing
+    /// when it does not): what the codec does at every checkpoint barrier, since a version starts
+    /// after one and is announced before it.
+    pub fn refresh_if_grown(&self) -> Result<Arc<SchemaVersions>, SchemaChangeError> {
+        let known = self.current();
+        if (self.probe)() + self.base.len() != known.count() {
+            return self.refresh();
+        }
+        Ok(known)
+    }
+
+    /// Reads the versions again; returns the current ones. A version once known never changes: a
+    /// source that now says otherwise is an error.
+    pub fn refresh(&self) -> Result<Arc<SchemaVersions>, SchemaChangeError> {
+        let _one = self.refreshing.lock().expect("not poisoned");
+        let fresh = SchemaVersions::new(
+            &self.base,
+            &self.names,
+            self.snapshot_epoch,
+            &(self.loader)()?,
+        )?;
+        let known = self.current();
+        for (t, vs) in known.tables.iter().enumerate() {
+            for (k, v) in vs.iter().enumerate() {
+                let same = fresh.tables[t].get(k).is_some_and(|f| {
+                    f.fingerprint == v.fingerprint && f.from_epoch == v.from_epoch
+                });
+                if !same {
+                    return Err(SchemaChangeError::Bad {
+                        place: "the schema versions".into(),
+                        why: format!(
+                            "version {k} of table {} (from epoch {}) changed or disappeared since it was read; versions are only ever added",
+                            v.table.name, v.from_epoch
+                        ),
+                    });
+                }
+            }
+        }
+        if fresh.count() != known.count() {
+            self.install(fresh);
+        }
+        Ok(self.current())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(fields: &str) -> TableSchema {
+        TableSchema::parse(
+            &format!(r#"{{"type":"record","name":"T","fields":[{fields}]}}"#),
+            &["id".to_string()],
+        )
+        .unwrap()
+    }
+
+    const BASE: &str = r#"{"name":"id","type":"long"},{"name":"n","type":"int"},{"name":"f","type":["null","float"]},{"name":"e","type":{"type":"enum","name":"E","symbols":["a","b"]}}"#;
+
+    #[test]
+    fn the_listed_changes_are_compatible() {
+        let old = schema(BASE);
+        for new in [
+            // added with a default
+            format!(r#"{BASE},{{"name":"x","type":"string","default":"eu"}}"#),
+            // added nullable
+            format!(r#"{BASE},{{"name":"x","type":["null","long"],"default":null}}"#),
+            // int to long, float to double in a union, enum symbol appended, a column dropped
+            r#"{"name":"id","type":"long"},{"name":"n","type":"long"},{"name":"f","type":["null","double"]},{"name":"e","type":{"type":"enum","name":"E","symbols":["a","b","c"]}}"#.to_string(),
+            r#"{"name":"id","type":"long"},{"name":"n","type":"int"}"#.to_string(),
+        ] {
+            compatible(&old, &schema(&new)).unwrap_or_else(|e| panic!("{new}: {e}"));
+        }
+    }
+
+    #[test]
+    fn incompatible_changes_name_the_field() {
+        let old = schema(BASE);
+        for (new, names) in [
+            (format!(r#"{BASE},{{"name":"x","type":"string"}}"#), "field x is added without a default"),
+            (r#"{"name":"id","type":"long"},{"name":"n","type":"string"}"#.to_string(), "field n:"),
+            (r#"{"name":"id","type":"long"},{"name":"n","type":"int"},{"name":"e","type":{"type":"enum","name":"E","symbols":["b","a"]}}"#.to_string(), "field e:"),
+            (r#"{"name":"id","type":"string"},{"name":"n","type":"int"}"#.to_string(), "primary-key field id"),
+            (r#"{"name":"id","type":"long"},{"name":"n","type":"long"},{"name":"f","type":["null","int"]}"#.to_string(), "field f:"),
+        ] {
+            let e = compatible(&old, &schema(&new)).expect_err(&new);
+            assert!(e.contains(names), "{e} should name {names}");
+        }
+    }
+
+    #[test]
+    fn resolution_fills_defaults_widens_and_drops() {
+        let v0 = schema(
+            r#"{"name":"id","type":"long"},{"name":"n","type":"int"},{"name":"p","type":"string"}"#,
+        );
+        let v1 = schema(
+            r#"{"name":"id","type":"long"},{"name":"n","type":"long"},{"name":"x","type":"string","default":"eu"}"#,
+        );
+        use apache_avro::types::Value;
+        let d0 = v0
+            .encode_row(&Value::Record(vec![
+                ("id".into(), Value::Long(7)),
+                ("n".into(), Value::Int(-3)),
+                ("p".into(), Value::String("gone".into())),
+            ]))
+            .unwrap();
+        let d1 = resolve(&d0, &v0, &v1).unwrap();
+        assert_eq!(
+            v1.decode_row(&d1).unwrap(),
+            vec![Value::Long(7), Value::Long(-3), Value::String("eu".into())]
+        );
+    }
+
+    #[test]
+    fn versions_are_ordered_checked_and_looked_up_by_fingerprint_and_epoch() {
+        let v0 = schema(r#"{"name":"id","type":"long"},{"name":"n","type":"int"}"#);
+        let v1 = r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"},{"name":"n","type":"long"}]}"#;
+        let v2 = r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"}]}"#;
+        let a = |e: u64, s: &str| AnnouncedVersion {
+            source: format!("v@{e}"),
+            table: None,
+            from_epoch: Epoch(e),
+            row_schema: s.into(),
+            named_fingerprint: None,
+        };
+        // Announced out of order: sorted by epoch.
+        let vs = SchemaVersions::new(
+            std::slice::from_ref(&v0),
+            &[None],
+            Epoch(10),
+            &[a(30, v2), a(20, v1)],
+        )
+        .unwrap();
+        assert_eq!(vs.at(0, Epoch(19)), 0);
+        assert_eq!(vs.at(0, Epoch(20)), 1);
+        assert_eq!(vs.at(0, Epoch(29)), 1);
+        assert_eq!(vs.at(0, Epoch(31)), 2);
+        assert_eq!(vs.until(0, 1), Some(Epoch(30)));
+        let fp = vs.of(0)[2].fingerprint;
+        assert_eq!(vs.by_fingerprint(&fp), Some((0, 2)));
+        // At or before the snapshot epoch: refused.
+        let e = SchemaVersions::new(std::slice::from_ref(&v0), &[None], Epoch(20), &[a(20, v1)])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not after the snapshot epoch"),
+            "{e}"
+        );
+        // int back to... a change from the version before, not the manifest's: long to int is not.
+        let e = SchemaVersions::new(&[v0], &[None], Epoch(10), &[a(20, v1), a(30, r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"},{"name":"n","type":"int"}]}"#)]).unwrap_err();
+        assert!(matches!(e, SchemaChangeError::Incompatible { .. }), "{e}");
+        assert!(e.to_string().contains("field n"), "{e}");
+    }
+}

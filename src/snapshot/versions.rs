@@ -1,0 +1,125 @@
+//! The schema versions folder beside a manifest (docs/WIRE.md "Schema changes"):
+//! `<snapshot dir>/schema_versions/<fingerprint hex>.json`, one immutable file per later version of
+//! a table's row schema, written (whole, by rename) before any record carries its fingerprint.
+//!
+//! This module reads and writes those files; which versions are valid and how rows resolve is
+//! `codec::versions`'.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::codec::versions::{AnnouncedVersion, Evolution, SchemaChangeError};
+use crate::codec::TableSchema;
+use crate::core::Epoch;
+
+/// The folder's name, beside `manifest.json`.
+pub const VERSIONS_DIR: &str = "schema_versions";
+
+/// One version file.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionFile {
+    /// The table the version belongs to: required in a log of several tables, absent in a one-table
+    /// log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    /// The first epoch whose changes are written with this version: the `curr_epoch` of a
+    /// CHECKPOINT barrier after the snapshot epoch.
+    pub from_epoch: Epoch,
+    /// The row schema (an Avro record), as the manifest's `row_schema`.
+    pub row_schema: serde_json::Value,
+}
+
+/// Every version file of the snapshot in `dir` (none when the folder does not exist: a log
+/// without schema changes, as every log before them).
+pub fn read(dir: &Path) -> Result<Vec<AnnouncedVersion>, SchemaChangeError> {
+    let folder = dir.join(VERSIONS_DIR);
+    let entries = match std::fs::read_dir(&folder) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(SchemaChangeError::Bad {
+                place: folder.display().to_string(),
+                why: e.to_string(),
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| SchemaChangeError::Bad {
+            place: folder.display().to_string(),
+            why: e.to_string(),
+        })?;
+        let path = entry.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        // A file being written is `.<name>.tmp`; only whole `<fingerprint>.json` files count.
+        let Some(fingerprint) = name.strip_suffix(".json") else {
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let source = path.display().to_string();
+        let bad = |why: String| SchemaChangeError::Bad {
+            place: source.clone(),
+            why,
+        };
+        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let file: VersionFile = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        out.push(AnnouncedVersion {
+            source: source.clone(),
+            table: file.table,
+            from_epoch: file.from_epoch,
+            row_schema: file.row_schema.to_string(),
+            named_fingerprint: Some(fingerprint.to_string()),
+        });
+    }
+    out.sort_by(|a, b| a.source.cmp(&b.source));
+    Ok(out)
+}
+
+/// Writes a version file (a temporary file renamed into place, so a reader never sees half of
+/// it) and returns its path. `fingerprint_hex` names it: the fingerprint of the log-record schema
+/// with `file.row_schema`.
+pub fn write(dir: &Path, fingerprint_hex: &str, file: &VersionFile) -> std::io::Result<PathBuf> {
+    let folder = dir.join(VERSIONS_DIR);
+    std::fs::create_dir_all(&folder)?;
+    let path = folder.join(format!("{fingerprint_hex}.json"));
+    let tmp = folder.join(format!(".{fingerprint_hex}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(file)?)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// The schema versions of the log whose snapshot is in `dir` (its tables `tables`, named `names`),
+/// re-read from the folder whenever the codec or a store needs a version it does not know.
+pub fn evolution(
+    dir: &Path,
+    tables: Vec<TableSchema>,
+    names: Vec<Option<String>>,
+    snapshot_epoch: Epoch,
+) -> Result<Arc<Evolution>, SchemaChangeError> {
+    let folder = dir.join(VERSIONS_DIR);
+    let dir = dir.to_path_buf();
+    Ok(Arc::new(Evolution::new(
+        tables,
+        names,
+        snapshot_epoch,
+        Box::new(move || read(&dir)),
+        Box::new(move || {
+            std::fs::read_dir(&folder).map_or(0, |entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| {
+                        let name = e.file_name();
+                        let name = name.to_string_lossy();
+                        name.ends_with(".json") && !name.starts_with('.')
+                    })
+                    .count()
+            })
+        }),
+    )?))
+}

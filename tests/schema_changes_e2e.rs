@@ -1,0 +1,241 @@
+//! Schema changes aligned at a barrier (docs/WIRE.md "Schema changes"), end to end through the real
+//! binary against the real broker: `produce --evolve` writes a log of four row-schema versions (add
+//! two columns, widen one, drop one), and the job materialises it exactly into SQLite and
+//! PostgreSQL with a rebalance between versions, while streaming, and refuses an incompatible
+//! change before applying anything of it.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{pg_url, serial, tail, Fixture, BIN};
+
+const MIN: Duration = Duration::from_secs(60);
+
+const EVOLVING_LOG: [&str; 9] = [
+    "--partitions",
+    "4",
+    "--rows",
+    "500",
+    "--changes",
+    "20000",
+    "--epoch-changes",
+    "200",
+    "--evolve",
+];
+
+/// The versions `produce --evolve` announced, as files.
+fn version_files(f: &Fixture) -> usize {
+    std::fs::read_dir(f.dir.join("out/snapshot/schema_versions"))
+        .map(|d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+/// `a` runs the job throttled; `b` joins once `a` has applied the first schema change in the log
+/// store (a vnode-bitmap update there: the invariant error and a recreation), and both run until
+/// caught up. The table is exact at the last version.
+fn rebalance_between_versions(f: &Fixture) -> String {
+    f.produce(&EVOLVING_LOG);
+    assert_eq!(
+        version_files(f),
+        3,
+        "produce --evolve announces three versions"
+    );
+    let log = f.check_log();
+    assert!(log.contains("4 row-schema versions: 0 violations"), "{log}");
+    let mut a = f.spawn_run("a", &["--exit-when-caught-up"]);
+    a.wait_for("to=\"log_store\"", MIN);
+    a.wait_for("schema change applied", MIN);
+    let mut b = f.spawn_run("b", &["--exit-when-caught-up"]);
+    a.wait_for(
+        "should not update vnode bitmap during consuming log store",
+        MIN,
+    );
+    for r in [&mut a, &mut b] {
+        assert!(r.wait_exit(4 * MIN).success(), "{}", tail(&r.log_text()));
+    }
+    let text = f.verify_eventually(MIN);
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    a.log_text() + &b.log_text()
+}
+
+#[test]
+fn four_schema_versions_backfill_exactly_into_sqlite_with_a_rebalance_between_versions() {
+    let _g = serial();
+    let f = Fixture::new("evolve-sqlite", 1, "max_rows_per_second = 2500");
+    rebalance_between_versions(&f);
+    // The history, one row per change, each applied at or after the epoch it starts at.
+    let history: Vec<Vec<i64>> =
+        f.sql("SELECT version, from_epoch, applied_epoch FROM kb_schema_history ORDER BY version");
+    assert_eq!(history.len(), 3, "{history:?}");
+    for (i, h) in history.iter().enumerate() {
+        assert_eq!(h[0], i as i64 + 1);
+        assert!(
+            h[2] >= h[1],
+            "version {} applied at {} before {}",
+            h[0],
+            h[2],
+            h[1]
+        );
+    }
+    // The table's columns are the last version's: tier and note added, payload dropped.
+    let columns: Vec<Vec<String>> = f.sql("SELECT name FROM pragma_table_info('accounts')");
+    let columns: Vec<&str> = columns.iter().map(|c| c[0].as_str()).collect();
+    assert!(
+        columns.contains(&"tier") && columns.contains(&"note"),
+        "{columns:?}"
+    );
+    assert!(!columns.contains(&"payload"), "{columns:?}");
+    // Widened: a long that an int could not hold.
+    let wide: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM accounts WHERE tier >= 1099511627776");
+    assert!(wide[0][0] > 0, "no row written with the widened tier");
+}
+
+#[test]
+fn four_schema_versions_backfill_exactly_into_postgres_with_a_rebalance_between_versions() {
+    let _g = serial();
+    let f = Fixture::new(
+        &format!("evolvepg{}", support::stamp()),
+        1,
+        "max_rows_per_second = 2500",
+    );
+    let url = pg_url();
+    f.use_postgres(&url);
+    rebalance_between_versions(&f);
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let history: Vec<(i32, i64, Option<i64>)> = client
+        .query(
+            "SELECT version, from_epoch, applied_epoch FROM kb_schema_history WHERE job = $1 ORDER BY version",
+            &[&f.name],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(history.len(), 3, "{history:?}");
+    let table = format!("accounts_{}", f.name.replace('-', "_"));
+    let columns: Vec<String> = client
+        .query(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1",
+            &[&table],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(columns.iter().any(|c| c == "tier"), "{columns:?}");
+    assert!(!columns.iter().any(|c| c == "payload"), "{columns:?}");
+}
+
+/// The writer switches versions while the job is already streaming (it started on the snapshot
+/// while the log was being written); a kill -9 after the first change and a restart read each
+/// epoch with its own version again.
+#[test]
+fn schema_changes_while_streaming_and_across_a_kill_9_are_exact() {
+    let _g = serial();
+    let f = Fixture::new("evolve-stream", 1, "");
+    let writer = Command::new(BIN)
+        .args(["produce", "--bootstrap", &f.bootstrap, "--topic", &f.topic])
+        .args(EVOLVING_LOG)
+        .args(["--rate", "2000", "--out"])
+        .arg(f.dir.join("out"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let manifest = f.dir.join("out/snapshot/manifest.json");
+    let deadline = Instant::now() + MIN;
+    while !manifest.exists() {
+        assert!(Instant::now() < deadline, "no manifest");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut run = f.spawn_run("s1", &[]);
+    run.wait_for("to=\"streaming\"", MIN);
+    run.wait_for("schema change applied", MIN);
+    run.signal("KILL");
+    run.wait_exit(MIN);
+    let mut run = f.spawn_run("s2", &[]);
+    let out = writer.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = f.verify_eventually(2 * MIN);
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
+    assert_eq!(history[0][0], 3);
+    let log = std::fs::read_to_string(f.dir.join("s1.log")).unwrap();
+    let streaming = log.find("to=\"streaming\"").unwrap();
+    let applied = log.find("schema change applied").unwrap();
+    assert!(
+        streaming < applied,
+        "the first change was applied before streaming"
+    );
+}
+
+/// A version that changes a column's type incompatibly stops the job at start, naming the table,
+/// the file and the field, before anything of it is applied: the table and its history are as
+/// they were.
+#[test]
+fn an_incompatible_schema_change_stops_before_anything_is_applied() {
+    let _g = serial();
+    let f = Fixture::new("evolve-bad", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "300",
+        "--changes",
+        "2000",
+        "--epoch-changes",
+        "100",
+    ]);
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    assert!(
+        run.wait_exit(2 * MIN).success(),
+        "{}",
+        tail(&run.log_text())
+    );
+    let before: Vec<Vec<i64>> = f.sql("SELECT count(*), sum(balance) FROM accounts");
+    // `payload` from string to long: not a compatible change.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("out/snapshot/manifest.json")).unwrap())
+            .unwrap();
+    let mut schema = manifest["row_schema"].clone();
+    for field in schema["fields"].as_array_mut().unwrap() {
+        if field["name"] == "payload" {
+            field["type"] = serde_json::json!("long");
+        }
+    }
+    let folder = f.dir.join("out/snapshot/schema_versions");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("0000000000000000.json"),
+        serde_json::json!({"from_epoch": u64::MAX / 2, "row_schema": schema}).to_string(),
+    )
+    .unwrap();
+    let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
+    assert!(!run.wait_exit(MIN).success());
+    let log = run.log_text();
+    assert!(
+        log.contains("incompatible schema change of table")
+            && log.contains("field payload")
+            && log.contains("0000000000000000.json"),
+        "{}",
+        tail(&log)
+    );
+    let after: Vec<Vec<i64>> = f.sql("SELECT count(*), sum(balance) FROM accounts");
+    assert_eq!(before, after);
+    let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
+    assert_eq!(history[0][0], 0);
+}
