@@ -79,10 +79,151 @@ fn vectors() -> Value {
         }));
     }
     json!({
+        "schema_change": schema_change(),
         "several_tables": several_tables(),
-        "$comment": "Golden vectors of the wire format (docs/WIRE.md). several_tables: one log carrying two tables (\"Several tables\"): each table's row schema and fingerprint, then messages in log order, each change naming its table by that fingerprint, and a barrier under the first table's. For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. Checked by tests/golden_vectors.rs.",
+        "$comment": "Golden vectors of the wire format (docs/WIRE.md). several_tables: one log carrying two tables (\"Several tables\"): each table's row schema and fingerprint, then messages in log order, each change naming its table by that fingerprint, and a barrier under the first table's. For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. schema_change: a log whose accounts table gains two columns at a CHECKPOINT barrier (\"Schema changes\"): the version file (its name and content), a change before the barrier under the manifest's fingerprint, the barrier, a change after it under the new version's fingerprint, and the first change's row as the new version reads it (Avro schema resolution, re-encoded). Checked by tests/golden_vectors.rs.",
         "tables": tables,
     })
+}
+
+/// One log whose accounts table switches to `produce --evolve`'s first version at a checkpoint
+/// barrier: the version file, a change of each version around the barrier, and the resolution of
+/// the first change's row.
+fn schema_change() -> Value {
+    let v0 = TableKind::Accounts.schema().unwrap();
+    let v1 = kafka_backfill::workload::evolved_schemas().unwrap()[0].clone();
+    let (c0, c1) = (
+        LogCodec::new(v0.clone()).unwrap(),
+        LogCodec::new(v1.clone()).unwrap(),
+    );
+    let mut rng = SimRng::new(44);
+    let epoch = Epoch::from_unix_millis(1_767_225_600_000);
+    let next = Epoch(epoch.0 + (1 << 16));
+    let mut change =
+        |codec: &LogCodec, table: &kafka_backfill::codec::TableSchema, epoch, version| {
+            let row = kafka_backfill::workload::evolve_row(
+                TableKind::Accounts.row(7, 1, 40, &mut rng),
+                version,
+                7,
+            );
+            let datum = table.encode_row(&row).unwrap();
+            let key = table.key_of_datum(&datum).unwrap();
+            let vnode = vnode_of(&key, V);
+            json!({
+                "epoch": epoch,
+                "op": "insert",
+                "key_hex": hex(&key),
+                "vnode": vnode,
+                "row_datum_hex": hex(&datum),
+                "fingerprint_hex": codec.fingerprint_hex(),
+                "message_value_hex": hex(&codec.encode_change(epoch, Op::Insert, vnode, &datum)),
+            })
+        };
+    let before = change(&c0, &v0, epoch, 0);
+    let after = change(&c1, &v1, next, 1);
+    let first = unhex(before["row_datum_hex"].as_str().unwrap());
+    let resolved = kafka_backfill::codec::versions::resolve(&first, &v0, &v1).unwrap();
+    let barrier = Barrier {
+        prev: epoch,
+        curr: next,
+        kind: BarrierKind::Checkpoint,
+        schema_change: true,
+    };
+    json!({
+        "manifest_row_schema": v0.json,
+        "manifest_fingerprint_hex": c0.fingerprint_hex(),
+        "version_file_name": format!("schema_versions/{}.json", c1.fingerprint_hex()),
+        "version_file": {"from_epoch": next.0, "row_schema": v1.json},
+        "messages": [
+            before,
+            {
+                "barrier": {"prev_epoch": epoch.0, "curr_epoch": next.0, "kind": "CHECKPOINT"},
+                "message_value_hex": hex(&c0.encode_barrier(&barrier)),
+            },
+            after,
+        ],
+        "first_row_as_the_new_version_reads_it_hex": hex(&resolved),
+    })
+}
+
+/// The schema-change vector: read with the manifest's schema and the version file, each change is
+/// read with its own version, the barrier is marked as the one the version starts at, and a change
+/// after it written with the manifest's schema is refused, naming the version in force.
+#[test]
+fn the_schema_change_vector_reads_each_epoch_with_its_own_version() {
+    use kafka_backfill::codec::versions::{AnnouncedVersion, Evolution};
+    use kafka_backfill::core::LogRecord;
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(PATH).unwrap()).unwrap();
+    let v = stored["schema_change"].clone();
+    let file = v["version_file"].clone();
+    let name = v["version_file_name"].as_str().unwrap().to_string();
+    let announced = AnnouncedVersion {
+        source: name.clone(),
+        table: None,
+        from_epoch: Epoch(file["from_epoch"].as_u64().unwrap()),
+        row_schema: file["row_schema"].to_string(),
+        named_fingerprint: name
+            .strip_prefix("schema_versions/")
+            .and_then(|n| n.strip_suffix(".json"))
+            .map(str::to_string),
+    };
+    let v0 = TableKind::Accounts.schema().unwrap();
+    let known = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = known.clone();
+    // The version is announced only once the test says so: a reader that met the new
+    // fingerprint first finds it by reading the versions again.
+    let evolution = Evolution::new(
+        vec![v0.clone()],
+        vec![None],
+        Epoch(1),
+        Box::new(move || {
+            Ok(if seen.load(std::sync::atomic::Ordering::SeqCst) {
+                vec![announced.clone()]
+            } else {
+                Vec::new()
+            })
+        }),
+        Box::new(|| 0),
+    )
+    .unwrap();
+    let codec = LogCodec::new(v0)
+        .unwrap()
+        .with_evolution(std::sync::Arc::new(evolution));
+    let msgs = v["messages"].as_array().unwrap();
+    let decode = |m: &Value| {
+        codec.decode(
+            &unhex(m["message_value_hex"].as_str().unwrap()),
+            m["key_hex"].as_str().map(unhex).as_deref(),
+        )
+    };
+    assert!(matches!(decode(&msgs[0]), Ok(LogRecord::Change(_))));
+    known.store(true, std::sync::atomic::Ordering::SeqCst);
+    match decode(&msgs[2]).unwrap() {
+        LogRecord::Change(c) => {
+            assert_eq!(
+                hex(&c.row.value),
+                msgs[2]["row_datum_hex"].as_str().unwrap()
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    match decode(&msgs[1]).unwrap() {
+        LogRecord::Barrier(b) => assert!(b.schema_change, "the barrier the version starts at"),
+        other => panic!("{other:?}"),
+    }
+    // The first change's row, written with the manifest's schema, at the new version's epoch:
+    // refused, naming the version in force.
+    let v0 = TableKind::Accounts.schema().unwrap();
+    let datum = unhex(msgs[0]["row_datum_hex"].as_str().unwrap());
+    let key = unhex(msgs[0]["key_hex"].as_str().unwrap());
+    let late = LogCodec::new(v0).unwrap().encode_change(
+        Epoch(file["from_epoch"].as_u64().unwrap()),
+        Op::Insert,
+        msgs[0]["vnode"].as_u64().unwrap() as u16,
+        &datum,
+    );
+    let e = codec.decode(&late, Some(&key)).unwrap_err().to_string();
+    assert!(e.contains("version 1") && e.contains("is in force"), "{e}");
 }
 
 /// One log of two tables: `accounts_1` and `accounts_2` (the accounts row with the record renamed,
