@@ -239,3 +239,98 @@ fn an_incompatible_schema_change_stops_before_anything_is_applied() {
     let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
     assert_eq!(history[0][0], 0);
 }
+
+/// The same incompatible version announced while the job streams: the next checkpoint barrier reads
+/// the versions again and the job stops there, naming the field; nothing after the last checkpoint
+/// before it is committed, and the table keeps its columns.
+#[test]
+fn an_incompatible_schema_change_announced_while_streaming_stops_the_job() {
+    let _g = serial();
+    let f = Fixture::new("evolve-badlive", 1, "");
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "300",
+        "--changes",
+        "2000",
+        "--epoch-changes",
+        "100",
+    ]);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("to=\"streaming\"", MIN);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("out/snapshot/manifest.json")).unwrap())
+            .unwrap();
+    let mut schema = manifest["row_schema"].clone();
+    schema["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "region", "type": "string"}));
+    let folder = f.dir.join("out/snapshot/schema_versions");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("0000000000000001.json"),
+        serde_json::json!({"from_epoch": u64::MAX / 2, "row_schema": schema}).to_string(),
+    )
+    .unwrap();
+    let committed = |f: &Fixture| -> Vec<Vec<i64>> {
+        f.sql("SELECT partition, next_offset FROM kb_partition_progress ORDER BY partition")
+    };
+    let before = committed(&f);
+    let writer = f.append(&["--changes", "1000", "--seed", "5"]);
+    assert!(writer.wait_with_output().unwrap().status.success());
+    let status = run.wait_exit(MIN);
+    assert!(!status.success());
+    let log = run.log_text();
+    assert!(
+        log.contains("incompatible schema change of table")
+            && log.contains("field region is added without a default"),
+        "{}",
+        tail(&log)
+    );
+    // Stopped at the first checkpoint barrier of the appended log: nothing of it committed.
+    assert_eq!(committed(&f), before);
+    let columns: Vec<Vec<String>> = f.sql("SELECT name FROM pragma_table_info('accounts')");
+    assert!(!columns.iter().any(|c| c[0] == "region"));
+}
+
+/// A log of four versions with a kill -9 in the snapshot phase and another in the log store after
+/// the first change was applied: each restart reads each epoch with its own version (the snapshot's
+/// rows, of the manifest's version, resolved to the table's) and the table is exact.
+#[test]
+fn kill_9_in_the_snapshot_and_the_log_store_of_an_evolving_log_is_exact() {
+    let _g = serial();
+    let f = Fixture::new("evolve-kill", 2, "max_rows_per_second = 2500");
+    f.produce(&[
+        "--partitions",
+        "4",
+        "--rows",
+        "6000",
+        "--changes",
+        "20000",
+        "--epoch-changes",
+        "200",
+        "--evolve",
+    ]);
+    let mut run = f.spawn_run("k1", &[]);
+    run.wait_for("cause=Local", MIN);
+    run.signal("KILL");
+    run.wait_exit(MIN);
+    assert_eq!(support::phase_at_death(&run.log_text()), "snapshot");
+    let mut run = f.spawn_run("k2", &[]);
+    run.wait_for("schema change applied", 2 * MIN);
+    run.signal("KILL");
+    run.wait_exit(MIN);
+    assert_eq!(support::phase_at_death(&run.log_text()), "log_store");
+    let mut run = f.spawn_run("final", &["--exit-when-caught-up"]);
+    assert!(
+        run.wait_exit(3 * MIN).success(),
+        "{}",
+        tail(&run.log_text())
+    );
+    let text = f.verify_eventually(MIN);
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
+    assert_eq!(history[0][0], 3);
+}
