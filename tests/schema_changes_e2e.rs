@@ -140,7 +140,34 @@ fn four_schema_versions_backfill_exactly_into_postgres_with_a_rebalance_between_
 #[test]
 fn schema_changes_while_streaming_and_across_a_kill_9_are_exact() {
     let _g = serial();
-    let f = Fixture::new("evolve-stream", 1, "");
+    streaming_and_kill_9(&Fixture::new("evolve-stream", 1, ""), None);
+}
+
+#[test]
+fn schema_changes_while_streaming_and_across_a_kill_9_are_exact_on_postgres() {
+    let _g = serial();
+    let f = Fixture::new(&format!("evolvestreampg{}", support::stamp()), 1, "");
+    let url = pg_url();
+    f.use_postgres(&url);
+    streaming_and_kill_9(&f, Some(&url));
+}
+
+/// The versions the store recorded: SQLite's file, or the PostgreSQL store at `pg`.
+fn history_count(f: &Fixture, pg: Option<&str>) -> i64 {
+    match pg {
+        None => f.sql::<i64>("SELECT count(*) FROM kb_schema_history")[0][0],
+        Some(url) => postgres::Client::connect(url, postgres::NoTls)
+            .unwrap()
+            .query_one(
+                "SELECT count(*) FROM kb_schema_history WHERE job = $1",
+                &[&f.name],
+            )
+            .unwrap()
+            .get(0),
+    }
+}
+
+fn streaming_and_kill_9(f: &Fixture, pg: Option<&str>) {
     let writer = Command::new(BIN)
         .args(["produce", "--bootstrap", &f.bootstrap, "--topic", &f.topic])
         .args(EVOLVING_LOG)
@@ -172,8 +199,7 @@ fn schema_changes_while_streaming_and_across_a_kill_9_are_exact() {
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
     run.signal("TERM");
     run.wait_exit(MIN);
-    let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
-    assert_eq!(history[0][0], 3);
+    assert_eq!(history_count(f, pg), 3);
     let log = std::fs::read_to_string(f.dir.join("s1.log")).unwrap();
     let streaming = log.find("to=\"streaming\"").unwrap();
     let applied = log.find("schema change applied").unwrap();
@@ -302,6 +328,23 @@ fn an_incompatible_schema_change_announced_while_streaming_stops_the_job() {
 fn kill_9_in_the_snapshot_and_the_log_store_of_an_evolving_log_is_exact() {
     let _g = serial();
     let f = Fixture::new("evolve-kill", 2, "max_rows_per_second = 2500");
+    kill_9_snapshot_and_log_store(&f, None);
+}
+
+#[test]
+fn kill_9_in_the_snapshot_and_the_log_store_of_an_evolving_log_is_exact_on_postgres() {
+    let _g = serial();
+    let f = Fixture::new(
+        &format!("evolvekillpg{}", support::stamp()),
+        2,
+        "max_rows_per_second = 2500",
+    );
+    let url = pg_url();
+    f.use_postgres(&url);
+    kill_9_snapshot_and_log_store(&f, Some(&url));
+}
+
+fn kill_9_snapshot_and_log_store(f: &Fixture, pg: Option<&str>) {
     f.produce(&[
         "--partitions",
         "4",
@@ -331,6 +374,5 @@ fn kill_9_in_the_snapshot_and_the_log_store_of_an_evolving_log_is_exact() {
     );
     let text = f.verify_eventually(MIN);
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
-    let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
-    assert_eq!(history[0][0], 3);
+    assert_eq!(history_count(f, pg), 3);
 }
