@@ -632,3 +632,72 @@ fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
         tail(&capture.log_text())
     );
 }
+
+/// `ALTER TABLE … ADD COLUMN` while pgbench writes: each added column (nullable, no default) is a
+/// new row-schema version the capture announces beside the manifest and switches to at a
+/// checkpoint barrier; the job alters its table there. A kill -9 of the capture between the two
+/// changes resumes with the version in force. The store equals the source with the new columns,
+/// the log is valid, and a column added with a default then stops the capture, naming it.
+#[test]
+fn columns_added_upstream_are_schema_versions_the_replica_follows() {
+    let _serial = serial();
+    let name = &format!("cap-alter-{}", stamp() % 1_000_000);
+    let source = database(name);
+    let url = source.url.clone();
+    pgbench_init(&url);
+    let f = capture_fixture(name, &url, "public.pgbench_accounts");
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("snapshot copied", MIN);
+    capture.wait_for("capture checkpoint committed", MIN);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("partitions assigned", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 12);
+    psql(&url, "ALTER TABLE pgbench_accounts ADD COLUMN note text");
+    psql(
+        &url,
+        "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    capture.signal("KILL");
+    capture.wait_exit(MIN);
+    let mut capture = spawn_capture(&f, "capture2");
+    capture.wait_for("capture checkpoint committed", MIN);
+    psql(&url, "ALTER TABLE pgbench_accounts ADD COLUMN tier bigint");
+    psql(
+        &url,
+        "UPDATE pgbench_accounts SET tier = aid * 1099511627776 WHERE aid % 5 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    wait_child(&mut bench, MIN);
+    let report = verify_source_eventually(&f, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    let log = check_log(&f);
+    assert!(log.contains("3 row-schema versions: 0 violations"), "{log}");
+    let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
+    assert_eq!(history[0][0], 2);
+    let columns: Vec<Vec<String>> =
+        f.sql("SELECT name FROM pragma_table_info('accounts') ORDER BY cid");
+    let columns: Vec<&str> = columns.iter().map(|c| c[0].as_str()).collect();
+    assert!(
+        columns.contains(&"note") && columns.contains(&"tier"),
+        "{columns:?}"
+    );
+    // A column with a default: the rows already there hold a value the log cannot carry.
+    psql(
+        &url,
+        "ALTER TABLE pgbench_accounts ADD COLUMN flag int DEFAULT 1",
+    );
+    psql(
+        &url,
+        "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 1",
+    );
+    assert!(!capture.wait_exit(MIN).success());
+    let text = capture.log_text();
+    assert!(
+        text.contains("column flag was added with a default or NOT NULL"),
+        "{}",
+        tail(&text)
+    );
+    run.signal("TERM");
+    run.wait_exit(MIN);
+}

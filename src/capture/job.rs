@@ -303,14 +303,16 @@ fn session(
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
     let slot_state = pg::slot_state(&mut client, &s.slot)
         .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
-    let connect = |create: bool| {
+    log.snapshot_dir = Some(s.dir.clone());
+    let connect = |create: bool, encoder: super::types::RowEncoder| {
         PgReplication::connect(
             &s.url,
             &s.slot,
             &s.publication,
             s.table.clone(),
-            s.info.encoder.clone(),
+            encoder,
             create,
+            &s.dir,
         )
         .map_err(transient("opening the replication connection"))
     };
@@ -332,7 +334,7 @@ fn session(
                 }
                 None => {}
             }
-            let repl = connect(true)?;
+            let repl = connect(true, s.info.encoder.clone())?;
             progress.set(|r| r.state = "snapshot");
             let (es, consistent) = snapshot(s, &repl, &mut client)
                 .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
@@ -352,8 +354,9 @@ fn session(
             if record.slot != s.slot || record.table != s.table.to_string() {
                 return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: capture into a new topic", job.topic, record.table, record.slot, s.table, s.slot));
             }
-            if record.columns != s.columns {
-                return refuse(format!("the columns of {} are now {:?}, captured as {:?}: a schema change stops the capture", s.table, s.columns, record.columns));
+            // Columns added since are the Relation message the stream brings next (a new version).
+            if !s.columns.starts_with(&record.columns) {
+                return refuse(format!("the columns of {} are now {:?}, captured as {:?}: only columns added at the end are followed; a schema change of another kind stops the capture", s.table, s.columns, record.columns));
             }
             if !s.dir.join("manifest.json").exists() {
                 finish_manifest(&s.dir, &record)
@@ -362,7 +365,10 @@ fn session(
             if slot_state.is_none() {
                 return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
             }
-            let repl = connect(false)?;
+            let (encoder, table) = in_force(s, record.state.epoch)?;
+            log.use_table(table)
+                .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+            let repl = connect(false, encoder)?;
             let (sys, tli) = repl.identity();
             if record.system_id != sys.to_string() || record.timeline != tli {
                 return refuse(format!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline));
@@ -394,6 +400,52 @@ fn session(
         }
     }
     result.map(|_| ())
+}
+
+/// The row schema in force at `epoch` (the manifest's, or the last version announced from an
+/// epoch at or before it) and the encoder of its columns, which are the catalog's first ones.
+fn in_force(
+    s: &Setup,
+    epoch: Epoch,
+) -> Result<(super::types::RowEncoder, TableSchema), CaptureFailure> {
+    let permanent = |e: String| CaptureFailure::Permanent(e);
+    let manifest = s.dir.join("manifest.json");
+    let mut schema = match std::fs::read(&manifest) {
+        Ok(text) => serde_json::from_slice::<serde_json::Value>(&text)
+            .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?["row_schema"]
+            .to_string(),
+        Err(_) => s.table_schema.json.to_string(),
+    };
+    let versions = crate::snapshot::versions::read(&s.dir).map_err(|e| permanent(e.to_string()))?;
+    if let Some(v) = versions
+        .iter()
+        .filter(|v| v.from_epoch <= epoch)
+        .max_by_key(|v| v.from_epoch)
+    {
+        schema = v.row_schema.clone();
+    }
+    let table =
+        TableSchema::parse(&schema, &s.info.primary_key).map_err(|e| permanent(e.to_string()))?;
+    let catalog = &s.info.encoder.columns;
+    let n = table.columns.len();
+    if catalog.len() < n
+        || catalog[..n]
+            .iter()
+            .zip(&table.columns)
+            .any(|(c, t)| c.name != t.name)
+    {
+        return Err(permanent(format!(
+            "the columns of {} are now {:?}, the log's row schema at epoch {epoch} has {:?}: only columns added at the end are followed",
+            s.table,
+            s.columns,
+            table.columns.iter().map(|c| &c.name).collect::<Vec<_>>()
+        )));
+    }
+    let encoder = super::types::RowEncoder {
+        columns: catalog[..n].to_vec(),
+        key: s.info.encoder.key.clone(),
+    };
+    Ok((encoder, table))
 }
 
 /// Copies the table in the slot's exported snapshot into sorted per-vnode files and the pending

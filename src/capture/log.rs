@@ -90,6 +90,8 @@ pub struct KafkaLog {
     pub on_initial_commit: Option<InitialCommitHook>,
     /// Told how long each commit took (the service's histogram).
     pub on_commit: Option<Box<dyn FnMut(Duration) + Send>>,
+    /// The snapshot folder, beside whose manifest schema versions are announced.
+    pub snapshot_dir: Option<std::path::PathBuf>,
 }
 
 /// A producer error as the loop sees it. Permanent once librdkafka has put the producer in its
@@ -143,6 +145,7 @@ impl KafkaLog {
             open: false,
             on_initial_commit: None,
             on_commit: None,
+            snapshot_dir: None,
         })
     }
 
@@ -158,7 +161,47 @@ impl KafkaLog {
     }
 }
 
+impl KafkaLog {
+    /// Writes changes with `table`'s row schema (the version in force where a capture resumes).
+    pub fn use_table(&mut self, table: crate::codec::TableSchema) -> Result<()> {
+        self.codec = LogCodec::new(table)?;
+        Ok(())
+    }
+}
+
 impl LogPort for KafkaLog {
+    fn announce_schema(
+        &mut self,
+        from_epoch: Epoch,
+        row_schema: &str,
+    ) -> Result<(), CaptureFailure> {
+        let permanent = |e: String| CaptureFailure::Permanent(e);
+        let dir = self.snapshot_dir.clone().ok_or_else(|| {
+            permanent("no snapshot folder to announce a schema version in".into())
+        })?;
+        let table = crate::codec::TableSchema::parse(row_schema, &self.codec.table.primary_key)
+            .map_err(|e| permanent(format!("the new row schema: {e}")))?;
+        crate::codec::versions::compatible(&self.codec.table, &table).map_err(|why| {
+            permanent(format!(
+                "incompatible schema change of {} at epoch {from_epoch}: {why}",
+                self.record.table
+            ))
+        })?;
+        let codec = LogCodec::new(table.clone()).map_err(|e| permanent(e.to_string()))?;
+        let file = crate::snapshot::versions::VersionFile {
+            table: None,
+            from_epoch,
+            row_schema: table.json.clone(),
+        };
+        crate::snapshot::versions::write(&dir, &codec.fingerprint_hex(), &file).map_err(|e| {
+            CaptureFailure::Transient(format!("writing the schema version file: {e}"))
+        })?;
+        tracing::info!(table = %self.record.table, %from_epoch, fingerprint = %codec.fingerprint_hex(), "schema version announced");
+        self.record.columns = table.columns.iter().map(|c| c.name.clone()).collect();
+        self.codec = codec;
+        Ok(())
+    }
+
     fn begin(&mut self) -> Result<(), CaptureFailure> {
         if !self.open {
             self.producer

@@ -65,6 +65,13 @@ pub trait LogPort {
         key: &[u8],
         row: &[u8],
     ) -> Result<(), CaptureFailure>;
+    /// Announces a row-schema version starting at `from_epoch` (durably, before the barrier into
+    /// it) and writes the changes after that barrier with it (docs/WIRE.md "Schema changes").
+    fn announce_schema(
+        &mut self,
+        from_epoch: Epoch,
+        row_schema: &str,
+    ) -> Result<(), CaptureFailure>;
     /// Writes `state` into the transaction and commits it.
     fn commit(&mut self, state: &CaptureState) -> Result<(), CaptureFailure>;
     /// Aborts the open transaction, if any.
@@ -126,6 +133,10 @@ fn carry_out(
                 actions.extend(after);
             }
             Action::Ack(lsn) => repl.ack(*lsn)?,
+            Action::AnnounceSchema {
+                from_epoch,
+                row_schema,
+            } => log.announce_schema(*from_epoch, row_schema)?,
         }
         i += 1;
     }
@@ -165,7 +176,7 @@ pub fn run_session(
                 stats.source_lsn = stats.source_lsn.max(*end_lsn);
             }
             SourceEvent::Idle { wal_end, .. } => stats.source_lsn = stats.source_lsn.max(*wal_end),
-            SourceEvent::Change(_) => {}
+            SourceEvent::Change(_) | SourceEvent::SchemaChange { .. } => {}
         }
         a.on_event(event, &mut actions)?;
         carry_out(a, &mut actions, repl, log, &mut stats, observer)?;

@@ -632,6 +632,10 @@ pub struct PgReplication {
     encoder: RowEncoder,
     /// Where the current transaction's events came from, for errors.
     last_lsn: Lsn,
+    /// The source (a regular connection reads the catalog when the table's columns change) and the
+    /// snapshot folder (where an announced schema version is found again).
+    source_url: String,
+    snapshot_dir: std::path::PathBuf,
 }
 
 impl PgReplication {
@@ -644,6 +648,7 @@ impl PgReplication {
         table: TableName,
         encoder: RowEncoder,
         create: bool,
+        snapshot_dir: &std::path::Path,
     ) -> Result<PgReplication> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -680,6 +685,80 @@ impl PgReplication {
             table,
             encoder,
             last_lsn: 0,
+            source_url: url.to_string(),
+            snapshot_dir: snapshot_dir.to_path_buf(),
+        })
+    }
+
+    /// The table's columns changed to `names` (a Relation message): columns appended, each
+    /// nullable without a default, is a new schema version; any other change stops the capture
+    /// (docs/CAPTURE.md "Schema changes"). Returns the new version's row
+    /// schema and the epoch it was announced from already, if it was; the encoder then writes the
+    /// new columns.
+    fn columns_changed(&mut self, names: &[&str]) -> Result<SourceEvent, CaptureFailure> {
+        let ours: Vec<&str> = self
+            .encoder
+            .columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        let refuse = |why: String| {
+            CaptureFailure::Permanent(format!(
+                "the columns of {} changed at LSN {} (now {names:?}, captured {ours:?}): {why} (nothing after the last checkpoint is committed)",
+                self.table,
+                format_lsn(self.last_lsn)
+            ))
+        };
+        if names.len() <= ours.len() || names[..ours.len()] != ours[..] {
+            return Err(refuse(
+                "only columns added at the end are followed (ALTER TABLE … ADD COLUMN); a column dropped, renamed or retyped stops the capture".into(),
+            ));
+        }
+        let mut client = connect(&self.source_url)
+            .map_err(|e| CaptureFailure::Transient(format!("reading the catalog: {e:#}")))?;
+        let info = table_info(&mut client, &self.table).map_err(|e| refuse(format!("{e:#}")))?;
+        let now: Vec<&str> = info
+            .encoder
+            .columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        if now != names {
+            return Err(refuse(format!(
+                "the catalog now has {now:?}: the table changed again since"
+            )));
+        }
+        for c in &info.encoder.columns[ours.len()..] {
+            let has_default: bool = client
+                .query_one(
+                    "SELECT a.atthasdef FROM pg_attribute a WHERE a.attrelid = $1 AND a.attname = $2",
+                    &[&info.oid, &c.name],
+                )
+                .map_err(|e| CaptureFailure::Transient(format!("reading the catalog: {e}")))?
+                .get(0);
+            if has_default || !c.nullable {
+                return Err(refuse(format!(
+                    "column {} was added with a default or NOT NULL: the rows already there hold a value the log cannot carry; add it nullable without a default (then UPDATE it, which the log carries)",
+                    c.name
+                )));
+            }
+        }
+        let row_schema = super::types::row_schema(&self.table.to_string(), &info.encoder.columns);
+        let table = crate::codec::TableSchema::parse(&row_schema.to_string(), &info.primary_key)
+            .map_err(|e| refuse(e.to_string()))?;
+        let fingerprint = crate::codec::LogCodec::new(table)
+            .map_err(|e| refuse(e.to_string()))?
+            .fingerprint_hex();
+        let announced = crate::snapshot::versions::read(&self.snapshot_dir)
+            .map_err(|e| refuse(e.to_string()))?
+            .into_iter()
+            .find(|v| v.named_fingerprint.as_deref() == Some(fingerprint.as_str()))
+            .map(|v| v.from_epoch);
+        self.encoder = info.encoder;
+        Ok(SourceEvent::SchemaChange {
+            row_schema: row_schema.to_string(),
+            announced,
+            now_ms: crate::capture::job::unix_ms(),
         })
     }
 
@@ -763,7 +842,10 @@ impl ReplicationPort for PgReplication {
                 }
                 Ok(Ok(event)) => event,
             };
-            self.last_lsn = event.lsn.0;
+            // A Relation message carries no position of its own: the transaction's is kept.
+            if event.lsn.0 != 0 {
+                self.last_lsn = event.lsn.0;
+            }
             match event.event_type {
                 EventType::Begin {
                     final_lsn,
@@ -799,14 +881,13 @@ impl ReplicationPort for PgReplication {
                         format_lsn(self.last_lsn)
                     )))
                 }
-                EventType::Relation { relation_name, namespace, columns, .. } => {
+                EventType::Relation { columns, .. } => {
                     let names: Vec<&str> = columns.iter().map(|c| &*c.name).collect();
                     let ours: Vec<&str> = self.encoder.columns.iter().map(|c| c.name.as_str()).collect();
                     if names != ours {
-                        return Err(CaptureFailure::Permanent(format!(
-                            "the columns of {namespace}.{relation_name} changed at LSN {} (now {names:?}, captured {ours:?}): a schema change stops the capture (nothing after the last checkpoint is committed)",
-                            format_lsn(self.last_lsn)
-                        )));
+                        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                        return self.columns_changed(&names);
                     }
                 }
                 // Types, origins, messages: nothing for the log.

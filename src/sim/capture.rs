@@ -305,6 +305,13 @@ impl SimLog {
 }
 
 impl LogPort for SimLog {
+    fn announce_schema(&mut self, from_epoch: Epoch, _: &str) -> Result<(), CaptureFailure> {
+        // The model source never changes its table's columns.
+        Err(CaptureFailure::Permanent(format!(
+            "the simulated log has no schema versions (one announced from epoch {from_epoch})"
+        )))
+    }
+
     fn begin(&mut self) -> Result<(), CaptureFailure> {
         self.fenced()?;
         self.open = Some(Vec::new());

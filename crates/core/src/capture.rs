@@ -91,6 +91,15 @@ pub enum SourceEvent {
         wal_end: Lsn,
         now_ms: u64,
     },
+    /// Inside a transaction, before its first change: the table's row schema changed to a new,
+    /// compatible version (`row_schema`, opaque to the core). `announced`: the epoch a version of
+    /// that schema was already announced from (a session that failed after announcing it), which
+    /// the new version must start at again.
+    SchemaChange {
+        row_schema: String,
+        announced: Option<Epoch>,
+        now_ms: u64,
+    },
 }
 
 /// A decision for the shell, in order.
@@ -113,6 +122,13 @@ pub enum Action {
     CommitLog(CaptureState),
     /// Acknowledge this position to the source (it may free the WAL before it).
     Ack(Lsn),
+    /// Announce a row-schema version starting at `from_epoch` (docs/WIRE.md "Schema changes"):
+    /// durably, before the barrier into `from_epoch`; the changes after that barrier are written
+    /// with it.
+    AnnounceSchema {
+        from_epoch: Epoch,
+        row_schema: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,6 +141,10 @@ pub enum CaptureError {
     NestedTransaction { open: Lsn },
     #[error("events arrived while the Kafka commit of checkpoint {checkpoint} was pending")]
     CommitPending { checkpoint: u64 },
+    #[error("the table's row schema changed inside transaction {open:#x} after it changed rows: a schema change must come before a transaction's changes (ALTER TABLE in its own transaction)")]
+    SchemaChangeMidTransaction { open: Lsn },
+    #[error("a schema version announced from epoch {announced} cannot start after the open epoch {open}: it must be later")]
+    SchemaChangeEpoch { announced: Epoch, open: Epoch },
     #[error("the slot's confirmed position {confirmed:#x} is past the log's resume position {resume:#x}: changes between them were acknowledged but are not in the log (a new snapshot into a new topic is needed)")]
     SlotAhead { confirmed: Lsn, resume: Lsn },
 }
@@ -150,6 +170,8 @@ pub struct Assembler {
     written_lsn: Lsn,
     /// The transaction being read: its `final_lsn`, and whether it is dropped (already in the log).
     open: Option<(Lsn, bool)>,
+    /// Whether the open transaction has written a change.
+    open_wrote: bool,
     /// The highest `final_lsn` seen this session.
     last_final_lsn: Option<Lsn>,
 }
@@ -209,6 +231,7 @@ impl Assembler {
             last_checkpoint_ms: None,
             written_lsn: state.lsn,
             open: None,
+            open_wrote: false,
             last_final_lsn: None,
         }
     }
@@ -277,6 +300,7 @@ impl Assembler {
                     self.close_epoch_if_due(commit_ms, out);
                 }
                 self.open = Some((final_lsn, skip));
+                self.open_wrote = false;
             }
             SourceEvent::Change(change) => {
                 let Some((_, skip)) = self.open else {
@@ -284,7 +308,25 @@ impl Assembler {
                 };
                 if !skip {
                     self.write_change(change, out);
+                    self.open_wrote = true;
                 }
+            }
+            SourceEvent::SchemaChange {
+                row_schema,
+                announced,
+                now_ms,
+            } => {
+                let Some((open, skip)) = self.open else {
+                    return Err(CaptureError::ChangeOutsideTransaction);
+                };
+                if skip {
+                    // Already in the log, and so is the version it uses.
+                    return Ok(());
+                }
+                if self.open_wrote {
+                    return Err(CaptureError::SchemaChangeMidTransaction { open });
+                }
+                self.change_schema(row_schema, announced, now_ms, out)?;
             }
             SourceEvent::Commit { end_lsn } => {
                 let Some((_, skip)) = self.open.take() else {
@@ -355,6 +397,51 @@ impl Assembler {
             out.push(Action::CommitLog(state));
             self.pending = Some(state);
         }
+    }
+
+    /// A new row-schema version from the next epoch: announced, then a checkpoint barrier into it
+    /// and its commit, so that every epoch's changes are of one version and the switch is a
+    /// checkpoint (docs/WIRE.md "Schema changes"). The open transaction has written nothing: its
+    /// changes follow in the new epoch.
+    fn change_schema(
+        &mut self,
+        row_schema: String,
+        announced: Option<Epoch>,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), CaptureError> {
+        let next = match announced {
+            Some(e) if e <= self.epoch => {
+                return Err(CaptureError::SchemaChangeEpoch {
+                    announced: e,
+                    open: self.epoch,
+                })
+            }
+            Some(e) => e,
+            None => self.epoch.next_at(now_ms),
+        };
+        out.push(Action::AnnounceSchema {
+            from_epoch: next,
+            row_schema,
+        });
+        out.push(Action::Barrier(Barrier {
+            prev: self.epoch,
+            curr: next,
+            kind: BarrierKind::Checkpoint,
+            schema_change: true,
+        }));
+        self.epoch = next;
+        self.epoch_opened_ms = Some(now_ms);
+        self.epoch_changes = 0;
+        self.last_checkpoint_ms = Some(now_ms);
+        let state = CaptureState {
+            lsn: self.written_lsn,
+            epoch: next,
+            checkpoints: self.committed.checkpoints + 1,
+        };
+        out.push(Action::CommitLog(state));
+        self.pending = Some(state);
+        Ok(())
     }
 
     fn push(&mut self, op: Op, key: Vec<u8>, row: Vec<u8>, out: &mut Vec<Action>) {
@@ -450,6 +537,95 @@ mod tests {
         a.log_committed(&mut out);
         assert_eq!(out, vec![Action::Ack(100)]);
         a
+    }
+
+    /// A schema change before a transaction's first change: the version is announced, then a
+    /// checkpoint barrier into the epoch it starts at (marked as the switch) commits everything
+    /// before the transaction, whose changes follow in the new epoch. One after a change of the
+    /// same transaction is refused; one announced before (a session that failed after announcing
+    /// it) starts at the same epoch again.
+    #[test]
+    fn a_schema_change_is_announced_then_committed_at_a_checkpoint_before_the_transaction() {
+        let t = 1_000_000;
+        let mut a = committed_start(t);
+        let mut out = Vec::new();
+        begin(&mut a, 200, t + 10, &mut out);
+        a.on_event(insert(1), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out)
+            .unwrap();
+        begin(&mut a, 300, t + 20, &mut out);
+        out.clear();
+        let open = a.epoch();
+        a.on_event(
+            SourceEvent::SchemaChange {
+                row_schema: "v1".into(),
+                announced: None,
+                now_ms: t + 30,
+            },
+            &mut out,
+        )
+        .unwrap();
+        let Action::AnnounceSchema { from_epoch, .. } = out[0].clone() else {
+            panic!("{out:?}")
+        };
+        assert!(from_epoch > open);
+        let b = barriers(&out);
+        assert_eq!(b.len(), 1);
+        assert_eq!(
+            (b[0].prev, b[0].curr, b[0].kind, b[0].schema_change),
+            (open, from_epoch, BarrierKind::Checkpoint, true)
+        );
+        // Resumes after the transaction before this one: this one is read again after a failure.
+        assert!(
+            matches!(out.last(), Some(Action::CommitLog(st)) if st.lsn == 210 && st.epoch == from_epoch)
+        );
+        a.log_committed(&mut out);
+        out.clear();
+        a.on_event(insert(2), &mut out).unwrap();
+        assert!(matches!(&out[0], Action::Change { epoch, .. } if *epoch == from_epoch));
+        // After a change of the same transaction: refused.
+        let e = a
+            .on_event(
+                SourceEvent::SchemaChange {
+                    row_schema: "v2".into(),
+                    announced: None,
+                    now_ms: t + 40,
+                },
+                &mut out,
+            )
+            .unwrap_err();
+        assert_eq!(e, CaptureError::SchemaChangeMidTransaction { open: 300 });
+
+        // Announced before from a later epoch: it starts there again.
+        let mut b2 = committed_start(t);
+        begin(&mut b2, 200, t + 10, &mut out);
+        let again = Epoch(b2.epoch().0 + (5 << 16));
+        out.clear();
+        b2.on_event(
+            SourceEvent::SchemaChange {
+                row_schema: "v1".into(),
+                announced: Some(again),
+                now_ms: t + 11,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(barriers(&out)[0].curr, again);
+        // An announcement at or before the open epoch cannot be honoured.
+        let mut b3 = committed_start(t);
+        begin(&mut b3, 200, t + 10, &mut out);
+        let open = b3.epoch();
+        let e = b3
+            .on_event(
+                SourceEvent::SchemaChange {
+                    row_schema: "v1".into(),
+                    announced: Some(open),
+                    now_ms: t + 11,
+                },
+                &mut out,
+            )
+            .unwrap_err();
+        assert!(matches!(e, CaptureError::SchemaChangeEpoch { .. }));
     }
 
     #[test]
