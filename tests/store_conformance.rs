@@ -1,6 +1,7 @@
 //! One conformance suite for every state store, run unchanged against memory, SQLite and PostgreSQL
 //! (`scripts/postgres.sh`): job shape, claims and leases, the checkpoint invariants, fencing by lease
-//! and by generation, job-level phase, recreation. The rules live once in `src/store/protocol.rs`;
+//! and by generation, job-level phase, recreation, and schema changes (SQLite and PostgreSQL: the
+//! in-memory store has none). The rules live once in `src/store/protocol.rs`;
 //! this suite proves each backend carries them out.
 
 mod support;
@@ -867,4 +868,196 @@ fn postgres_tables_of_the_last_release_keep_their_key() {
         }
         assert_eq!(pg_primary_key(&mut client, &old), ["_kb_key"], "{scenario}");
     }
+}
+
+/// The log's versions for [`schema_change`]: `produce --evolve`'s first (adds `tier` and `note`)
+/// from E2, and that one without `payload` from E3.
+fn evolution() -> std::sync::Arc<kafka_backfill::codec::versions::Evolution> {
+    use kafka_backfill::codec::versions::{AnnouncedVersion, Evolution};
+    let v1 = kafka_backfill::workload::evolved_schemas().unwrap()[0].clone();
+    let mut v2 = v1.json.clone();
+    v2["fields"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|f| f["name"] != "payload");
+    let announced = vec![
+        AnnouncedVersion {
+            source: "v1".into(),
+            table: None,
+            from_epoch: E2,
+            row_schema: v1.json.to_string(),
+            named_fingerprint: None,
+        },
+        AnnouncedVersion {
+            source: "v2".into(),
+            table: None,
+            from_epoch: E3,
+            row_schema: v2.to_string(),
+            named_fingerprint: None,
+        },
+    ];
+    std::sync::Arc::new(
+        Evolution::new(
+            vec![table()],
+            vec![None],
+            ES,
+            Box::new(move || Ok(announced.clone())),
+            Box::new(|| 2),
+        )
+        .unwrap(),
+    )
+}
+
+/// Schema changes (docs/WIRE.md "Schema changes"): the first checkpoint at or after a version's
+/// epoch alters the table in its own transaction — columns added, rows resolved, the version
+/// recorded — a worker's later commit of an older epoch has its rows resolved forward, and a
+/// checkpoint that fails after its ALTER leaves the table and history as they were.
+fn schema_change(
+    open: &dyn Fn() -> Box<dyn StateStore>,
+    job: &str,
+    columns: &dyn Fn() -> Vec<String>,
+    history: &dyn Fn() -> i64,
+) {
+    use kafka_backfill::codec::versions::resolve;
+    let ev = evolution();
+    let vs = ev.current();
+    let (v0, v1, v2) = (
+        vs.of(0)[0].table.clone(),
+        vs.of(0)[1].table.clone(),
+        vs.of(0)[2].table.clone(),
+    );
+    let mut a = open();
+    let mut b = open();
+    let info = info();
+    a.ensure_job(job, &info).unwrap();
+    let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+    let (k0, d0, u0) = upsert(0, 0);
+    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
+        .unwrap();
+    assert_eq!(history(), 0);
+    // E2 is version 1: a row written with it, and the table altered in the same commit.
+    let (k2, d2_v0, _) = upsert(0, 1);
+    let d2 = resolve(&d2_v0, &v0, &v1).unwrap();
+    let vnode2 = row_in(0, 1).2;
+    let u2 = RowMutation::Upsert {
+        vnode: vnode2,
+        row: Row {
+            key: k2.clone(),
+            value: d2.clone(),
+        },
+        offset: Some(2),
+    };
+    a.commit(job, &log_checkpoint(0, la, E2, 20, vec![u2]))
+        .unwrap();
+    assert_eq!(history(), 1);
+    let cols = columns();
+    assert!(cols.contains(&"tier".to_string()) && cols.contains(&"note".to_string()));
+    // B still at E1 (version 0): its row is resolved to the table's version 1.
+    let (k1, d1, u1) = upsert(1, 0);
+    b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u1]))
+        .unwrap();
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([
+            (k0.clone(), resolve(&d0, &v0, &v1).unwrap()),
+            (k1, resolve(&d1, &v0, &v1).unwrap()),
+            (k2.clone(), d2.clone()),
+        ])
+    );
+    // E3 (version 2 drops payload) with a row that does not decode: refused, and the ALTER with it.
+    let bad = RowMutation::Upsert {
+        vnode: vnode2,
+        row: Row {
+            key: k2.clone(),
+            value: vec![0xff],
+        },
+        offset: Some(3),
+    };
+    assert!(a
+        .commit(job, &log_checkpoint(0, la, E3, 30, vec![bad]))
+        .is_err());
+    assert_eq!(history(), 1);
+    assert!(columns().contains(&"payload".to_string()));
+    a.commit(job, &log_checkpoint(0, la, E3, 30, vec![]))
+        .unwrap();
+    assert_eq!(history(), 2);
+    assert!(!columns().contains(&"payload".to_string()));
+    assert_eq!(a.rows(job).unwrap()[&k2], resolve(&d2, &v1, &v2).unwrap());
+}
+
+#[test]
+fn sqlite_schema_change() {
+    let path = fresh_sqlite("conformance-schema");
+    let ev = evolution();
+    let q = |sql: &str| -> Vec<String> {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let mut s = c.prepare(sql).unwrap();
+        s.query_map([], |r| r.get::<_, rusqlite::types::Value>(0))
+            .unwrap()
+            .map(|v| match v.unwrap() {
+                rusqlite::types::Value::Text(t) => t,
+                rusqlite::types::Value::Integer(i) => i.to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    schema_change(
+        &|| {
+            Box::new(
+                SqliteStore::open(&path, "accounts", table())
+                    .unwrap()
+                    .with_evolution(ev.clone(), 0),
+            )
+        },
+        "schema",
+        &|| q("SELECT name FROM pragma_table_info('accounts')"),
+        &|| {
+            q("SELECT count(*) FROM kb_schema_history")[0]
+                .parse()
+                .unwrap()
+        },
+    );
+}
+
+#[test]
+fn postgres_schema_change() {
+    let url = support::pg_url();
+    let stamp = support::stamp();
+    let tname = format!("schema_{stamp}");
+    let job = format!("schema-{stamp}");
+    let ev = evolution();
+    let client = std::cell::RefCell::new(postgres::Client::connect(&url, postgres::NoTls).unwrap());
+    schema_change(
+        &|| {
+            Box::new(
+                PostgresStore::open(&url, &tname, table())
+                    .unwrap()
+                    .with_evolution(ev.clone(), 0),
+            )
+        },
+        &job,
+        &|| {
+            client
+                .borrow_mut()
+                .query(
+                    "SELECT column_name::text FROM information_schema.columns WHERE table_name = $1",
+                    &[&tname],
+                )
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        },
+        &|| {
+            client
+                .borrow_mut()
+                .query_one(
+                    "SELECT count(*) FROM kb_schema_history WHERE job = $1",
+                    &[&job],
+                )
+                .unwrap()
+                .get(0)
+        },
+    );
 }

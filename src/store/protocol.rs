@@ -495,6 +495,10 @@ pub fn evolve(
     publication: bool,
 ) -> Result<Option<Evolved>, StoreError> {
     let all = versions.of(table);
+    if all.len() == 1 {
+        // No version announced: nothing to apply (and no query in the commit's transaction).
+        return Ok(None);
+    }
     let stored = match tx.schema_version(job)? {
         None => 0,
         Some((k, fp)) => {
