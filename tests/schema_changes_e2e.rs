@@ -250,6 +250,17 @@ fn an_incompatible_schema_change_stops_before_anything_is_applied() {
         serde_json::json!({"from_epoch": u64::MAX / 2, "row_schema": schema}).to_string(),
     )
     .unwrap();
+    // check-config refuses what run refuses.
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("field payload"),
+        "check-config: {err}"
+    );
     let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
     assert!(!run.wait_exit(MIN).success());
     let log = run.log_text();

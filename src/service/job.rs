@@ -217,6 +217,14 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
     let s = SnapshotFiles::open_table(dir, table.as_deref())
         .with_context(|| format!("job {}: opening the snapshot", job.name))?;
     check_against_snapshot(job, &s.table, s.info(), &manifest.display().to_string())?;
+    // The schema versions beside it, as `run` reads them (an incompatible one is refused here too).
+    crate::snapshot::versions::evolution(
+        dir,
+        s.tables.iter().map(|t| t.schema.clone()).collect(),
+        s.tables.iter().map(|t| Some(t.name.clone())).collect(),
+        s.info().snapshot_epoch,
+    )
+    .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
     Ok(None)
 }
 
