@@ -933,7 +933,18 @@ fn schema_change(
     let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
     let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
     let (k0, d0, u0) = upsert(0, 0);
-    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
+    // Enough rows for PostgreSQL's COPY path (its session staging table has the row's shape).
+    let bulk = bulk_rows(1_100);
+    let mut first = vec![u0];
+    first.extend(bulk.iter().map(|(k, d, v)| RowMutation::Upsert {
+        vnode: *v,
+        row: Row {
+            key: k.clone(),
+            value: d.clone(),
+        },
+        offset: Some(1),
+    }));
+    a.commit(job, &log_checkpoint(0, la, E1, 10, first))
         .unwrap();
     assert_eq!(history(), 0);
     // E2 is version 1: a row written with it, and the table altered in the same commit.
@@ -957,14 +968,15 @@ fn schema_change(
     let (k1, d1, u1) = upsert(1, 0);
     b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u1]))
         .unwrap();
-    assert_eq!(
-        a.rows(job).unwrap(),
-        BTreeMap::from([
-            (k0.clone(), resolve(&d0, &v0, &v1).unwrap()),
-            (k1, resolve(&d1, &v0, &v1).unwrap()),
-            (k2.clone(), d2.clone()),
-        ])
-    );
+    let mut want = BTreeMap::from([
+        (k0.clone(), resolve(&d0, &v0, &v1).unwrap()),
+        (k1, resolve(&d1, &v0, &v1).unwrap()),
+        (k2.clone(), d2.clone()),
+    ]);
+    for (k, d, _) in &bulk {
+        want.insert(k.clone(), resolve(d, &v0, &v1).unwrap());
+    }
+    assert_eq!(a.rows(job).unwrap(), want);
     // E3 (version 2 drops payload) with a row that does not decode: refused, and the ALTER with it.
     let bad = RowMutation::Upsert {
         vnode: vnode2,
@@ -984,6 +996,47 @@ fn schema_change(
     assert_eq!(history(), 2);
     assert!(!columns().contains(&"payload".to_string()));
     assert_eq!(a.rows(job).unwrap()[&k2], resolve(&d2, &v1, &v2).unwrap());
+    // The bulk rows again, written with version 2 in one checkpoint: COPY with the new shape in
+    // the session that copied the old one (its staging table was the old shape's: refused before).
+    let again: Vec<RowMutation> = bulk
+        .iter()
+        .map(|(k, d, v)| RowMutation::Upsert {
+            vnode: *v,
+            row: Row {
+                key: k.clone(),
+                value: resolve(d, &v0, &v2).unwrap(),
+            },
+            offset: Some(4),
+        })
+        .collect();
+    a.commit(job, &log_checkpoint(0, la, E4, 40, again))
+        .unwrap();
+    let rows = a.rows(job).unwrap();
+    for (k, d, _) in &bulk {
+        assert_eq!(rows[k], resolve(d, &v0, &v2).unwrap());
+    }
+}
+
+/// `n` rows of the example table in partition 0 with ids from 1,000,000: (key, datum, vnode).
+fn bulk_rows(n: usize) -> Vec<(Vec<u8>, Vec<u8>, Vnode)> {
+    let t = table();
+    (1_000_000i64..)
+        .filter_map(|id| {
+            let datum = t
+                .encode_row(&Avro::Record(vec![
+                    ("id".into(), Avro::Long(id)),
+                    ("owner".into(), Avro::String(format!("o{id}"))),
+                    ("balance".into(), Avro::Long(id)),
+                    ("version".into(), Avro::Long(1)),
+                    ("payload".into(), Avro::String("p".into())),
+                ]))
+                .unwrap();
+            let key = t.key_of_datum(&datum).unwrap();
+            let vnode = vnode_of(&key, VNODES);
+            (map().partition_of(vnode) == 0).then_some((key, datum, vnode))
+        })
+        .take(n)
+        .collect()
 }
 
 #[test]

@@ -900,13 +900,6 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
                 ))
                 .map_err(classify)?;
         }
-        let rows = self
-            .tx
-            .query(
-                &format!("SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\""),
-                &[],
-            )
-            .map_err(classify)?;
         let sets: String = added
             .iter()
             .enumerate()
@@ -918,21 +911,41 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
                 "UPDATE \"{t}\" SET _kb_row = $3{sets} WHERE _kb_vnode = $1 AND _kb_key = $2"
             ))
             .map_err(classify)?;
-        for r in rows {
-            let vnode: i32 = r.get(0);
-            let key: Vec<u8> = r.get(1);
-            let datum: Vec<u8> = r.get(2);
-            let (next, values) =
-                protocol::resolve_stored_row(from, &to.table, version, &added, &key, &datum)?;
-            let bound = added
-                .iter()
-                .zip(values)
-                .map(|(c, v)| PgValue::of(c.ty, v, &c.name, &key))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&vnode, &key, &next];
-            params.extend(bound.iter().map(PgValue::sql));
-            self.tx.execute(&update, &params).map_err(classify)?;
+        // Through a cursor (a portal of this transaction, which sees the table as it was when
+        // opened), a batch at a time, so memory holds one batch, not the table.
+        let portal = self
+            .tx
+            .bind(
+                &format!("SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\""),
+                &[],
+            )
+            .map_err(classify)?;
+        loop {
+            let rows = self
+                .tx
+                .query_portal(&portal, protocol::REWRITE_BATCH as i32)
+                .map_err(classify)?;
+            if rows.is_empty() {
+                break;
+            }
+            for r in rows {
+                let vnode: i32 = r.get(0);
+                let key: Vec<u8> = r.get(1);
+                let datum: Vec<u8> = r.get(2);
+                let (next, values) =
+                    protocol::resolve_stored_row(from, &to.table, version, &added, &key, &datum)?;
+                let bound = added
+                    .iter()
+                    .zip(values)
+                    .map(|(c, v)| PgValue::of(c.ty, v, &c.name, &key))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut params: Vec<&(dyn ToSql + Sync)> = vec![&vnode, &key, &next];
+                params.extend(bound.iter().map(PgValue::sql));
+                self.tx.execute(&update, &params).map_err(classify)?;
+            }
         }
+        // Closed before the table is altered again (PostgreSQL refuses to while it is open).
+        drop(portal);
         for c in &dropped {
             self.tx
                 .batch_execute(&format!("ALTER TABLE \"{t}\" DROP COLUMN \"{c}\""))
@@ -1252,13 +1265,18 @@ fn copy_upserts(
     upserts: &[UpsertRow],
 ) -> Result<(), StoreError> {
     use postgres::types::Type;
-    let stage = format!("kb_stage_{table_name}");
     let stage_cols: Vec<String> = table
         .columns
         .iter()
         .enumerate()
         .map(|(i, c)| format!("c{i} {}", copy_type(c.ty)))
         .collect();
+    // One staging table per session and row shape: a schema change (docs/WIRE.md "Schema
+    // changes") gives the table other columns, and the session's earlier staging table keeps its own.
+    let stage = format!(
+        "kb_stage_{:08x}",
+        crc32fast::hash(format!("{table_name}\0{}", stage_cols.join(",")).as_bytes())
+    );
     tx.batch_execute(&format!(
         "CREATE TEMP TABLE IF NOT EXISTS \"{stage}\" (k BYTEA, v INT4, r BYTEA, {}) ON COMMIT DELETE ROWS",
         stage_cols.join(", ")

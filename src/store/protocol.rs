@@ -602,6 +602,9 @@ pub fn column_changes(
     (added, dropped)
 }
 
+/// Rows read at a time when a schema change rewrites a table (memory holds one batch).
+pub const REWRITE_BATCH: usize = 10_000;
+
 /// One stored row under a schema change from `from` to version `version` (`to`): its datum
 /// resolved to `to`, and the values of the columns `added` (in that order).
 pub fn resolve_stored_row(

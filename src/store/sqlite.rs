@@ -834,16 +834,6 @@ impl protocol::TxSchema for SqliteSchema<'_> {
                 )
                 .map_err(classify)?;
         }
-        let rows: Vec<(i64, Vec<u8>, Vec<u8>)> = {
-            let mut q = self
-                .tx
-                .prepare(&format!("SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\""))
-                .map_err(classify)?;
-            let it = q
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .map_err(classify)?;
-            it.collect::<Result<_, _>>().map_err(classify)?
-        };
         let sets: String = added
             .iter()
             .enumerate()
@@ -855,23 +845,46 @@ impl protocol::TxSchema for SqliteSchema<'_> {
                 "UPDATE \"{t}\" SET _kb_row = ?3{sets} WHERE _kb_vnode = ?1 AND _kb_key = ?2"
             ))
             .map_err(classify)?;
-        for (vnode, key, datum) in rows {
-            let (next, values) =
-                protocol::resolve_stored_row(from, &to.table, version, &added, &key, &datum)?;
-            update.raw_bind_parameter(1, vnode).map_err(classify)?;
-            update
-                .raw_bind_parameter(2, key.as_slice())
+        // In batches by key (the table's primary key), so memory holds one batch, not the table.
+        let mut page = self
+            .tx
+            .prepare(&format!(
+                "SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\" WHERE (_kb_vnode, _kb_key) > (?1, ?2) ORDER BY _kb_vnode, _kb_key LIMIT {}",
+                protocol::REWRITE_BATCH
+            ))
+            .map_err(classify)?;
+        let mut after: (i64, Vec<u8>) = (-1, Vec::new());
+        loop {
+            let rows: Vec<(i64, Vec<u8>, Vec<u8>)> = page
+                .query_map(params![after.0, after.1], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .map_err(classify)?
+                .collect::<Result<_, _>>()
                 .map_err(classify)?;
-            update
-                .raw_bind_parameter(3, next.as_slice())
-                .map_err(classify)?;
-            for (i, v) in values.iter().enumerate() {
+            let Some((vnode, key, _)) = rows.last() else {
+                break;
+            };
+            after = (*vnode, key.clone());
+            for (vnode, key, datum) in rows {
+                let (next, values) =
+                    protocol::resolve_stored_row(from, &to.table, version, &added, &key, &datum)?;
+                update.raw_bind_parameter(1, vnode).map_err(classify)?;
                 update
-                    .raw_bind_parameter(i + 4, SqliteValue(v))
+                    .raw_bind_parameter(2, key.as_slice())
                     .map_err(classify)?;
+                update
+                    .raw_bind_parameter(3, next.as_slice())
+                    .map_err(classify)?;
+                for (i, v) in values.iter().enumerate() {
+                    update
+                        .raw_bind_parameter(i + 4, SqliteValue(v))
+                        .map_err(classify)?;
+                }
+                update.raw_execute().map_err(classify)?;
             }
-            update.raw_execute().map_err(classify)?;
         }
+        drop((page, update));
         for c in &dropped {
             self.tx
                 .execute(&format!("ALTER TABLE \"{t}\" DROP COLUMN \"{c}\""), [])
