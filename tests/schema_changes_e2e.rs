@@ -101,13 +101,7 @@ fn four_schema_versions_backfill_exactly_into_sqlite_with_a_rebalance_between_ve
 #[test]
 fn four_schema_versions_backfill_exactly_into_postgres_with_a_rebalance_between_versions() {
     let _g = serial();
-    let f = Fixture::new(
-        &format!("evolvepg{}", support::stamp()),
-        1,
-        "max_rows_per_second = 2500",
-    );
-    let url = pg_url();
-    f.use_postgres(&url);
+    let (f, url) = on_postgres("evolvepg", 1, "max_rows_per_second = 2500");
     rebalance_between_versions(&f);
     let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let history: Vec<(i32, i64, Option<i64>)> = client
@@ -146,10 +140,17 @@ fn schema_changes_while_streaming_and_across_a_kill_9_are_exact() {
 #[test]
 fn schema_changes_while_streaming_and_across_a_kill_9_are_exact_on_postgres() {
     let _g = serial();
-    let f = Fixture::new(&format!("evolvestreampg{}", support::stamp()), 1, "");
+    let (f, url) = on_postgres("evolvestreampg", 1, "");
+    streaming_and_kill_9(&f, Some(&url));
+}
+
+/// A fixture whose store is the test PostgreSQL (a fresh job name each run: its tables outlive the
+/// test); returns the store's URL.
+fn on_postgres(name: &str, workers: u32, job_extra: &str) -> (Fixture, String) {
+    let f = Fixture::new(&format!("{name}{}", support::stamp()), workers, job_extra);
     let url = pg_url();
     f.use_postgres(&url);
-    streaming_and_kill_9(&f, Some(&url));
+    (f, url)
 }
 
 /// The versions the store recorded: SQLite's file, or the PostgreSQL store at `pg`.
@@ -345,13 +346,7 @@ fn kill_9_in_the_snapshot_and_the_log_store_of_an_evolving_log_is_exact() {
 #[test]
 fn kill_9_in_the_snapshot_and_the_log_store_of_an_evolving_log_is_exact_on_postgres() {
     let _g = serial();
-    let f = Fixture::new(
-        &format!("evolvekillpg{}", support::stamp()),
-        2,
-        "max_rows_per_second = 2500",
-    );
-    let url = pg_url();
-    f.use_postgres(&url);
+    let (f, url) = on_postgres("evolvekillpg", 2, "max_rows_per_second = 2500");
     kill_9_snapshot_and_log_store(&f, Some(&url));
 }
 

@@ -55,26 +55,33 @@ fn map() -> PartitionMap {
     PartitionMap::new(VNODES, PARTITIONS).unwrap()
 }
 
+/// The rows of the example table whose vnodes belong to `partition`, ids counted from `first_id`,
+/// each with balance `id × balance_per_id`: (key, datum, vnode).
+fn rows_in(
+    partition: PartitionId,
+    first_id: i64,
+    balance_per_id: i64,
+) -> impl Iterator<Item = (Vec<u8>, Vec<u8>, Vnode)> {
+    let t = table();
+    (first_id..).filter_map(move |id| {
+        let datum = t
+            .encode_row(&Avro::Record(vec![
+                ("id".into(), Avro::Long(id)),
+                ("owner".into(), Avro::String(format!("o{id}"))),
+                ("balance".into(), Avro::Long(id * balance_per_id)),
+                ("version".into(), Avro::Long(1)),
+                ("payload".into(), Avro::String("p".into())),
+            ]))
+            .unwrap();
+        let key = t.key_of_datum(&datum).unwrap();
+        let vnode = vnode_of(&key, VNODES);
+        (map().partition_of(vnode) == partition).then_some((key, datum, vnode))
+    })
+}
+
 /// A row of the example table whose vnode belongs to `partition`: (key, datum, vnode).
 fn row_in(partition: PartitionId, nth: usize) -> (Vec<u8>, Vec<u8>, Vnode) {
-    let t = table();
-    (0i64..)
-        .filter_map(|id| {
-            let datum = t
-                .encode_row(&Avro::Record(vec![
-                    ("id".into(), Avro::Long(id)),
-                    ("owner".into(), Avro::String(format!("o{id}"))),
-                    ("balance".into(), Avro::Long(id * 10)),
-                    ("version".into(), Avro::Long(1)),
-                    ("payload".into(), Avro::String("p".into())),
-                ]))
-                .unwrap();
-            let key = t.key_of_datum(&datum).unwrap();
-            let vnode = vnode_of(&key, VNODES);
-            (map().partition_of(vnode) == partition).then_some((key, datum, vnode))
-        })
-        .nth(nth)
-        .unwrap()
+    rows_in(partition, 0, 10).nth(nth).unwrap()
 }
 
 fn checkpoint(generation: u64, leases: Vec<(PartitionId, u64)>) -> Checkpoint {
@@ -1019,24 +1026,7 @@ fn schema_change(
 
 /// `n` rows of the example table in partition 0 with ids from 1,000,000: (key, datum, vnode).
 fn bulk_rows(n: usize) -> Vec<(Vec<u8>, Vec<u8>, Vnode)> {
-    let t = table();
-    (1_000_000i64..)
-        .filter_map(|id| {
-            let datum = t
-                .encode_row(&Avro::Record(vec![
-                    ("id".into(), Avro::Long(id)),
-                    ("owner".into(), Avro::String(format!("o{id}"))),
-                    ("balance".into(), Avro::Long(id)),
-                    ("version".into(), Avro::Long(1)),
-                    ("payload".into(), Avro::String("p".into())),
-                ]))
-                .unwrap();
-            let key = t.key_of_datum(&datum).unwrap();
-            let vnode = vnode_of(&key, VNODES);
-            (map().partition_of(vnode) == 0).then_some((key, datum, vnode))
-        })
-        .take(n)
-        .collect()
+    rows_in(0, 1_000_000, 1).take(n).collect()
 }
 
 #[test]

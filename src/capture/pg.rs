@@ -695,7 +695,7 @@ impl PgReplication {
     /// (docs/CAPTURE.md "Schema changes"). Returns the new version's row
     /// schema and the epoch it was announced from already, if it was; the encoder then writes the
     /// new columns.
-    fn columns_changed(&mut self, names: &[&str]) -> Result<SourceEvent, CaptureFailure> {
+    fn columns_changed(&mut self, names: &[String]) -> Result<SourceEvent, CaptureFailure> {
         let ours: Vec<&str> = self
             .encoder
             .columns
@@ -882,11 +882,10 @@ impl ReplicationPort for PgReplication {
                     )))
                 }
                 EventType::Relation { columns, .. } => {
-                    let names: Vec<&str> = columns.iter().map(|c| &*c.name).collect();
-                    let ours: Vec<&str> = self.encoder.columns.iter().map(|c| c.name.as_str()).collect();
-                    if names != ours {
-                        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let same = columns.len() == self.encoder.columns.len()
+                        && columns.iter().zip(&self.encoder.columns).all(|(c, o)| *c.name == o.name);
+                    if !same {
+                        let names: Vec<String> = columns.iter().map(|c| c.name.to_string()).collect();
                         return self.columns_changed(&names);
                     }
                 }
