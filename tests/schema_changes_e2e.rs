@@ -144,6 +144,34 @@ fn schema_changes_while_streaming_and_across_a_kill_9_are_exact_on_postgres() {
     streaming_and_kill_9(&f, Some(&url));
 }
 
+/// A small log: `partitions`, 300 rows, 2,000 changes, 100 changes an epoch, and `extra` flags.
+fn produce_small(f: &Fixture, partitions: &str, extra: &[&str]) {
+    let mut args = vec![
+        "--partitions",
+        partitions,
+        "--rows",
+        "300",
+        "--changes",
+        "2000",
+        "--epoch-changes",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    f.produce(&args);
+}
+
+/// `check-config` of the fixture's config, which must fail: its standard error.
+fn check_config_refuses(f: &Fixture) -> String {
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "check-config passed\n{err}");
+    err
+}
+
 /// A fixture whose store is the test PostgreSQL (a fresh job name each run: its tables outlive the
 /// test); returns the store's URL.
 fn on_postgres(name: &str, workers: u32, job_extra: &str) -> (Fixture, String) {
@@ -217,16 +245,7 @@ fn streaming_and_kill_9(f: &Fixture, pg: Option<&str>) {
 fn an_incompatible_schema_change_stops_before_anything_is_applied() {
     let _g = serial();
     let f = Fixture::new("evolve-bad", 1, "");
-    f.produce(&[
-        "--partitions",
-        "2",
-        "--rows",
-        "300",
-        "--changes",
-        "2000",
-        "--epoch-changes",
-        "100",
-    ]);
+    produce_small(&f, "2", &[]);
     let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
     assert!(
         run.wait_exit(2 * MIN).success(),
@@ -252,16 +271,8 @@ fn an_incompatible_schema_change_stops_before_anything_is_applied() {
     )
     .unwrap();
     // check-config refuses what run refuses.
-    let out = Command::new(BIN)
-        .args(["check-config", "--config"])
-        .arg(&f.config)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("field payload"),
-        "check-config: {err}"
-    );
+    let err = check_config_refuses(&f);
+    assert!(err.contains("field payload"), "check-config: {err}");
     let mut run = f.spawn_run("b", &["--exit-when-caught-up"]);
     assert!(!run.wait_exit(MIN).success());
     let log = run.log_text();
@@ -278,6 +289,50 @@ fn an_incompatible_schema_change_stops_before_anything_is_applied() {
     assert_eq!(history[0][0], 0);
 }
 
+/// A log that announces schema versions, materialised into a table that cannot take them yet
+/// (`store_datum = false`, `consistency = "epoch"`): `check-config` and `run` refuse the job at
+/// start, naming the setting — not at the version's checkpoint, after the snapshot — and `run`
+/// writes no row.
+#[test]
+fn a_store_layout_that_cannot_take_schema_versions_is_refused_at_start() {
+    let _g = serial();
+    let f = Fixture::new("evolve-layout", 1, "");
+    produce_small(&f, "2", &["--evolve"]);
+    let plain = std::fs::read_to_string(&f.config).unwrap();
+    for (edit, says) in [
+        (
+            (
+                "table = \"accounts\"\n",
+                "table = \"accounts\"\nstore_datum = false\n",
+            ),
+            "jobs.store.store_datum = false",
+        ),
+        (
+            ("workers = 1\n", "workers = 1\nconsistency = \"epoch\"\n"),
+            "jobs.consistency = \"epoch\"",
+        ),
+    ] {
+        std::fs::write(&f.config, &plain).unwrap();
+        f.edit_config(edit.0, edit.1);
+        let err = check_config_refuses(&f);
+        assert!(
+            err.contains(says) && err.contains("schema version"),
+            "check-config: {err}"
+        );
+        let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+        assert!(!run.wait_exit(MIN).success());
+        let log = run.log_text();
+        assert!(log.contains(says), "{}", tail(&log));
+        assert!(
+            !f.dir.join("state.sqlite").exists()
+                || f.sql::<i64>("SELECT count(*) FROM sqlite_master WHERE name = 'accounts'")[0][0]
+                    == 0,
+            "the table was made before the refusal\n{}",
+            tail(&log)
+        );
+    }
+}
+
 /// The same incompatible version announced while the job streams: the next checkpoint barrier reads
 /// the versions again and the job stops there, naming the field; nothing after the last checkpoint
 /// before it is committed, and the table keeps its columns.
@@ -285,16 +340,7 @@ fn an_incompatible_schema_change_stops_before_anything_is_applied() {
 fn an_incompatible_schema_change_announced_while_streaming_stops_the_job() {
     let _g = serial();
     let f = Fixture::new("evolve-badlive", 1, "");
-    f.produce(&[
-        "--partitions",
-        "4",
-        "--rows",
-        "300",
-        "--changes",
-        "2000",
-        "--epoch-changes",
-        "100",
-    ]);
+    produce_small(&f, "4", &[]);
     let mut run = f.spawn_run("a", &[]);
     run.wait_for("to=\"streaming\"", MIN);
     let manifest: serde_json::Value =

@@ -1063,6 +1063,59 @@ fn sqlite_schema_change() {
     );
 }
 
+/// A schema version under a layout that cannot take one yet (`store_datum = false`: no datum to
+/// resolve; `consistency = "epoch"`: pending rows of older versions) is refused at the checkpoint
+/// of its epoch with an error naming the setting to change, and leaves the table as it was.
+#[test]
+fn sqlite_schema_change_is_refused_without_datum_or_under_publication() {
+    use kafka_backfill::store::sqlite::SqliteOptions;
+    for (options, says) in [
+        (
+            SqliteOptions {
+                store_datum: false,
+                ..Default::default()
+            },
+            "schema changes are applied with store_datum = true",
+        ),
+        (
+            SqliteOptions {
+                publication: true,
+                ..Default::default()
+            },
+            "schema changes are applied under consistency = \"vnode\" only",
+        ),
+    ] {
+        let path = fresh_sqlite("schema-refused");
+        let job = "refused";
+        let mut a = SqliteStore::open_with(&path, "accounts", table(), options)
+            .unwrap()
+            .with_evolution(evolution(), 0);
+        a.ensure_job(job, &info()).unwrap();
+        let la = a.claim(job, 0, "a", &[0], &info()).unwrap()[0].lease;
+        let (_, _, u0) = upsert(0, 0);
+        a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
+            .unwrap();
+        let e = a
+            .commit(job, &log_checkpoint(0, la, E2, 20, vec![]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{e}");
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let columns: Vec<String> = c
+            .prepare("SELECT name FROM pragma_table_info('accounts')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(!columns.contains(&"tier".to_string()), "{columns:?}");
+        let history: i64 = c
+            .query_row("SELECT count(*) FROM kb_schema_history", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(history, 0);
+    }
+}
+
 #[test]
 fn postgres_schema_change() {
     let url = support::pg_url();

@@ -75,45 +75,44 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     let mut table_index = 0;
     // The log's schema versions (docs/WIRE.md "Schema changes"): a folder beside a file snapshot.
     let mut evolution = None;
-    let (snapshot, table, manifest): (Arc<dyn SnapshotSource>, TableSchema, String) =
-        match &job.snapshot {
-            SnapshotConfig::Files { dir, table } => {
-                let s = SnapshotFiles::open_table(dir, table.as_deref())
-                    .with_context(|| format!("job {}: opening the snapshot", job.name))?;
-                let table = s.table.clone();
-                log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
-                table_index = s.table_index;
-                evolution = Some(
-                    crate::snapshot::versions::evolution(
-                        dir,
-                        log_tables.clone(),
-                        s.tables.iter().map(|t| Some(t.name.clone())).collect(),
-                        s.info().snapshot_epoch,
-                    )
-                    .with_context(|| {
-                        format!("job {}: reading the snapshot's schema versions", job.name)
-                    })?,
-                );
-                (
-                    Arc::new(s),
-                    table,
-                    dir.join("manifest.json").display().to_string(),
-                )
-            }
-            SnapshotConfig::Postgres { url, name } => {
-                let s = PostgresSnapshot::open(url.expose(), name)
-                    .with_context(|| format!("job {}: opening the snapshot", job.name))?;
-                let table = s.table().clone();
-                (
-                    Arc::new(s),
-                    table,
-                    format!(
-                        "snapshot {name} in {}",
-                        crate::store::postgres::redact_url(url.expose())
-                    ),
-                )
-            }
-        };
+    let (snapshot, table, manifest): (Arc<dyn SnapshotSource>, TableSchema, String) = match &job
+        .snapshot
+    {
+        SnapshotConfig::Files { dir, table } => {
+            let s = SnapshotFiles::open_table(dir, table.as_deref())
+                .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+            let table = s.table.clone();
+            log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
+            table_index = s.table_index;
+            let ev = crate::snapshot::versions::evolution(
+                dir,
+                log_tables.clone(),
+                s.tables.iter().map(|t| Some(t.name.clone())).collect(),
+                s.info().snapshot_epoch,
+            )
+            .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
+            check_versions_allowed(job, &ev.current(), table_index)?;
+            evolution = Some(ev);
+            (
+                Arc::new(s),
+                table,
+                dir.join("manifest.json").display().to_string(),
+            )
+        }
+        SnapshotConfig::Postgres { url, name } => {
+            let s = PostgresSnapshot::open(url.expose(), name)
+                .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+            let table = s.table().clone();
+            (
+                Arc::new(s),
+                table,
+                format!(
+                    "snapshot {name} in {}",
+                    crate::store::postgres::redact_url(url.expose())
+                ),
+            )
+        }
+    };
     let info = snapshot.info().clone();
     check_against_snapshot(job, &table, &info, &manifest)?;
     let map = PartitionMap::new(info.vnode_count, info.partition_count)
@@ -218,14 +217,49 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
         .with_context(|| format!("job {}: opening the snapshot", job.name))?;
     check_against_snapshot(job, &s.table, s.info(), &manifest.display().to_string())?;
     // The schema versions beside it, as `run` reads them (an incompatible one is refused here too).
-    crate::snapshot::versions::evolution(
+    let ev = crate::snapshot::versions::evolution(
         dir,
         s.tables.iter().map(|t| t.schema.clone()).collect(),
         s.tables.iter().map(|t| Some(t.name.clone())).collect(),
         s.info().snapshot_epoch,
     )
     .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
+    check_versions_allowed(job, &ev.current(), s.table_index)?;
     Ok(None)
+}
+
+/// A job whose store cannot take a schema version yet (SQLite with `store_datum = false`: no datum
+/// to resolve; `consistency = "epoch"`: pending rows of older versions) is refused at start when
+/// its log already announces one, rather than at that version's checkpoint, hours in. A version
+/// announced later is refused by the store at its checkpoint, with nothing of it committed.
+fn check_versions_allowed(
+    job: &JobConfig,
+    versions: &crate::codec::versions::SchemaVersions,
+    table: usize,
+) -> Result<()> {
+    let all = versions.of(table);
+    let Some(first) = all.get(1) else {
+        return Ok(());
+    };
+    let setting = if matches!(
+        job.store,
+        StoreConfig::Sqlite {
+            store_datum: false,
+            ..
+        }
+    ) {
+        "jobs.store.store_datum = false: schema changes are applied with store_datum = true (each row's datum is resolved to the new version)"
+    } else if job.consistency == crate::service::config::Consistency::Epoch {
+        "jobs.consistency = \"epoch\": schema changes are applied under consistency = \"vnode\" only (the default)"
+    } else {
+        return Ok(());
+    };
+    bail!(
+        "job {}: the log announces {} schema version(s) of its table (the first from epoch {}), and {setting}",
+        job.name,
+        all.len() - 1,
+        first.from_epoch
+    )
 }
 
 /// Opens state stores of the configured kind (one handle per worker); `publication`:

@@ -517,7 +517,7 @@ pub fn evolve(
     let target = stored.max(rows_version);
     if target > 0 && publication {
         return Err(StoreError::Rejected(format!(
-            "job {job}: schema version {target} (from epoch {}) under consistency = \"epoch\": schema changes are applied under consistency = \"checkpoint\" only",
+            "job {job}: schema version {target} (from epoch {}) under consistency = \"epoch\": schema changes are applied under consistency = \"vnode\" only (the default)",
             all[target].from_epoch
         )));
     }
