@@ -1829,6 +1829,102 @@ fn main() {
         }
     }
 
+    // ---- schema: a log of three schema versions against the same log without them ---------------
+    if a.want("schema") {
+        // The hand measurement's shape at full size: 200,000 rows, 400,000 changes, 4 partitions.
+        let rows = (a.snapshot_rows / 5).max(1_000);
+        let changes = (a.log_changes * 2 / 5).max(4_000);
+        eprintln!("schema: {rows}-row snapshot, {changes} changes, without and with 3 versions…");
+        let logs: Vec<(bool, String, PathBuf, u64)> = [false, true]
+            .into_iter()
+            .map(|evolve| {
+                let d = dir(&format!("schema-{evolve}"));
+                let topic = format!("bench-schema-{evolve}-{}", rand_suffix());
+                let mut w = log_workload(&bootstrap, &topic, 4, rows, changes, 100, &d);
+                w.evolve = evolve;
+                // Checkpoints enough for a version at each quarter, also at the smallest size.
+                w.changes_per_epoch = (changes / 100).clamp(20, 2_000);
+                produce(w);
+                let records = topic_records(&bootstrap, &topic, 4);
+                (evolve, topic, d, records)
+            })
+            .collect();
+        // (wall s, CPU-s, peak MiB) per run, the two logs alternating so both meet the same machine.
+        let mut runs_of: BTreeMap<bool, Vec<(f64, f64, f64)>> = BTreeMap::new();
+        let mut table_rows = 0i64;
+        for i in 0..a.reps {
+            for (evolve, topic, d, _) in &logs {
+                let name = format!("schema{evolve}{i}{}", rand_suffix());
+                let db = d.join(format!("{name}.sqlite"));
+                let store = format!(
+                    "kind = \"sqlite\"\npath = \"{}\"\ntable = \"accounts\"",
+                    db.display()
+                );
+                let cfg = d.join(format!("{name}.toml"));
+                write_job_toml(
+                    &cfg,
+                    &job_toml(
+                        &name,
+                        topic,
+                        &bootstrap,
+                        &d.join("snapshot"),
+                        &store,
+                        1,
+                        "recreate",
+                    ),
+                );
+                let before = cpu::children_secs();
+                let (secs, mib) = run_processes(&a.bin, &cfg, 1);
+                let cpu_s = cpu::children_secs() - before;
+                let c = rusqlite::Connection::open(&db).unwrap();
+                let applied: i64 = c
+                    .query_row("SELECT count(*) FROM kb_schema_history", [], |r| r.get(0))
+                    .unwrap();
+                assert_eq!(applied, if *evolve { 3 } else { 0 }, "versions applied");
+                table_rows = c
+                    .query_row("SELECT count(*) FROM accounts", [], |r| r.get(0))
+                    .unwrap();
+                runs_of.entry(*evolve).or_default().push((secs, cpu_s, mib));
+            }
+        }
+        let med = |evolve: bool, k: usize| {
+            median(
+                runs_of[&evolve]
+                    .iter()
+                    .map(|r| [r.0, r.1, r.2][k])
+                    .collect(),
+            )
+        };
+        for (evolve, label) in [
+            (false, "one schema"),
+            (true, "three versions (add 2 columns, widen, drop)"),
+        ] {
+            r.figure(
+                &format!("s_schema_{}", if evolve { "evolved" } else { "plain" }),
+                &format!("{label}: {rows}-row snapshot + {} records over 4 partitions into SQLite, one worker, end to end (spawn → exit when caught up), median of {}; wall, process CPU (user + system), peak RSS", logs[evolve as usize].3, a.reps),
+                format!(
+                    "{:.2} s, {:.2} CPU-s, {:.0} MiB",
+                    med(evolve, 0),
+                    med(evolve, 1),
+                    med(evolve, 2)
+                ),
+                json!({"seconds": med(evolve, 0), "cpu_s": med(evolve, 1), "peak_mib": med(evolve, 2)}),
+            );
+        }
+        let extra = med(true, 1) - med(false, 1);
+        let per_row_us = extra / 3.0 / table_rows.max(1) as f64 * 1e6;
+        r.figure(
+            "ratio_s_evolved_over_plain",
+            &format!("the log with three versions / without, same run: CPU and peak RSS; the extra CPU over 3 versions and the {table_rows} rows the table ends with is {extra:.2} CPU-s, {per_row_us:.1} µs a row a version (an upper bound: the evolved log's rows also differ — two more columns, then no payload)"),
+            format!(
+                "CPU {:.2}×, RSS {:.2}×",
+                med(true, 1) / med(false, 1),
+                med(true, 2) / med(false, 2)
+            ),
+            json!({"cpu": med(true, 1) / med(false, 1), "rss": med(true, 2) / med(false, 2), "extra_cpu_s": extra, "us_per_row_version": per_row_us}),
+        );
+    }
+
     // ---- pg-key: the PostgreSQL table keyed (_kb_vnode, _kb_key) against the last release's _kb_key -
     if a.want("pg-key") {
         // A table larger than the server's buffers, so that where an index insert lands matters:
