@@ -12,6 +12,8 @@
 mod capture;
 #[path = "backfill/cpu.rs"]
 mod cpu;
+#[path = "backfill/pg_ceiling.rs"]
+mod pg_ceiling;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -2013,6 +2015,18 @@ fn main() {
                 json!(ratio),
             );
         }
+    }
+
+    // ---- pg-ceiling: the server's own rate for the store's statement shapes, one session and two --
+    if a.want("pg-ceiling") {
+        pg_ceiling::run(
+            &pg,
+            &pg_label,
+            a.snapshot_rows,
+            a.log_changes,
+            a.reps,
+            &mut r,
+        );
     }
 
     // ---- capture: PostgreSQL → the log store, against COPY and pg_recvlogical ---------------------
