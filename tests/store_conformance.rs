@@ -461,6 +461,31 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         "read again after a recreation, recorded once"
     );
     assert_eq!(kept[0].generation, 0, "its first generation is kept");
+    // A snapshot checkpoint of many rows, and its replay: PostgreSQL copies such rows straight
+    // into the table, and the replay, meeting rows the table holds, upserts them instead. Each
+    // row is there once, with its datum.
+    let before = b.rows(job).unwrap().len();
+    let bulk = bulk_rows(1_100);
+    let mut many = checkpoint(1, vec![(0, fresh[0].lease), (1, fresh[1].lease)]);
+    many.rows = bulk
+        .iter()
+        .map(|(k, d, v)| RowMutation::Upsert {
+            vnode: *v,
+            row: Row {
+                key: k.clone(),
+                value: d.clone(),
+            },
+            offset: None,
+        })
+        .collect();
+    a.commit(job, &many).unwrap();
+    a.commit(job, &many)
+        .expect("a snapshot checkpoint replayed is accepted");
+    let rows = b.rows(job).unwrap();
+    assert_eq!(rows.len(), before + bulk.len());
+    for (k, d, _) in &bulk {
+        assert_eq!(rows.get(k), Some(d));
+    }
 }
 
 /// A table belongs to one job: another job on it, or the job on another table, is refused before
