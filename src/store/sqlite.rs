@@ -187,12 +187,20 @@ fn row_error(e: rusqlite::Error, table: &TableSchema, key: &[u8]) -> StoreError 
 /// Pages are allocated only as they are touched.
 const CACHE_KIB: i64 = 64 * 1024;
 
-/// The WAL size (in pages, 64 MiB) past which the checkpointer stops being polite. A passive
-/// checkpoint never waits for the writer, and SQLite starts the WAL over only when a write begins
-/// after a checkpoint has copied every frame; under continuous commits that never happens, so past
-/// this size the checkpointer closes the commit gate ([`Checkpointer`]) and runs a `RESTART`
+/// The WAL size (64 MiB, in the file's pages) past which the checkpointer stops being polite. A
+/// passive checkpoint never waits for the writer, and SQLite starts the WAL over only when a write
+/// begins after a checkpoint has copied every frame; under continuous commits that never happens, so
+/// past this size the checkpointer closes the commit gate ([`Checkpointer`]) and runs a `RESTART`
 /// checkpoint, holding the next commit back while it copies the frames the passive ones left.
-const WAL_RESTART_PAGES: i64 = 16 * 1024;
+const WAL_RESTART_BYTES: i64 = 64 << 20;
+
+/// The page size of a file this store creates (SQLite's largest; its default is 4 KiB). A snapshot
+/// phase appends each vnode's rows in key order and a log-store checkpoint rewrites rows all over
+/// the table: both measured faster with 64 KiB pages — fewer B-tree levels and page splits, fewer
+/// pages per commit — on tables of 77k and 1M rows (docs/BENCHMARKS.md, "SQLite pages of 64 KiB").
+/// A file that exists keeps the page size it has (SQLite changes it in WAL mode only by rebuilding
+/// the file), so a store of an earlier release opens as it was.
+const PAGE_SIZE: i64 = 64 * 1024;
 
 /// The materialised table's `CREATE TABLE IF NOT EXISTS`.
 fn table_ddl(table_name: &str, table: &TableSchema, datum: bool) -> String {
@@ -266,9 +274,9 @@ pub struct SqliteOptions {
     /// `kb_publication.published_epoch` says which upstream epoch the table is; a checkpoint whose
     /// own epoch is published at once writes its rows straight into the table.
     pub publication: bool,
-    /// The WAL size in pages past which the checkpointer restarts it (default
-    /// [`WAL_RESTART_PAGES`]; tests set it small).
-    pub restart_pages: i64,
+    /// The WAL size in bytes past which the checkpointer restarts it (default
+    /// [`WAL_RESTART_BYTES`]; tests set it small), counted in the file's pages.
+    pub restart_bytes: i64,
 }
 
 impl Default for SqliteOptions {
@@ -276,7 +284,7 @@ impl Default for SqliteOptions {
         SqliteOptions {
             store_datum: true,
             publication: false,
-            restart_pages: WAL_RESTART_PAGES,
+            restart_bytes: WAL_RESTART_BYTES,
         }
     }
 }
@@ -285,7 +293,7 @@ impl Default for SqliteOptions {
 /// (SQLite's default runs a checkpoint inside the commit that crosses 1,000 pages: 16 % of the
 /// replay's CPU); after each commit the store nudges this thread, which runs `wal_checkpoint(PASSIVE)`
 /// on its own connection — on the other core, while the worker stages the next checkpoint — and a
-/// `RESTART` checkpoint when the WAL has grown past [`WAL_RESTART_PAGES`], with the `gate` closed:
+/// `RESTART` checkpoint when the WAL has grown past [`WAL_RESTART_BYTES`], with the `gate` closed:
 /// a commit waits at the gate before its transaction begins while a restart is wanted. Without it
 /// the checkpointer's busy handler polls for a moment with no writer while the committer begins
 /// its next transaction at once, gives up, and the WAL grows by every commit (500 MiB for a
@@ -448,6 +456,9 @@ impl SqliteStore {
             .map_err(|e| StoreError::Rejected(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(classify)?;
+        // Before the file's first write; a file that exists keeps its page size.
+        conn.pragma_update(None, "page_size", PAGE_SIZE)
+            .map_err(classify)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(classify)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
@@ -477,12 +488,15 @@ impl SqliteStore {
                 if has_datum { "with" } else { "without" }
             )));
         }
+        let page_size: i64 = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .map_err(classify)?;
         Ok(SqliteStore {
             conn,
             table,
             table_name: table_name.to_string(),
             datum: store_datum,
-            checkpointer: Checkpointer::start(path, options.restart_pages)?,
+            checkpointer: Checkpointer::start(path, (options.restart_bytes / page_size).max(1))?,
             publication: options.publication,
             evolution: None,
         })
@@ -1430,14 +1444,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.sqlite");
         let t = table();
-        // A restart past 256 pages (1 MiB); 150 commits of ~200 scattered rows each write about
-        // 25,000 frames (~100 MiB) if the WAL never starts over.
+        // A restart past 1 MiB; 150 commits of ~200 scattered rows each write about 100 MiB of
+        // frames if the WAL never starts over.
         let mut store = SqliteStore::open_with(
             &path,
             "accounts",
             t.clone(),
             SqliteOptions {
-                restart_pages: 256,
+                restart_bytes: 1 << 20,
                 ..SqliteOptions::default()
             },
         )
@@ -1501,6 +1515,50 @@ mod tests {
             "the WAL file reached {} MiB under a 1 MiB restart threshold",
             wal >> 20
         );
+    }
+
+    /// A file the store creates has 64 KiB pages; a file an earlier release made (SQLite's default
+    /// 4 KiB, in WAL mode) keeps its pages and takes the job's rows as before.
+    #[test]
+    fn new_files_get_64_kib_pages_and_existing_files_keep_theirs() {
+        let dir = std::env::temp_dir().join(format!("kb-pages-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let page_size = |path: &std::path::Path| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .pragma_query_value(None, "page_size", |r| r.get(0))
+                .unwrap()
+        };
+        let fresh = dir.join("fresh.sqlite");
+        drop(SqliteStore::open(&fresh, "accounts", table()).unwrap());
+        assert_eq!(page_size(&fresh), PAGE_SIZE);
+        let old = dir.join("old.sqlite");
+        {
+            let c = Connection::open(&old).unwrap();
+            c.pragma_update(None, "journal_mode", "WAL").unwrap();
+            c.execute_batch("CREATE TABLE earlier (x INTEGER)").unwrap();
+        }
+        assert_eq!(page_size(&old), 4096);
+        let mut store = SqliteStore::open(&old, "accounts", table()).unwrap();
+        let info = SnapshotInfo {
+            snapshot_epoch: Epoch(1 << 16),
+            vnode_count: 256,
+            partition_count: 1,
+            start: vec![PartitionProgress {
+                partition: 0,
+                next_offset: 0,
+                epoch: Epoch(2 << 16),
+                streaming: false,
+            }],
+        };
+        store.ensure_job("j", &info).unwrap();
+        drop(store);
+        assert_eq!(
+            page_size(&old),
+            4096,
+            "an existing file keeps its page size"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
