@@ -1429,6 +1429,21 @@ impl StateStore for SqliteStore {
 mod tests {
     use super::*;
 
+    /// A snapshot of one partition and 256 vnodes.
+    fn one_partition() -> SnapshotInfo {
+        SnapshotInfo {
+            snapshot_epoch: Epoch(1 << 16),
+            vnode_count: 256,
+            partition_count: 1,
+            start: vec![PartitionProgress {
+                partition: 0,
+                next_offset: 0,
+                epoch: Epoch(2 << 16),
+                streaming: false,
+            }],
+        }
+    }
+
     fn table() -> TableSchema {
         TableSchema::parse(
             include_str!("../../schemas/example_row.avsc"),
@@ -1456,17 +1471,7 @@ mod tests {
             },
         )
         .unwrap();
-        let info = SnapshotInfo {
-            snapshot_epoch: Epoch(1 << 16),
-            vnode_count: 256,
-            partition_count: 1,
-            start: vec![PartitionProgress {
-                partition: 0,
-                next_offset: 0,
-                epoch: Epoch(2 << 16),
-                streaming: false,
-            }],
-        };
+        let info = one_partition();
         store.ensure_job("j", &info).unwrap();
         let lease = store.claim("j", 0, "w", &[0], &info).unwrap()[0].lease;
         let mut rng = crate::rng::SimRng::new(3);
@@ -1540,17 +1545,7 @@ mod tests {
         }
         assert_eq!(page_size(&old), 4096);
         let mut store = SqliteStore::open(&old, "accounts", table()).unwrap();
-        let info = SnapshotInfo {
-            snapshot_epoch: Epoch(1 << 16),
-            vnode_count: 256,
-            partition_count: 1,
-            start: vec![PartitionProgress {
-                partition: 0,
-                next_offset: 0,
-                epoch: Epoch(2 << 16),
-                streaming: false,
-            }],
-        };
+        let info = one_partition();
         store.ensure_job("j", &info).unwrap();
         drop(store);
         assert_eq!(
