@@ -8,7 +8,7 @@
 //! does) and no rule of its own (the protocol does).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -190,7 +190,7 @@ const CACHE_KIB: i64 = 64 * 1024;
 /// The WAL size (64 MiB, in the file's pages) past which the checkpointer stops being polite. A
 /// passive checkpoint never waits for the writer, and SQLite starts the WAL over only when a write
 /// begins after a checkpoint has copied every frame; under continuous commits that never happens, so
-/// past this size the checkpointer closes the commit gate ([`Checkpointer`]) and runs a `RESTART`
+/// past this size the checkpointer closes the commit gate ([`Checkpointer`]) and runs a `TRUNCATE`
 /// checkpoint, holding the next commit back while it copies the frames the passive ones left.
 const WAL_RESTART_BYTES: i64 = 64 << 20;
 
@@ -277,6 +277,9 @@ pub struct SqliteOptions {
     /// The WAL size in bytes past which the checkpointer restarts it (default
     /// [`WAL_RESTART_BYTES`]; tests set it small), counted in the file's pages.
     pub restart_bytes: i64,
+    /// Tests only (no setting reaches it): a pause before each of the checkpointer's rounds, the
+    /// slow thread of a busy machine. Zero by default.
+    pub checkpoint_pause: std::time::Duration,
 }
 
 impl Default for SqliteOptions {
@@ -285,6 +288,7 @@ impl Default for SqliteOptions {
             store_datum: true,
             publication: false,
             restart_bytes: WAL_RESTART_BYTES,
+            checkpoint_pause: std::time::Duration::ZERO,
         }
     }
 }
@@ -293,7 +297,7 @@ impl Default for SqliteOptions {
 /// (SQLite's default runs a checkpoint inside the commit that crosses 1,000 pages: 16 % of the
 /// replay's CPU); after each commit the store nudges this thread, which runs `wal_checkpoint(PASSIVE)`
 /// on its own connection — on the other core, while the worker stages the next checkpoint — and a
-/// `RESTART` checkpoint when the WAL has grown past [`WAL_RESTART_BYTES`], with the `gate` closed:
+/// restart checkpoint when the WAL has grown past [`WAL_RESTART_BYTES`], with the `gate` closed:
 /// a commit waits at the gate before its transaction begins while a restart is wanted. Without it
 /// the checkpointer's busy handler polls for a moment with no writer while the committer begins
 /// its next transaction at once, gives up, and the WAL grows by every commit (500 MiB for a
@@ -301,10 +305,19 @@ impl Default for SqliteOptions {
 /// `the_wal_stays_bounded_under_continuous_commits`). A lock alone is not enough: a committer
 /// that unlocks and locks again at once wins it every time. A failed checkpoint loses nothing (the frames
 /// stay in the WAL, which every reader sees); it is logged and tried again at the next nudge.
+///
+/// The restart is a `TRUNCATE` (the WAL file back to zero bytes), so the file's length is what was
+/// written since: a commit that leaves it past twice the threshold closes the gate itself
+/// ([`Checkpointer::committed`]), and the next commit waits for the checkpointer's round. Without
+/// that bound the WAL grew by every commit made while a slow `PASSIVE` round ran (a busy machine:
+/// 34 MiB under a 1 MiB threshold in CI, 64 KiB pages making each scattered commit megabytes).
 struct Checkpointer {
     nudge: Option<std::sync::mpsc::SyncSender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     gate: Arc<Gate>,
+    /// The WAL file, and the length past which a commit waits for the checkpointer.
+    wal: PathBuf,
+    hold_bytes: u64,
 }
 
 /// Closed (`true`) while the checkpointer restarts the WAL.
@@ -332,7 +345,12 @@ impl Gate {
 }
 
 impl Checkpointer {
-    fn start(path: &Path, restart_pages: i64) -> Result<Checkpointer, StoreError> {
+    fn start(
+        path: &Path,
+        restart_pages: i64,
+        page_size: i64,
+        pause: std::time::Duration,
+    ) -> Result<Checkpointer, StoreError> {
         let conn = Connection::open(path)
             .map_err(|e| StoreError::Rejected(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
@@ -345,6 +363,9 @@ impl Checkpointer {
             .name("sqlite-checkpoint".into())
             .spawn(move || {
                 while nudged.recv().is_ok() {
+                    if !pause.is_zero() {
+                        std::thread::sleep(pause);
+                    }
                     // (busy, frames in the WAL)
                     let checkpoint = |mode: &str| {
                         conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
@@ -354,13 +375,13 @@ impl Checkpointer {
                     let result = checkpoint("PASSIVE").and_then(|(busy, wal_pages)| {
                         if wal_pages > restart_pages {
                             commits.set(true);
-                            let restarted = checkpoint("RESTART");
-                            commits.set(false);
-                            restarted
+                            checkpoint("TRUNCATE")
                         } else {
                             Ok((busy, wal_pages))
                         }
                     });
+                    // Open whatever closed the gate (this round, or a commit past the hold).
+                    commits.set(false);
                     match result {
                         Err(e) => tracing::warn!(file = %file, "SQLite WAL checkpoint failed (retried at the next commit): {e}"),
                         Ok((true, pages)) if pages > restart_pages => tracing::warn!(file = %file, wal_pages = pages, "SQLite WAL restart checkpoint was busy (a reader holds an old snapshot); retried at the next commit"),
@@ -369,11 +390,24 @@ impl Checkpointer {
                 }
             })
             .map_err(|e| StoreError::Backend(format!("starting the SQLite checkpointer: {e}")))?;
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
         Ok(Checkpointer {
             nudge: Some(nudge),
             thread: Some(thread),
             gate,
+            wal: PathBuf::from(wal),
+            hold_bytes: 2 * (restart_pages * page_size).max(0) as u64,
         })
+    }
+
+    /// After a commit: past the hold, the next commit waits at the gate until the checkpointer's
+    /// round (nudged here) has run.
+    fn committed(&self) {
+        if std::fs::metadata(&self.wal).is_ok_and(|m| m.len() > self.hold_bytes) {
+            self.gate.set(true);
+        }
+        self.nudge();
     }
 
     /// Asks for a checkpoint after a commit. A nudge already waiting covers this one.
@@ -496,7 +530,12 @@ impl SqliteStore {
             table,
             table_name: table_name.to_string(),
             datum: store_datum,
-            checkpointer: Checkpointer::start(path, (options.restart_bytes / page_size).max(1))?,
+            checkpointer: Checkpointer::start(
+                path,
+                (options.restart_bytes / page_size).max(1),
+                page_size,
+                options.checkpoint_pause,
+            )?,
             publication: options.publication,
             evolution: None,
         })
@@ -1243,7 +1282,7 @@ impl StateStore for SqliteStore {
             )?;
         }
         tx.commit().map_err(classify)?;
-        self.checkpointer.nudge();
+        self.checkpointer.committed();
         Ok(())
     }
 
@@ -1467,6 +1506,8 @@ mod tests {
             t.clone(),
             SqliteOptions {
                 restart_bytes: 1 << 20,
+                // A checkpointer slower than the committer, as on a busy machine.
+                checkpoint_pause: std::time::Duration::from_millis(20),
                 ..SqliteOptions::default()
             },
         )
@@ -1509,10 +1550,13 @@ mod tests {
             };
             checkpoints.push(cp);
         }
+        // The peak after any commit: the WAL must not grow by the commits made while the
+        // checkpointer's round runs (CI, other tests on both cores: 34 MiB before the hold).
+        let mut wal = 0;
         for cp in &checkpoints {
             store.commit("j", cp).unwrap();
+            wal = wal.max(std::fs::metadata(dir.join("s.sqlite-wal")).unwrap().len());
         }
-        let wal = std::fs::metadata(dir.join("s.sqlite-wal")).unwrap().len();
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(
