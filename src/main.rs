@@ -680,7 +680,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let prepared = job::prepare(j, false)?;
             let mut store = (prepared.open_store)()?;
             let report = match (&expected, against_source) {
-                (_, true) => kafka_backfill::verify::verify_against_source(store.as_mut(), j)?,
+                (_, true) => {
+                    kafka_backfill::verify::verify_against_source(store.as_mut(), j, &config.jobs)?
+                }
                 (Some(expected), false) => {
                     let table = match &j.snapshot {
                         SnapshotConfig::Files { table, .. } => table.as_deref(),

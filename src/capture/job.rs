@@ -10,15 +10,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-use super::log::{read_state, KafkaLog, StateRecord};
-use super::pg::{self, PgReplication, TableName};
+use super::log::{read_state, KafkaLog, StateRecord, StateTable};
+use super::pg::{self, PgReplication, StreamTable, TableName};
 use super::{run_session, CaptureFailure, CaptureObserver, LogPort, SessionStats};
 use crate::codec::{LogCodec, TableSchema};
 use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
 use crate::core::{vnode_of, Epoch, PartitionMap};
 use crate::service::config::{JobConfig, SnapshotConfig};
 use crate::service::status::{CaptureBoard, CaptureReport};
-use crate::snapshot::files::{write_manifest, Manifest, ManifestStart, SortedWriter};
+use crate::snapshot::files::{
+    write_manifest, write_tables_manifest, Manifest, ManifestStart, ManifestTable, SortedWriter,
+    TablesManifest,
+};
 
 /// The state record's format version.
 const STATE_VERSION: u32 = 1;
@@ -101,11 +104,9 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Writes `manifest.json` from the pending manifest and the state record's start offsets.
 fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
     let pending = dir.join(PENDING_MANIFEST);
-    let mut manifest: Manifest = serde_json::from_slice(
-        &std::fs::read(&pending).with_context(|| format!("reading {}", pending.display()))?,
-    )
-    .with_context(|| format!("{}: not a manifest", pending.display()))?;
-    manifest.start = record
+    let bytes =
+        std::fs::read(&pending).with_context(|| format!("reading {}", pending.display()))?;
+    let start: Vec<ManifestStart> = record
         .start_offsets
         .iter()
         .enumerate()
@@ -117,7 +118,17 @@ fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
             epoch: record.initial_epoch,
         })
         .collect();
-    write_manifest(dir, &manifest)?;
+    let not_a_manifest = || format!("{}: not a manifest", pending.display());
+    if record.other_tables.is_empty() {
+        let mut manifest: Manifest = serde_json::from_slice(&bytes).with_context(not_a_manifest)?;
+        manifest.start = start;
+        write_manifest(dir, &manifest)?;
+    } else {
+        let mut manifest: TablesManifest =
+            serde_json::from_slice(&bytes).with_context(not_a_manifest)?;
+        manifest.start = start;
+        write_tables_manifest(dir, &manifest)?;
+    }
     std::fs::remove_file(&pending).with_context(|| format!("removing {}", pending.display()))?;
     Ok(())
 }
@@ -126,22 +137,50 @@ fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
 /// gives up (a broker or database outage shorter than this is ridden out).
 const RETRY_FOR: Duration = Duration::from_secs(180);
 
+/// One captured table, as the catalog had it when the capture started.
+struct Captured {
+    table: TableName,
+    info: pg::TableInfo,
+    table_schema: TableSchema,
+    columns: Vec<String>,
+}
+
+impl Captured {
+    fn stream_table(&self, encoder: super::types::RowEncoder) -> StreamTable {
+        StreamTable {
+            name: self.table.clone(),
+            oid: self.info.oid,
+            encoder,
+        }
+    }
+}
+
 /// Everything a session needs that does not change between sessions.
 struct Setup<'a> {
     job: &'a JobConfig,
     dir: PathBuf,
-    table: TableName,
+    /// In the log's order; a log of several tables names each by `table.table`.
+    tables: Vec<Captured>,
     url: String,
     slot: String,
     publication: String,
     props: BTreeMap<String, String>,
-    info: pg::TableInfo,
     map: PartitionMap,
     partitions: u32,
-    table_schema: TableSchema,
-    columns: Vec<String>,
     config: CaptureConfig,
     copy_connections: usize,
+}
+
+impl Setup<'_> {
+    /// The captured tables for messages: `public.a` or `public.a, public.b`.
+    fn names(&self) -> String {
+        let names: Vec<String> = self.tables.iter().map(|t| t.table.to_string()).collect();
+        names.join(", ")
+    }
+
+    fn several(&self) -> bool {
+        self.tables.len() > 1
+    }
 }
 
 /// Runs the capture of `job` until `stop` is set (checked between source transactions); its report
@@ -157,7 +196,9 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
             job.name
         );
     };
-    let table = TableName::parse(&c.table)?;
+    let names = c
+        .table_names()
+        .map_err(|(key, m)| anyhow::anyhow!("job {}: capture.{key}: {m}", job.name))?;
     let url = c.source_url.expose().to_string();
     let props: BTreeMap<String, String> = job
         .kafka
@@ -167,8 +208,25 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
         .collect();
     // The preconditions, once: each failure names its fix.
     let mut client = pg::connect(&url)?;
-    let info = pg::table_info(&mut client, &table)?;
-    pg::ensure_publication(&mut client, &c.publication_name(&job.name), &table)?;
+    let mut tables = Vec::new();
+    for table in names {
+        let info = pg::table_info(&mut client, &table)?;
+        let schema_json = super::types::row_schema(&table.to_string(), &info.encoder.columns);
+        let table_schema = TableSchema::parse(&schema_json.to_string(), &info.primary_key)?;
+        tables.push(Captured {
+            columns: info
+                .encoder
+                .columns
+                .iter()
+                .map(|c| c.name.clone())
+                .collect(),
+            table,
+            info,
+            table_schema,
+        });
+    }
+    let all: Vec<TableName> = tables.iter().map(|t| t.table.clone()).collect();
+    pg::ensure_publication(&mut client, &c.publication_name(&job.name), &all)?;
     drop(client);
     let partitions = match crate::kafka::admin::partition_count(&props, &job.topic)? {
         Some(n) => n,
@@ -179,26 +237,16 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
     };
     let map = PartitionMap::new(job.vnode_count, partitions)
         .with_context(|| format!("topic {} against vnode_count", job.topic))?;
-    let schema_json = super::types::row_schema(&table.to_string(), &info.encoder.columns);
-    let table_schema = TableSchema::parse(&schema_json.to_string(), &info.primary_key)?;
     let setup = Setup {
         job,
         dir: dir.clone(),
         slot: c.slot_name(&job.name),
         publication: c.publication_name(&job.name),
-        columns: info
-            .encoder
-            .columns
-            .iter()
-            .map(|c| c.name.clone())
-            .collect(),
-        table,
+        tables,
         url,
         props,
-        info,
         map,
         partitions,
-        table_schema,
         config: CaptureConfig {
             barrier_interval_ms: c.barrier_interval_ms,
             checkpoint_interval_ms: c.checkpoint_interval_ms,
@@ -225,7 +273,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
             Err(CaptureFailure::Permanent(e)) => {
                 bail!(
                     "capture of {} for job {} stopped: {e}",
-                    setup.table,
+                    setup.names(),
                     job.name
                 )
             }
@@ -238,7 +286,7 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
                 if last_progress.elapsed() > RETRY_FOR {
                     bail!(
                         "capture of {} for job {}: no checkpoint committed for {} s of retries, the last failure: {e}",
-                        setup.table,
+                        setup.names(),
                         job.name,
                         RETRY_FOR.as_secs()
                     );
@@ -266,19 +314,30 @@ fn session(
     checkpoints: &mut (Option<u64>, Option<u64>),
 ) -> Result<(), CaptureFailure> {
     let job = s.job;
-    let codec = LogCodec::new(s.table_schema.clone())
+    let codecs = s
+        .tables
+        .iter()
+        .map(|t| LogCodec::new(t.table_schema.clone()))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CaptureFailure::Permanent(e.to_string()))?;
     let template = StateRecord {
         version: STATE_VERSION,
         job: job.name.clone(),
-        table: s.table.to_string(),
+        table: s.tables[0].table.to_string(),
         slot: s.slot.clone(),
         system_id: String::new(),
         timeline: 0,
         snapshot_epoch: Epoch(0),
         initial_epoch: Epoch(0),
         start_offsets: Vec::new(),
-        columns: s.columns.clone(),
+        columns: s.tables[0].columns.clone(),
+        other_tables: s.tables[1..]
+            .iter()
+            .map(|t| StateTable {
+                table: t.table.to_string(),
+                columns: t.columns.clone(),
+            })
+            .collect(),
         state: CaptureState {
             lsn: 0,
             epoch: Epoch(0),
@@ -290,7 +349,7 @@ fn session(
         &job.name,
         &job.topic,
         s.partitions,
-        codec,
+        codecs,
         template,
     )
     .map_err(transient("connecting to Kafka"))?;
@@ -304,17 +363,9 @@ fn session(
     let slot_state = pg::slot_state(&mut client, &s.slot)
         .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
     log.snapshot_dir = Some(s.dir.clone());
-    let connect = |create: bool, encoder: super::types::RowEncoder| {
-        PgReplication::connect(
-            &s.url,
-            &s.slot,
-            &s.publication,
-            s.table.clone(),
-            encoder,
-            create,
-            &s.dir,
-        )
-        .map_err(transient("opening the replication connection"))
+    let connect = |create: bool, tables: Vec<StreamTable>| {
+        PgReplication::connect(&s.url, &s.slot, &s.publication, tables, create, &s.dir)
+            .map_err(transient("opening the replication connection"))
     };
     let (mut a, initial, mut repl) = match committed {
         None => {
@@ -334,7 +385,13 @@ fn session(
                 }
                 None => {}
             }
-            let repl = connect(true, s.info.encoder.clone())?;
+            let repl = connect(
+                true,
+                s.tables
+                    .iter()
+                    .map(|t| t.stream_table(t.info.encoder.clone()))
+                    .collect(),
+            )?;
             progress.set(|r| r.state = "snapshot");
             let (es, consistent) = snapshot(s, &repl, &mut client)
                 .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
@@ -351,12 +408,36 @@ fn session(
         }
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::Permanent(m));
-            if record.slot != s.slot || record.table != s.table.to_string() {
-                return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: capture into a new topic", job.topic, record.table, record.slot, s.table, s.slot));
+            let recorded: Vec<(&str, &[String])> =
+                std::iter::once((record.table.as_str(), record.columns.as_slice()))
+                    .chain(
+                        record
+                            .other_tables
+                            .iter()
+                            .map(|t| (t.table.as_str(), t.columns.as_slice())),
+                    )
+                    .collect();
+            let recorded_names: Vec<&str> = recorded.iter().map(|r| r.0).collect();
+            if record.slot != s.slot
+                || recorded_names.len() != s.tables.len()
+                || recorded_names
+                    .iter()
+                    .zip(&s.tables)
+                    .any(|(r, t)| *r != t.table.to_string())
+            {
+                return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: capture into a new topic", job.topic, recorded_names.join(", "), record.slot, s.names(), s.slot));
             }
-            // Columns added since are the Relation message the stream brings next (a new version).
-            if !s.columns.starts_with(&record.columns) {
-                return refuse(format!("the columns of {} are now {:?}, captured as {:?}: only columns added at the end are followed; a schema change of another kind stops the capture", s.table, s.columns, record.columns));
+            for ((_, columns), t) in recorded.iter().zip(&s.tables) {
+                // Columns added since are the Relation message the stream brings next (a new
+                // version); a capture of several tables follows none yet.
+                let followed = if s.several() {
+                    t.columns == *columns
+                } else {
+                    t.columns.starts_with(columns)
+                };
+                if !followed {
+                    return refuse(format!("the columns of {} are now {:?}, captured as {:?}: only columns added at the end of a one-table capture are followed; a schema change of another kind stops the capture", t.table, t.columns, columns));
+                }
             }
             if !s.dir.join("manifest.json").exists() {
                 finish_manifest(&s.dir, &record)
@@ -365,10 +446,18 @@ fn session(
             if slot_state.is_none() {
                 return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
             }
-            let (encoder, table) = in_force(s, record.state.epoch)?;
-            log.use_table(table)
-                .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
-            let repl = connect(false, encoder)?;
+            let streams = if s.several() {
+                s.tables
+                    .iter()
+                    .map(|t| t.stream_table(t.info.encoder.clone()))
+                    .collect()
+            } else {
+                let (encoder, table) = in_force(s, record.state.epoch)?;
+                log.use_table(table)
+                    .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+                vec![s.tables[0].stream_table(encoder)]
+            };
+            let repl = connect(false, streams)?;
             let (sys, tli) = repl.identity();
             if record.system_id != sys.to_string() || record.timeline != tli {
                 return refuse(format!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline));
@@ -408,13 +497,14 @@ fn in_force(
     s: &Setup,
     epoch: Epoch,
 ) -> Result<(super::types::RowEncoder, TableSchema), CaptureFailure> {
+    let t = &s.tables[0];
     let permanent = |e: String| CaptureFailure::Permanent(e);
     let manifest = s.dir.join("manifest.json");
     let mut schema = match std::fs::read(&manifest) {
         Ok(text) => serde_json::from_slice::<serde_json::Value>(&text)
             .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?["row_schema"]
             .to_string(),
-        Err(_) => s.table_schema.json.to_string(),
+        Err(_) => t.table_schema.json.to_string(),
     };
     let versions = crate::snapshot::versions::read(&s.dir).map_err(|e| permanent(e.to_string()))?;
     if let Some(v) = versions
@@ -425,8 +515,8 @@ fn in_force(
         schema = v.row_schema.clone();
     }
     let table =
-        TableSchema::parse(&schema, &s.info.primary_key).map_err(|e| permanent(e.to_string()))?;
-    let catalog = &s.info.encoder.columns;
+        TableSchema::parse(&schema, &t.info.primary_key).map_err(|e| permanent(e.to_string()))?;
+    let catalog = &t.info.encoder.columns;
     let n = table.columns.len();
     if catalog.len() < n
         || catalog[..n]
@@ -436,20 +526,22 @@ fn in_force(
     {
         return Err(permanent(format!(
             "the columns of {} are now {:?}, the log's row schema at epoch {epoch} has {:?}: only columns added at the end are followed",
-            s.table,
-            s.columns,
+            t.table,
+            t.columns,
             table.columns.iter().map(|c| &c.name).collect::<Vec<_>>()
         )));
     }
     let encoder = super::types::RowEncoder {
         columns: catalog[..n].to_vec(),
-        key: s.info.encoder.key.clone(),
+        key: t.info.encoder.key.clone(),
     };
     Ok((encoder, table))
 }
 
-/// Copies the table in the slot's exported snapshot into sorted per-vnode files and the pending
-/// manifest; returns the snapshot epoch and the slot's consistent position.
+/// Copies every table in the slot's exported snapshot into sorted per-vnode files (a log of several
+/// tables: one folder per table) and the pending manifest; returns the snapshot epoch and the slot's
+/// consistent position. Every table is read in the one exported snapshot, so together they are one
+/// source state: the one the log continues from.
 fn snapshot(
     s: &Setup,
     repl: &PgReplication,
@@ -461,43 +553,72 @@ fn snapshot(
     if s.dir.exists() {
         std::fs::remove_dir_all(&s.dir).with_context(|| format!("clearing {}", s.dir.display()))?;
     }
-    let mut writer = SortedWriter::new(&s.dir, &s.table_schema, s.map.vnode_count())?;
     let started = std::time::Instant::now();
-    let (snap_info, now_ms, rows) =
-        pg::copy_snapshot(&s.url, &s.table, &name, s.copy_connections, |datum, key| {
-            writer.add(vnode_of(key, s.map.vnode_count()), key, datum)?;
-            Ok(())
-        })?;
-    if snap_info.encoder.columns != s.info.encoder.columns {
-        bail!(
-            "the columns of {} changed while the capture started; start it again",
-            s.table
-        );
+    let mut first_ms = None;
+    let mut entries = Vec::new();
+    let mut total = 0;
+    for t in &s.tables {
+        let folder = if s.several() {
+            s.dir.join(&t.table.table)
+        } else {
+            s.dir.clone()
+        };
+        let mut writer = SortedWriter::new(&folder, &t.table_schema, s.map.vnode_count())?;
+        let (snap_info, now_ms, rows) =
+            pg::copy_snapshot(&s.url, &t.table, &name, s.copy_connections, |datum, key| {
+                writer.add(vnode_of(key, s.map.vnode_count()), key, datum)?;
+                Ok(())
+            })?;
+        if snap_info.encoder.columns != t.info.encoder.columns {
+            bail!(
+                "the columns of {} changed while the capture started; start it again",
+                t.table
+            );
+        }
+        tracing::debug!(table = %t.table, rows, seconds = started.elapsed().as_secs_f64(), "snapshot rows read and spilled; sorting");
+        let mut files = writer.finish()?;
+        if s.several() {
+            for f in &mut files {
+                f.path = format!("{}/{}", t.table.table, f.path);
+            }
+        }
+        first_ms.get_or_insert(now_ms);
+        total += rows;
+        entries.push(ManifestTable {
+            name: t.table.table.clone(),
+            row_schema: t.table_schema.json.clone(),
+            primary_key: t.table_schema.primary_key.clone(),
+            files,
+        });
     }
-    tracing::debug!(
-        rows,
-        seconds = started.elapsed().as_secs_f64(),
-        "snapshot rows read and spilled; sorting"
-    );
     let consistent = pg::slot_state(client, &s.slot)?
         .map(|(lsn, _)| lsn)
         .with_context(|| format!("slot {} vanished after its creation", s.slot))?;
-    let es = Epoch::from_unix_millis(now_ms);
-    let manifest = Manifest {
-        snapshot_epoch: es,
-        vnode_count: s.map.vnode_count(),
-        partition_count: s.partitions,
-        topic: Some(s.job.topic.clone()),
-        row_schema: s.table_schema.json.clone(),
-        primary_key: s.table_schema.primary_key.clone(),
-        files: writer.finish()?,
-        start: Vec::new(),
+    let es = Epoch::from_unix_millis(first_ms.unwrap_or_else(unix_ms));
+    let pending = if s.several() {
+        serde_json::to_vec_pretty(&TablesManifest {
+            snapshot_epoch: es,
+            vnode_count: s.map.vnode_count(),
+            partition_count: s.partitions,
+            topic: Some(s.job.topic.clone()),
+            tables: entries,
+            start: Vec::new(),
+        })?
+    } else {
+        let t = entries.remove(0);
+        serde_json::to_vec_pretty(&Manifest {
+            snapshot_epoch: es,
+            vnode_count: s.map.vnode_count(),
+            partition_count: s.partitions,
+            topic: Some(s.job.topic.clone()),
+            row_schema: t.row_schema,
+            primary_key: t.primary_key,
+            files: t.files,
+            start: Vec::new(),
+        })?
     };
-    write_durably(
-        &s.dir.join(PENDING_MANIFEST),
-        &serde_json::to_vec_pretty(&manifest)?,
-    )?;
-    tracing::info!(table = %s.table, rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
+    write_durably(&s.dir.join(PENDING_MANIFEST), &pending)?;
+    tracing::info!(tables = %s.names(), rows = total, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
     Ok((es, consistent))
 }
 

@@ -17,7 +17,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{CaptureFailure, LogPort};
 use crate::codec::LogCodec;
-use crate::core::capture::CaptureState;
+use crate::core::capture::{CaptureState, TableIndex};
 use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 
 /// The state topic of a log topic.
@@ -43,7 +43,19 @@ pub struct StateRecord {
     pub start_offsets: Vec<u64>,
     /// The column names captured (a table whose columns differ is refused).
     pub columns: Vec<String>,
+    /// A capture of several tables: the tables after the first (which is `table` and `columns`),
+    /// in the capture's order. Empty, and left out, for one table (as every record before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_tables: Vec<StateTable>,
     pub state: CaptureState,
+}
+
+/// A table of a capture of several, after the first, in its [`StateRecord`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateTable {
+    pub table: String,
+    pub columns: Vec<String>,
 }
 
 #[derive(Default)]
@@ -79,7 +91,9 @@ pub type InitialCommitHook = Box<dyn FnOnce(&StateRecord) -> Result<()> + Send>;
 /// The transactional writer of one job's log.
 pub struct KafkaLog {
     producer: BaseProducer<Ctx>,
-    codec: LogCodec,
+    /// One codec per captured table, in the capture's order (a change of table `i` is written with
+    /// `codecs[i]`'s writer schema, whose fingerprint tells the reader its table).
+    codecs: Vec<LogCodec>,
     topic: String,
     state_topic: String,
     partitions: u32,
@@ -113,12 +127,13 @@ fn txn_failure(producer: &BaseProducer<Ctx>, what: &str, e: KafkaError) -> Captu
 
 impl KafkaLog {
     /// Creates the producer and fences every older capture of the job (`init_transactions`).
+    /// `codecs`: one per captured table, at least one.
     pub fn connect(
         props: &BTreeMap<String, String>,
         job: &str,
         topic: &str,
         partitions: u32,
-        codec: LogCodec,
+        codecs: Vec<LogCodec>,
         record: StateRecord,
     ) -> Result<KafkaLog> {
         let mut config = crate::kafka::admin::client_config(props);
@@ -135,9 +150,10 @@ impl KafkaLog {
         producer
             .init_transactions(Duration::from_secs(60))
             .context("initialising the capture's Kafka transactions (fences an older capture)")?;
+        anyhow::ensure!(!codecs.is_empty(), "a capture writes at least one table");
         Ok(KafkaLog {
             producer,
-            codec,
+            codecs,
             topic: topic.to_string(),
             state_topic: state_topic(topic),
             partitions,
@@ -162,9 +178,10 @@ impl KafkaLog {
 }
 
 impl KafkaLog {
-    /// Writes changes with `table`'s row schema (the version in force where a capture resumes).
+    /// Writes the first table's changes with `table`'s row schema (the version in force where a
+    /// one-table capture resumes).
     pub fn use_table(&mut self, table: crate::codec::TableSchema) -> Result<()> {
-        self.codec = LogCodec::new(table)?;
+        self.codecs[0] = LogCodec::new(table)?;
         Ok(())
     }
 }
@@ -179,9 +196,14 @@ impl LogPort for KafkaLog {
         let dir = self.snapshot_dir.clone().ok_or_else(|| {
             permanent("no snapshot folder to announce a schema version in".into())
         })?;
-        let table = crate::codec::TableSchema::parse(row_schema, &self.codec.table.primary_key)
+        if self.codecs.len() > 1 {
+            return Err(permanent(format!(
+                "a schema version announced from epoch {from_epoch} in a capture of several tables: not supported yet"
+            )));
+        }
+        let table = crate::codec::TableSchema::parse(row_schema, &self.codecs[0].table.primary_key)
             .map_err(|e| permanent(format!("the new row schema: {e}")))?;
-        crate::codec::versions::compatible(&self.codec.table, &table).map_err(|why| {
+        crate::codec::versions::compatible(&self.codecs[0].table, &table).map_err(|why| {
             permanent(format!(
                 "incompatible schema change of {} at epoch {from_epoch}: {why}",
                 self.record.table
@@ -198,7 +220,7 @@ impl LogPort for KafkaLog {
         })?;
         tracing::info!(table = %self.record.table, %from_epoch, fingerprint = %codec.fingerprint_hex(), "schema version announced");
         self.record.columns = table.columns.iter().map(|c| c.name.clone()).collect();
-        self.codec = codec;
+        self.codecs[0] = codec;
         Ok(())
     }
 
@@ -214,7 +236,8 @@ impl LogPort for KafkaLog {
     }
 
     fn barrier(&mut self, barrier: &Barrier) -> Result<(), CaptureFailure> {
-        let value = self.codec.encode_barrier(barrier);
+        // Any table's writer schema may carry a barrier (docs/WIRE.md "Several tables").
+        let value = self.codecs[0].encode_barrier(barrier);
         for p in 0..self.partitions {
             self.send(&self.topic, p as i32, &[], &value)?;
         }
@@ -223,6 +246,7 @@ impl LogPort for KafkaLog {
 
     fn change(
         &mut self,
+        table: TableIndex,
         partition: PartitionId,
         vnode: Vnode,
         epoch: Epoch,
@@ -230,7 +254,12 @@ impl LogPort for KafkaLog {
         key: &[u8],
         row: &[u8],
     ) -> Result<(), CaptureFailure> {
-        let value = self.codec.encode_change(epoch, op, vnode, row);
+        let codec = self.codecs.get(table as usize).ok_or_else(|| {
+            CaptureFailure::Permanent(format!(
+                "a change of table {table}, which the capture does not have"
+            ))
+        })?;
+        let value = codec.encode_change(epoch, op, vnode, row);
         self.send(&self.topic, partition as i32, key, &value)?;
         self.producer.poll(Duration::ZERO);
         Ok(())

@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
-use crate::core::capture::{Action, Assembler, CaptureError, CaptureState, Lsn, SourceEvent};
+use crate::core::capture::{
+    Action, Assembler, CaptureError, CaptureState, Lsn, SourceEvent, TableIndex,
+};
 use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 
 pub mod job;
@@ -55,9 +57,11 @@ pub trait ReplicationPort {
 pub trait LogPort {
     fn begin(&mut self) -> Result<(), CaptureFailure>;
     fn barrier(&mut self, barrier: &Barrier) -> Result<(), CaptureFailure>;
+    /// Writes a change of `table` (its index in the capture's tables) with that table's row schema.
     #[allow(clippy::too_many_arguments)]
     fn change(
         &mut self,
+        table: TableIndex,
         partition: PartitionId,
         vnode: Vnode,
         epoch: Epoch,
@@ -112,6 +116,7 @@ fn carry_out(
         match &actions[i] {
             Action::Barrier(b) => log.barrier(b)?,
             Action::Change {
+                table,
                 partition,
                 vnode,
                 epoch,
@@ -120,7 +125,7 @@ fn carry_out(
                 row,
             } => {
                 stats.changes += 1;
-                log.change(*partition, *vnode, *epoch, *op, key, row)?
+                log.change(*table, *partition, *vnode, *epoch, *op, key, row)?
             }
             Action::CommitLog(state) => {
                 let state = *state;
@@ -176,7 +181,7 @@ pub fn run_session(
                 stats.source_lsn = stats.source_lsn.max(*end_lsn);
             }
             SourceEvent::Idle { wal_end, .. } => stats.source_lsn = stats.source_lsn.max(*wal_end),
-            SourceEvent::Change(_) | SourceEvent::SchemaChange { .. } => {}
+            SourceEvent::Change { .. } | SourceEvent::SchemaChange { .. } => {}
         }
         a.on_event(event, &mut actions)?;
         carry_out(a, &mut actions, repl, log, &mut stats, observer)?;

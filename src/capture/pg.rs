@@ -18,7 +18,7 @@ use pg_walstream::{
 
 use super::types::{PgColumn, PgType, RowEncoder};
 use super::{CaptureFailure, ReplicationPort};
-use crate::core::capture::{Lsn, RowChange, SourceEvent};
+use crate::core::capture::{Lsn, RowChange, SourceEvent, TableIndex};
 
 /// The session settings that fix every type's text form (docs/CAPTURE.md, "Types").
 pub const SESSION_SETTINGS: &str =
@@ -175,11 +175,12 @@ pub fn table_info(
     })
 }
 
-/// Creates the publication for the table when absent; refuses one that does not publish it.
+/// Creates the publication for the tables when absent; refuses one that does not publish each of
+/// them (one that publishes others too is fine: their changes are passed over).
 pub fn ensure_publication(
     client: &mut postgres::Client,
     publication: &str,
-    table: &TableName,
+    tables: &[TableName],
 ) -> Result<()> {
     let exists = client
         .query_opt(
@@ -188,21 +189,24 @@ pub fn ensure_publication(
         )?
         .is_some();
     if !exists {
+        let list: Vec<String> = tables.iter().map(TableName::sql).collect();
         client.batch_execute(&format!(
             "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate')",
             quote_ident(publication),
-            table.sql()
+            list.join(", ")
         ))?;
         return Ok(());
     }
-    let has = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-            &[&publication, &table.schema, &table.table],
-        )?
-        .is_some();
-    if !has {
-        bail!("publication {publication} exists but does not publish {table} (ALTER PUBLICATION {} ADD TABLE {}, or name another publication in capture.publication)", quote_ident(publication), table.sql());
+    for table in tables {
+        let has = client
+            .query_opt(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[&publication, &table.schema, &table.table],
+            )?
+            .is_some();
+        if !has {
+            bail!("publication {publication} exists but does not publish {table} (ALTER PUBLICATION {} ADD TABLE {}, or name another publication in capture.publication)", quote_ident(publication), table.sql());
+        }
     }
     Ok(())
 }
@@ -623,13 +627,22 @@ fn replication_url(url: &str) -> String {
     format!("{url}{sep}replication=database&options={options}")
 }
 
-/// The slot's stream of the captured table's committed transactions.
+/// A captured table as the stream knows it: changes are told apart by the relation's OID.
+#[derive(Clone, Debug)]
+pub struct StreamTable {
+    pub name: TableName,
+    pub oid: u32,
+    pub encoder: RowEncoder,
+}
+
+/// The slot's stream of the captured tables' committed transactions (a change of another table the
+/// publication publishes is passed over).
 pub struct PgReplication {
     rt: tokio::runtime::Runtime,
     stream: LogicalReplicationStream,
     cancel: CancellationToken,
-    table: TableName,
-    encoder: RowEncoder,
+    /// In the capture's order: a change of `tables[i]` is the log's table `i`.
+    tables: Vec<StreamTable>,
     /// Where the current transaction's events came from, for errors.
     last_lsn: Lsn,
     /// The source (a regular connection reads the catalog when the table's columns change) and the
@@ -645,8 +658,7 @@ impl PgReplication {
         url: &str,
         slot: &str,
         publication: &str,
-        table: TableName,
-        encoder: RowEncoder,
+        tables: Vec<StreamTable>,
         create: bool,
         snapshot_dir: &std::path::Path,
     ) -> Result<PgReplication> {
@@ -682,8 +694,7 @@ impl PgReplication {
             rt,
             stream,
             cancel: CancellationToken::new(),
-            table,
-            encoder,
+            tables,
             last_lsn: 0,
             source_url: url.to_string(),
             snapshot_dir: snapshot_dir.to_path_buf(),
@@ -695,8 +706,13 @@ impl PgReplication {
     /// (docs/CAPTURE.md "Schema changes"). Returns the new version's row
     /// schema and the epoch it was announced from already, if it was; the encoder then writes the
     /// new columns.
-    fn columns_changed(&mut self, names: &[String]) -> Result<SourceEvent, CaptureFailure> {
-        let ours: Vec<&str> = self
+    fn columns_changed(
+        &mut self,
+        t: usize,
+        names: &[String],
+    ) -> Result<SourceEvent, CaptureFailure> {
+        let captured = &self.tables[t];
+        let ours: Vec<&str> = captured
             .encoder
             .columns
             .iter()
@@ -705,10 +721,15 @@ impl PgReplication {
         let refuse = |why: String| {
             CaptureFailure::Permanent(format!(
                 "the columns of {} changed at LSN {} (now {names:?}, captured {ours:?}): {why} (nothing after the last checkpoint is committed)",
-                self.table,
+                captured.name,
                 format_lsn(self.last_lsn)
             ))
         };
+        if self.tables.len() > 1 {
+            return Err(refuse(
+                "a capture of several tables follows no schema change yet; capture the tables again into a new topic".into(),
+            ));
+        }
         if names.len() <= ours.len() || names[..ours.len()] != ours[..] {
             return Err(refuse(
                 "only columns added at the end are followed (ALTER TABLE … ADD COLUMN); a column dropped, renamed or retyped stops the capture".into(),
@@ -716,7 +737,7 @@ impl PgReplication {
         }
         let mut client = connect(&self.source_url)
             .map_err(|e| CaptureFailure::Transient(format!("reading the catalog: {e:#}")))?;
-        let info = table_info(&mut client, &self.table).map_err(|e| refuse(format!("{e:#}")))?;
+        let info = table_info(&mut client, &captured.name).map_err(|e| refuse(format!("{e:#}")))?;
         let now: Vec<&str> = info
             .encoder
             .columns
@@ -743,7 +764,8 @@ impl PgReplication {
                 )));
             }
         }
-        let row_schema = super::types::row_schema(&self.table.to_string(), &info.encoder.columns);
+        let row_schema =
+            super::types::row_schema(&captured.name.to_string(), &info.encoder.columns);
         let table = crate::codec::TableSchema::parse(&row_schema.to_string(), &info.primary_key)
             .map_err(|e| refuse(e.to_string()))?;
         let fingerprint = crate::codec::LogCodec::new(table)
@@ -754,7 +776,7 @@ impl PgReplication {
             .into_iter()
             .find(|v| v.named_fingerprint.as_deref() == Some(fingerprint.as_str()))
             .map(|v| v.from_epoch);
-        self.encoder = info.encoder;
+        self.tables[t].encoder = info.encoder;
         Ok(SourceEvent::SchemaChange {
             row_schema: row_schema.to_string(),
             announced,
@@ -772,13 +794,42 @@ impl PgReplication {
         (id.system_id(), id.timeline())
     }
 
+    /// The captured table a change of relation `oid` (`schema.table`) belongs to; `None` for
+    /// another table of the publication. A captured table's name under another OID was dropped and
+    /// created again: its changes are not the captured table's, so the capture stops.
+    fn table_of(
+        &self,
+        oid: u32,
+        schema: &str,
+        table: &str,
+    ) -> Result<Option<usize>, CaptureFailure> {
+        if let Some(t) = self.tables.iter().position(|t| t.oid == oid) {
+            return Ok(Some(t));
+        }
+        match self
+            .tables
+            .iter()
+            .find(|t| t.name.schema == schema && t.name.table == table)
+        {
+            Some(t) => Err(CaptureFailure::Permanent(format!(
+                "{} at LSN {} is relation {oid}, captured as relation {}: the table was dropped and created again; capture it again into a new topic",
+                t.name,
+                format_lsn(self.last_lsn),
+                t.oid
+            ))),
+            None => Ok(None),
+        }
+    }
+
     fn row(
         &self,
+        t: usize,
         data: &RowData,
         old: Option<&RowData>,
     ) -> Result<(Vec<u8>, Vec<u8>), CaptureFailure> {
-        let mut values: Vec<Option<&str>> = Vec::with_capacity(self.encoder.columns.len());
-        for c in &self.encoder.columns {
+        let captured = &self.tables[t];
+        let mut values: Vec<Option<&str>> = Vec::with_capacity(captured.encoder.columns.len());
+        for c in &captured.encoder.columns {
             // An unchanged TOASTed value is absent from the new row: the old row (REPLICA
             // IDENTITY FULL) has it.
             let v = data
@@ -789,17 +840,17 @@ impl PgReplication {
                 Some(v) => Some(v.as_str().ok_or_else(|| {
                     CaptureFailure::Permanent(format!(
                         "{}: column {} is not text at {}",
-                        self.table,
+                        captured.name,
                         c.name,
                         format_lsn(self.last_lsn)
                     ))
                 })?),
             });
         }
-        self.encoder.encode(&values).map_err(|e| {
+        captured.encoder.encode(&values).map_err(|e| {
             CaptureFailure::Permanent(format!(
                 "{} at LSN {}: {e:#}",
-                self.table,
+                captured.name,
                 format_lsn(self.last_lsn)
             ))
         })
@@ -857,36 +908,101 @@ impl ReplicationPort for PgReplication {
                         commit_ms: commit_timestamp.timestamp_millis().max(0) as u64,
                     })
                 }
-                EventType::Commit { end_lsn, .. } => return Ok(SourceEvent::Commit { end_lsn: end_lsn.0 }),
-                EventType::Insert { data, .. } => {
-                    let (row, key) = self.row(&data, None)?;
-                    return Ok(SourceEvent::Change(RowChange::Insert { key, row }));
+                EventType::Commit { end_lsn, .. } => {
+                    return Ok(SourceEvent::Commit { end_lsn: end_lsn.0 })
                 }
-                EventType::Update { old_data, new_data, .. } => {
+                EventType::Insert {
+                    schema,
+                    table,
+                    relation_oid,
+                    data,
+                } => {
+                    let Some(t) = self.table_of(relation_oid, &schema, &table)? else {
+                        continue;
+                    };
+                    let (row, key) = self.row(t, &data, None)?;
+                    let change = RowChange::Insert { key, row };
+                    return Ok(SourceEvent::Change {
+                        table: t as TableIndex,
+                        change,
+                    });
+                }
+                EventType::Update {
+                    schema,
+                    table,
+                    relation_oid,
+                    old_data,
+                    new_data,
+                    ..
+                } => {
+                    let Some(t) = self.table_of(relation_oid, &schema, &table)? else {
+                        continue;
+                    };
                     let old = old_data.ok_or_else(|| {
-                        CaptureFailure::Permanent(format!("{}: an update at LSN {} came without its old row: the table's REPLICA IDENTITY is no longer FULL", self.table, format_lsn(self.last_lsn)))
+                        CaptureFailure::Permanent(format!("{}: an update at LSN {} came without its old row: the table's REPLICA IDENTITY is no longer FULL", self.tables[t].name, format_lsn(self.last_lsn)))
                     })?;
-                    let (old_row, old_key) = self.row(&old, None)?;
-                    let (new_row, new_key) = self.row(&new_data, Some(&old))?;
-                    return Ok(SourceEvent::Change(RowChange::Update { old_key, old_row, new_key, new_row }));
+                    let (old_row, old_key) = self.row(t, &old, None)?;
+                    let (new_row, new_key) = self.row(t, &new_data, Some(&old))?;
+                    let change = RowChange::Update {
+                        old_key,
+                        old_row,
+                        new_key,
+                        new_row,
+                    };
+                    return Ok(SourceEvent::Change {
+                        table: t as TableIndex,
+                        change,
+                    });
                 }
-                EventType::Delete { old_data, .. } => {
-                    let (row, key) = self.row(&old_data, None)?;
-                    return Ok(SourceEvent::Change(RowChange::Delete { key, row }));
+                EventType::Delete {
+                    schema,
+                    table,
+                    relation_oid,
+                    old_data,
+                    ..
+                } => {
+                    let Some(t) = self.table_of(relation_oid, &schema, &table)? else {
+                        continue;
+                    };
+                    let (row, key) = self.row(t, &old_data, None)?;
+                    let change = RowChange::Delete { key, row };
+                    return Ok(SourceEvent::Change {
+                        table: t as TableIndex,
+                        change,
+                    });
                 }
-                EventType::Truncate { .. } => {
-                    return Err(CaptureFailure::Permanent(format!(
-                        "TRUNCATE of {} at LSN {}: a log store cannot carry it (nothing after the last checkpoint is committed); capture the table again into a new topic",
-                        self.table,
-                        format_lsn(self.last_lsn)
-                    )))
+                EventType::Truncate { tables, .. } => {
+                    // Another table of the publication may be emptied; a captured one may not.
+                    if let Some(t) = self
+                        .tables
+                        .iter()
+                        .find(|t| tables.iter().any(|n| **n == t.name.to_string()))
+                    {
+                        return Err(CaptureFailure::Permanent(format!(
+                            "TRUNCATE of {} at LSN {}: a log store cannot carry it (nothing after the last checkpoint is committed); capture the table again into a new topic",
+                            t.name,
+                            format_lsn(self.last_lsn)
+                        )));
+                    }
                 }
-                EventType::Relation { columns, .. } => {
-                    let same = columns.len() == self.encoder.columns.len()
-                        && columns.iter().zip(&self.encoder.columns).all(|(c, o)| *c.name == o.name);
+                EventType::Relation {
+                    relation_id,
+                    columns,
+                    ..
+                } => {
+                    let Some(t) = self.tables.iter().position(|t| t.oid == relation_id) else {
+                        continue;
+                    };
+                    let encoder = &self.tables[t].encoder;
+                    let same = columns.len() == encoder.columns.len()
+                        && columns
+                            .iter()
+                            .zip(&encoder.columns)
+                            .all(|(c, o)| *c.name == o.name);
                     if !same {
-                        let names: Vec<String> = columns.iter().map(|c| c.name.to_string()).collect();
-                        return self.columns_changed(&names);
+                        let names: Vec<String> =
+                            columns.iter().map(|c| c.name.to_string()).collect();
+                        return self.columns_changed(t, &names);
                     }
                 }
                 // Types, origins, messages: nothing for the log.

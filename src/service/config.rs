@@ -240,8 +240,14 @@ pub struct CaptureSection {
     /// The source database, `postgresql://user:password@host:port/database` (the user needs the
     /// REPLICATION attribute). Never printed.
     pub source_url: Secret,
-    /// The table, `schema.table` (`public` when the schema is left out).
-    pub table: String,
+    /// The table, `schema.table` (`public` when the schema is left out). Or `tables`.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// Several tables into one log of one epoch chain (docs/WIRE.md "Several tables"), each
+    /// `schema.table`, with distinct table names: the manifest names each table by its name without
+    /// the schema, which is what `snapshot.table` of a job reading the log names. Or `table`.
+    #[serde(default)]
+    pub tables: Vec<String>,
     /// The publication (created for the table when absent); default `kb_<job>`.
     #[serde(default)]
     pub publication: Option<String>,
@@ -281,6 +287,40 @@ fn default_capture_checkpoint_ms() -> u64 {
 }
 
 impl CaptureSection {
+    /// The captured tables, in the log's order (one for `table`), checked: `table` or `tables`, not
+    /// both; each a `schema.table`; no two with one name (the manifest's names). The error names
+    /// the key under `[jobs.capture]`.
+    pub fn table_names(
+        &self,
+    ) -> Result<Vec<crate::capture::pg::TableName>, (&'static str, String)> {
+        let (key, names): (&str, Vec<&String>) = match (&self.table, self.tables.as_slice()) {
+            (Some(_), [_, ..]) => return Err(("tables", "set table or tables, not both".into())),
+            (Some(t), []) => ("table", vec![t]),
+            (None, []) => {
+                return Err((
+                    "table",
+                    "missing: the table to capture (or tables = [...])".into(),
+                ))
+            }
+            (None, ts) => ("tables", ts.iter().collect()),
+        };
+        if names.len() > usize::from(u16::MAX) {
+            return Err((key, format!("{} tables: at most {}", names.len(), u16::MAX)));
+        }
+        let mut out: Vec<crate::capture::pg::TableName> = Vec::new();
+        for n in names {
+            let t = crate::capture::pg::TableName::parse(n).map_err(|e| (key, e.to_string()))?;
+            if let Some(other) = out.iter().find(|o| o.table == t.table) {
+                return Err((
+                    key,
+                    format!("{other} and {t}: the log names its tables without the schema, so their names must differ"),
+                ));
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+
     fn default_name(job: &str) -> String {
         let s: String = job
             .chars()
@@ -768,20 +808,44 @@ impl Config {
                 ));
             }
             if let Some(c) = &job.capture {
-                if !matches!(job.snapshot, SnapshotConfig::Files { .. }) {
+                let SnapshotConfig::Files { table, .. } = &job.snapshot else {
                     return Err(err(
                         at("capture"),
                         "capture writes the snapshot as files: set snapshot = { kind = \"files\", dir = … }",
                     ));
+                };
+                let tables = c
+                    .table_names()
+                    .map_err(|(key, m)| err(at(&format!("capture.{key}")), m))?;
+                match (tables.as_slice(), table) {
+                    ([_], Some(_)) => {
+                        return Err(err(
+                            at("snapshot.table"),
+                            "capture writes a log of one table: leave snapshot.table out",
+                        ))
+                    }
+                    ([_], None) => {}
+                    (_, None) => {
+                        return Err(err(
+                            at("snapshot.table"),
+                            format!(
+                                "capture writes a log of several tables ({}): name the one this job materialises",
+                                tables.iter().map(|t| t.table.as_str()).collect::<Vec<_>>().join(", ")
+                            ),
+                        ))
+                    }
+                    (_, Some(name)) => {
+                        if !tables.iter().any(|t| &t.table == name) {
+                            return Err(err(
+                                at("snapshot.table"),
+                                format!(
+                                    "{name:?} is none of the captured tables ({})",
+                                    tables.iter().map(|t| t.table.as_str()).collect::<Vec<_>>().join(", ")
+                                ),
+                            ));
+                        }
+                    }
                 }
-                if matches!(job.snapshot, SnapshotConfig::Files { table: Some(_), .. }) {
-                    return Err(err(
-                        at("snapshot.table"),
-                        "capture writes a log of one table: leave snapshot.table out",
-                    ));
-                }
-                crate::capture::pg::TableName::parse(&c.table)
-                    .map_err(|e| err(at("capture.table"), e.to_string()))?;
                 crate::pg_tls::check_url(c.source_url.expose())
                     .map_err(|m| err(at("capture.source_url"), m))?;
                 let slot = c.slot_name(&job.name);
@@ -1452,6 +1516,56 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
             .unwrap_err()
             .to_string()
             .starts_with("jobs[0].capture.partitions: must be 1..="));
+    }
+
+    /// A capture of several tables: `table` or `tables`, names distinct without their schema, and
+    /// the capturing job names the one it materialises; each refusal names its key.
+    #[test]
+    fn a_capture_of_several_tables_is_checked_naming_the_key() {
+        let capture = |snapshot: &str, tables: &str| {
+            let good = GOOD.replace(
+                "snapshot = { kind = \"files\", dir = \"snap\" }",
+                &format!("snapshot = {{ kind = \"files\", dir = \"snap\"{snapshot} }}"),
+            );
+            Config::parse(
+                &format!("{good}[jobs.capture]\nsource_url = \"postgresql://u@h/db\"\n{tables}\n"),
+                "t.toml",
+            )
+        };
+        let c = capture(", table = \"b\"", "tables = [\"a\", \"s.b\"]").unwrap();
+        let names = c.jobs[0].capture.as_ref().unwrap().table_names().unwrap();
+        assert_eq!(
+            names.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["public.a", "s.b"]
+        );
+        let refused =
+            |snapshot: &str, tables: &str| capture(snapshot, tables).unwrap_err().to_string();
+        assert_eq!(
+            refused("", "tables = [\"a\", \"b\"]"),
+            "jobs[0].snapshot.table: capture writes a log of several tables (a, b): name the one this job materialises"
+        );
+        assert_eq!(
+            refused(", table = \"c\"", "tables = [\"a\", \"b\"]"),
+            "jobs[0].snapshot.table: \"c\" is none of the captured tables (a, b)"
+        );
+        assert_eq!(
+            refused(", table = \"a\"", "tables = [\"a\"]"),
+            "jobs[0].snapshot.table: capture writes a log of one table: leave snapshot.table out"
+        );
+        assert_eq!(
+            refused(", table = \"a\"", "tables = [\"public.a\", \"s.a\"]"),
+            "jobs[0].capture.tables: public.a and s.a: the log names its tables without the schema, so their names must differ"
+        );
+        assert_eq!(
+            refused("", "table = \"a\"\ntables = [\"b\"]"),
+            "jobs[0].capture.tables: set table or tables, not both"
+        );
+        assert_eq!(
+            refused("", ""),
+            "jobs[0].capture.table: missing: the table to capture (or tables = [...])"
+        );
+        assert!(refused(", table = \"a\"", "tables = [\"a\", \"x.y.z\"]")
+            .starts_with("jobs[0].capture.tables: \"x.y.z\" is not a table name"));
     }
 
     #[test]

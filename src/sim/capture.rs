@@ -10,11 +10,12 @@
 //! failure (each session, like `capture::job`'s, starts from the state Kafka holds); the replication connection
 //! drops; the source silently replays from its confirmed position (as a library reconnect does);
 //! a frozen process comes back as a zombie after its successor started and tries to commit. The
-//! database meanwhile writes transactions to the captured table and WAL of other tables.
+//! database meanwhile writes transactions to the captured tables (three, one capture: a
+//! transaction may touch several) and WAL of other tables.
 //!
 //! The oracle is the model database: the committed log must be a valid log store (barrier chain,
 //! the same barriers in every partition, each change in its barrier's epoch, update pairs
-//! adjacent), and per key its changes must be exactly the source's committed changes after the
+//! adjacent, each change tagged with its key's table), and per key its changes must be exactly the source's committed changes after the
 //! snapshot, in commit order, up to the resume position; the snapshot plus the log must equal the
 //! table at that position.
 
@@ -24,7 +25,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::capture::{run_session, CaptureFailure, LogPort, ReplicationPort};
-use crate::core::capture::{Assembler, CaptureConfig, CaptureState, Lsn, RowChange, SourceEvent};
+use crate::core::capture::{
+    Assembler, CaptureConfig, CaptureState, Lsn, RowChange, SourceEvent, TableIndex,
+};
 use crate::core::{Barrier, BarrierKind, Epoch, Op, PartitionId, PartitionMap, Vnode};
 use crate::rng::SimRng;
 
@@ -37,10 +40,19 @@ struct Txn {
     changes: Vec<RowChange>,
 }
 
+/// The model's keys belong to three tables of one capture: a key's table is fixed by its byte
+/// (a key move stays in its table), so the oracle can check every change's tag.
+const TABLES: u8 = 3;
+
+fn table_of(key: &[u8]) -> TableIndex {
+    TableIndex::from(key[0] % TABLES)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Rec {
     Barrier(Barrier),
     Change {
+        table: TableIndex,
         epoch: Epoch,
         op: Op,
         key: Vec<u8>,
@@ -109,9 +121,11 @@ impl World {
                     changes.push(RowChange::Delete { key, row: old });
                 }
                 Some(old) => {
-                    // Sometimes the update moves the row to a free key.
+                    // Sometimes the update moves the row to a free key of its table.
                     let new_key = if self.rng.chance(20) {
-                        let k = vec![24 + self.rng.below(8) as u8];
+                        let r = key[0] % TABLES;
+                        let j = self.rng.below(if r < 2 { 3 } else { 2 }) as u8;
+                        let k = vec![24 + TABLES * j + r];
                         if table.contains_key(&k) {
                             key.clone()
                         } else {
@@ -247,8 +261,17 @@ impl ReplicationPort for SimRepl {
                     final_lsn: t.final_lsn,
                     commit_ms: t.commit_ms,
                 });
-                self.queue
-                    .extend(t.changes.iter().cloned().map(SourceEvent::Change));
+                self.queue.extend(t.changes.iter().cloned().map(|change| {
+                    let key = match &change {
+                        RowChange::Insert { key, .. }
+                        | RowChange::Delete { key, .. }
+                        | RowChange::Update { old_key: key, .. } => key,
+                    };
+                    SourceEvent::Change {
+                        table: table_of(key),
+                        change,
+                    }
+                }));
                 self.queue
                     .push_back(SourceEvent::Commit { end_lsn: t.end_lsn });
                 self.next_txn += 1;
@@ -327,6 +350,7 @@ impl LogPort for SimLog {
 
     fn change(
         &mut self,
+        table: TableIndex,
         partition: PartitionId,
         _vnode: Vnode,
         epoch: Epoch,
@@ -337,6 +361,7 @@ impl LogPort for SimLog {
         self.write(
             partition,
             Rec::Change {
+                table,
                 epoch,
                 op,
                 key: key.to_vec(),
@@ -576,11 +601,18 @@ fn check_log(w: &World, map: PartitionMap) -> Result<(), String> {
                     barriers.push(*b);
                 }
                 Rec::Change {
+                    table,
                     epoch,
                     op,
                     key,
                     row,
                 } => {
+                    if *table != table_of(key) {
+                        return Err(format!(
+                            "partition {p} record {i}: a change of table {} tagged table {table}",
+                            table_of(key)
+                        ));
+                    }
                     if open != Some(*epoch) {
                         return Err(format!(
                             "partition {p} record {i}: change of epoch {epoch} in epoch {open:?}"

@@ -19,6 +19,11 @@ use super::vnode::{vnode_of, PartitionId, PartitionMap, Vnode};
 /// A source position (PostgreSQL's LSN: a byte position in the WAL).
 pub type Lsn = u64;
 
+/// Which of the capture's tables a change belongs to: its index in the capture's table list (the
+/// manifest's `tables` order; 0 for a one-table capture). Opaque to the rules: every table's
+/// changes share the epochs, so a source transaction touching several lands in one epoch.
+pub type TableIndex = u16;
+
 /// How often the capture closes epochs and commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CaptureConfig {
@@ -76,21 +81,16 @@ pub enum RowChange {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceEvent {
     /// A committed transaction starts; `final_lsn` is its commit record's position.
-    Begin {
-        final_lsn: Lsn,
-        commit_ms: u64,
+    Begin { final_lsn: Lsn, commit_ms: u64 },
+    Change {
+        table: TableIndex,
+        change: RowChange,
     },
-    Change(RowChange),
     /// The transaction ends; `end_lsn` lies just past its commit record.
-    Commit {
-        end_lsn: Lsn,
-    },
+    Commit { end_lsn: Lsn },
     /// Nothing arrived for a while: the source has sent everything before `wal_end` (0 when it
     /// did not say), and the wall clock reads `now_ms`.
-    Idle {
-        wal_end: Lsn,
-        now_ms: u64,
-    },
+    Idle { wal_end: Lsn, now_ms: u64 },
     /// Inside a transaction, before its first change: the table's row schema changed to a new,
     /// compatible version (`row_schema`, opaque to the core). `announced`: the epoch a version of
     /// that schema was already announced from (a session that failed after announcing it), which
@@ -107,8 +107,9 @@ pub enum SourceEvent {
 pub enum Action {
     /// Write this barrier to every partition.
     Barrier(Barrier),
-    /// Write this change to `partition`.
+    /// Write this change of `table` to `partition`.
     Change {
+        table: TableIndex,
         partition: PartitionId,
         vnode: Vnode,
         epoch: Epoch,
@@ -302,12 +303,12 @@ impl Assembler {
                 self.open = Some((final_lsn, skip));
                 self.open_wrote = false;
             }
-            SourceEvent::Change(change) => {
+            SourceEvent::Change { table, change } => {
                 let Some((_, skip)) = self.open else {
                     return Err(CaptureError::ChangeOutsideTransaction);
                 };
                 if !skip {
-                    self.write_change(change, out);
+                    self.write_change(table, change, out);
                     self.open_wrote = true;
                 }
             }
@@ -444,9 +445,17 @@ impl Assembler {
         Ok(())
     }
 
-    fn push(&mut self, op: Op, key: Vec<u8>, row: Vec<u8>, out: &mut Vec<Action>) {
+    fn push(
+        &mut self,
+        table: TableIndex,
+        op: Op,
+        key: Vec<u8>,
+        row: Vec<u8>,
+        out: &mut Vec<Action>,
+    ) {
         let vnode = vnode_of(&key, self.map.vnode_count());
         out.push(Action::Change {
+            table,
             partition: self.map.partition_of(vnode),
             vnode,
             epoch: self.epoch,
@@ -457,10 +466,10 @@ impl Assembler {
         self.epoch_changes += 1;
     }
 
-    fn write_change(&mut self, change: RowChange, out: &mut Vec<Action>) {
+    fn write_change(&mut self, table: TableIndex, change: RowChange, out: &mut Vec<Action>) {
         match change {
-            RowChange::Insert { key, row } => self.push(Op::Insert, key, row, out),
-            RowChange::Delete { key, row } => self.push(Op::Delete, key, row, out),
+            RowChange::Insert { key, row } => self.push(table, Op::Insert, key, row, out),
+            RowChange::Delete { key, row } => self.push(table, Op::Delete, key, row, out),
             RowChange::Update {
                 old_key,
                 old_row,
@@ -469,12 +478,12 @@ impl Assembler {
             } => {
                 if old_key == new_key {
                     // One partition, consecutive: the log's update pair.
-                    self.push(Op::UpdateDelete, old_key, old_row, out);
-                    self.push(Op::UpdateInsert, new_key, new_row, out);
+                    self.push(table, Op::UpdateDelete, old_key, old_row, out);
+                    self.push(table, Op::UpdateInsert, new_key, new_row, out);
                 } else {
                     // The key moved: the old row leaves its vnode, the new one enters another.
-                    self.push(Op::Delete, old_key, old_row, out);
-                    self.push(Op::Insert, new_key, new_row, out);
+                    self.push(table, Op::Delete, old_key, old_row, out);
+                    self.push(table, Op::Insert, new_key, new_row, out);
                 }
             }
         }
@@ -498,10 +507,17 @@ mod tests {
     }
 
     fn insert(k: u8) -> SourceEvent {
-        SourceEvent::Change(RowChange::Insert {
-            key: vec![k],
-            row: vec![k, 1],
-        })
+        insert_into(0, k)
+    }
+
+    fn insert_into(table: TableIndex, k: u8) -> SourceEvent {
+        SourceEvent::Change {
+            table,
+            change: RowChange::Insert {
+                key: vec![k],
+                row: vec![k, 1],
+            },
+        }
     }
 
     fn begin(a: &mut Assembler, final_lsn: Lsn, commit_ms: u64, out: &mut Vec<Action>) {
@@ -742,12 +758,15 @@ mod tests {
         begin(&mut a, 200, 1, &mut out);
         for (old, new) in [(1u8, 1u8), (1, 9)] {
             a.on_event(
-                SourceEvent::Change(RowChange::Update {
-                    old_key: vec![old],
-                    old_row: vec![old],
-                    new_key: vec![new],
-                    new_row: vec![new],
-                }),
+                SourceEvent::Change {
+                    table: 0,
+                    change: RowChange::Update {
+                        old_key: vec![old],
+                        old_row: vec![old],
+                        new_key: vec![new],
+                        new_row: vec![new],
+                    },
+                },
                 &mut out,
             )
             .unwrap();
@@ -853,5 +872,40 @@ mod tests {
                 last: 600
             })
         ));
+    }
+
+    /// A source transaction touching several tables lands in one epoch, each change tagged with its
+    /// table, and a barrier never falls inside it, however many changes it holds.
+    #[test]
+    fn a_transaction_over_several_tables_is_one_epoch_with_each_change_tagged() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        begin(&mut a, 200, 1, &mut out);
+        for (table, k) in [(0, 1u8), (1, 2), (2, 3), (1, 4), (0, 5)] {
+            a.on_event(insert_into(table, k), &mut out).unwrap();
+        }
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out)
+            .unwrap();
+        let changes: Vec<(TableIndex, Epoch, u8)> = out
+            .iter()
+            .filter_map(|x| match x {
+                Action::Change {
+                    table, epoch, key, ..
+                } => Some((*table, *epoch, key[0])),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            changes.iter().map(|c| (c.0, c.2)).collect::<Vec<_>>(),
+            vec![(0, 1), (1, 2), (2, 3), (1, 4), (0, 5)]
+        );
+        assert!(
+            changes.iter().all(|c| c.1 == changes[0].1),
+            "one epoch: {changes:?}"
+        );
+        assert!(barriers(&out).is_empty(), "no barrier inside a transaction");
+        // The next transaction, past max_epoch_changes, starts a new epoch for every table.
+        begin(&mut a, 300, 500, &mut out);
+        assert_eq!(barriers(&out).len(), 1);
     }
 }
