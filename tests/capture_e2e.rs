@@ -163,10 +163,12 @@ fn spawn_capture_serving(f: &Fixture, prefix: &str, http: &str) -> Runner {
     Runner { child, log }
 }
 
-fn verify_against_source(f: &Fixture) -> (bool, String) {
+/// `verify --against-source` of `job` (the config's first when `None`).
+fn verify_against_source(f: &Fixture, job: Option<&str>) -> (bool, String) {
     let out = Command::new(BIN)
         .args(["verify", "--against-source", "--config"])
         .arg(&f.config)
+        .args(job.map(|j| ["--job", j]).into_iter().flatten())
         .output()
         .unwrap();
     (
@@ -181,9 +183,14 @@ fn verify_against_source(f: &Fixture) -> (bool, String) {
 
 /// Verifies against the source until clean (the runners catching up) or the deadline.
 fn verify_source_eventually(f: &Fixture, within: Duration) -> String {
+    verify_job_eventually(f, None, within)
+}
+
+/// [`verify_source_eventually`] of `job`.
+fn verify_job_eventually(f: &Fixture, job: Option<&str>, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
-        let (ok, text) = verify_against_source(f);
+        let (ok, text) = verify_against_source(f, job);
         if ok {
             return text;
         }
@@ -812,29 +819,7 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
     let expected_rows = [10_000, 10, 1];
     for (i, (table, _)) in tables.iter().enumerate() {
         let job = format!("{}-{i}", f.name);
-        let deadline = Instant::now() + MIN;
-        let report = loop {
-            let out = Command::new(BIN)
-                .args(["verify", "--against-source", "--config"])
-                .arg(&f.config)
-                .args(["--job", &job])
-                .output()
-                .unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            if out.status.success() {
-                break text;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{table}: verify --against-source never became clean: {text}\n{}",
-                tail(&run.log_text())
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        };
+        let report = verify_job_eventually(&f, Some(&job), MIN);
         let want = match expected_rows.get(i) {
             Some(n) => *n,
             None => psql(&url, &format!("SELECT count(*) FROM {table}"))

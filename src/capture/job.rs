@@ -181,6 +181,14 @@ impl Setup<'_> {
     fn several(&self) -> bool {
         self.tables.len() > 1
     }
+
+    /// Every table as the stream reads it, with the catalog's columns.
+    fn catalog_streams(&self) -> Vec<StreamTable> {
+        self.tables
+            .iter()
+            .map(|t| t.stream_table(t.info.encoder.clone()))
+            .collect()
+    }
 }
 
 /// Runs the capture of `job` until `stop` is set (checked between source transactions); its report
@@ -385,13 +393,7 @@ fn session(
                 }
                 None => {}
             }
-            let repl = connect(
-                true,
-                s.tables
-                    .iter()
-                    .map(|t| t.stream_table(t.info.encoder.clone()))
-                    .collect(),
-            )?;
+            let repl = connect(true, s.catalog_streams())?;
             progress.set(|r| r.state = "snapshot");
             let (es, consistent) = snapshot(s, &repl, &mut client)
                 .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
@@ -447,10 +449,7 @@ fn session(
                 return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
             }
             let streams = if s.several() {
-                s.tables
-                    .iter()
-                    .map(|t| t.stream_table(t.info.encoder.clone()))
-                    .collect()
+                s.catalog_streams()
             } else {
                 let (encoder, table) = in_force(s, record.state.epoch)?;
                 log.use_table(table)
