@@ -383,6 +383,7 @@ fn sqlite(path: PathBuf) -> StoreConfig {
     StoreConfig::Sqlite {
         path,
         table: "accounts".into(),
+        tables: Default::default(),
         store_datum: true,
     }
 }
@@ -392,6 +393,7 @@ fn sqlite_no_datum(path: PathBuf) -> StoreConfig {
     StoreConfig::Sqlite {
         path,
         table: "accounts".into(),
+        tables: Default::default(),
         store_datum: false,
     }
 }
@@ -400,6 +402,7 @@ fn postgres(url: &str, table: &str) -> StoreConfig {
     StoreConfig::Postgres {
         url: Secret::new(url.to_string()),
         table: table.into(),
+        tables: Default::default(),
     }
 }
 

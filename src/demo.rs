@@ -52,6 +52,7 @@ fn job_config(o: &DemoOptions, bootstrap: &str) -> JobConfig {
         store: StoreConfig::Sqlite {
             path: o.dir.join("state.sqlite"),
             table: "accounts".into(),
+            tables: Default::default(),
             store_datum: true,
         },
         local_checkpoint: LocalCheckpointConfig {

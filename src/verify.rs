@@ -77,6 +77,28 @@ pub fn verify_table(
         Some(info.snapshot_epoch),
         &want,
     )
+    .map(|c| c.report)
+}
+
+/// The capture writing `job`'s topic: the job's own `[jobs.capture]`, or that of the job in `jobs`
+/// capturing its topic.
+fn capture_of<'a>(
+    job: &'a crate::service::config::JobConfig,
+    jobs: &'a [crate::service::config::JobConfig],
+) -> Result<&'a crate::service::config::CaptureSection> {
+    job.capture
+        .as_ref()
+        .or_else(|| {
+            jobs.iter()
+                .filter(|j| j.topic == job.topic)
+                .find_map(|j| j.capture.as_ref())
+        })
+        .with_context(|| {
+            format!(
+                "job {} has no [jobs.capture] section, nor does any job capturing its topic {}",
+                job.name, job.topic
+            )
+        })
 }
 
 /// Compares `store`'s rows with the captured source table as it is now (`capture` and the job
@@ -89,20 +111,7 @@ pub fn verify_against_source(
     job: &crate::service::config::JobConfig,
     jobs: &[crate::service::config::JobConfig],
 ) -> Result<VerifyReport> {
-    let c = job
-        .capture
-        .as_ref()
-        .or_else(|| {
-            jobs.iter()
-                .filter(|j| j.topic == job.topic)
-                .find_map(|j| j.capture.as_ref())
-        })
-        .with_context(|| {
-            format!(
-                "job {} has no [jobs.capture] section, nor does any job capturing its topic {}",
-                job.name, job.topic
-            )
-        })?;
+    let c = capture_of(job, jobs)?;
     let tables = c
         .table_names()
         .map_err(|(key, m)| anyhow::anyhow!("capture.{key}: {m}"))?;
@@ -120,7 +129,89 @@ pub fn verify_against_source(
         })?,
     };
     let want = crate::capture::pg::read_table(c.source_url.expose(), table)?;
-    compare(store, &job.name, job.vnode_count, None, &want)
+    compare(store, &job.name, job.vnode_count, None, &want).map(|c| c.report)
+}
+
+/// `verify` of a job of several tables (`store.tables`): one report per table (by its store name),
+/// all from one read of the store — against the expected folder of several tables `expected`, or
+/// against the source tables of the capture writing the job's topic (`expected = None`).
+pub fn verify_several(
+    store: &mut dyn StateStore,
+    job: &crate::service::config::JobConfig,
+    jobs: &[crate::service::config::JobConfig],
+    tables: &[crate::store::StoreTable],
+    expected: Option<&Path>,
+) -> Result<Vec<(String, VerifyReport)>> {
+    let mut want: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut expected_epoch = None;
+    match expected {
+        Some(dir) => {
+            for t in tables {
+                let e = SnapshotFiles::open_table(dir, Some(&t.source))
+                    .with_context(|| format!("opening {}", dir.display()))?;
+                expected_epoch = Some(e.info().snapshot_epoch);
+                for v in 0..e.info().vnode_count as Vnode {
+                    for row in e.scan(v, None)? {
+                        let row = row?;
+                        want.insert(crate::core::table_key(t.index, &row.key), row.value);
+                    }
+                }
+            }
+        }
+        None => {
+            let c = capture_of(job, jobs)?;
+            let captured = c
+                .table_names()
+                .map_err(|(key, m)| anyhow::anyhow!("capture.{key}: {m}"))?;
+            for t in tables {
+                let source = captured
+                    .iter()
+                    .find(|c| c.table == t.source)
+                    .with_context(|| {
+                        format!(
+                            "job {}: store.tables.{} is none of the captured tables",
+                            job.name, t.source
+                        )
+                    })?;
+                for (k, v) in crate::capture::pg::read_table(c.source_url.expose(), source)? {
+                    want.insert(crate::core::table_key(t.index, &k), v);
+                }
+            }
+        }
+    }
+    let whole = compare(store, &job.name, job.vnode_count, expected_epoch, &want)?;
+    Ok(tables
+        .iter()
+        .map(|t| {
+            let of =
+                |k: &Vec<u8>| crate::core::split_table_key(k).is_some_and(|(i, _)| i == t.index);
+            let mut r = VerifyReport {
+                expected_epoch: whole.report.expected_epoch,
+                committed_epoch: whole.report.committed_epoch,
+                ..Default::default()
+            };
+            for (k, v) in want.iter().filter(|(k, _)| of(k)) {
+                r.compared += 1;
+                match whole.have.get(k) {
+                    None => r.missing += 1,
+                    Some(h) if h != v => r.different += 1,
+                    Some(_) => {}
+                }
+            }
+            r.extra = whole
+                .have
+                .keys()
+                .filter(|k| of(k) && !want.contains_key(*k))
+                .count() as u64;
+            (t.name.clone(), r)
+        })
+        .collect())
+}
+
+/// What [`compare`] read, with its report.
+struct Compared {
+    report: VerifyReport,
+    have: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 fn compare(
@@ -129,7 +220,7 @@ fn compare(
     vnode_count: u32,
     expected_epoch: Option<Epoch>,
     want: &BTreeMap<Vec<u8>, Vec<u8>>,
-) -> Result<VerifyReport> {
+) -> Result<Compared> {
     let have = store.rows(job)?;
     // A table without `_kb_row` rebuilds each datum from its typed columns: two rows whose bytes
     // differ are the same row when their column values are (a double by value: SQLite holds −0.0
@@ -174,5 +265,5 @@ fn compare(
         }
     }
     r.extra = have.keys().filter(|k| !want.contains_key(*k)).count() as u64;
-    Ok(r)
+    Ok(Compared { report: r, have })
 }

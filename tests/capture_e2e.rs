@@ -88,6 +88,19 @@ fn pgbench_init(url: &str) {
     psql(url, "ALTER TABLE pgbench_accounts REPLICA IDENTITY FULL");
 }
 
+/// [`pgbench_init`], and the other three tables made capturable: a full replica identity, and a
+/// primary key for `pgbench_history` (it has none).
+fn pgbench_init_four(url: &str) {
+    pgbench_init(url);
+    for t in ["pgbench_tellers", "pgbench_branches", "pgbench_history"] {
+        psql(url, &format!("ALTER TABLE {t} REPLICA IDENTITY FULL"));
+    }
+    psql(
+        url,
+        "ALTER TABLE pgbench_history ADD COLUMN hid bigserial PRIMARY KEY",
+    );
+}
+
 /// pgbench's TPC-B-like transaction over the 10,000 accounts, at `rate` per second for `secs`.
 fn pgbench_run(f: &Fixture, url: &str, rate: u32, secs: u32) -> Child {
     let script = f.dir.join("tpcb.sql");
@@ -216,6 +229,30 @@ fn wait_child(child: &mut Child, within: Duration) {
 
 /// pgbench → capture → two runners (the second joins when the first enters the log store) → the
 /// store equals the source table.
+/// The capture of `f` started, pgbench at `rate` for `secs` over it, a first `run` process (`a`)
+/// once the capture committed `backlog` checkpoints, a second (`b`) joining when `a` enters the log
+/// store; returns once pgbench is done, with the capture and both runs still running.
+fn capture_pgbench_with_a_join(
+    f: &Fixture,
+    url: &str,
+    rate: u32,
+    secs: u32,
+    backlog: usize,
+) -> [Runner; 3] {
+    let mut capture = spawn_capture(f, "capture");
+    capture.wait_for("snapshot copied", MIN);
+    capture.wait_for("capture checkpoint committed", MIN);
+    // A backlog for the log store, then writes throughout.
+    let mut bench = pgbench_run(f, url, rate, secs);
+    capture.wait_for_count("capture checkpoint committed", backlog, MIN);
+    let mut a = f.spawn_run("a", &[]);
+    a.wait_for("to=\"log_store\"", MIN);
+    let mut b = f.spawn_run("b", &[]);
+    b.wait_for("partitions assigned", MIN);
+    wait_child(&mut bench, MIN);
+    [capture, a, b]
+}
+
 fn pgbench_pipeline(name: &str, policy: &str, postgres_store: bool) {
     let _serial = serial();
     // The PostgreSQL store outlives the run: a job name of its own each time.
@@ -228,17 +265,7 @@ fn pgbench_pipeline(name: &str, policy: &str, postgres_store: bool) {
     if postgres_store {
         f.use_postgres(&pg_url());
     }
-    let mut capture = spawn_capture(&f, "capture");
-    capture.wait_for("snapshot copied", MIN);
-    capture.wait_for("capture checkpoint committed", MIN);
-    // A backlog for the log store, then writes throughout.
-    let mut bench = pgbench_run(&f, &url, 150, 25);
-    capture.wait_for_count("capture checkpoint committed", 15, MIN);
-    let mut a = f.spawn_run("a", &[]);
-    a.wait_for("to=\"log_store\"", MIN);
-    let mut b = f.spawn_run("b", &[]);
-    b.wait_for("partitions assigned", MIN);
-    wait_child(&mut bench, MIN);
+    let [mut capture, a, b] = capture_pgbench_with_a_join(&f, &url, 150, 25, 15);
     let report = verify_source_eventually(&f, MIN);
     assert!(report.contains("10000 rows compared"), "{report}");
     let log = check_log(&f);
@@ -729,14 +756,7 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
     let _serial = serial();
     let source = database("cap-four");
     let url = source.url.clone();
-    pgbench_init(&url);
-    for t in ["pgbench_tellers", "pgbench_branches", "pgbench_history"] {
-        psql(&url, &format!("ALTER TABLE {t} REPLICA IDENTITY FULL"));
-    }
-    psql(
-        &url,
-        "ALTER TABLE pgbench_history ADD COLUMN hid bigserial PRIMARY KEY",
-    );
+    pgbench_init_four(&url);
     psql(
         &url,
         "CREATE TABLE other (id int PRIMARY KEY, v text); ALTER TABLE other REPLICA IDENTITY FULL",
@@ -843,6 +863,156 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
         tail(&capture.log_text())
     );
     for r in [&mut capture, &mut run] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
+    }
+}
+
+/// What the pgbench checker saw: samples of the published replica, each read in one read
+/// transaction of the SQLite file.
+#[derive(Default, Debug)]
+struct Sums {
+    /// Samples taken while a replica was published (`kb_publication.visible_epoch` set).
+    published: u64,
+    /// Of them, the samples whose four sums disagreed, with the first few.
+    torn: u64,
+    first_torn: Vec<(i64, [i64; 4])>,
+    /// The distinct published epochs seen, in the order seen; one going back is a failure too.
+    epochs: Vec<i64>,
+    went_back: u64,
+}
+
+/// Samples Σ abalance, Σ tbalance, Σ bbalance, Σ delta of the replica in `db` (job `job`)
+/// continuously, each in one read transaction with the published epoch, until `stop`.
+fn pgbench_checker(
+    db: std::path::PathBuf,
+    job: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Sums> {
+    std::thread::spawn(move || {
+        let mut sums = Sums::default();
+        let sql = "SELECT (SELECT visible_epoch FROM kb_publication WHERE job = ?1), \
+                   (SELECT COALESCE(SUM(abalance), 0) FROM accounts), \
+                   (SELECT COALESCE(SUM(tbalance), 0) FROM tellers), \
+                   (SELECT COALESCE(SUM(bbalance), 0) FROM branches), \
+                   (SELECT COALESCE(SUM(delta), 0) FROM history)";
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            // Until the job has created its tables, there is nothing to read.
+            let Ok(mut conn) = rusqlite::Connection::open(&db) else {
+                continue;
+            };
+            conn.busy_timeout(Duration::from_secs(10)).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let tx = conn.transaction().unwrap();
+                let sample = tx.query_row(sql, [&job], |r| {
+                    Ok((
+                        r.get::<_, Option<i64>>(0)?,
+                        [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?],
+                    ))
+                });
+                tx.commit().unwrap();
+                let (epoch, s) = match sample {
+                    Ok(x) => x,
+                    // The tables not created yet, or the replica's tables being replaced.
+                    Err(rusqlite::Error::SqliteFailure(..)) => continue,
+                    Err(e) => panic!("checker: {e}"),
+                };
+                let Some(epoch) = epoch else { continue };
+                sums.published += 1;
+                if s.iter().any(|x| *x != s[0]) {
+                    sums.torn += 1;
+                    if sums.first_torn.len() < 5 {
+                        sums.first_torn.push((epoch, s));
+                    }
+                }
+                match sums.epochs.last() {
+                    Some(last) if epoch < *last => sums.went_back += 1,
+                    Some(last) if epoch == *last => {}
+                    _ => sums.epochs.push(epoch),
+                }
+            }
+        }
+        sums
+    })
+}
+
+/// One job materialises all four pgbench tables of a capture (issue 23): every checkpoint commits
+/// the four tables' rows in one SQLite transaction, published at an epoch every partition stands
+/// at, so a reader of the replica finds pgbench's invariant — Σ abalance = Σ tbalance = Σ bbalance =
+/// Σ delta — at every committed state, across two workers and a second `run` process joining in
+/// the log store (a recreation under `recreate`: the old replica stays visible until the new
+/// generation reaches it). At the end every table equals its source.
+#[test]
+fn four_pgbench_tables_in_one_job_keep_the_sums_equal_at_every_commit() {
+    let _serial = serial();
+    let source = database("cap-one-job");
+    let url = source.url.clone();
+    pgbench_init_four(&url);
+    let f = Fixture::new(
+        "cap-one-job",
+        2,
+        "vnode_count = 64\nmax_rows_per_second = 0\nconsistency = \"epoch\"",
+    );
+    let text = std::fs::read_to_string(&f.config).unwrap().replacen(
+        "table = \"accounts\"\n",
+        "tables = { pgbench_accounts = \"accounts\", pgbench_tellers = \"tellers\", pgbench_branches = \"branches\", pgbench_history = \"history\" }\n",
+        1,
+    );
+    std::fs::write(
+        &f.config,
+        format!(
+            "{text}{}",
+            capture_section(
+                &f,
+                &url,
+                "tables = [\"public.pgbench_accounts\", \"public.pgbench_tellers\", \"public.pgbench_branches\", \"public.pgbench_history\"]"
+            )
+        ),
+    )
+    .unwrap();
+    let check = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checker = pgbench_checker(f.db(), f.name.clone(), stop.clone());
+    let [mut capture, mut a, mut b] = capture_pgbench_with_a_join(&f, &url, 100, 20, 10);
+    let report = verify_source_eventually(&f, MIN);
+    for (table, rows) in [("accounts", 10_000), ("tellers", 10), ("branches", 1)] {
+        assert!(
+            report.contains(&format!("table {table}: {rows} rows compared")),
+            "{report}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sums = checker.join().unwrap();
+    let history: u64 = psql(&url, "SELECT count(*) FROM pgbench_history")
+        .parse()
+        .unwrap();
+    let both = format!("{}{}", a.log_text(), b.log_text());
+    println!(
+        "one job of four tables: {} published samples at {} epochs, {} torn, {} back; {history} history rows; invariant errors (recreations) {}; {report}",
+        sums.published,
+        sums.epochs.len(),
+        sums.torn,
+        sums.went_back,
+        both.matches("should not update vnode bitmap during consuming log store")
+            .count(),
+    );
+    assert_eq!(sums.torn, 0, "torn samples: {:?}", sums.first_torn);
+    assert_eq!(sums.went_back, 0, "the published epoch went back");
+    assert!(
+        sums.published >= 1_000 && sums.epochs.len() >= 20,
+        "too few observations to prove anything: {sums:?}"
+    );
+    assert!(history > 500, "pgbench wrote {history} history rows");
+    for r in [&mut capture, &mut a, &mut b] {
         r.signal("TERM");
         assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
     }

@@ -83,6 +83,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
             store: StoreConfig::Sqlite {
                 path: dir.join("state.sqlite"),
                 table: "accounts".into(),
+                tables: Default::default(),
                 store_datum: true,
             },
             local_checkpoint: LocalCheckpointConfig {

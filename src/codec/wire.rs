@@ -44,8 +44,9 @@ pub struct LogCodec {
     fingerprint: [u8; 8],
     /// This table's index among the log's tables (0 in a one-table log).
     index: u16,
-    /// The other tables' fingerprints and indexes.
-    others: Vec<([u8; 8], u16)>,
+    /// The other tables' fingerprints and indexes, with the row schema of each the job also
+    /// materialises (decoded whole; [`LogCodec::of_tables`]).
+    others: Vec<([u8; 8], u16, Option<TableSchema>)>,
     /// The log's later schema versions (docs/WIRE.md "Schema changes"), when it has a place for
     /// them: a change written with one is read with its own version.
     evolution: Option<Arc<Evolution>>,
@@ -102,7 +103,23 @@ impl LogCodec {
         for (i, t) in tables.iter().enumerate() {
             if i != own {
                 let other = LogCodec::new(t.clone())?;
-                codec.others.push((other.fingerprint, i as u16));
+                codec.others.push((other.fingerprint, i as u16, None));
+            }
+        }
+        Ok(codec)
+    }
+
+    /// The codec of a job materialising tables `own` (indexes, ascending) of a log carrying
+    /// `tables`: each of them decoded whole, the others by their header. Its [`table`](Self::table)
+    /// is the first of `own`.
+    pub fn of_tables(tables: &[TableSchema], own: &[u16]) -> Result<Self, CodecError> {
+        let first = *own
+            .first()
+            .ok_or_else(|| CodecError::Schema("a job of no table".into()))?;
+        let mut codec = LogCodec::of_log(tables, first as usize)?;
+        for (_, i, whole) in codec.others.iter_mut() {
+            if own.contains(i) {
+                *whole = Some(tables[*i as usize].clone());
             }
         }
         Ok(codec)
@@ -158,10 +175,14 @@ impl LogCodec {
         }
         let fp = &value[2..10];
         // (table, version, the versions when a later one is involved)
+        // (table, version, the versions when a later one is involved, the row schema of another
+        // table decoded whole)
+        let mut whole: Option<&TableSchema> = None;
         let (table, version, versions): (u16, usize, Option<Arc<SchemaVersions>>) =
             if *fp == self.fingerprint {
                 (self.index, 0, None)
-            } else if let Some((_, i)) = self.others.iter().find(|(f, _)| *fp == *f) {
+            } else if let Some((_, i, w)) = self.others.iter().find(|(f, _, _)| *fp == *f) {
+                whole = w.as_ref();
                 (*i, 0, None)
             } else if let Some(ev) = &self.evolution {
                 // A later version: known, or announced since the versions were read.
@@ -218,11 +239,12 @@ impl LogCodec {
                         )));
                     }
                 }
-                let row_table = match &versions {
-                    Some(vs) if table == self.index => &vs.of(table as usize)[version].table,
+                let row_table = match (&versions, whole) {
+                    (Some(vs), _) if table == self.index => &vs.of(table as usize)[version].table,
+                    (_, Some(w)) => w,
                     _ => &self.table,
                 };
-                if table != self.index {
+                if table != self.index && whole.is_none() {
                     // Another table's change: its header for the contract, its row left unread.
                     let Some(key) = key else {
                         return Err(CodecError::Decode("change without a message key".into()));

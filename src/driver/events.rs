@@ -113,7 +113,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         match record {
             Ok(record) => {
                 if let LogRecord::Change(c) = &record {
-                    if c.table == self.cfg.table {
+                    if self.cfg.tables.includes(c.table) {
                         self.observer.observe(WorkerEvent::Change(c.op));
                     }
                 }

@@ -71,8 +71,8 @@ pub struct DriverConfig {
     pub max_dead_letters: Option<u64>,
     /// `JobSpec::commit_every_checkpoint` (publication across workers needs it; off in `run` today).
     pub commit_every_checkpoint: bool,
-    /// The table of the log the job materialises (`JobSpec::table`).
-    pub table: u16,
+    /// The tables of the log the job materialises (`JobSpec::tables`).
+    pub tables: crate::core::JobTables,
 }
 
 /// The job stopped: the supervisor will not retry this worker's failure.
@@ -359,7 +359,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             reschedule: self.cfg.reschedule,
             max_dead_letters: self.cfg.max_dead_letters,
             commit_every_checkpoint: self.cfg.commit_every_checkpoint,
-            table: self.cfg.table,
+            tables: self.cfg.tables.clone(),
         };
         self.undecoded.clear();
         self.observer

@@ -478,8 +478,15 @@ pub enum StoreConfig {
     Sqlite {
         /// The database file (created if missing).
         path: PathBuf,
-        /// The SQL table that receives the rows.
+        /// The SQL table that receives the rows (or `tables`).
+        #[serde(default)]
         table: String,
+        /// A job materialising several tables of its log, each into its own SQL table, all
+        /// committed in one transaction per checkpoint: `{ <manifest table name> = "<SQL table>" … }`
+        /// (docs/design/several-tables.md §3). Instead of `table`; needs `consistency = "epoch"` and a
+        /// file snapshot.
+        #[serde(default)]
+        tables: BTreeMap<String, String>,
         /// Keep each row's Avro datum in a `_kb_row` column beside its typed columns (the default).
         /// `false` leaves it out of a new table — fewer bytes per row to write — for row schemas
         /// whose fields are all primitives or nullable primitives; `verify` then rebuilds each row
@@ -493,8 +500,12 @@ pub enum StoreConfig {
         /// `postgresql://user:password@host:port/database` (write the password as `${ENV}`; TLS
         /// options as in libpq: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`). Never printed.
         url: Secret,
-        /// The SQL table that receives the rows.
+        /// The SQL table that receives the rows (or `tables`).
+        #[serde(default)]
         table: String,
+        /// As SQLite's `tables`: several tables of the log, each into its own SQL table.
+        #[serde(default)]
+        tables: BTreeMap<String, String>,
     },
 }
 
@@ -505,22 +516,46 @@ impl StoreConfig {
         }
     }
 
+    /// `tables`: the log's tables a job of several materialises, each with its SQL table (empty for
+    /// a job of one table).
+    pub fn tables(&self) -> &BTreeMap<String, String> {
+        match self {
+            StoreConfig::Sqlite { tables, .. } | StoreConfig::Postgres { tables, .. } => tables,
+        }
+    }
+
+    /// Every SQL table the job writes.
+    pub fn table_names(&self) -> Vec<&str> {
+        if self.tables().is_empty() {
+            vec![self.table()]
+        } else {
+            self.tables().values().map(String::as_str).collect()
+        }
+    }
+
+    fn describe_tables(&self) -> String {
+        match self.table_names().as_slice() {
+            [one] => format!("table {one}"),
+            several => format!("tables {}", several.join(", ")),
+        }
+    }
+
     /// Where the store is, with any password masked.
     pub fn describe(&self) -> String {
         match self {
             StoreConfig::Sqlite {
-                path,
-                table,
-                store_datum,
+                path, store_datum, ..
             } => format!(
-                "sqlite {} table {table}{}",
+                "sqlite {} {}{}",
                 path.display(),
+                self.describe_tables(),
                 if *store_datum { "" } else { " (no _kb_row)" }
             ),
-            StoreConfig::Postgres { url, table } => {
+            StoreConfig::Postgres { url, .. } => {
                 format!(
-                    "postgres {} table {table}",
-                    crate::store::postgres::redact_url(url.expose())
+                    "postgres {} {}",
+                    crate::store::postgres::redact_url(url.expose()),
+                    self.describe_tables()
                 )
             }
         }
@@ -638,6 +673,45 @@ fn kafka_properties<'de, D: serde::Deserializer<'de>>(
 pub struct ConfigError {
     pub path: String,
     pub message: String,
+}
+
+/// What a job of several tables (`store.tables`) needs of the rest of its configuration.
+fn check_several_tables(job: &JobConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    if job.consistency != Consistency::Epoch {
+        return Err(err(
+            at("consistency"),
+            "a job of several tables (store.tables) needs consistency = \"epoch\": its tables then move together by whole epochs, across every worker (docs/design/several-tables.md §2)",
+        ));
+    }
+    match &job.snapshot {
+        SnapshotConfig::Files { table: Some(_), .. } => {
+            return Err(err(
+                at("snapshot.table"),
+                "names the one table of a job of one table; a job of several names its tables in store.tables: leave snapshot.table out",
+            ))
+        }
+        SnapshotConfig::Files { .. } => {}
+        SnapshotConfig::Postgres { .. } => {
+            return Err(err(
+                at("snapshot.kind"),
+                "a job of several tables reads a file snapshot (a PostgreSQL snapshot holds one table)",
+            ))
+        }
+    }
+    match &job.store {
+        StoreConfig::Sqlite {
+            store_datum: false,
+            ..
+        } => Err(err(
+            at("store.store_datum"),
+            "a job of several tables keeps each row's datum: leave store_datum out (true)",
+        )),
+        StoreConfig::Postgres { .. } => Err(err(
+            at("store.tables"),
+            "a job of several tables materialises into SQLite in this release (kind = \"sqlite\"); into PostgreSQL, run one job per table",
+        )),
+        StoreConfig::Sqlite { .. } => Ok(()),
+    }
 }
 
 fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -825,6 +899,19 @@ impl Config {
                         ))
                     }
                     ([_], None) => {}
+                    (_, None) if !job.store.tables().is_empty() => {
+                        for name in job.store.tables().keys() {
+                            if !tables.iter().any(|t| &t.table == name) {
+                                return Err(err(
+                                    at(&format!("store.tables.{name}")),
+                                    format!(
+                                        "{name:?} is none of the captured tables ({})",
+                                        tables.iter().map(|t| t.table.as_str()).collect::<Vec<_>>().join(", ")
+                                    ),
+                                ));
+                            }
+                        }
+                    }
                     (_, None) => {
                         return Err(err(
                             at("snapshot.table"),
@@ -936,15 +1023,24 @@ impl Config {
             }
             crate::kafka::check_properties(&job.kafka)
                 .map_err(|(k, m)| err(at(&format!("kafka.\"{k}\"")), m))?;
-            let table = job.store.table();
-            if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(err(at("store.table"), "use letters, digits and _"));
-            }
-            if table.to_ascii_lowercase().starts_with("kb_") {
-                return Err(err(
-                    at("store.table"),
-                    format!("{table}: names starting with kb_ are kafka-backfill's own tables"),
-                ));
+            let several = job.store.tables();
+            // (the key path of each SQL table's name, the name)
+            let names: Vec<(String, &str)> = if several.is_empty() {
+                vec![(at("store.table"), job.store.table())]
+            } else {
+                if !job.store.table().is_empty() {
+                    return Err(err(
+                        at("store.table"),
+                        "set store.table (one table) or store.tables (several), not both",
+                    ));
+                }
+                several
+                    .iter()
+                    .map(|(t, n)| (at(&format!("store.tables.{t}")), n.as_str()))
+                    .collect()
+            };
+            if !several.is_empty() {
+                check_several_tables(job, &at)?;
             }
             let store_id = match &job.store {
                 StoreConfig::Sqlite { path, .. } => format!("sqlite:{}", lexical(path).display()),
@@ -953,16 +1049,35 @@ impl Config {
                     format!("postgres:{}", url.expose())
                 }
             };
-            if let Some(other) =
-                tables.insert((store_id, table.to_ascii_lowercase()), job.name.clone())
-            {
-                return Err(err(
-                    at("store.table"),
-                    format!(
-                        "job {} writes table {table} of this store too; a table belongs to one job",
-                        other
-                    ),
-                ));
+            for (key, table) in names {
+                if table.is_empty() {
+                    return Err(err(
+                        key,
+                        "missing: name the SQL table that receives the rows (or store.tables for several)",
+                    ));
+                }
+                if !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(err(key, "use letters, digits and _"));
+                }
+                if table.to_ascii_lowercase().starts_with("kb_") {
+                    return Err(err(
+                        key,
+                        format!("{table}: names starting with kb_ are kafka-backfill's own tables"),
+                    ));
+                }
+                if let Some(other) = tables.insert(
+                    (store_id.clone(), table.to_ascii_lowercase()),
+                    job.name.clone(),
+                ) {
+                    return Err(err(
+                        key,
+                        if other == job.name {
+                            format!("table {table} is named twice; each table of the log goes to a table of its own")
+                        } else {
+                            format!("job {other} writes table {table} of this store too; a table belongs to one job")
+                        },
+                    ));
+                }
             }
             if let SnapshotConfig::Postgres { url, .. } = &job.snapshot {
                 crate::pg_tls::check_url(url.expose()).map_err(|m| err(at("snapshot.url"), m))?;

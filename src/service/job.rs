@@ -66,6 +66,10 @@ pub struct PreparedJob {
     pub table: TableSchema,
     pub codec: Arc<LogCodec>,
     pub open_store: StoreFactory,
+    /// The tables of the log the job materialises (`store.tables` for several).
+    pub tables: crate::core::JobTables,
+    /// A job of several tables: each one's store table, by log index (empty for one table).
+    pub store_tables: Vec<crate::store::StoreTable>,
 }
 
 /// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
@@ -75,9 +79,45 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     let mut table_index = 0;
     // The log's schema versions (docs/WIRE.md "Schema changes"): a folder beside a file snapshot.
     let mut evolution = None;
+    // A job of several tables: each one's store table (docs/design/several-tables.md §3).
+    let mut store_tables: Vec<crate::store::StoreTable> = Vec::new();
     let (snapshot, table, manifest): (Arc<dyn SnapshotSource>, TableSchema, String) = match &job
         .snapshot
     {
+        SnapshotConfig::Files { dir, .. } if !job.store.tables().is_empty() => {
+            let mut parts: Vec<(u16, Box<dyn SnapshotSource>)> = Vec::new();
+            for (name, sql) in job.store.tables() {
+                let s = SnapshotFiles::open_table(dir, Some(name)).with_context(|| {
+                    format!(
+                        "job {}: opening the snapshot (store.tables.{name})",
+                        job.name
+                    )
+                })?;
+                log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
+                store_tables.push(crate::store::StoreTable {
+                    index: s.table_index as u16,
+                    source: name.clone(),
+                    name: sql.clone(),
+                    schema: s.table.clone(),
+                });
+                parts.push((s.table_index as u16, Box::new(s)));
+            }
+            store_tables.sort_by_key(|t| t.index);
+            let manifest = dir.join("manifest.json").display().to_string();
+            let ev = crate::snapshot::versions::evolution(
+                dir,
+                log_tables.clone(),
+                log_tables.iter().map(|t| Some(t.name.clone())).collect(),
+                parts[0].1.info().snapshot_epoch,
+            )
+            .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
+            for t in &store_tables {
+                check_versions_allowed(job, &ev.current(), t.index as usize)?;
+            }
+            let s = crate::snapshot::tables::TablesSnapshot::new(parts, &manifest)
+                .with_context(|| format!("job {}: opening the snapshot", job.name))?;
+            (Arc::new(s), store_tables[0].schema.clone(), manifest)
+        }
         SnapshotConfig::Files { dir, table } => {
             let s = SnapshotFiles::open_table(dir, table.as_deref())
                 .with_context(|| format!("job {}: opening the snapshot", job.name))?;
@@ -132,7 +172,14 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 .with_context(|| format!("job {} (snapshot {manifest})", job.name))?,
         }
     }
-    let mut codec = if log_tables.len() > 1 {
+    let tables = if store_tables.is_empty() {
+        crate::core::JobTables::One(table_index as u16)
+    } else {
+        crate::core::JobTables::Several(store_tables.iter().map(|t| t.index).collect())
+    };
+    let mut codec = if let crate::core::JobTables::Several(own) = &tables {
+        LogCodec::of_tables(&log_tables, own)?
+    } else if log_tables.len() > 1 {
         LogCodec::of_log(&log_tables, table_index)?
     } else {
         LogCodec::new(table.clone())?
@@ -146,6 +193,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         table.clone(),
         job.consistency == crate::service::config::Consistency::Epoch,
         evolution.map(|ev| (ev, table_index)),
+        store_tables.clone(),
     )?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
@@ -158,6 +206,8 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         table,
         codec,
         open_store,
+        tables,
+        store_tables,
     })
 }
 
@@ -269,12 +319,14 @@ pub fn store_factory(
     schema: crate::codec::TableSchema,
     publication: bool,
     evolution: Option<(Arc<crate::codec::versions::Evolution>, usize)>,
+    several: Vec<crate::store::StoreTable>,
 ) -> Result<StoreFactory> {
     Ok(match store.clone() {
         StoreConfig::Sqlite {
             path,
             table,
             store_datum,
+            ..
         } => {
             if let Some(parent) = path.parent() {
                 if !parent.as_os_str().is_empty() {
@@ -287,6 +339,12 @@ pub fn store_factory(
                 publication,
                 ..Default::default()
             };
+            if !several.is_empty() {
+                return Ok(Arc::new(move || {
+                    SqliteStore::open_tables(&path, several.clone(), options)
+                        .map(|s| Box::new(s) as Box<dyn StateStore>)
+                }));
+            }
             Arc::new(move || {
                 SqliteStore::open_with(&path, &table, schema.clone(), options).map(|s| {
                     Box::new(match &evolution {
@@ -296,7 +354,10 @@ pub fn store_factory(
                 })
             })
         }
-        StoreConfig::Postgres { url, table } => Arc::new(move || {
+        StoreConfig::Postgres { .. } if !several.is_empty() => {
+            bail!("a job of several tables materialises into SQLite in this release")
+        }
+        StoreConfig::Postgres { url, table, .. } => Arc::new(move || {
             crate::store::postgres::PostgresStore::open_with(
                 url.expose(),
                 &table,
@@ -381,6 +442,7 @@ pub fn run(
                 dead_letters: job.dead_letters(),
                 commit_every_checkpoint: job.consistency
                     == crate::service::config::Consistency::Epoch,
+                tables: prepared.tables.clone(),
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

@@ -223,7 +223,7 @@ mod tests {
                 reschedule: false,
                 max_dead_letters: None,
                 commit_every_checkpoint: false,
-                table: 0,
+                tables: crate::core::JobTables::One(0),
             },
             0,
         );

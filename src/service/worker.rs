@@ -52,6 +52,8 @@ pub struct WorkerSetup {
     pub dead_letters: Option<(String, u64)>,
     /// `consistency = "epoch"`: every checkpoint epoch its own commit (`JobSpec::commit_every_checkpoint`).
     pub commit_every_checkpoint: bool,
+    /// The tables of the log the job materialises (`JobSpec::tables`).
+    pub tables: crate::core::JobTables,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -77,7 +79,9 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
     let committer = Committer::new(
         setup.job.clone(),
         setup.open_store.clone(),
-        Some(Arc::new(setup.codec.table.clone())),
+        // Rows of one table are decoded on this thread ahead of the commit; a job of several
+        // tables' rows are routed and decoded by the store.
+        (!setup.tables.several()).then(|| Arc::new(setup.codec.table.clone())),
     );
     let consumer = KafkaConsumer::subscribe(&ConsumerSetup {
         job: setup.job.clone(),
@@ -102,7 +106,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         reschedule: setup.reschedule,
         max_dead_letters: setup.dead_letters.as_ref().map(|(_, max)| *max),
         commit_every_checkpoint: setup.commit_every_checkpoint,
-        table: setup.codec.index(),
+        tables: setup.tables.clone(),
     };
     let driver = Driver::new(
         cfg,

@@ -56,7 +56,7 @@ impl Sim {
             reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
             max_dead_letters: self.config.dead_letters.then_some(1_000_000),
             commit_every_checkpoint: self.config.commit_every_checkpoint,
-            table: 0,
+            tables: crate::core::JobTables::One(0),
         };
         let driver = Driver::new(
             cfg,

@@ -1,6 +1,8 @@
 //! Snapshot sources (`crate::ports::SnapshotSource`): Avro container files with a manifest
-//! (`files`, written by `produce`) and a PostgreSQL table (`postgres`, written by `export-snapshot`).
+//! (`files`, written by `produce`) and a PostgreSQL table (`postgres`, written by `export-snapshot`),
+//! and several tables of one snapshot scanned as one (`tables`).
 
 pub mod files;
 pub mod postgres;
+pub mod tables;
 pub mod versions;

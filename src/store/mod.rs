@@ -11,8 +11,70 @@ pub mod postgres;
 pub mod protocol;
 pub mod sqlite;
 
-use crate::core::Checkpoint;
+use crate::codec::TableSchema;
+use crate::core::{Checkpoint, RowMutation};
 use crate::ports::{DecodedRows, StateStore, StoreError};
+
+/// One store table of a job materialising several tables of its log (docs/design/several-tables.md
+/// §3): the log table's index (the prefix of its rows' keys, [`crate::core::table_key`]), the SQL
+/// table that receives its rows, and its row schema.
+#[derive(Clone, Debug)]
+pub struct StoreTable {
+    pub index: u16,
+    /// The log table's name (its manifest name; `store.tables`' key).
+    pub source: String,
+    pub name: String,
+    pub schema: TableSchema,
+}
+
+/// A refusal of a row of table `table` (of several), saying which table.
+pub fn in_table(e: StoreError, table: &str) -> StoreError {
+    match e {
+        StoreError::Rejected(reason) => StoreError::Rejected(format!("table {table}: {reason}")),
+        other => other,
+    }
+}
+
+/// A several-table job's rows routed to their tables (in `tables`' order), each key bare again and
+/// each table's rows in the order they came. A key whose table is not one of `tables` is refused.
+pub fn split_rows<'a>(
+    tables: &'a [StoreTable],
+    rows: &[RowMutation],
+) -> Result<Vec<(&'a StoreTable, Vec<RowMutation>)>, StoreError> {
+    let mut out: Vec<(&StoreTable, Vec<RowMutation>)> =
+        tables.iter().map(|t| (t, Vec::new())).collect();
+    for m in rows {
+        let (index, key) = crate::core::split_table_key(m.key()).ok_or_else(|| {
+            StoreError::Rejected(format!(
+                "row with key {} is not keyed by (table, key), as a job of several tables writes",
+                crate::ports::key_hex(m.key())
+            ))
+        })?;
+        let Some(at) = tables.iter().position(|t| t.index == index) else {
+            return Err(StoreError::Rejected(format!(
+                "row with key {} is of log table {index}, which is not one of this store's tables ({})",
+                crate::ports::key_hex(m.key()),
+                tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        };
+        let bare = match m {
+            RowMutation::Upsert { vnode, row, offset } => RowMutation::Upsert {
+                vnode: *vnode,
+                row: crate::core::Row {
+                    key: key.to_vec(),
+                    value: row.value.clone(),
+                },
+                offset: *offset,
+            },
+            RowMutation::Delete { vnode, .. } => RowMutation::Delete {
+                vnode: *vnode,
+                key: key.to_vec(),
+            },
+        };
+        out[at].1.push(bare);
+    }
+    Ok(out)
+}
 
 /// Commits a group as one transaction. If the store *refused* it (a permanent error: a value it
 /// cannot hold, a broken invariant), the checkpoints are tried one at a time, so those before the

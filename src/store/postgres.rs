@@ -821,8 +821,13 @@ fn apply_checkpoint(
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                let mut p = Publishing { tx, table, layout };
-                protocol::publish(&mut p, &row, table_name, cp, epoch, decoded)?
+                let mut p = Publishing {
+                    tx,
+                    table,
+                    table_name,
+                    layout,
+                };
+                protocol::publish(&mut p, &row, cp, epoch, decoded)?
             }
             None if publication => {
                 let target = read_publication(tx, job)?.target(table_name);
@@ -1114,6 +1119,7 @@ fn write_publication(
 struct Publishing<'a, 'b> {
     tx: &'a mut Transaction<'b>,
     table: &'a TableSchema,
+    table_name: &'a str,
     layout: KeyLayout,
 }
 
@@ -1237,14 +1243,19 @@ impl protocol::TxPublish for Publishing<'_, '_> {
 
     fn write_rows(
         &mut self,
-        target: &str,
+        next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
+        let target = if next {
+            next_table(self.table_name)
+        } else {
+            self.table_name.to_string()
+        };
         write_rows(
             self.tx,
             self.table,
-            target,
+            &target,
             self.layout,
             rows,
             decoded,
@@ -1252,7 +1263,9 @@ impl protocol::TxPublish for Publishing<'_, '_> {
         )
     }
 
-    fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError> {
+    fn replace_tables(&mut self) -> Result<(), StoreError> {
+        let table_name = self.table_name;
+        let next = next_table(table_name);
         self.tx
             .batch_execute(&format!(
                 "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"

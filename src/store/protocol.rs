@@ -390,15 +390,16 @@ pub trait TxPublish {
         partitions: &[PartitionId],
         rows: &[crate::core::RowMutation],
     ) -> Result<(), StoreError>;
-    /// Writes rows into `target` (the table or [`next_table`]), with their pre-decoded columns.
+    /// Writes rows into the job's tables (`next`: into each one's [`next_table`], where a new
+    /// generation builds), with their pre-decoded columns.
     fn write_rows(
         &mut self,
-        target: &str,
+        next: bool,
         rows: &[crate::core::RowMutation],
         decoded: crate::ports::DecodedRows,
     ) -> Result<(), StoreError>;
-    /// Replaces `table_name` by `next` (drop, rename), in the transaction.
-    fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError>;
+    /// Replaces each of the job's tables by its [`next_table`] (drop, rename), in the transaction.
+    fn replace_tables(&mut self) -> Result<(), StoreError>;
 }
 
 /// A log-store checkpoint through `epoch` under publication (docs/design/several-tables.md §2), in
@@ -411,7 +412,6 @@ pub trait TxPublish {
 pub fn publish(
     tx: &mut impl TxPublish,
     row: &JobRow,
-    table_name: &str,
     cp: &Checkpoint,
     epoch: crate::core::Epoch,
     decoded: crate::ports::DecodedRows,
@@ -427,7 +427,7 @@ pub fn publish(
         // published epoch, whose rows every partition had past it: applied already.
         return Ok(());
     }
-    let target = state.target(table_name);
+    let next = state.building();
     let units = tx.pending_units(job)?;
     let at = crate::core::publication::publication_epoch(
         row.partition_count,
@@ -440,13 +440,13 @@ pub fn publish(
     if let Some(at) = at {
         for (unit, _, _) in units.iter().filter(|(_, e, _)| *e <= at) {
             let rows = tx.take_unit(*unit)?;
-            tx.write_rows(&target, &rows, Vec::new())?;
+            tx.write_rows(next, &rows, Vec::new())?;
         }
         if epoch <= at {
-            tx.write_rows(&target, &cp.rows, decoded)?;
+            tx.write_rows(next, &cp.rows, decoded)?;
         }
         if state.publish_at(at) {
-            tx.replace_table(table_name, &target)?;
+            tx.replace_tables()?;
         }
         tx.set_publication(job, &state)?;
         if epoch <= at {

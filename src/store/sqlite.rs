@@ -23,6 +23,7 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
+use crate::store::{in_table, split_rows, StoreTable};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -69,6 +70,9 @@ CREATE TABLE IF NOT EXISTS kb_pending_units (
 CREATE TABLE IF NOT EXISTS kb_schema_history (
   job TEXT NOT NULL, version INTEGER NOT NULL, from_epoch INTEGER NOT NULL, fingerprint TEXT NOT NULL,
   row_schema TEXT NOT NULL, applied_epoch INTEGER, PRIMARY KEY (job, version)
+);
+CREATE TABLE IF NOT EXISTS kb_job_tables (
+  table_name TEXT PRIMARY KEY, job TEXT NOT NULL, log_table INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS kb_pending_rows (
   unit INTEGER NOT NULL, seq INTEGER NOT NULL, vnode INTEGER NOT NULL, key BLOB NOT NULL, row BLOB,
@@ -259,6 +263,9 @@ pub struct SqliteStore {
     /// The log's schema versions and this table's index among the log's tables (docs/WIRE.md
     /// "Schema changes"), when the log has a place for them.
     evolution: Option<(Arc<Evolution>, usize)>,
+    /// A job of several tables ([`SqliteStore::open_tables`]): every table, the first of them
+    /// being `table`/`table_name`; rows are keyed by (table, key). Empty for one table.
+    several: Vec<StoreTable>,
 }
 
 /// How a [`SqliteStore`] is opened.
@@ -538,7 +545,78 @@ impl SqliteStore {
             )?,
             publication: options.publication,
             evolution: None,
+            several: Vec::new(),
         })
+    }
+
+    /// Opens the file for a job materialising several tables of its log (docs/design/several-tables.md
+    /// §3): each of `tables` created with its row's columns and the datum (`store_datum` must be
+    /// on), every checkpoint's rows routed to their tables by their (table, key) keys, all in the
+    /// checkpoint's one transaction.
+    pub fn open_tables(
+        path: &Path,
+        tables: Vec<StoreTable>,
+        options: SqliteOptions,
+    ) -> Result<Self, StoreError> {
+        let Some(first) = tables.first() else {
+            return Err(StoreError::Rejected("a store of no table".into()));
+        };
+        if !options.store_datum {
+            return Err(StoreError::Rejected(
+                "store_datum = false is not available to a job of several tables: keep store_datum = true".into(),
+            ));
+        }
+        let mut store = Self::open_with(path, &first.name, first.schema.clone(), options)?;
+        for t in &tables[1..] {
+            crate::ports::check_table_name(&t.name)?;
+            store
+                .conn
+                .execute_batch(&table_ddl(&t.name, &t.schema, true))
+                .map_err(classify)?;
+        }
+        store.several = tables;
+        Ok(store)
+    }
+
+    /// The names of the job's tables (one, or each of several).
+    fn table_names(&self) -> Vec<String> {
+        if self.several.is_empty() {
+            vec![self.table_name.clone()]
+        } else {
+            self.several.iter().map(|t| t.name.clone()).collect()
+        }
+    }
+
+    /// Writes rows into the job's table, or routes a several-table job's rows to theirs (`next`:
+    /// into each one's [`next_table`]).
+    #[allow(clippy::too_many_arguments)]
+    fn write_to(
+        tx: &Connection,
+        table: &TableSchema,
+        table_name: &str,
+        several: &[StoreTable],
+        datum: bool,
+        next: bool,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+    ) -> Result<(), StoreError> {
+        let target = |name: &str| {
+            if next {
+                next_table(name)
+            } else {
+                name.to_string()
+            }
+        };
+        if several.is_empty() {
+            return Self::write_rows(tx, table, &target(table_name), datum, rows, decoded);
+        }
+        for (t, rows) in split_rows(several, rows)? {
+            if !rows.is_empty() {
+                Self::write_rows(tx, &t.schema, &target(&t.name), datum, &rows, Vec::new())
+                    .map_err(|e| in_table(e, &t.name))?;
+            }
+        }
+        Ok(())
     }
 
     /// This store, following the log's schema versions (`table`: its table's index in the log):
@@ -673,6 +751,7 @@ impl SqliteStore {
         tx: &Connection,
         table: &TableSchema,
         table_name: &str,
+        several: &[StoreTable],
         datum: bool,
         publication: bool,
         job: &str,
@@ -722,15 +801,23 @@ impl SqliteStore {
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                let mut p = Publishing { tx, table, datum };
-                protocol::publish(&mut p, &row, table_name, cp, epoch, decoded)?
+                let mut p = Publishing {
+                    tx,
+                    table,
+                    table_name,
+                    several,
+                    datum,
+                };
+                protocol::publish(&mut p, &row, cp, epoch, decoded)?
             }
             // Snapshot rows under publication go where the generation builds.
             None if publication => {
-                let target = read_publication(tx, job)?.target(table_name);
-                Self::write_rows(tx, table, &target, datum, &cp.rows, decoded)?
+                let next = read_publication(tx, job)?.building();
+                Self::write_to(
+                    tx, table, table_name, several, datum, next, &cp.rows, decoded,
+                )?
             }
-            _ => Self::write_rows(tx, table, table_name, datum, rows, decoded)?,
+            _ => Self::write_to(tx, table, table_name, several, datum, false, rows, decoded)?,
         }
         {
             let mut vq = tx
@@ -965,6 +1052,8 @@ impl protocol::TxSchema for SqliteSchema<'_> {
 struct Publishing<'a> {
     tx: &'a Connection,
     table: &'a TableSchema,
+    table_name: &'a str,
+    several: &'a [StoreTable],
     datum: bool,
 }
 
@@ -1079,19 +1168,37 @@ impl protocol::TxPublish for Publishing<'_> {
 
     fn write_rows(
         &mut self,
-        target: &str,
+        next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        SqliteStore::write_rows(self.tx, self.table, target, self.datum, rows, decoded)
+        SqliteStore::write_to(
+            self.tx,
+            self.table,
+            self.table_name,
+            self.several,
+            self.datum,
+            next,
+            rows,
+            decoded,
+        )
     }
 
-    fn replace_table(&mut self, table_name: &str, next: &str) -> Result<(), StoreError> {
-        self.tx
-            .execute_batch(&format!(
-                "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
-            ))
-            .map_err(classify)
+    fn replace_tables(&mut self) -> Result<(), StoreError> {
+        let names: Vec<&str> = if self.several.is_empty() {
+            vec![self.table_name]
+        } else {
+            self.several.iter().map(|t| t.name.as_str()).collect()
+        };
+        for table_name in names {
+            let next = next_table(table_name);
+            self.tx
+                .execute_batch(&format!(
+                    "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
+                ))
+                .map_err(classify)?;
+        }
+        Ok(())
     }
 }
 
@@ -1136,16 +1243,10 @@ impl TxRead for Tx<'_> {
 
 impl StateStore for SqliteStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
+        let names = self.table_names();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(classify)?;
-        let owners = tx
-            .prepare("SELECT job FROM kb_jobs WHERE table_name = ?1")
-            .and_then(|mut q| {
-                q.query_map([&self.table_name], |r| r.get::<_, String>(0))?
-                    .collect::<Result<Vec<String>, _>>()
-            })
             .map_err(classify)?;
         let recorded: Option<String> = tx
             .query_row(
@@ -1155,7 +1256,28 @@ impl StateStore for SqliteStore {
             )
             .optional()
             .map_err(classify)?;
-        protocol::check_table_owner(job, &self.table_name, &owners, recorded.as_deref())?;
+        // A table belongs to one job: the table a job is recorded with, or one of a several-table
+        // job's (`kb_job_tables`).
+        for name in &names {
+            let owners = tx
+                .prepare(
+                    "SELECT job FROM kb_jobs WHERE table_name = ?1 UNION SELECT job FROM kb_job_tables WHERE table_name = ?1",
+                )
+                .and_then(|mut q| {
+                    q.query_map([name.as_str()], |r| r.get::<_, String>(0))?
+                        .collect::<Result<Vec<String>, _>>()
+                })
+                .map_err(classify)?;
+            protocol::check_table_owner(job, name, &owners, None)?;
+        }
+        protocol::check_table_owner(job, &self.table_name, &[], recorded.as_deref())?;
+        for t in &self.several {
+            tx.execute(
+                "INSERT OR IGNORE INTO kb_job_tables VALUES (?1, ?2, ?3)",
+                params![t.name, job, t.index],
+            )
+            .map_err(classify)?;
+        }
         tx.execute(
             "INSERT OR IGNORE INTO kb_jobs VALUES (?1, ?2, ?3, ?4, 0, 'snapshot', 0, 1, ?5)",
             params![
@@ -1273,6 +1395,7 @@ impl StateStore for SqliteStore {
                 &tx,
                 &self.table,
                 &self.table_name,
+                &self.several,
                 self.datum,
                 self.publication,
                 job,
@@ -1310,20 +1433,32 @@ impl StateStore for SqliteStore {
             tx.execute("DELETE FROM kb_pending_units WHERE job = ?1", [job])
                 .map_err(classify)?;
             let mut state = read_publication(&tx, job)?;
-            let next = next_table(&self.table_name);
+            let tables: Vec<(&str, &TableSchema)> = if self.several.is_empty() {
+                vec![(self.table_name.as_str(), &self.table)]
+            } else {
+                self.several
+                    .iter()
+                    .map(|t| (t.name.as_str(), &t.schema))
+                    .collect()
+            };
             if self.publication && state.visible.is_some() {
                 // Under publication the replica readers see stays in the table until the new
                 // generation, building in its own table, reaches its epoch.
-                tx.execute_batch(&format!(
-                    "DROP TABLE IF EXISTS \"{next}\"; {}",
-                    table_ddl(&next, &self.table, self.datum)
-                ))
-                .map_err(classify)?;
+                for (name, schema) in tables {
+                    let next = next_table(name);
+                    tx.execute_batch(&format!(
+                        "DROP TABLE IF EXISTS \"{next}\"; {}",
+                        table_ddl(&next, schema, self.datum)
+                    ))
+                    .map_err(classify)?;
+                }
                 state.recreated();
                 write_publication(&tx, job, &state)?;
             } else {
-                tx.execute(&format!("DELETE FROM \"{}\"", self.table_name), [])
-                    .map_err(classify)?;
+                for (name, _) in tables {
+                    tx.execute(&format!("DELETE FROM \"{name}\""), [])
+                        .map_err(classify)?;
+                }
                 tx.execute("DELETE FROM kb_publication WHERE job = ?1", [job])
                     .map_err(classify)?;
             }
@@ -1447,6 +1582,26 @@ impl StateStore for SqliteStore {
     }
 
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        if !self.several.is_empty() {
+            // Keyed by (table, key), as the job's checkpoints are; every table read in one read
+            // transaction, so they are of one commit.
+            let mut out = BTreeMap::new();
+            let tx = self.conn.transaction().map_err(classify)?;
+            for t in &self.several {
+                let mut stmt = tx
+                    .prepare(&format!("SELECT _kb_key, _kb_row FROM \"{}\"", t.name))
+                    .map_err(classify)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get(1)?)))
+                    .map_err(classify)?;
+                for r in rows {
+                    let (key, value) = r.map_err(classify)?;
+                    out.insert(crate::core::table_key(t.index, &key), value);
+                }
+            }
+            tx.commit().map_err(classify)?;
+            return Ok(out);
+        }
         if !self.datum {
             return self.rows_from_columns();
         }

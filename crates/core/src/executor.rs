@@ -70,9 +70,10 @@ pub struct JobSpec {
     /// a commit boundary of every partition, so the workers' boundaries meet); off, a backlog's
     /// checkpoints coalesce into fewer, larger commits.
     pub commit_every_checkpoint: bool,
-    /// The table of the log this job materialises (`Change::table`; 0 in a one-table log): the
-    /// other tables' changes are checked against the contract and passed over.
-    pub table: u16,
+    /// The tables of the log this job materialises (`Change::table`): one (0 in a one-table log),
+    /// or several keyed by (table, key) ([`crate::tables`]); the other tables' changes are checked
+    /// against the contract and passed over.
+    pub tables: super::tables::JobTables,
 }
 
 /// Runtime state of one owned partition.
@@ -641,7 +642,10 @@ impl Executor {
         if progress.finished {
             return Ok(());
         }
-        let computed = vnode_of(&row.key, self.spec.map.vnode_count());
+        let computed = vnode_of(
+            self.spec.tables.routing_key(&row.key),
+            self.spec.map.vnode_count(),
+        );
         if computed != vnode {
             return Err(CoreError::SnapshotRowVnodeMismatch { vnode, computed });
         }
@@ -801,12 +805,17 @@ impl Executor {
         p.next_offset = offset + 1;
         p.record_end = offset + 1;
         match record {
-            LogRecord::Change(change) if change.table != self.spec.table => {
-                // Another table of the log: checked, read past, never staged.
-                self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
-                Ok(())
-            }
-            LogRecord::Change(change) => {
+            LogRecord::Change(mut change) => {
+                let Some(key) = self
+                    .spec
+                    .tables
+                    .staged_key(change.table, std::mem::take(&mut change.row.key))
+                else {
+                    // Another table of the log: checked, read past, never staged.
+                    self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
+                    return Ok(());
+                };
+                change.row.key = key;
                 // What staging the change holds, estimated: its bytes, the staging map's copy of
                 // the key and a fixed overhead for the entry and its allocations.
                 *p.bytes_by_epoch.entry(change.epoch).or_default() +=

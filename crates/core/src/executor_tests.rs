@@ -25,7 +25,7 @@ fn spec(partitions: u32) -> JobSpec {
         reschedule: false,
         max_dead_letters: None,
         commit_every_checkpoint: false,
-        table: 0,
+        tables: crate::tables::JobTables::One(0),
     }
 }
 

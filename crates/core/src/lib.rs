@@ -20,6 +20,7 @@ pub mod publication;
 pub mod retry;
 pub mod staging;
 pub mod supervisor;
+pub mod tables;
 pub mod throughput;
 pub mod vnode;
 
@@ -36,5 +37,6 @@ pub use progress::{
     VnodeProgress,
 };
 pub use supervisor::{RecreationPolicy, Supervisor, SupervisorConfig, Verdict, WorkerFailure};
+pub use tables::{split_table_key, table_key, JobTables};
 pub use throughput::{Adaptive, AdaptiveConfig, Rate, RateLimits, Throttle};
 pub use vnode::{vnode_of, PartitionId, PartitionMap, Vnode, VnodeBitmap};
