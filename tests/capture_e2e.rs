@@ -869,7 +869,7 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
 }
 
 /// What the pgbench checker saw: samples of the published replica, each read in one read
-/// transaction of the SQLite file.
+/// transaction of the store (see [`Replica::sampler`]).
 #[derive(Default, Debug)]
 struct Sums {
     /// Samples taken while a replica was published (`kb_publication.visible_epoch` set).
@@ -882,54 +882,104 @@ struct Sums {
     went_back: u64,
 }
 
-/// Samples Σ abalance, Σ tbalance, Σ bbalance, Σ delta of the replica in `db` (job `job`)
-/// continuously, each in one read transaction with the published epoch, until `stop`.
+/// One sample of the replica: the published epoch (`None` before the first publication) and
+/// Σ abalance, Σ tbalance, Σ bbalance, Σ delta; `Err` while the tables are not there.
+type Sampler = Box<dyn FnMut() -> Result<(Option<i64>, [i64; 4]), String>>;
+
+/// Where the pgbench replica is, for the checker.
+#[derive(Clone)]
+enum Replica {
+    /// The SQLite file; tables `accounts`, `tellers`, `branches`, `history`.
+    Sqlite(std::path::PathBuf),
+    /// The PostgreSQL store's URL and the suffix of its four tables' names.
+    Postgres(String, String),
+}
+
+impl Replica {
+    /// The published epoch and the four sums, in one read transaction (SQLite: one `BEGIN …
+    /// COMMIT` of a WAL reader; PostgreSQL: `REPEATABLE READ`); `Err` while the tables are not there.
+    fn sampler(&self, job: &str) -> Sampler {
+        let sql = |suffix: &str, p: &str| {
+            format!(
+                "SELECT (SELECT visible_epoch FROM kb_publication WHERE job = {p}), \
+                 (SELECT COALESCE(SUM(abalance), 0)::BIGINT FROM accounts{suffix}), \
+                 (SELECT COALESCE(SUM(tbalance), 0)::BIGINT FROM tellers{suffix}), \
+                 (SELECT COALESCE(SUM(bbalance), 0)::BIGINT FROM branches{suffix}), \
+                 (SELECT COALESCE(SUM(delta), 0)::BIGINT FROM history{suffix})"
+            )
+        };
+        let job = job.to_string();
+        match self.clone() {
+            Replica::Sqlite(db) => {
+                // SQLite reads `::BIGINT` as a column named BIGINT: leave the casts out.
+                let sql = sql("", "?1").replace("::BIGINT", "");
+                let mut conn: Option<rusqlite::Connection> = None;
+                Box::new(move || {
+                    if conn.is_none() {
+                        let c = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+                        c.busy_timeout(Duration::from_secs(10)).unwrap();
+                        conn = Some(c);
+                    }
+                    let tx = conn.as_mut().unwrap().transaction().unwrap();
+                    let sample = tx
+                        .query_row(&sql, [&job], |r| {
+                            Ok((
+                                r.get::<_, Option<i64>>(0)?,
+                                [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?],
+                            ))
+                        })
+                        .map_err(|e| e.to_string());
+                    tx.commit().unwrap();
+                    sample
+                })
+            }
+            Replica::Postgres(url, suffix) => {
+                let sql = sql(&suffix, "$1");
+                let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+                Box::new(move || {
+                    let mut tx = client
+                        .build_transaction()
+                        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                        .read_only(true)
+                        .start()
+                        .unwrap();
+                    let sample = tx
+                        .query_one(&sql, &[&job])
+                        .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4)]))
+                        .map_err(|e| e.to_string());
+                    tx.commit().unwrap();
+                    sample
+                })
+            }
+        }
+    }
+}
+
+/// Samples Σ abalance, Σ tbalance, Σ bbalance, Σ delta of the replica (job `job`) continuously,
+/// each in one read transaction with the published epoch, until `stop`.
 fn pgbench_checker(
-    db: std::path::PathBuf,
+    replica: Replica,
     job: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<Sums> {
     std::thread::spawn(move || {
         let mut sums = Sums::default();
-        let sql = "SELECT (SELECT visible_epoch FROM kb_publication WHERE job = ?1), \
-                   (SELECT COALESCE(SUM(abalance), 0) FROM accounts), \
-                   (SELECT COALESCE(SUM(tbalance), 0) FROM tellers), \
-                   (SELECT COALESCE(SUM(bbalance), 0) FROM branches), \
-                   (SELECT COALESCE(SUM(delta), 0) FROM history)";
+        let mut sample = replica.sampler(&job);
         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-            // Until the job has created its tables, there is nothing to read.
-            let Ok(mut conn) = rusqlite::Connection::open(&db) else {
-                continue;
-            };
-            conn.busy_timeout(Duration::from_secs(10)).unwrap();
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let tx = conn.transaction().unwrap();
-                let sample = tx.query_row(sql, [&job], |r| {
-                    Ok((
-                        r.get::<_, Option<i64>>(0)?,
-                        [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?],
-                    ))
-                });
-                tx.commit().unwrap();
-                let (epoch, s) = match sample {
-                    Ok(x) => x,
-                    // The tables not created yet, or the replica's tables being replaced.
-                    Err(rusqlite::Error::SqliteFailure(..)) => continue,
-                    Err(e) => panic!("checker: {e}"),
-                };
-                let Some(epoch) = epoch else { continue };
-                sums.published += 1;
-                if s.iter().any(|x| *x != s[0]) {
-                    sums.torn += 1;
-                    if sums.first_torn.len() < 5 {
-                        sums.first_torn.push((epoch, s));
-                    }
+            // The tables not created yet, or being replaced: nothing to read this time.
+            let Ok((epoch, s)) = sample() else { continue };
+            let Some(epoch) = epoch else { continue };
+            sums.published += 1;
+            if s.iter().any(|x| *x != s[0]) {
+                sums.torn += 1;
+                if sums.first_torn.len() < 5 {
+                    sums.first_torn.push((epoch, s));
                 }
-                match sums.epochs.last() {
-                    Some(last) if epoch < *last => sums.went_back += 1,
-                    Some(last) if epoch == *last => {}
-                    _ => sums.epochs.push(epoch),
-                }
+            }
+            match sums.epochs.last() {
+                Some(last) if epoch < *last => sums.went_back += 1,
+                Some(last) if epoch == *last => {}
+                _ => sums.epochs.push(epoch),
             }
         }
         sums
@@ -943,19 +993,44 @@ fn pgbench_checker(
 /// the log store (a recreation under `recreate`: the old replica stays visible until the new
 /// generation reaches it). At the end every table equals its source.
 #[test]
-fn four_pgbench_tables_in_one_job_keep_the_sums_equal_at_every_commit() {
+fn four_pgbench_tables_in_one_sqlite_job_keep_the_sums_equal_at_every_commit() {
+    four_pgbench_tables_in_one_job(false);
+}
+
+/// [`four_pgbench_tables_in_one_sqlite_job_keep_the_sums_equal_at_every_commit`] into the
+/// PostgreSQL store, where the two processes' commits run concurrently.
+#[test]
+fn four_pgbench_tables_in_one_postgres_job_keep_the_sums_equal_at_every_commit() {
+    four_pgbench_tables_in_one_job(true);
+}
+
+fn four_pgbench_tables_in_one_job(postgres_store: bool) {
     let _serial = serial();
-    let source = database("cap-one-job");
+    // The PostgreSQL store outlives the run: a job and tables of their own each time.
+    let name = &format!("cap-one-job-{}", stamp() % 1_000_000);
+    let source = database(name);
     let url = source.url.clone();
     pgbench_init_four(&url);
     let f = Fixture::new(
-        "cap-one-job",
+        name,
         2,
         "vnode_count = 64\nmax_rows_per_second = 0\nconsistency = \"epoch\"",
     );
-    let text = std::fs::read_to_string(&f.config).unwrap().replacen(
-        "table = \"accounts\"\n",
-        "tables = { pgbench_accounts = \"accounts\", pgbench_tellers = \"tellers\", pgbench_branches = \"branches\", pgbench_history = \"history\" }\n",
+    let suffix = if postgres_store {
+        f.use_postgres(&pg_url());
+        format!("_{}", name.replace('-', "_"))
+    } else {
+        String::new()
+    };
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let table_line = text
+        .lines()
+        .find(|l| l.starts_with("table = "))
+        .unwrap()
+        .to_string();
+    let text = text.replacen(
+        &table_line,
+        &format!("tables = {{ pgbench_accounts = \"accounts{suffix}\", pgbench_tellers = \"tellers{suffix}\", pgbench_branches = \"branches{suffix}\", pgbench_history = \"history{suffix}\" }}"),
         1,
     );
     std::fs::write(
@@ -981,12 +1056,17 @@ fn four_pgbench_tables_in_one_job_keep_the_sums_equal_at_every_commit() {
         String::from_utf8_lossy(&check.stderr)
     );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let checker = pgbench_checker(f.db(), f.name.clone(), stop.clone());
+    let replica = if postgres_store {
+        Replica::Postgres(pg_url(), suffix.clone())
+    } else {
+        Replica::Sqlite(f.db())
+    };
+    let checker = pgbench_checker(replica, f.name.clone(), stop.clone());
     let [mut capture, mut a, mut b] = capture_pgbench_with_a_join(&f, &url, 100, 20, 10);
     let report = verify_source_eventually(&f, MIN);
     for (table, rows) in [("accounts", 10_000), ("tellers", 10), ("branches", 1)] {
         assert!(
-            report.contains(&format!("table {table}: {rows} rows compared")),
+            report.contains(&format!("table {table}{suffix}: {rows} rows compared")),
             "{report}"
         );
     }
@@ -997,7 +1077,8 @@ fn four_pgbench_tables_in_one_job_keep_the_sums_equal_at_every_commit() {
         .unwrap();
     let both = format!("{}{}", a.log_text(), b.log_text());
     println!(
-        "one job of four tables: {} published samples at {} epochs, {} torn, {} back; {history} history rows; invariant errors (recreations) {}; {report}",
+        "one job of four tables ({}): {} published samples at {} epochs, {} torn, {} back; {history} history rows; invariant errors (recreations) {}; {report}",
+        if postgres_store { "postgres" } else { "sqlite" },
         sums.published,
         sums.epochs.len(),
         sums.torn,

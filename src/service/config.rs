@@ -700,17 +700,12 @@ fn check_several_tables(job: &JobConfig, at: &dyn Fn(&str) -> String) -> Result<
     }
     match &job.store {
         StoreConfig::Sqlite {
-            store_datum: false,
-            ..
+            store_datum: false, ..
         } => Err(err(
             at("store.store_datum"),
             "a job of several tables keeps each row's datum: leave store_datum out (true)",
         )),
-        StoreConfig::Postgres { .. } => Err(err(
-            at("store.tables"),
-            "a job of several tables materialises into SQLite in this release (kind = \"sqlite\"); into PostgreSQL, run one job per table",
-        )),
-        StoreConfig::Sqlite { .. } => Ok(()),
+        StoreConfig::Sqlite { .. } | StoreConfig::Postgres { .. } => Ok(()),
     }
 }
 

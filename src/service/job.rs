@@ -354,9 +354,14 @@ pub fn store_factory(
                 })
             })
         }
-        StoreConfig::Postgres { .. } if !several.is_empty() => {
-            bail!("a job of several tables materialises into SQLite in this release")
-        }
+        StoreConfig::Postgres { url, .. } if !several.is_empty() => Arc::new(move || {
+            crate::store::postgres::PostgresStore::open_tables(
+                url.expose(),
+                several.clone(),
+                publication,
+            )
+            .map(|s| Box::new(s) as Box<dyn StateStore>)
+        }),
         StoreConfig::Postgres { url, table, .. } => Arc::new(move || {
             crate::store::postgres::PostgresStore::open_with(
                 url.expose(),

@@ -22,6 +22,7 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
+use crate::store::{in_table, split_rows, StoreTable};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -50,6 +51,8 @@ CREATE TABLE IF NOT EXISTS kb_pending_units (
 CREATE TABLE IF NOT EXISTS kb_schema_history (
   job TEXT NOT NULL, version INT NOT NULL, from_epoch BIGINT NOT NULL, fingerprint TEXT NOT NULL,
   row_schema TEXT NOT NULL, applied_epoch BIGINT, PRIMARY KEY (job, version));
+CREATE TABLE IF NOT EXISTS kb_job_tables (
+  table_name TEXT PRIMARY KEY, job TEXT NOT NULL, log_table INT NOT NULL);
 CREATE TABLE IF NOT EXISTS kb_pending_rows (
   unit BIGINT NOT NULL, seq INT NOT NULL, vnode INT NOT NULL, key BYTEA NOT NULL, row BYTEA,
   PRIMARY KEY (unit, seq));
@@ -89,6 +92,31 @@ pub struct PostgresStore {
     /// The log's schema versions and this table's index among the log's tables (docs/WIRE.md
     /// "Schema changes"), when the log has a place for them.
     evolution: Option<(Arc<Evolution>, usize)>,
+    /// A job of several tables ([`PostgresStore::open_tables`]): every table with its key layout,
+    /// the first being `table`/`table_name`; rows are keyed by (table, key). Empty for one table.
+    several: Several,
+}
+
+/// A several-table job's tables and each one's key layout, in the same order.
+#[derive(Clone, Default)]
+struct Several {
+    tables: Vec<StoreTable>,
+    layouts: Vec<KeyLayout>,
+}
+
+impl Several {
+    fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    /// Every table's name (`table_name` alone for a job of one table).
+    fn names<'a>(&'a self, table_name: &'a str) -> Vec<&'a str> {
+        if self.is_empty() {
+            vec![table_name]
+        } else {
+            self.tables.iter().map(|t| t.name.as_str()).collect()
+        }
+    }
 }
 
 /// A materialised table's primary key. New tables are keyed `(_kb_vnode, _kb_key)`, RisingWave's
@@ -257,7 +285,37 @@ impl PostgresStore {
             publication,
             layout,
             evolution: None,
+            several: Several::default(),
         })
+    }
+
+    /// Connects for a job materialising several tables of its log (docs/design/several-tables.md
+    /// §3): each of `tables` created with its row's columns, every checkpoint's rows routed to their
+    /// tables by their (table, key) keys, all in the checkpoint's one transaction.
+    pub fn open_tables(
+        url: &str,
+        tables: Vec<StoreTable>,
+        publication: bool,
+    ) -> Result<Self, StoreError> {
+        let Some(first) = tables.first() else {
+            return Err(StoreError::Rejected("a store of no table".into()));
+        };
+        let mut store = Self::open_with(url, &first.name, first.schema.clone(), publication)?;
+        let mut layouts = vec![store.layout];
+        for t in &tables[1..] {
+            crate::ports::check_table_name(&t.name)?;
+            let ddl = format!(
+                "SET client_min_messages TO warning; CREATE TABLE IF NOT EXISTS \"{}\" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));",
+                t.name,
+                t.schema.column_ddl(ColumnType::postgres)
+            );
+            if store.client.batch_execute(&ddl).is_err() {
+                store.client.batch_execute(&ddl).map_err(classify)?;
+            }
+            layouts.push(key_layout(&mut store.client, &t.name)?);
+        }
+        store.several = Several { tables, layouts };
+        Ok(store)
     }
 
     /// This store, following the log's schema versions (`table`: its table's index in the log):
@@ -431,21 +489,37 @@ impl StateStore for PostgresStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         let table_name = self.table_name.clone();
         let publication = self.publication;
+        let several = self.several.clone();
         let row = self.with_tx(|tx, _, _| {
             // Serialises job creation on this table: two jobs starting at once cannot both find it free.
             tx.execute("LOCK TABLE kb_jobs IN SHARE ROW EXCLUSIVE MODE", &[])
                 .map_err(classify)?;
-            let owners: Vec<String> = tx
-                .query("SELECT job FROM kb_jobs WHERE table_name = $1", &[&table_name])
-                .map_err(classify)?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
+            // A table belongs to one job: the table a job is recorded with, or one of a
+            // several-table job's (`kb_job_tables`).
+            for name in several.names(&table_name) {
+                let owners: Vec<String> = tx
+                    .query(
+                        "SELECT job FROM kb_jobs WHERE table_name = $1 UNION SELECT job FROM kb_job_tables WHERE table_name = $1",
+                        &[&name],
+                    )
+                    .map_err(classify)?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                protocol::check_table_owner(job, name, &owners, None)?;
+            }
             let recorded: Option<String> = tx
                 .query_opt("SELECT table_name FROM kb_jobs WHERE job = $1", &[&job])
                 .map_err(classify)?
                 .map(|r| r.get(0));
-            protocol::check_table_owner(job, &table_name, &owners, recorded.as_deref())?;
+            protocol::check_table_owner(job, &table_name, &[], recorded.as_deref())?;
+            for t in &several.tables {
+                tx.execute(
+                    "INSERT INTO kb_job_tables VALUES ($1, $2, $3) ON CONFLICT (table_name) DO NOTHING",
+                    &[&t.name, &job, &(t.index as i32)],
+                )
+                .map_err(classify)?;
+            }
             tx.execute(
                 "INSERT INTO kb_jobs VALUES ($1, $2, $3, $4, 0, 'snapshot', 0, 1, $5) ON CONFLICT (job) DO NOTHING",
                 &[&job, &(info.snapshot_epoch.0 as i64), &(info.vnode_count as i32), &(info.partition_count as i32), &table_name],
@@ -531,6 +605,7 @@ impl StateStore for PostgresStore {
         let mut decoded = Some(decoded);
         let publication = self.publication;
         let layout = self.layout;
+        let several = self.several.clone();
         let versions = match &self.evolution {
             Some((ev, t)) => Some((
                 ev.refresh_if_grown()
@@ -547,6 +622,7 @@ impl StateStore for PostgresStore {
                     table,
                     table_name,
                     layout,
+                    &several,
                     publication,
                     job,
                     cp,
@@ -560,6 +636,7 @@ impl StateStore for PostgresStore {
 
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
         let publication = self.publication;
+        let several = self.several.clone();
         self.with_tx(|tx, _, table_name| {
             let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             if protocol::recreation_applies(&row, from_generation) {
@@ -582,15 +659,20 @@ impl StateStore for PostgresStore {
                 if publication && state.visible.is_some() {
                     // The replica readers see stays until the new generation, building in its own
                     // table, reaches its epoch.
-                    let next = next_table(table_name);
-                    tx.batch_execute(&format!(
-                        "DROP TABLE IF EXISTS \"{next}\"; CREATE TABLE \"{next}\" (LIKE \"{table_name}\" INCLUDING ALL);"
-                    ))
-                    .map_err(classify)?;
+                    for table_name in several.names(table_name) {
+                        let next = next_table(table_name);
+                        tx.batch_execute(&format!(
+                            "DROP TABLE IF EXISTS \"{next}\"; CREATE TABLE \"{next}\" (LIKE \"{table_name}\" INCLUDING ALL);"
+                        ))
+                        .map_err(classify)?;
+                    }
                     state.recreated();
                     write_publication(tx, job, &state)?;
                 } else {
-                    tx.execute(&format!("DELETE FROM \"{table_name}\""), &[]).map_err(classify)?;
+                    for table_name in several.names(table_name) {
+                        tx.execute(&format!("DELETE FROM \"{table_name}\""), &[])
+                            .map_err(classify)?;
+                    }
                     tx.execute("DELETE FROM kb_publication WHERE job = $1", &[&job])
                         .map_err(classify)?;
                 }
@@ -604,6 +686,26 @@ impl StateStore for PostgresStore {
     }
 
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        if !self.several.is_empty() {
+            // Keyed by (table, key), as the job's checkpoints are; every table read in one
+            // snapshot of the database, so they are of one commit.
+            let several = self.several.clone();
+            return self.with_tx(|tx, _, _| {
+                tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    .map_err(classify)?;
+                let mut out = BTreeMap::new();
+                for t in &several.tables {
+                    for r in tx
+                        .query(&format!("SELECT _kb_key, _kb_row FROM \"{}\"", t.name), &[])
+                        .map_err(classify)?
+                    {
+                        let key: Vec<u8> = r.get(0);
+                        out.insert(crate::core::table_key(t.index, &key), r.get(1));
+                    }
+                }
+                Ok(out)
+            });
+        }
         self.with_tx(|tx, _, table_name| {
             Ok(tx
                 .query(
@@ -773,6 +875,7 @@ fn apply_checkpoint(
     table: &TableSchema,
     table_name: &str,
     layout: KeyLayout,
+    several: &Several,
     publication: bool,
     job: &str,
     cp: &Checkpoint,
@@ -826,22 +929,31 @@ fn apply_checkpoint(
                     table,
                     table_name,
                     layout,
+                    several,
                 };
                 protocol::publish(&mut p, &row, cp, epoch, decoded)?
             }
             None if publication => {
-                let target = read_publication(tx, job)?.target(table_name);
-                write_rows(tx, table, &target, layout, &cp.rows, decoded, true)?
+                let next = read_publication(tx, job)?.building();
+                let to = Target {
+                    table,
+                    table_name,
+                    layout,
+                    several,
+                    next,
+                };
+                to.write(tx, &cp.rows, decoded, true)?
             }
-            _ => write_rows(
-                tx,
-                table,
-                table_name,
-                layout,
-                rows,
-                decoded,
-                cp.epoch.is_none(),
-            )?,
+            _ => {
+                let to = Target {
+                    table,
+                    table_name,
+                    layout,
+                    several,
+                    next: false,
+                };
+                to.write(tx, rows, decoded, cp.epoch.is_none())?
+            }
         }
         if !cp.vnodes.is_empty() {
             let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
@@ -1121,6 +1233,50 @@ struct Publishing<'a, 'b> {
     table: &'a TableSchema,
     table_name: &'a str,
     layout: KeyLayout,
+    several: &'a Several,
+}
+
+/// Where a commit's rows go: the job's table, or a several-table job's tables, each one's
+/// [`next_table`] when `next`.
+struct Target<'a> {
+    table: &'a TableSchema,
+    table_name: &'a str,
+    layout: KeyLayout,
+    several: &'a Several,
+    next: bool,
+}
+
+impl Target<'_> {
+    fn name(&self, table_name: &str) -> String {
+        if self.next {
+            next_table(table_name)
+        } else {
+            table_name.to_string()
+        }
+    }
+
+    /// [`write_rows`] into the job's table, or each row into its own table of several.
+    fn write(
+        &self,
+        tx: &mut Transaction<'_>,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+        snapshot: bool,
+    ) -> Result<(), StoreError> {
+        if self.several.is_empty() {
+            let name = self.name(self.table_name);
+            return write_rows(tx, self.table, &name, self.layout, rows, decoded, snapshot);
+        }
+        let routed = split_rows(&self.several.tables, rows)?;
+        for ((t, rows), layout) in routed.into_iter().zip(&self.several.layouts) {
+            if !rows.is_empty() {
+                let name = self.name(&t.name);
+                write_rows(tx, &t.schema, &name, *layout, &rows, Vec::new(), snapshot)
+                    .map_err(|e| in_table(e, &t.name))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl protocol::TxPublish for Publishing<'_, '_> {
@@ -1247,30 +1403,26 @@ impl protocol::TxPublish for Publishing<'_, '_> {
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        let target = if next {
-            next_table(self.table_name)
-        } else {
-            self.table_name.to_string()
+        let to = Target {
+            table: self.table,
+            table_name: self.table_name,
+            layout: self.layout,
+            several: self.several,
+            next,
         };
-        write_rows(
-            self.tx,
-            self.table,
-            &target,
-            self.layout,
-            rows,
-            decoded,
-            false,
-        )
+        to.write(self.tx, rows, decoded, false)
     }
 
     fn replace_tables(&mut self) -> Result<(), StoreError> {
-        let table_name = self.table_name;
-        let next = next_table(table_name);
-        self.tx
-            .batch_execute(&format!(
-                "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
-            ))
-            .map_err(classify)
+        for table_name in self.several.names(self.table_name) {
+            let next = next_table(table_name);
+            self.tx
+                .batch_execute(&format!(
+                    "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
+                ))
+                .map_err(classify)?;
+        }
+        Ok(())
     }
 }
 
