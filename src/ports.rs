@@ -92,7 +92,7 @@ pub enum StoreError {
         found: String,
     },
     /// A table belongs to the one job recorded with it in the store's `kb_jobs`.
-    #[error("table {table} belongs to job {owner} in this store; job {job} refused before writing anything (give job {job} its own `[jobs.store] table`, or delete job {owner}'s row from kb_jobs if that job is gone for good)")]
+    #[error("table {table} belongs to job {owner} in this store; job {job} refused before writing anything (give job {job} its own `[jobs.store] table`, or delete job {owner}'s rows from kb_jobs and kb_job_tables if that job is gone for good)")]
     TableOwned {
         table: String,
         owner: String,

@@ -994,17 +994,18 @@ fn pgbench_checker(
 /// generation reaches it). At the end every table equals its source.
 #[test]
 fn four_pgbench_tables_in_one_sqlite_job_keep_the_sums_equal_at_every_commit() {
-    four_pgbench_tables_in_one_job(false);
+    four_pgbench_tables_in_one_job(false, "recreate");
 }
 
 /// [`four_pgbench_tables_in_one_sqlite_job_keep_the_sums_equal_at_every_commit`] into the
-/// PostgreSQL store, where the two processes' commits run concurrently.
+/// PostgreSQL store, where the two processes' commits run concurrently, and the join absorbed
+/// under `reschedule` (the partitions move mid log store, no recreation).
 #[test]
-fn four_pgbench_tables_in_one_postgres_job_keep_the_sums_equal_at_every_commit() {
-    four_pgbench_tables_in_one_job(true);
+fn four_pgbench_tables_in_one_postgres_job_under_reschedule_keep_the_sums_equal_at_every_commit() {
+    four_pgbench_tables_in_one_job(true, "reschedule");
 }
 
-fn four_pgbench_tables_in_one_job(postgres_store: bool) {
+fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {
     let _serial = serial();
     // The PostgreSQL store outlives the run: a job and tables of their own each time.
     let name = &format!("cap-one-job-{}", stamp() % 1_000_000);
@@ -1016,6 +1017,7 @@ fn four_pgbench_tables_in_one_job(postgres_store: bool) {
         2,
         "vnode_count = 64\nmax_rows_per_second = 0\nconsistency = \"epoch\"",
     );
+    f.set_recreation_policy(policy);
     let suffix = if postgres_store {
         f.use_postgres(&pg_url());
         format!("_{}", name.replace('-', "_"))
@@ -1076,18 +1078,24 @@ fn four_pgbench_tables_in_one_job(postgres_store: bool) {
         .parse()
         .unwrap();
     let both = format!("{}{}", a.log_text(), b.log_text());
+    let (invariant_errors, rescheduled) = (
+        both.matches("should not update vnode bitmap during consuming log store")
+            .count(),
+        both.matches("during log store: rescheduled").count(),
+    );
     println!(
-        "one job of four tables ({}): {} published samples at {} epochs, {} torn, {} back; {history} history rows; invariant errors (recreations) {}; {report}",
+        "one job of four tables ({}, {policy}): {} published samples at {} epochs, {} torn, {} back; {history} history rows; invariant errors (recreations) {invariant_errors}, rescheduled {rescheduled}; {report}",
         if postgres_store { "postgres" } else { "sqlite" },
         sums.published,
         sums.epochs.len(),
         sums.torn,
         sums.went_back,
-        both.matches("should not update vnode bitmap during consuming log store")
-            .count(),
     );
     assert_eq!(sums.torn, 0, "torn samples: {:?}", sums.first_torn);
     assert_eq!(sums.went_back, 0, "the published epoch went back");
+    if policy == "reschedule" {
+        assert_eq!(invariant_errors, 0, "reschedule absorbs the join");
+    }
     assert!(
         sums.published >= 1_000 && sums.epochs.len() >= 20,
         "too few observations to prove anything: {sums:?}"

@@ -563,7 +563,11 @@ fn log_checkpoint(
 }
 
 fn upsert(partition: PartitionId, nth: usize) -> (Vec<u8>, Vec<u8>, RowMutation) {
-    let (key, datum, vnode) = row_in(partition, nth);
+    upsert_of(row_in(partition, nth))
+}
+
+/// The upsert of row `(key, datum, vnode)`: its key, its datum and the mutation.
+fn upsert_of((key, datum, vnode): (Vec<u8>, Vec<u8>, Vnode)) -> (Vec<u8>, Vec<u8>, RowMutation) {
     let m = RowMutation::Upsert {
         vnode,
         row: Row {
@@ -663,6 +667,183 @@ fn publication(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         .unwrap_err()
         .is_fenced());
     assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
+}
+
+/// A row of `upsert(partition, nth)` keyed for log table `table` of a several-table job: the
+/// (table, key) key, the datum, the mutation (its vnode the bare key's).
+fn upsert_in(table: u16, partition: PartitionId, nth: usize) -> (Vec<u8>, Vec<u8>, RowMutation) {
+    let (key, datum, vnode) = row_in(partition, nth);
+    upsert_of((kafka_backfill::core::table_key(table, &key), datum, vnode))
+}
+
+/// Opens the store on the SQL tables `(name, log table)` of a job.
+type OpenTables<'a> = &'a dyn Fn(&[(&str, u16)]) -> Box<dyn StateStore>;
+
+/// The store tables `(name, log table)` of a several-table job, every one of the example schema.
+fn store_tables(tables: &[(&str, u16)]) -> Vec<kafka_backfill::store::StoreTable> {
+    tables
+        .iter()
+        .map(|(name, index)| kafka_backfill::store::StoreTable {
+            index: *index,
+            source: format!("source_{index}"),
+            name: name.to_string(),
+            schema: table(),
+        })
+        .collect()
+}
+
+/// Several tables in one job (docs/design/several-tables.md §3), under publication: `open(tables)`
+/// opens the store on the tables `(SQL name, log table)` (one table: the single-table store),
+/// `count(name)` counts SQL table `name`'s rows. One checkpoint's rows of two tables land in their
+/// tables together, at the same published epoch; a row of a table the job does not have is refused
+/// with nothing written; each table is owned by the job; the set of tables is fixed; a recreation
+/// keeps both tables' old rows visible until the new generation publishes, then replaces both.
+fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str; 3], job: &str) {
+    let [x, y, z] = names;
+    let both = [(x, 0), (y, 1)];
+    let (mut a, mut b) = (open(&both), open(&both));
+    let info = info();
+    a.ensure_job(job, &info).unwrap();
+    let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+    let (kx0, dx0, ux0) = upsert_in(0, 0, 0);
+    let (ky0, dy0, uy0) = upsert_in(1, 0, 1);
+    let (kx1, dx1, ux1) = upsert_in(0, 1, 0);
+    // A's checkpoint carries both tables' rows; nothing shows until B reaches E1 as well.
+    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![ux0, uy0]))
+        .unwrap();
+    assert_eq!((count(x), count(y)), (0, 0), "nothing published yet");
+    b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![ux1]))
+        .unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E1));
+    assert_eq!((count(x), count(y)), (2, 1), "each row in its own table");
+    assert_eq!(
+        b.rows(job).unwrap(),
+        BTreeMap::from([
+            (kx0.clone(), dx0.clone()),
+            (kx1.clone(), dx1.clone()),
+            (ky0.clone(), dy0.clone())
+        ]),
+        "rows() reads every table, keyed by (table, key)"
+    );
+    // A row of log table 5, which the job does not have: refused, nothing of the checkpoint written.
+    let (_, _, stray) = upsert_in(5, 0, 2);
+    let (_, _, ux2) = upsert_in(0, 0, 3);
+    match a.commit(job, &log_checkpoint(0, la, E2, 20, vec![ux2, stray])) {
+        Err(StoreError::Rejected(reason)) => assert!(
+            reason.contains("of log table 5, which is not one of this store's tables"),
+            "{reason}"
+        ),
+        other => panic!("a row of another table was not refused: {other:?}"),
+    }
+    assert_eq!(
+        a.committed_partitions(job).unwrap()[&0].next_offset,
+        10,
+        "the refused checkpoint left no progress"
+    );
+    // Each table is the job's: another job on one of them is refused.
+    let mut on_y = open(&[(y, 0)]);
+    match on_y.ensure_job("another", &info) {
+        Err(StoreError::TableOwned { table, owner, .. }) => {
+            assert_eq!((table.as_str(), owner.as_str()), (y, job))
+        }
+        other => panic!("another job on {y} was not refused: {other:?}"),
+    }
+    // The job's set of tables is fixed: one more table, or only the first, is refused.
+    for tables in [vec![(x, 0), (y, 1), (z, 2)], vec![(x, 0)]] {
+        match open(&tables).ensure_job(job, &info) {
+            Err(StoreError::JobMismatch {
+                what: "set of tables",
+                ..
+            }) => {}
+            other => panic!("job {job} opened on {tables:?}: {other:?}"),
+        }
+    }
+    assert_eq!(count(z), 0, "the refused table got no rows");
+    // A recreation: both tables' old rows stay visible until the new generation publishes.
+    let old = a.rows(job).unwrap();
+    assert_eq!(a.recreate(job, 0).unwrap().generation, 1);
+    let la = a.claim(job, 1, "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, 1, "b", &[1], &info).unwrap()[0].lease;
+    let (ky3, dy3, uy3) = upsert_in(1, 1, 3);
+    let mut snap = checkpoint(1, vec![(1, lb)]);
+    snap.rows = vec![uy3];
+    b.commit(job, &snap).unwrap();
+    let gen1 = |p: PartitionId, lease: u64, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
+        let mut cp = log_checkpoint(p, lease, epoch, offset, rows);
+        cp.generation = 1;
+        cp
+    };
+    let (kx4, dx4, ux4) = upsert_in(0, 0, 4);
+    a.commit(job, &gen1(0, la, E3, 30, vec![ux4])).unwrap();
+    assert_eq!(a.rows(job).unwrap(), old, "the old replica stays visible");
+    assert_eq!((count(x), count(y)), (2, 1));
+    b.commit(job, &gen1(1, lb, E3, 31, vec![])).unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(kx4, dx4), (ky3, dy3)]),
+        "the new generation replaced both tables"
+    );
+    assert_eq!((count(x), count(y)), (1, 1));
+}
+
+#[test]
+fn sqlite_several_tables() {
+    use kafka_backfill::store::sqlite::SqliteOptions;
+    let path = fresh_sqlite("several-tables");
+    let options = SqliteOptions {
+        publication: true,
+        ..Default::default()
+    };
+    several_tables(
+        &|tables| {
+            Box::new(if tables.len() == 1 {
+                SqliteStore::open_with(&path, tables[0].0, table(), options).unwrap()
+            } else {
+                SqliteStore::open_tables(&path, store_tables(tables), options).unwrap()
+            })
+        },
+        &|name| {
+            rusqlite::Connection::open(&path)
+                .unwrap()
+                .query_row(&format!("SELECT COUNT(*) FROM \"{name}\""), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .unwrap() as usize
+        },
+        ["xs", "ys", "zs"],
+        "several",
+    );
+}
+
+#[test]
+fn postgres_several_tables() {
+    let url = support::pg_url();
+    let stamp = support::stamp();
+    let names = [
+        format!("xs_{stamp}"),
+        format!("ys_{stamp}"),
+        format!("zs_{stamp}"),
+    ];
+    several_tables(
+        &|tables| {
+            Box::new(if tables.len() == 1 {
+                PostgresStore::open_with(&url, tables[0].0, table(), true).unwrap()
+            } else {
+                PostgresStore::open_tables(&url, store_tables(tables), true).unwrap()
+            })
+        },
+        &|name| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            client
+                .query_one(&format!("SELECT COUNT(*) FROM \"{name}\""), &[])
+                .map(|r| r.get::<_, i64>(0) as usize)
+                .unwrap()
+        },
+        [&names[0], &names[1], &names[2]],
+        &format!("several-{stamp}"),
+    );
 }
 
 #[cfg(feature = "testing")]

@@ -1460,6 +1460,68 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         .unwrap();
     }
 
+    /// `store.tables` (a job of several tables): each error names its key path.
+    #[test]
+    fn several_tables_errors_name_the_key() {
+        const SEVERAL: &str = r#"
+[[jobs]]
+name = "pgbench"
+topic = "pgbench-log"
+consistency = "epoch"
+kafka = { "bootstrap.servers" = "127.0.0.1:19092" }
+snapshot = { kind = "files", dir = "snap" }
+store = { kind = "sqlite", path = "state.sqlite", tables = { pgbench_accounts = "accounts", pgbench_tellers = "tellers" } }
+"#;
+        let c = Config::parse(SEVERAL, "t.toml").unwrap();
+        assert_eq!(
+            c.jobs[0].store.table_names(),
+            ["accounts".to_string(), "tellers".to_string()]
+        );
+        let msg = |text: &str| Config::parse(text, "t.toml").unwrap_err().to_string();
+        let cases = [
+            (
+                SEVERAL.replace("consistency = \"epoch\"\n", ""),
+                "jobs[0].consistency: a job of several tables (store.tables) needs consistency = \"epoch\"",
+            ),
+            (
+                SEVERAL.replace("dir = \"snap\"", "dir = \"snap\", table = \"pgbench_accounts\""),
+                "jobs[0].snapshot.table: names the one table of a job of one table",
+            ),
+            (
+                SEVERAL.replace("tables = {", "table = \"a\", tables = {"),
+                "jobs[0].store.table: set store.table (one table) or store.tables (several), not both",
+            ),
+            (
+                SEVERAL.replace("= \"tellers\"", "= \"kb_tellers\""),
+                "jobs[0].store.tables.pgbench_tellers: kb_tellers: names starting with kb_",
+            ),
+            (
+                SEVERAL.replace("= \"tellers\"", "= \"tell-ers\""),
+                "jobs[0].store.tables.pgbench_tellers: use letters, digits and _",
+            ),
+            (
+                SEVERAL.replace("= \"tellers\"", "= \"Accounts\""),
+                "jobs[0].store.tables.pgbench_tellers: table Accounts is named twice",
+            ),
+            (
+                SEVERAL.replace("= \"tellers\"", "= \"\""),
+                "jobs[0].store.tables.pgbench_tellers: missing",
+            ),
+            (
+                SEVERAL.replace("tables = {", "store_datum = false, tables = {"),
+                "jobs[0].store.store_datum: a job of several tables keeps each row's datum",
+            ),
+            (
+                format!("{SEVERAL}{}", GOOD.replace("table = \"accounts\"", "table = \"tellers\"")),
+                "jobs[1].store.table: job pgbench writes table tellers of this store too",
+            ),
+        ];
+        for (text, expected) in cases {
+            let e = msg(&text);
+            assert!(e.starts_with(expected), "expected {expected:?}, got {e:?}");
+        }
+    }
+
     #[test]
     fn unknown_keys_wrong_types_and_bad_combinations_name_the_key() {
         let e = Config::parse(&GOOD.replace("topic =", "topik = \"x\"\ntopic ="), "t.toml")

@@ -35,6 +35,36 @@ pub fn in_table(e: StoreError, table: &str) -> StoreError {
     }
 }
 
+/// Which of `tables` (its position) a several-table job's row key is of, and the bare key; a key
+/// of no table of the job is refused, naming it.
+fn table_of<'k>(tables: &[StoreTable], key: &'k [u8]) -> Result<(usize, &'k [u8]), StoreError> {
+    let (index, bare) = crate::core::split_table_key(key).ok_or_else(|| {
+        StoreError::Rejected(format!(
+            "row with key {} is not keyed by (table, key), as a job of several tables writes",
+            crate::ports::key_hex(key)
+        ))
+    })?;
+    let at = tables
+        .iter()
+        .position(|t| t.index == index)
+        .ok_or_else(|| {
+            StoreError::Rejected(format!(
+            "row with key {} is of log table {index}, which is not one of this store's tables ({})",
+            crate::ports::key_hex(key),
+            tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+        ))
+        })?;
+    Ok((at, bare))
+}
+
+/// Refuses a checkpoint of a several-table job holding a row of no table of the job, before
+/// anything of it is written (under publication its rows may wait as a pending unit, and a unit
+/// that could not be applied later would stop the job at another worker's commit).
+pub fn check_table_keys(tables: &[StoreTable], rows: &[RowMutation]) -> Result<(), StoreError> {
+    rows.iter()
+        .try_for_each(|m| table_of(tables, m.key()).map(|_| ()))
+}
+
 /// A several-table job's rows routed to their tables (in `tables`' order), each key bare again and
 /// each table's rows in the order they came. A key whose table is not one of `tables` is refused.
 pub fn split_rows<'a>(
@@ -44,19 +74,7 @@ pub fn split_rows<'a>(
     let mut out: Vec<(&StoreTable, Vec<RowMutation>)> =
         tables.iter().map(|t| (t, Vec::new())).collect();
     for m in rows {
-        let (index, key) = crate::core::split_table_key(m.key()).ok_or_else(|| {
-            StoreError::Rejected(format!(
-                "row with key {} is not keyed by (table, key), as a job of several tables writes",
-                crate::ports::key_hex(m.key())
-            ))
-        })?;
-        let Some(at) = tables.iter().position(|t| t.index == index) else {
-            return Err(StoreError::Rejected(format!(
-                "row with key {} is of log table {index}, which is not one of this store's tables ({})",
-                crate::ports::key_hex(m.key()),
-                tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
-            )));
-        };
+        let (at, key) = table_of(tables, m.key())?;
         let bare = match m {
             RowMutation::Upsert { vnode, row, offset } => RowMutation::Upsert {
                 vnode: *vnode,

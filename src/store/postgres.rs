@@ -513,6 +513,15 @@ impl StateStore for PostgresStore {
                 .map_err(classify)?
                 .map(|r| r.get(0));
             protocol::check_table_owner(job, &table_name, &[], recorded.as_deref())?;
+            let job_tables: Vec<(String, u16)> = tx
+                .query("SELECT table_name, log_table FROM kb_job_tables WHERE job = $1", &[&job])
+                .map_err(classify)?
+                .iter()
+                .map(|r| (r.get(0), r.get::<_, i32>(1) as u16))
+                .collect();
+            let configured: Vec<(String, u16)> =
+                several.tables.iter().map(|t| (t.name.clone(), t.index)).collect();
+            protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
             for t in &several.tables {
                 tx.execute(
                     "INSERT INTO kb_job_tables VALUES ($1, $2, $3) ON CONFLICT (table_name) DO NOTHING",
@@ -921,6 +930,9 @@ fn apply_checkpoint(
                 .map_err(classify)?
                 .get(0);
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
+        }
+        if !several.tables.is_empty() {
+            crate::store::check_table_keys(&several.tables, &cp.rows)?;
         }
         match cp.epoch {
             Some(epoch) if publication => {

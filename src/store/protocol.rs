@@ -269,6 +269,39 @@ pub fn check_table_owner(
     }
 }
 
+/// A job's set of tables is fixed: a job recorded already (`exists`) must be opened on the tables
+/// it was recorded with (`recorded`, its `kb_job_tables` rows: none for a job of one table) —
+/// a table added later would have no snapshot rows, one left out would go stale unseen.
+pub fn check_job_tables(
+    job: &str,
+    exists: bool,
+    configured: &[(String, u16)],
+    recorded: &[(String, u16)],
+) -> Result<(), StoreError> {
+    let describe = |tables: &[(String, u16)]| {
+        let mut tables = tables.to_vec();
+        tables.sort();
+        if tables.is_empty() {
+            return "one table".to_string();
+        }
+        let names: Vec<String> = tables
+            .iter()
+            .map(|(t, i)| format!("{t} (log table {i})"))
+            .collect();
+        format!("[{}]", names.join(", "))
+    };
+    let (expected, found) = (describe(configured), describe(recorded));
+    if exists && expected != found {
+        return Err(StoreError::JobMismatch {
+            job: job.into(),
+            what: "set of tables",
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
 /// A recreation applies only if the job is still in `from_generation` (compare-and-set: of many
 /// workers raising the error, one recreation happens).
 pub fn recreation_applies(row: &JobRow, from_generation: u64) -> bool {

@@ -799,6 +799,9 @@ impl SqliteStore {
                 .map_err(classify)?;
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
         }
+        if !several.is_empty() {
+            crate::store::check_table_keys(several, &cp.rows)?;
+        }
         match cp.epoch {
             Some(epoch) if publication => {
                 let mut p = Publishing {
@@ -1271,6 +1274,19 @@ impl StateStore for SqliteStore {
             protocol::check_table_owner(job, name, &owners, None)?;
         }
         protocol::check_table_owner(job, &self.table_name, &[], recorded.as_deref())?;
+        let job_tables = tx
+            .prepare("SELECT table_name, log_table FROM kb_job_tables WHERE job = ?1")
+            .and_then(|mut q| {
+                q.query_map([job], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u16>(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(classify)?;
+        let configured: Vec<(String, u16)> = self
+            .several
+            .iter()
+            .map(|t| (t.name.clone(), t.index))
+            .collect();
+        protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
         for t in &self.several {
             tx.execute(
                 "INSERT OR IGNORE INTO kb_job_tables VALUES (?1, ?2, ?3)",

@@ -212,6 +212,52 @@ fn another_table_s_changes_are_checked_and_read_past_never_staged() {
     assert!(matches!(e, CoreError::EpochMismatch { .. }), "{e}");
 }
 
+/// A job of several tables (tables 0 and 2 of a log of three) stages each of its tables' changes
+/// keyed by (table, key), so one key in two tables is two rows of the one checkpoint; table 1's are
+/// read past; a rebalance in the log store is still the invariant error.
+#[test]
+fn a_job_of_several_tables_stages_each_table_s_rows_under_its_table_key() {
+    let mut x = in_log_store_with(JobSpec {
+        tables: crate::tables::JobTables::Several(vec![0, 2]),
+        ..spec(2)
+    });
+    let map = x.spec().map;
+    let of_table = |table: u16, epoch: Epoch, v: Vnode| match change(map, epoch, v, Op::Insert) {
+        LogRecord::Change(c) => LogRecord::Change(Change { table, ..c }),
+        b => b,
+    };
+    for (offset, table) in [(1, 0), (2, 1), (3, 2)] {
+        x.handle(rec(0, offset, of_table(table, e(1), 0))).unwrap();
+    }
+    x.handle(rec(0, 4, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let ds = x
+        .handle(rec(1, 1, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cs = commits(&ds);
+    assert_eq!(cs.len(), 1, "{ds:?}");
+    let bare = key_for_vnode(map, 0);
+    let mut keys: Vec<Vec<u8>> = cs[0].rows.iter().map(|m| m.key().to_vec()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [crate::table_key(0, &bare), crate::table_key(2, &bare)],
+        "one row per table of the job, none of table 1"
+    );
+    assert!(
+        cs[0].rows.iter().all(|m| m.vnode() == 0),
+        "the vnode is the bare key's"
+    );
+    let ds = x.handle(Event::Revoked(vec![1])).unwrap();
+    match ds.last() {
+        Some(Decision::Fail(e)) => assert_eq!(
+            e.to_string(),
+            "should not update vnode bitmap during consuming log store"
+        ),
+        other => panic!("expected the invariant error, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_partition_ahead_is_paused_by_the_bytes_it_stages_beyond_its_share_and_resumed_at_half() {
     let mut s = spec(2);
