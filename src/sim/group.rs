@@ -56,7 +56,11 @@ impl Sim {
             reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
             max_dead_letters: self.config.dead_letters.then_some(1_000_000),
             commit_every_checkpoint: self.config.commit_every_checkpoint,
-            tables: crate::core::JobTables::One(0),
+            tables: if self.config.tables > 1 {
+                crate::core::JobTables::Several((0..self.config.tables).collect())
+            } else {
+                crate::core::JobTables::One(0)
+            },
         };
         let driver = Driver::new(
             cfg,

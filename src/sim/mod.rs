@@ -9,6 +9,8 @@
 //! The oracle is the upstream table: after every applied commit, each vnode's committed rows must
 //! equal the upstream table at that vnode's committed epoch (or the snapshot up to its cursor). At the
 //! end, with churn stopped, every worker must catch up and the store must equal the final table.
+//! With several tables (`SimConfig::tables`) one job materialises all of them, and the published
+//! replica must also keep pgbench's invariant (every table's sum equal) at every commit.
 //! Same seed, same run: one generator decides everything, time is a step counter, nothing hashes.
 
 use std::cell::RefCell;
@@ -82,6 +84,10 @@ pub struct SimConfig {
     pub commit_percent: u64,
     /// How the coordinator moves partitions between members.
     pub protocol: GroupProtocol,
+    /// Tables of the log, all materialised by the job (`JobTables::Several`) when more than one:
+    /// the upstream is then pgbench-shaped (every table's sum of balances equal in every committed
+    /// state, `upstream::transaction`) and the oracle checks that invariant on the replica too.
+    pub tables: u16,
     /// `on_bad_record = "dead-letter"`: the upstream also writes records that do not decode, and
     /// the workers dead-letter them (checked: each recorded once, each written to the sink first,
     /// all recorded in the end).
@@ -147,6 +153,7 @@ impl SimConfig {
             },
             commit_every_checkpoint: r.below(2) == 0,
             publication: r.below(2) == 0,
+            tables: 1,
         }
     }
 }
@@ -192,6 +199,12 @@ pub struct SimReport {
     pub published_checks: u64,
     /// With publication: how many times the published epoch moved.
     pub published_moves: u64,
+    /// Several tables: applied commits after which the replica readers see (the published one,
+    /// or the whole table without publication once every vnode left its snapshot) was checked
+    /// for equal sums across the tables.
+    pub sum_checks: u64,
+    /// Several tables without publication: of those, the commits after which the sums disagreed.
+    pub sums_torn: u64,
 }
 
 type SimDriver = Driver<SimConsumer, SimCommitter, SimClock>;
@@ -241,14 +254,21 @@ impl Sim {
         let es = Epoch::from_unix_millis(crate::core::epoch::EPOCH_BASE_UNIX_MILLIS + 1_000_000);
         let mut table = BTreeMap::new();
         for i in 0..config.initial_rows {
+            if config.tables > 1 {
+                upstream::transaction(&mut table, config.tables, &mut rng, config.key_space);
+                continue;
+            }
             let k = rng.below(config.key_space as u64) as u32;
             table.insert(key_bytes(k), format!("init{i}").into_bytes());
         }
         let mut rows: BTreeMap<Vnode, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
         for (k, v) in &table {
-            rows.entry(vnode_of(k, map.vnode_count()))
-                .or_default()
-                .insert(k.clone(), v.clone());
+            rows.entry(vnode_of(
+                upstream::routing(k, config.tables),
+                map.vnode_count(),
+            ))
+            .or_default()
+            .insert(k.clone(), v.clone());
         }
         // Each partition starts with the barrier that ends Es; the log store starts after it.
         let e1 = Epoch(es.0 + (1 << 16) * 1000);
@@ -292,6 +312,7 @@ impl Sim {
             epochs_left: config.epochs,
             changes_in_epoch: 0,
             poison: Default::default(),
+            tables: config.tables.max(1),
         };
         let mut store = if config.publication {
             MemoryStore::publishing()
@@ -318,6 +339,8 @@ impl Sim {
             published_checks: 0,
             published_moves: 0,
             last_published: None,
+            sum_checks: 0,
+            sums_torn: 0,
         }));
         Sim {
             config,
@@ -601,6 +624,8 @@ impl Sim {
             torn: self.world.borrow().torn,
             published_checks: self.world.borrow().published_checks,
             published_moves: self.world.borrow().published_moves,
+            sum_checks: self.world.borrow().sum_checks,
+            sums_torn: self.world.borrow().sums_torn,
         }
     }
 

@@ -1,5 +1,12 @@
 //! The simulated upstream: a table that writes changes and barriers into an in-memory log, and
 //! remembers the table at the end of every epoch (the oracle's truth).
+//!
+//! With several tables (`SimConfig::tables` > 1) it is pgbench's shape: each transaction adds one
+//! delta to a row of every table, or moves one row's balance onto another row of its table (a
+//! delete and an update), so every table's sum of balances is the same in every committed state —
+//! the cross-table invariant the oracle checks on the published replica. Its rows are keyed by
+//! (table, key) as a job of several tables stores them (`core::table_key`); the log carries the
+//! bare key and the table's index, the vnode is the bare key's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,6 +30,93 @@ pub(super) struct Upstream {
     pub(super) changes_in_epoch: u32,
     /// Offsets holding a record that does not decode (seeds with `dead_letters`).
     pub(super) poison: BTreeSet<(PartitionId, u64)>,
+    /// Tables of the log (1: the one-table log, bare keys).
+    pub(super) tables: u16,
+}
+
+/// A row key of a several-table upstream's `table`: (table, key).
+pub(super) fn row_key(table: u16, k: u32) -> Vec<u8> {
+    crate::core::table_key(table, &key_bytes(k))
+}
+
+/// The key a row's vnode is computed from: the bare key (a several-table row key without its
+/// table prefix).
+pub(super) fn routing(key: &[u8], tables: u16) -> &[u8] {
+    if tables > 1 {
+        crate::core::split_table_key(key).map_or(key, |(_, k)| k)
+    } else {
+        key
+    }
+}
+
+/// A balance as a several-table upstream's rows hold it.
+fn balance(value: &[u8]) -> i64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a balance, not {value:?}"))
+}
+
+/// Each table's sum of balances over the rows of a several-table replica (keyed by (table, key)).
+pub(super) fn sums(rows: &BTreeMap<Vec<u8>, Vec<u8>>, tables: u16) -> Vec<i64> {
+    let mut out = vec![0i64; tables as usize];
+    for (k, v) in rows {
+        let (t, _) = crate::core::split_table_key(k).expect("a (table, key) key");
+        out[t as usize] += balance(v);
+    }
+    out
+}
+
+/// One transaction of a several-table upstream over `table` (applied to it): the changes it makes,
+/// as (table, bare key, op, value), in order. With probability 3/10 it moves a row's balance onto
+/// another row of one table (a delete, then an update or insert); else it adds one delta to a row
+/// of every table. Either way every table's sum moves by the same amount.
+pub(super) fn transaction(
+    table: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    tables: u16,
+    rng: &mut SimRng,
+    key_space: u32,
+) -> Vec<(u16, Vec<u8>, Op, Vec<u8>)> {
+    let mut out = Vec::new();
+    let t = rng.below(tables as u64) as u16;
+    let (from, to) = (
+        rng.below(key_space as u64) as u32,
+        rng.below(key_space as u64) as u32,
+    );
+    if from != to && rng.chance(30) {
+        if let Some(moved) = table.remove(&row_key(t, from)) {
+            out.push((t, key_bytes(from), Op::Delete, moved.clone()));
+            add(table, &mut out, t, to, balance(&moved));
+            return out;
+        }
+    }
+    let d = rng.below(100) as i64 - 50;
+    for t in 0..tables {
+        let k = rng.below(key_space as u64) as u32;
+        add(table, &mut out, t, k, d);
+    }
+    out
+}
+
+/// Adds `d` to row `k` of table `t` (inserting it at `d`), pushing the changes that makes.
+fn add(
+    table: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    out: &mut Vec<(u16, Vec<u8>, Op, Vec<u8>)>,
+    t: u16,
+    k: u32,
+    d: i64,
+) {
+    let key = row_key(t, k);
+    let (op, new) = match table.get(&key) {
+        Some(old) => {
+            out.push((t, key_bytes(k), Op::UpdateDelete, old.clone()));
+            (Op::UpdateInsert, balance(old) + d)
+        }
+        None => (Op::Insert, d),
+    };
+    let value = new.to_string().into_bytes();
+    out.push((t, key_bytes(k), op, value.clone()));
+    table.insert(key, value);
 }
 
 pub(super) fn key_bytes(k: u32) -> Vec<u8> {
@@ -36,6 +130,25 @@ impl Upstream {
     }
 
     pub(super) fn write_change(&mut self, rng: &mut SimRng, key_space: u32) {
+        if self.tables > 1 {
+            let epoch = self.epoch;
+            for (table, key, op, value) in transaction(&mut self.table, self.tables, rng, key_space)
+            {
+                let vnode = vnode_of(&key, self.map.vnode_count());
+                self.log.append(
+                    self.map.partition_of(vnode),
+                    LogRecord::Change(Change {
+                        epoch,
+                        op,
+                        vnode,
+                        table,
+                        row: Row { key, value },
+                    }),
+                );
+            }
+            self.changes_in_epoch += 1;
+            return;
+        }
         let key = key_bytes(rng.below(key_space as u64) as u32);
         let vnode = vnode_of(&key, self.map.vnode_count());
         let partition = self.map.partition_of(vnode);

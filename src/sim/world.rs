@@ -82,6 +82,9 @@ pub(super) struct World {
     pub(super) published_moves: u64,
     /// With publication: the epoch the replica was last seen published at (it never goes back).
     pub(super) last_published: Option<Epoch>,
+    /// See `SimReport::sum_checks` and `SimReport::sums_torn`.
+    pub(super) sum_checks: u64,
+    pub(super) sums_torn: u64,
 }
 
 impl World {
@@ -166,6 +169,16 @@ impl World {
             }
             self.last_published = Some(at);
             self.published_checks += 1;
+            if self.upstream.tables > 1 {
+                // The cross-table invariant, read off the replica alone: every table's sum equal.
+                self.sum_checks += 1;
+                let sums = super::upstream::sums(&rows, self.upstream.tables);
+                if sums.windows(2).any(|w| w[0] != w[1]) {
+                    return Err(format!(
+                        "the replica published at epoch {at} breaks the cross-table invariant: the tables' sums are {sums:?}"
+                    ));
+                }
+            }
             let table = self.upstream.history.get(&at).ok_or_else(|| {
                 format!("published at epoch {at}, which the upstream never completed")
             })?;
@@ -185,6 +198,13 @@ impl World {
             let rows = self.store.clone().rows(JOB).map_err(|e| e.to_string())?;
             if !self.upstream.history.values().any(|t| *t == rows) {
                 self.torn += 1;
+            }
+            if self.upstream.tables > 1 {
+                self.sum_checks += 1;
+                let sums = super::upstream::sums(&rows, self.upstream.tables);
+                if sums.windows(2).any(|w| w[0] != w[1]) {
+                    self.sums_torn += 1;
+                }
             }
         }
         Ok(())
@@ -225,7 +245,10 @@ impl World {
         let mut by_vnode: BTreeMap<Vnode, BTreeMap<&Vec<u8>, &Vec<u8>>> = BTreeMap::new();
         for (k, v) in &rows {
             by_vnode
-                .entry(vnode_of(k, self.map.vnode_count()))
+                .entry(vnode_of(
+                    super::upstream::routing(k, self.upstream.tables),
+                    self.map.vnode_count(),
+                ))
                 .or_default()
                 .insert(k, v);
         }
@@ -243,7 +266,12 @@ impl World {
             })?;
             let expected: BTreeMap<&Vec<u8>, &Vec<u8>> = table
                 .iter()
-                .filter(|(k, _)| vnode_of(k, self.map.vnode_count()) == v)
+                .filter(|(k, _)| {
+                    vnode_of(
+                        super::upstream::routing(k, self.upstream.tables),
+                        self.map.vnode_count(),
+                    ) == v
+                })
                 .filter(|(k, _)| upto.is_none_or(|c| !c.is_empty() && *k <= c))
                 .collect();
             if actual != expected {
