@@ -499,10 +499,11 @@ impl FailureKind {
 /// oracle (`sim::observe`).
 #[derive(Clone, Debug)]
 pub enum WorkerEvent {
-    /// One log change record fed to the executor.
-    Change(crate::core::Op),
-    /// One snapshot row fed to the executor.
-    SnapshotRow,
+    /// One log change record of a table the job materialises (`table`: its index in the log) fed
+    /// to the executor.
+    Change { op: crate::core::Op, table: u16 },
+    /// One snapshot row of log table `table` fed to the executor.
+    SnapshotRow { table: u16 },
     /// A record that did not decode.
     DecodeError,
     /// Records written to the dead-letter topic, just before the checkpoint that records them.

@@ -232,12 +232,14 @@ fn wait_child(child: &mut Child, within: Duration) {
 /// The capture of `f` started, pgbench at `rate` for `secs` over it, a first `run` process (`a`)
 /// once the capture committed `backlog` checkpoints, a second (`b`) joining when `a` enters the log
 /// store; returns once pgbench is done, with the capture and both runs still running.
+/// `http`: where process `a` serves `/status` and `/metrics` ("" = nowhere).
 fn capture_pgbench_with_a_join(
     f: &Fixture,
     url: &str,
     rate: u32,
     secs: u32,
     backlog: usize,
+    http: &str,
 ) -> [Runner; 3] {
     let mut capture = spawn_capture(f, "capture");
     capture.wait_for("snapshot copied", MIN);
@@ -245,7 +247,7 @@ fn capture_pgbench_with_a_join(
     // A backlog for the log store, then writes throughout.
     let mut bench = pgbench_run(f, url, rate, secs);
     capture.wait_for_count("capture checkpoint committed", backlog, MIN);
-    let mut a = f.spawn_run("a", &[]);
+    let mut a = f.spawn_run_serving("a", &[], http);
     a.wait_for("to=\"log_store\"", MIN);
     let mut b = f.spawn_run("b", &[]);
     b.wait_for("partitions assigned", MIN);
@@ -265,7 +267,7 @@ fn pgbench_pipeline(name: &str, policy: &str, postgres_store: bool) {
     if postgres_store {
         f.use_postgres(&pg_url());
     }
-    let [mut capture, a, b] = capture_pgbench_with_a_join(&f, &url, 150, 25, 15);
+    let [mut capture, a, b] = capture_pgbench_with_a_join(&f, &url, 150, 25, 15, "");
     let report = verify_source_eventually(&f, MIN);
     assert!(report.contains("10000 rows compared"), "{report}");
     let log = check_log(&f);
@@ -1064,7 +1066,8 @@ fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {
         Replica::Sqlite(f.db())
     };
     let checker = pgbench_checker(replica, f.name.clone(), stop.clone());
-    let [mut capture, mut a, mut b] = capture_pgbench_with_a_join(&f, &url, 100, 20, 10);
+    let http = format!("127.0.0.1:{}", free_port());
+    let [mut capture, mut a, mut b] = capture_pgbench_with_a_join(&f, &url, 100, 20, 10, &http);
     let report = verify_source_eventually(&f, MIN);
     for (table, rows) in [("accounts", 10_000), ("tellers", 10), ("branches", 1)] {
         assert!(
@@ -1072,6 +1075,58 @@ fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {
             "{report}"
         );
     }
+    // Per table in /status (each table's snapshot done on every vnode, read from the store) and
+    // in /metrics.
+    let names: Vec<String> = ["accounts", "tellers", "branches", "history"]
+        .iter()
+        .map(|t| format!("{t}{suffix}"))
+        .collect();
+    let deadline = std::time::Instant::now() + MIN;
+    let tables = loop {
+        let s = status(&http);
+        let tables = s["jobs"][0]["tables"].clone();
+        let done = tables
+            .as_array()
+            .is_some_and(|ts| ts.len() == 4 && ts.iter().all(|t| t["snapshot_vnodes_done"] == 64));
+        if done {
+            break tables;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/status never showed the four tables done: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut listed: Vec<String> = tables
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["table"].as_str().unwrap().to_string())
+        .collect();
+    listed.sort();
+    let mut expected = names.clone();
+    expected.sort();
+    assert_eq!(listed, expected, "{tables}");
+    let (_, metrics) = http_get(&format!("http://{http}/metrics"));
+    for name in &names {
+        assert!(
+            metrics.contains(&format!(
+                "kafka_backfill_table_snapshot_vnodes_done{{job_name=\"{}\",table=\"{name}\"}} 64",
+                f.name
+            )),
+            "no per-table gauge of {name} in /metrics"
+        );
+    }
+    let changes: u64 = tables
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["log_store_changes"].as_u64().unwrap())
+        .sum();
+    assert!(
+        changes > 0,
+        "process a applied no change of any table: {tables}"
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sums = checker.join().unwrap();
     let history: u64 = psql(&url, "SELECT count(*) FROM pgbench_history")

@@ -114,7 +114,10 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             Ok(record) => {
                 if let LogRecord::Change(c) = &record {
                     if self.cfg.tables.includes(c.table) {
-                        self.observer.observe(WorkerEvent::Change(c.op));
+                        self.observer.observe(WorkerEvent::Change {
+                            op: c.op,
+                            table: c.table,
+                        });
                     }
                 }
                 self.feed(Event::Record {
@@ -354,7 +357,9 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             let event = match scan.rows.pop_front() {
                 Some(row) => {
                     rows += 1;
-                    self.observer.observe(WorkerEvent::SnapshotRow);
+                    self.observer.observe(WorkerEvent::SnapshotRow {
+                        table: self.cfg.tables.table_of(&row.key),
+                    });
                     Event::SnapshotRow {
                         scan: id,
                         vnode,

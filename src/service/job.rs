@@ -403,14 +403,17 @@ pub fn run(
             backoff_initial_ms: r.backoff_initial_ms,
             backoff_max_ms: r.backoff_max_ms,
         })));
-        let runtime = Arc::new(JobRuntime::new(
-            &job.name,
-            map,
-            supervisor.clone(),
-            prepared.open_store.clone(),
-            crate::core::RateLimits::both(job.max_rows_per_second),
-            job.consistency == crate::service::config::Consistency::Epoch,
-        ));
+        let runtime = Arc::new(
+            JobRuntime::new(
+                &job.name,
+                map,
+                supervisor.clone(),
+                prepared.open_store.clone(),
+                crate::core::RateLimits::both(job.max_rows_per_second),
+                job.consistency == crate::service::config::Consistency::Epoch,
+            )
+            .with_tables(prepared.tables.clone(), &prepared.store_tables),
+        );
         runtimes.insert(runtime.clone());
         jobs.push(runtime);
         let mut kafka = job.kafka.clone();
@@ -448,6 +451,11 @@ pub fn run(
                 commit_every_checkpoint: job.consistency
                     == crate::service::config::Consistency::Epoch,
                 tables: prepared.tables.clone(),
+                table_names: prepared
+                    .store_tables
+                    .iter()
+                    .map(|t| (t.index, t.name.clone()))
+                    .collect(),
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

@@ -1,6 +1,7 @@
 //! Every metric the service exports, defined in one place (Prometheus naming, bounded label sets:
-//! `job` and `worker` come from the configuration, `phase`, `op`, `cause`, `outcome` and `reason` from
-//! closed enums, `partition` from the topic's fixed partition count).
+//! `job` and `worker` come from the configuration, `table` from a job's configured `store.tables`,
+//! `phase`, `op`, `cause`, `outcome` and `reason` from closed enums, `partition` from the topic's
+//! fixed partition count).
 
 use std::sync::OnceLock;
 
@@ -15,6 +16,11 @@ pub struct Metrics {
     pub phase: IntGaugeVec,
     pub snapshot_rows: IntCounterVec,
     pub log_records: IntCounterVec,
+    /// A job of several tables: snapshot rows and log-store changes applied, per store table, and
+    /// the vnodes whose snapshot of the table is done (as last read from the store).
+    pub table_snapshot_rows: IntCounterVec,
+    pub table_changes: IntCounterVec,
+    pub table_snapshot_vnodes_done: IntGaugeVec,
     pub checkpoints: IntCounterVec,
     pub commit_seconds: HistogramVec,
     pub alignment_seconds: HistogramVec,
@@ -128,6 +134,9 @@ impl Metrics {
             phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job_name", "worker", "phase"]),
             snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job_name"]),
             log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store changes applied, by op.", &["job_name", "op"]),
+            table_snapshot_rows: counter(&r, "kafka_backfill_table_snapshot_rows_total", "A job of several tables: snapshot rows applied, per store table.", &["job_name", "table"]),
+            table_changes: counter(&r, "kafka_backfill_table_log_changes_total", "A job of several tables: log-store changes applied, per store table.", &["job_name", "table"]),
+            table_snapshot_vnodes_done: gauge(&r, "kafka_backfill_table_snapshot_vnodes_done", "A job of several tables: vnodes whose snapshot of the table is done, from the store.", &["job_name", "table"]),
             checkpoints: counter(&r, "kafka_backfill_checkpoints_total", "Checkpoints committed, by cause.", &["job_name", "cause"]),
             commit_seconds: histogram(&r, "kafka_backfill_checkpoint_commit_seconds", "Store commit duration of one checkpoint.", &["job_name"]),
             alignment_seconds: histogram(

@@ -17,11 +17,15 @@ pub struct ServiceObserver {
     board: StatusBoard,
     changes: Vec<prometheus::IntCounter>,
     snapshot_rows: prometheus::IntCounter,
+    /// A job of several tables: (log table, its changes' and its snapshot rows' counters); empty
+    /// for a job of one table.
+    tables: Vec<(u16, prometheus::IntCounter, prometheus::IntCounter)>,
     checkpoints: Vec<prometheus::IntCounter>,
 }
 
 impl ServiceObserver {
-    pub fn new(job: &str, worker: &str, board: StatusBoard) -> Self {
+    /// `tables`: a job of several tables' store tables by log table index (empty for one table).
+    pub fn new(job: &str, worker: &str, board: StatusBoard, tables: &[(u16, String)]) -> Self {
         let m = metrics();
         ServiceObserver {
             job: job.to_string(),
@@ -33,6 +37,16 @@ impl ServiceObserver {
                 .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
                 .collect(),
             snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
+            tables: tables
+                .iter()
+                .map(|(index, name)| {
+                    (
+                        *index,
+                        m.table_changes.with_label_values(&[job, name]),
+                        m.table_snapshot_rows.with_label_values(&[job, name]),
+                    )
+                })
+                .collect(),
             checkpoints: CheckpointCause::ALL
                 .iter()
                 .map(|c| m.checkpoints.with_label_values(&[job, c.as_str()]))
@@ -49,8 +63,18 @@ impl Observer for ServiceObserver {
     fn observe(&mut self, event: WorkerEvent) {
         let m = metrics();
         match event {
-            WorkerEvent::Change(op) => self.changes[op as usize].inc(),
-            WorkerEvent::SnapshotRow => self.snapshot_rows.inc(),
+            WorkerEvent::Change { op, table } => {
+                self.changes[op as usize].inc();
+                if let Some((_, changes, _)) = self.tables.iter().find(|(t, ..)| *t == table) {
+                    changes.inc();
+                }
+            }
+            WorkerEvent::SnapshotRow { table } => {
+                self.snapshot_rows.inc();
+                if let Some((.., rows)) = self.tables.iter().find(|(t, ..)| *t == table) {
+                    rows.inc();
+                }
+            }
             WorkerEvent::DecodeError => m.decode_errors.with_label_values(&[&self.job]).inc(),
             WorkerEvent::DeadLettered { count } => m
                 .dead_letters

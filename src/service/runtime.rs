@@ -108,6 +108,27 @@ pub struct JobRuntime {
     publication: bool,
     /// Under publication: the partition holding the table back and its owner, as last read.
     held_back: Mutex<Option<(crate::core::publication::HeldBack, Option<String>)>>,
+    /// A job of several tables: which (`JobTables::Several`), each one's store table, and the
+    /// vnodes whose snapshot of each is done, as last read (in the tables' order).
+    tables: Option<(crate::core::JobTables, Vec<crate::store::StoreTable>)>,
+    table_vnodes_done: Mutex<Vec<u32>>,
+}
+
+/// One table of a job of several tables, for `/status`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TableStatus {
+    /// The store table.
+    pub table: String,
+    /// The log's (manifest's) name of the table.
+    pub source: String,
+    pub log_table: u16,
+    /// Vnodes whose snapshot of this table is done, from the store (a vnode's scan goes table by
+    /// table, so one still scanning has done the tables before the one its cursor is in).
+    pub snapshot_vnodes_done: u32,
+    pub vnodes: u32,
+    /// Snapshot rows and log-store changes of the table applied by this process's workers.
+    pub snapshot_rows: u64,
+    pub log_store_changes: u64,
 }
 
 impl JobRuntime {
@@ -130,7 +151,50 @@ impl JobRuntime {
             published_epoch: Mutex::new(None),
             publication,
             held_back: Mutex::new(None),
+            tables: None,
+            table_vnodes_done: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The job materialises several tables (`store.tables`): `/status`, the vnodes view and the
+    /// metrics then show each one. A job of one table is left as it is.
+    pub fn with_tables(
+        mut self,
+        tables: crate::core::JobTables,
+        store_tables: &[crate::store::StoreTable],
+    ) -> Self {
+        if tables.several() {
+            self.tables = Some((tables, store_tables.to_vec()));
+        }
+        self
+    }
+
+    /// A job of several tables: each table's figures, as last read (`None` for one table).
+    pub fn tables_status(&self) -> Option<Vec<TableStatus>> {
+        let (_, tables) = self.tables.as_ref()?;
+        let done = self.table_vnodes_done.lock().unwrap().clone();
+        let m = crate::service::metrics::metrics();
+        Some(
+            tables
+                .iter()
+                .enumerate()
+                .map(|(i, t)| TableStatus {
+                    table: t.name.clone(),
+                    source: t.source.clone(),
+                    log_table: t.index,
+                    snapshot_vnodes_done: done.get(i).copied().unwrap_or(0),
+                    vnodes: self.map.vnode_count(),
+                    snapshot_rows: m
+                        .table_snapshot_rows
+                        .with_label_values(&[&self.name, &t.name])
+                        .get(),
+                    log_store_changes: m
+                        .table_changes
+                        .with_label_values(&[&self.name, &t.name])
+                        .get(),
+                })
+                .collect(),
+        )
     }
 
     /// The job's progress over all its vnodes, read from its store now (and kept for `/status`).
@@ -160,6 +224,20 @@ impl JobRuntime {
                 .with_label_values(&[name])
                 .set(held.map_or(0.0, |h| h.seconds()));
             *self.held_back.lock().unwrap() = held.map(|h| (h, owners.get(&h.partition).cloned()));
+        }
+        if let Some((tables, stores)) = &self.tables {
+            let done: Vec<u32> = tables
+                .snapshot_vnodes_done(vnodes.values())
+                .into_iter()
+                .map(|(_, n)| n)
+                .collect();
+            let m = crate::service::metrics::metrics();
+            for (t, n) in stores.iter().zip(&done) {
+                m.table_snapshot_vnodes_done
+                    .with_label_values(&[name, &t.name])
+                    .set(*n as i64);
+            }
+            *self.table_vnodes_done.lock().unwrap() = done;
         }
         let p = JobProgress::of(self.map, &vnodes, &partitions);
         *self.progress.lock().unwrap() = Some(p.clone());
@@ -208,6 +286,7 @@ impl JobRuntime {
             &vnodes,
             &partitions,
             &owners,
+            self.tables.as_ref(),
         ))
     }
 
@@ -291,6 +370,11 @@ impl Runtimes {
         self.get(name).and_then(|j| j.progress())
     }
 
+    /// A job of several tables: each table's figures, for `/status` (`None` for one table).
+    pub fn tables_of(&self, name: &str) -> Option<Vec<TableStatus>> {
+        self.get(name).and_then(|j| j.tables_status())
+    }
+
     /// The dead letters of `name` in its store, as last read, for `/status`.
     pub fn dead_letters_of(&self, name: &str) -> Option<u64> {
         self.get(name).and_then(|j| j.dead_letters())
@@ -326,6 +410,105 @@ mod tests {
             crate::store::sqlite::SqliteStore::open(&path, "accounts", table.clone())
                 .map(|s| Box::new(s) as Box<dyn StateStore>)
         })
+    }
+
+    /// A job of several tables: the runtime reads, per table, the vnodes whose snapshot of it is
+    /// done (what `/status` `tables` and `kafka_backfill_table_snapshot_vnodes_done` show) — one
+    /// vnode finished, one scanning the second table, one the first.
+    #[test]
+    fn a_job_of_several_tables_reports_each_table_s_snapshot_progress() {
+        use crate::core::{Checkpoint, CheckpointCause, Epoch, PartitionProgress, VnodeProgress};
+        use crate::ports::SnapshotInfo;
+        let dir = std::env::temp_dir().join(format!("kb-tables-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.sqlite");
+        let _ = std::fs::remove_file(&path);
+        let schema = crate::codec::TableSchema::parse(
+            crate::workload::EXAMPLE_ROW_SCHEMA,
+            &["id".to_string()],
+        )
+        .unwrap();
+        let stores: Vec<crate::store::StoreTable> = [(0, "accounts"), (1, "tellers")]
+            .into_iter()
+            .map(|(index, name)| crate::store::StoreTable {
+                index,
+                source: format!("pgbench_{name}"),
+                name: name.into(),
+                schema: schema.clone(),
+            })
+            .collect();
+        let opening = stores.clone();
+        let open: StoreFactory = Arc::new(move || {
+            let options = crate::store::sqlite::SqliteOptions {
+                publication: true,
+                ..Default::default()
+            };
+            crate::store::sqlite::SqliteStore::open_tables(&path, opening.clone(), options)
+                .map(|s| Box::new(s) as Box<dyn StateStore>)
+        });
+        let map = PartitionMap::new(4, 1).unwrap();
+        let es = Epoch(1 << 16);
+        let info = SnapshotInfo {
+            snapshot_epoch: es,
+            vnode_count: 4,
+            partition_count: 1,
+            start: vec![PartitionProgress {
+                partition: 0,
+                next_offset: 1,
+                epoch: Epoch(2 << 16),
+                streaming: false,
+            }],
+        };
+        let mut store = open().unwrap();
+        store.ensure_job("several-j", &info).unwrap();
+        let lease = store.claim("several-j", 0, "a-0", &[0], &info).unwrap()[0].lease;
+        let at = |v: u16, cursor: Option<Vec<u8>>, finished: bool| VnodeProgress {
+            cursor,
+            finished,
+            ..VnodeProgress::fresh(v, es)
+        };
+        store
+            .commit(
+                "several-j",
+                &Checkpoint {
+                    generation: 0,
+                    worker: "a-0".into(),
+                    cause: CheckpointCause::Local,
+                    epoch: None,
+                    leases: vec![(0, lease)],
+                    rows: vec![],
+                    vnodes: vec![
+                        at(0, None, true),
+                        at(1, Some(crate::core::table_key(1, b"k")), false),
+                        at(2, Some(crate::core::table_key(0, b"k")), false),
+                    ],
+                    partitions: vec![],
+                    dead_letters: vec![],
+                    max_dead_letters: 0,
+                },
+            )
+            .unwrap();
+        let runtime = JobRuntime::new(
+            "several-j",
+            map,
+            Arc::new(Mutex::new(crate::core::Supervisor::new(Default::default()))),
+            open,
+            RateLimits::both(0),
+            true,
+        )
+        .with_tables(crate::core::JobTables::Several(vec![0, 1]), &stores);
+        runtime.read_progress().unwrap();
+        let tables = runtime.tables_status().unwrap();
+        let done: Vec<(&str, u32, u32)> = tables
+            .iter()
+            .map(|t| (t.table.as_str(), t.snapshot_vnodes_done, t.vnodes))
+            .collect();
+        assert_eq!(done, [("accounts", 2, 4), ("tellers", 1, 4)]);
+        let gauge = crate::service::metrics::metrics()
+            .table_snapshot_vnodes_done
+            .with_label_values(&["several-j", "accounts"])
+            .get();
+        assert_eq!(gauge, 2);
     }
 
     /// Under publication the runtime names the partition holding the table back, its owner and how

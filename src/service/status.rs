@@ -111,6 +111,7 @@ pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes
                 "progress": progress,
                 "dead_letters": jobs.dead_letters_of(job),
                 "published_epoch": jobs.published_epoch_of(job).map(|e| e.0),
+                "tables": jobs.tables_of(job),
                 "published_held_back_by": jobs.held_back_of(job).map(|(h, owner)| json!({
                     "partition": h.partition,
                     "epoch": h.epoch.0,
@@ -141,13 +142,15 @@ fn jobs_captures(jobs: &crate::service::runtime::Runtimes) -> Value {
 /// phase, epoch, row count, whether its snapshot is finished, and the worker holding its partition's
 /// lease (in any process). Phase: `snapshot` until the vnode's snapshot is finished (or before any
 /// progress), then `log_store`, then `streaming` once its partition has committed in the streaming
-/// phase.
+/// phase. A job of several tables (`tables`) also names, for a vnode still in its snapshot, the
+/// store table its scan is in (`snapshot_table`: its cursor's, the first before any cursor).
 pub fn vnodes_json(
     job: &str,
     map: &crate::core::PartitionMap,
     vnodes: &BTreeMap<crate::core::Vnode, crate::core::VnodeProgress>,
     partitions: &BTreeMap<crate::core::PartitionId, crate::core::PartitionProgress>,
     owners: &BTreeMap<crate::core::PartitionId, String>,
+    tables: Option<&(crate::core::JobTables, Vec<crate::store::StoreTable>)>,
 ) -> Value {
     let rows: Vec<Value> = (0..map.vnode_count() as crate::core::Vnode)
         .map(|v| {
@@ -161,7 +164,7 @@ pub fn vnodes_json(
             } else {
                 "log_store"
             };
-            json!({
+            let mut row = json!({
                 "vnode": v,
                 "partition": partition,
                 "phase": phase,
@@ -169,7 +172,21 @@ pub fn vnodes_json(
                 "row_count": p.map_or(0, |p| p.row_count),
                 "finished": finished,
                 "owner": owners.get(&partition),
-            })
+            });
+            if let Some((layout, stores)) = tables {
+                let scanning = (!finished).then(|| {
+                    let at = p
+                        .and_then(|p| p.cursor.as_deref())
+                        .map(|c| layout.table_of(c));
+                    let store = match at {
+                        Some(t) => stores.iter().find(|s| s.index == t),
+                        None => stores.first(),
+                    };
+                    store.map(|s| s.name.clone())
+                });
+                row["snapshot_table"] = json!(scanning.flatten());
+            }
+            row
         })
         .collect();
     json!({ "job": job, "vnodes": rows })
@@ -294,8 +311,12 @@ mod tests {
             },
         )]);
         let owners = BTreeMap::from([(0, "a-0".to_string())]);
-        let v = vnodes_json("j", &map, &vnodes, &partitions, &owners);
+        let v = vnodes_json("j", &map, &vnodes, &partitions, &owners, None);
         let row = |n: u16| v["vnodes"][n as usize].clone();
+        assert!(
+            row(v_snap).get("snapshot_table").is_none(),
+            "a job of one table names none"
+        );
         assert_eq!(v["vnodes"].as_array().unwrap().len(), 4);
         assert_eq!(row(v_snap)["phase"], "snapshot");
         assert_eq!(row(v_snap)["row_count"], 3);
@@ -309,6 +330,32 @@ mod tests {
             .unwrap();
         assert_eq!(row(untouched)["phase"], "snapshot");
         assert_eq!(row(untouched)["epoch"], Value::Null);
+        // A job of several tables: the table each vnode's scan is in.
+        let store = |index: u16, name: &str| crate::store::StoreTable {
+            index,
+            source: format!("pgbench_{name}"),
+            name: name.into(),
+            schema: crate::codec::TableSchema::parse(
+                crate::workload::EXAMPLE_ROW_SCHEMA,
+                &["id".to_string()],
+            )
+            .unwrap(),
+        };
+        let mut vnodes = vnodes;
+        vnodes.get_mut(&v_snap).unwrap().cursor = Some(crate::core::table_key(3, b"k"));
+        let tables = (
+            crate::core::JobTables::Several(vec![1, 3]),
+            vec![store(1, "accounts"), store(3, "tellers")],
+        );
+        let v = vnodes_json("j", &map, &vnodes, &partitions, &owners, Some(&tables));
+        let row = |n: u16| v["vnodes"][n as usize].clone();
+        assert_eq!(row(v_snap)["snapshot_table"], "tellers");
+        assert_eq!(
+            row(untouched)["snapshot_table"],
+            "accounts",
+            "no cursor: the first"
+        );
+        assert_eq!(row(v_log)["snapshot_table"], Value::Null, "finished");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `kafka-backfill status --watch`: a live view of a running service's `/status` for a person at a
-//! terminal — per job a progress bar per phase (snapshot: vnodes done of all; log store: records
-//! replayed of the most lag seen) with lag, epoch lag, rate and ETA, drawn with `indicatif`; one plain
+//! terminal — per job a progress bar per phase (snapshot: vnodes done of all, and for a job of
+//! several tables one bar per table; log store: records replayed of the most lag seen) with lag,
+//! epoch lag, rate and ETA, drawn with `indicatif`; one plain
 //! line per job per refresh when stdout is not a terminal. Reads `/status` only; decides nothing (lag,
 //! rate and ETA come computed from the core through `/status`).
 
@@ -27,6 +28,9 @@ pub struct JobView {
     pub caught_up: bool,
     /// Every worker of this process reports the job paused.
     pub paused: bool,
+    /// A job of several tables: each store table, the vnodes whose snapshot of it is done, and the
+    /// log-store changes of it this process applied.
+    pub tables: Vec<(String, u64, u64)>,
 }
 
 /// Every job of a `/status` document. Job-level vnode counts come from the store (`progress`); before
@@ -71,6 +75,18 @@ pub fn job_views(status: &Value) -> Vec<JobView> {
                     && workers
                         .iter()
                         .all(|w| w["paused"].as_bool().unwrap_or(false)),
+                tables: j["tables"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| {
+                        (
+                            t["table"].as_str().unwrap_or("?").to_string(),
+                            t["snapshot_vnodes_done"].as_u64().unwrap_or(0),
+                            t["log_store_changes"].as_u64().unwrap_or(0),
+                        )
+                    })
+                    .collect(),
             }
         })
         .collect()
@@ -95,8 +111,18 @@ fn log_message(v: &JobView) -> String {
 
 /// The line a non-terminal gets for one job at one refresh.
 pub fn plain_line(v: &JobView) -> String {
+    let tables: String = v
+        .tables
+        .iter()
+        .map(|(t, done, changes)| {
+            format!(
+                " (table {t}: snapshot {done}/{} vnodes, {changes} changes)",
+                v.vnodes
+            )
+        })
+        .collect();
     format!(
-        "job {}: snapshot {}/{} vnodes; log store: {}",
+        "job {}: snapshot {}/{} vnodes{tables}; log store: {}",
         v.job,
         v.snapshot_done,
         v.vnodes,
@@ -104,9 +130,11 @@ pub fn plain_line(v: &JobView) -> String {
     )
 }
 
-/// The two bars of one job, and the most lag seen (the log-store bar's length).
+/// The bars of one job (a snapshot bar per table of a job of several), and the most lag seen (the
+/// log-store bar's length).
 struct Bars {
     snapshot: ProgressBar,
+    tables: Vec<ProgressBar>,
     log: ProgressBar,
     max_lag: u64,
 }
@@ -147,16 +175,31 @@ pub fn watch(url: &str, interval: Duration, until_caught_up: bool) -> Result<()>
             let b = bars.entry(v.job.clone()).or_insert_with(|| {
                 let snapshot = multi.add(ProgressBar::new(0).with_style(style.clone()));
                 snapshot.set_prefix(format!("{} snapshot vnodes", v.job));
+                let tables = v
+                    .tables
+                    .iter()
+                    .map(|(t, ..)| {
+                        let bar = multi.add(ProgressBar::new(0).with_style(style.clone()));
+                        bar.set_prefix(format!("  table {t}"));
+                        bar
+                    })
+                    .collect();
                 let log = multi.add(ProgressBar::new(0).with_style(style.clone()));
                 log.set_prefix(format!("{} log store records", v.job));
                 Bars {
                     snapshot,
+                    tables,
                     log,
                     max_lag: 0,
                 }
             });
             b.snapshot.set_length(v.vnodes);
             b.snapshot.set_position(v.snapshot_done);
+            for (bar, (_, done, changes)) in b.tables.iter().zip(&v.tables) {
+                bar.set_length(v.vnodes);
+                bar.set_position(*done);
+                bar.set_message(format!("{changes} changes"));
+            }
             // The bar's length is the most lag seen (at least 1: no lag is a full bar).
             b.max_lag = b.max_lag.max(v.lag_records);
             let len = b.max_lag.max(1);
@@ -208,6 +251,33 @@ mod tests {
         assert_eq!(
             plain_line(v),
             "job accounts: snapshot 200/256 vnodes; log store: lag 1000 records, epoch lag 4.0 s, 1500 records/s, ETA 4 s"
+        );
+    }
+
+    #[test]
+    fn a_job_of_several_tables_shows_each_table() {
+        let status = json!({"jobs": [{
+            "job": "pgbench",
+            "progress": {"vnodes_snapshot": 40, "vnodes_log_store": 24, "vnodes_streaming": 0,
+                         "partitions_behind": [], "caught_up": false},
+            "tables": [
+                {"table": "accounts", "snapshot_vnodes_done": 30, "log_store_changes": 12},
+                {"table": "tellers", "snapshot_vnodes_done": 24, "log_store_changes": 5}
+            ],
+            "workers": [{"lag_records": 10, "epoch_lag_seconds": 1.0, "records_per_second": 5.0,
+                         "estimated_catch_up_seconds": 2.0}]
+        }]});
+        let v = &job_views(&status)[0];
+        assert_eq!(
+            v.tables,
+            [
+                ("accounts".to_string(), 30, 12),
+                ("tellers".to_string(), 24, 5)
+            ]
+        );
+        assert_eq!(
+            plain_line(v),
+            "job pgbench: snapshot 24/64 vnodes (table accounts: snapshot 30/64 vnodes, 12 changes) (table tellers: snapshot 24/64 vnodes, 5 changes); log store: lag 10 records, epoch lag 1.0 s, 5 records/s, ETA 2 s"
         );
     }
 

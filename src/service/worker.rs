@@ -54,6 +54,8 @@ pub struct WorkerSetup {
     pub commit_every_checkpoint: bool,
     /// The tables of the log the job materialises (`JobSpec::tables`).
     pub tables: crate::core::JobTables,
+    /// A job of several tables: each store table's name by its log table index (empty for one).
+    pub table_names: Vec<(u16, String)>,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -120,6 +122,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
             &setup.job,
             &setup.worker,
             setup.board.clone(),
+            &setup.table_names,
         )),
     )
     .map_err(|f| anyhow!("{f}"))?;

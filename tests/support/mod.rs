@@ -177,9 +177,20 @@ backoff_max_ms = 1000
 
     /// Starts `kafka-backfill run`, logging to `<dir>/<prefix>.log`.
     pub fn spawn_run(&self, prefix: &str, args: &[&str]) -> Runner {
+        self.spawn_run_serving(prefix, args, "")
+    }
+
+    /// [`Fixture::spawn_run`] serving `/status` and `/metrics` on `http` (an override of
+    /// `http.listen`, so processes sharing the configuration do not share the port; "" = as
+    /// configured).
+    pub fn spawn_run_serving(&self, prefix: &str, args: &[&str], http: &str) -> Runner {
         let log = self.dir.join(format!("{prefix}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if !http.is_empty() {
+            cmd.env("KAFKA_BACKFILL__HTTP__LISTEN", http);
+        }
+        let child = cmd
             .args(["run", "--config"])
             .arg(&self.config)
             .args(["--worker-prefix", prefix])

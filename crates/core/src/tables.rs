@@ -66,6 +66,48 @@ impl JobTables {
     pub fn several(&self) -> bool {
         matches!(self, JobTables::Several(_))
     }
+
+    /// The log table a row of the job's layout (a staged or snapshot row's key) belongs to.
+    pub fn table_of(&self, key: &[u8]) -> u16 {
+        match self {
+            JobTables::One(t) => *t,
+            JobTables::Several(_) => split_table_key(key).map_or(0, |(t, _)| t),
+        }
+    }
+
+    /// The log tables of the job, ascending.
+    pub fn indexes(&self) -> Vec<u16> {
+        match self {
+            JobTables::One(t) => vec![*t],
+            JobTables::Several(ts) => ts.clone(),
+        }
+    }
+
+    /// Per table of the job (ascending), how many of `vnode_count` vnodes have that table's
+    /// snapshot done, from the vnodes' committed progress: a finished vnode has every table's; an
+    /// unfinished one has the tables before its cursor's (a vnode's scan goes table by table, in
+    /// ascending order), none without a cursor.
+    pub fn snapshot_vnodes_done<'a>(
+        &self,
+        vnodes: impl IntoIterator<Item = &'a crate::VnodeProgress>,
+    ) -> Vec<(u16, u32)> {
+        let tables = self.indexes();
+        let mut done = vec![0u32; tables.len()];
+        for v in vnodes {
+            let before = match (&v.cursor, v.finished) {
+                (_, true) => tables.len(),
+                (Some(cursor), false) if self.several() => {
+                    let at = self.table_of(cursor);
+                    tables.partition_point(|t| *t < at)
+                }
+                _ => 0,
+            };
+            for d in &mut done[..before] {
+                *d += 1;
+            }
+        }
+        tables.into_iter().zip(done).collect()
+    }
 }
 
 /// A row's key in a job of several tables: the log table index (big-endian), then the key bytes.
@@ -85,6 +127,34 @@ pub fn split_table_key(key: &[u8]) -> Option<(u16, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vnode_has_the_snapshot_of_the_tables_before_its_cursor_done() {
+        let several = JobTables::Several(vec![0, 2, 5]);
+        let at = |cursor: Option<Vec<u8>>, finished: bool| crate::VnodeProgress {
+            cursor,
+            finished,
+            ..crate::VnodeProgress::fresh(0, crate::Epoch(1 << 16))
+        };
+        let vnodes = [
+            at(None, false),                     // not started: none
+            at(Some(table_key(0, b"k")), false), // in table 0: none
+            at(Some(table_key(2, b"k")), false), // in table 2: table 0
+            at(Some(table_key(5, b"")), false),  // in table 5: tables 0 and 2
+            at(Some(table_key(5, b"z")), true),  // finished: all
+        ];
+        assert_eq!(
+            several.snapshot_vnodes_done(&vnodes),
+            [(0, 3), (2, 2), (5, 1)]
+        );
+        assert_eq!(
+            JobTables::One(0).snapshot_vnodes_done(&vnodes),
+            [(0, 1)],
+            "one table: its vnodes finished"
+        );
+        assert_eq!(several.table_of(&table_key(2, b"k")), 2);
+        assert_eq!(JobTables::One(3).table_of(b"k"), 3);
+    }
 
     #[test]
     fn a_table_key_splits_back_and_sorts_table_by_table_then_by_key() {
