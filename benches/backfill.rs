@@ -14,6 +14,8 @@ mod capture;
 mod cpu;
 #[path = "backfill/pg_ceiling.rs"]
 mod pg_ceiling;
+#[path = "backfill/several_tables.rs"]
+mod several_tables;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -2055,6 +2057,31 @@ fn main() {
             },
         };
         capture::run(&a.bin, &bootstrap, &pg, &sizes, &mut r);
+    }
+
+    // ---- several tables: one job of pgbench's four tables against one job per table -------------
+    if a.want("several-tables") {
+        let sizes = match a.size {
+            "full" => several_tables::Sizes {
+                rate: 200,
+                churn_secs: 120,
+                probes: 200,
+                stores: vec!["sqlite", "postgres"],
+            },
+            "quick" => several_tables::Sizes {
+                rate: 200,
+                churn_secs: 40,
+                probes: 50,
+                stores: vec!["sqlite", "postgres"],
+            },
+            _ => several_tables::Sizes {
+                rate: 50,
+                churn_secs: 12,
+                probes: 5,
+                stores: vec!["sqlite"],
+            },
+        };
+        several_tables::run(&a.bin, &bootstrap, &pg, &pg_label, &sizes, &mut r);
     }
 
     // ---- report ---------------------------------------------------------------------------------
