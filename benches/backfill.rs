@@ -2067,18 +2067,21 @@ fn main() {
                 churn_secs: 120,
                 probes: 200,
                 stores: vec!["sqlite", "postgres"],
+                replays: 3,
             },
             "quick" => several_tables::Sizes {
                 rate: 200,
                 churn_secs: 40,
                 probes: 50,
                 stores: vec!["sqlite", "postgres"],
+                replays: 1,
             },
             _ => several_tables::Sizes {
                 rate: 50,
                 churn_secs: 12,
                 probes: 5,
                 stores: vec!["sqlite"],
+                replays: 1,
             },
         };
         several_tables::run(&a.bin, &bootstrap, &pg, &pg_label, &sizes, &mut r);

@@ -21,7 +21,8 @@ pub struct Sizes {
     pub latency_samples: usize,
 }
 
-fn psql(url: &str, sql: &str) -> String {
+/// `sql` run by psql on `url` (stopping at the first error), its output trimmed.
+pub(super) fn psql(url: &str, sql: &str) -> String {
     let out = Command::new("psql")
         .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
         .output()

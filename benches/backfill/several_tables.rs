@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::capture::psql;
 use super::{dir, fmt_rate, rand_suffix, topic_records, Report};
 
 /// Sizes of the section.
@@ -35,6 +36,8 @@ pub struct Sizes {
     pub probes: usize,
     /// The stores the four-table job is measured on (the per-table pipeline runs with the first).
     pub stores: Vec<&'static str>,
+    /// Catch-ups of the whole log each way (alternating).
+    pub replays: usize,
 }
 
 const TABLES: [(&str, &str); 4] = [
@@ -43,19 +46,6 @@ const TABLES: [(&str, &str); 4] = [
     ("pgbench_branches", "branches"),
     ("pgbench_history", "history"),
 ];
-
-fn psql(url: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// A database with pgbench's four tables at scale 1 (100,000 accounts), `pgbench_history` given a
 /// primary key, every table REPLICA IDENTITY FULL.
@@ -621,11 +611,18 @@ fn one_round(
     signal(&mut capture, "TERM");
 
     // The cost of committing the four tables together: the whole log caught up from the snapshot by
-    // one job of four tables, then by four jobs, each one process of 2 workers in all, new stores.
+    // one job of four tables and by four jobs of one table, one process each, new stores and
+    // groups every time, the two alternating (the first run after the churn meets a machine still
+    // busy with it).
     if per_table {
         let records = topic_records(bootstrap, &topic, 4);
-        eprintln!("several-tables: catching up {records} records both ways…");
+        eprintln!(
+            "several-tables: catching up {records} records both ways, {} times…",
+            sizes.replays
+        );
+        // (wall seconds, CPU seconds of the process)
         let time = |cfg: &Path| {
+            let before = super::cpu::children_secs();
             let t = Instant::now();
             let status = Command::new(bin)
                 .args(["run", "--exit-when-caught-up", "--config"])
@@ -635,44 +632,65 @@ fn one_round(
                 .status()
                 .unwrap();
             assert!(status.success(), "{} failed", cfg.display());
-            t.elapsed().as_secs_f64()
-        };
-        let one_cfg = d.join("replay-one.toml");
-        let (replay_store, _) = four_table_store("sqlite", &d.join("replay-one.sqlite"), pg, &name);
-        std::fs::write(
-            &one_cfg,
-            format!(
-                "[http]\nlisten = \"\"\n{}",
-                job(
-                    &format!("{name}-r1"),
-                    &topic,
-                    bootstrap,
-                    &snapshot,
-                    2,
-                    "consistency = \"epoch\"",
-                    &replay_store
-                )
-            ),
-        )
-        .unwrap();
-        let per_cfg = d.join("replay-per-table.toml");
-        let text = std::fs::read_to_string(&per_table_cfg)
-            .unwrap()
-            .replace(
-                &per_table_db.display().to_string(),
-                &d.join("replay-per-table.sqlite").display().to_string(),
+            (
+                t.elapsed().as_secs_f64(),
+                super::cpu::children_secs() - before,
             )
-            .replace(&format!("name = \"{name}-"), &format!("name = \"{name}-r-"))
-            .replace("\"group.id\" = \"bench-", "\"group.id\" = \"bench-r-");
-        std::fs::write(&per_cfg, text).unwrap();
-        let one_secs = time(&one_cfg);
-        let per_secs = time(&per_cfg);
+        };
+        let one_text = std::fs::read_to_string(&cfg).unwrap();
+        let one_job = one_text[..one_text.find("[jobs.capture]").unwrap()].to_string();
+        let per_text = std::fs::read_to_string(&per_table_cfg).unwrap();
+        let (mut one, mut per) = (Vec::new(), Vec::new());
+        for i in 0..sizes.replays {
+            let one_cfg = d.join(format!("replay-one-{i}.toml"));
+            std::fs::write(
+                &one_cfg,
+                one_job
+                    .replace(
+                        &format!("name = \"{name}\""),
+                        &format!("name = \"{name}-r{i}\""),
+                    )
+                    .replace(
+                        "\"group.id\" = \"bench-",
+                        &format!("\"group.id\" = \"bench-r{i}-"),
+                    )
+                    .replace("one-job.sqlite", &format!("replay-one-{i}.sqlite")),
+            )
+            .unwrap();
+            let per_cfg = d.join(format!("replay-per-table-{i}.toml"));
+            std::fs::write(
+                &per_cfg,
+                per_text
+                    .replace(
+                        &format!("name = \"{name}-"),
+                        &format!("name = \"{name}-r{i}-"),
+                    )
+                    .replace(
+                        "\"group.id\" = \"bench-",
+                        &format!("\"group.id\" = \"bench-r{i}-"),
+                    )
+                    .replace("per-table.sqlite", &format!("replay-per-table-{i}.sqlite")),
+            )
+            .unwrap();
+            one.push(time(&one_cfg));
+            per.push(time(&per_cfg));
+        }
+        let med =
+            |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| super::median(v.iter().map(f).collect());
+        let (one_secs, per_secs) = (med(&one, |x| x.0), med(&per, |x| x.0));
+        let (one_cpu, per_cpu) = (med(&one, |x| x.1), med(&per, |x| x.1));
         let (one_rate, per_rate) = (records as f64 / one_secs, records as f64 / per_secs);
+        let all = |v: &[(f64, f64)]| {
+            v.iter()
+                .map(|(w, c)| format!("{w:.1} s/{c:.1} CPU-s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         r.figure(
             "several_tables_replay",
-            &format!("catching up the whole log ({records} records, 4 partitions, SQLite) from the snapshot, end to end (spawn → exit when caught up): one job of four tables (consistency = \"epoch\", 2 workers) vs four jobs of one table (1 worker each), one process each"),
+            &format!("catching up the whole log ({records} records, 4 partitions, SQLite) from the snapshot, end to end (spawn → exit when caught up, the group join included): one job of four tables (consistency = \"epoch\", 2 workers) vs four jobs of one table (1 worker each), one process each, alternating, median of {}: one job [{}], four jobs [{}]; CPU-s per million records {:.2} vs {:.2} (the process's user + system)", sizes.replays, all(&one), all(&per), one_cpu * 1e6 / records as f64, per_cpu * 1e6 / records as f64),
             format!("{} vs {} records/s ({:.2}×)", fmt_rate(one_rate), fmt_rate(per_rate), one_rate / per_rate),
-            json!({"records": records, "one_job_records_per_s": one_rate, "per_table_records_per_s": per_rate, "ratio": one_rate / per_rate}),
+            json!({"records": records, "one_job_records_per_s": one_rate, "per_table_records_per_s": per_rate, "ratio": one_rate / per_rate, "one_job_cpu_s": one_cpu, "per_table_cpu_s": per_cpu}),
         );
     }
     psql(

@@ -255,8 +255,9 @@ pub struct SqliteStore {
     /// The table has a `_kb_row` column holding each row's datum (`store_datum`, the default);
     /// without it, [`StateStore::rows`] rebuilds the datum from the typed columns.
     datum: bool,
-    /// Moves WAL frames into the database file on its own thread (see [`Checkpointer`]).
-    checkpointer: Checkpointer,
+    /// Moves WAL frames into the database file on its own thread (see [`Checkpointer`]), shared by
+    /// every store of the file in this process.
+    checkpointer: Arc<Checkpointer>,
     /// `consistency = "epoch"`: log-store rows are published only at an epoch every partition
     /// stands at ([`SqliteOptions::publication`]).
     publication: bool,
@@ -313,6 +314,14 @@ impl Default for SqliteOptions {
 /// that unlocks and locks again at once wins it every time. A failed checkpoint loses nothing (the frames
 /// stay in the WAL, which every reader sees); it is logged and tried again at the next nudge.
 ///
+/// Every store of one file in a process shares one checkpointer ([`Checkpointer::shared`]): its
+/// gate holds back every job writing the file, so several jobs into one file (one job per table,
+/// say) cannot starve the restart the way one committer alone could not either. With a gate per
+/// store, the other jobs' commits kept the writer lock busy while the restart waited with its own
+/// job's gate closed: that job's commits waited up to the 30 s busy timeout (`scripts/bench.sh
+/// --only several-tables`, four jobs into one file with a reader sampling it: commit p99 20 s; the
+/// test `jobs_sharing_a_file_share_its_checkpointer`).
+///
 /// The restart is a `TRUNCATE` (the WAL file back to zero bytes), so the file's length is what was
 /// written since: a commit that leaves it past twice the threshold closes the gate itself
 /// ([`Checkpointer::committed`]), and the next commit waits for the checkpointer's round. Without
@@ -351,7 +360,34 @@ impl Gate {
     }
 }
 
+/// The checkpointer of each SQLite file open in this process, by canonical path.
+static CHECKPOINTERS: std::sync::OnceLock<
+    std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Weak<Checkpointer>>>,
+> = std::sync::OnceLock::new();
+
 impl Checkpointer {
+    /// The file's checkpointer in this process, started by the first store to open it (whose
+    /// settings it keeps); it stops when the last store of the file is dropped.
+    fn shared(
+        path: &Path,
+        restart_pages: i64,
+        page_size: i64,
+        pause: std::time::Duration,
+    ) -> Result<Arc<Checkpointer>, StoreError> {
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let mut all = CHECKPOINTERS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = all.get(&key).and_then(std::sync::Weak::upgrade) {
+            return Ok(c);
+        }
+        all.retain(|_, c| c.strong_count() > 0);
+        let c = Arc::new(Checkpointer::start(path, restart_pages, page_size, pause)?);
+        all.insert(key, Arc::downgrade(&c));
+        Ok(c)
+    }
+
     fn start(
         path: &Path,
         restart_pages: i64,
@@ -537,7 +573,7 @@ impl SqliteStore {
             table,
             table_name: table_name.to_string(),
             datum: store_datum,
-            checkpointer: Checkpointer::start(
+            checkpointer: Checkpointer::shared(
                 path,
                 (options.restart_bytes / page_size).max(1),
                 page_size,
@@ -1660,6 +1696,39 @@ mod tests {
             &["id".to_string()],
         )
         .unwrap()
+    }
+
+    /// Stores of one file in a process share its checkpointer, so its gate holds back every job
+    /// writing the file while the WAL restarts (one gate per store let the other jobs starve the
+    /// restart); another file has its own, and a file opened again after its last store was
+    /// dropped gets a new one.
+    #[test]
+    fn jobs_sharing_a_file_share_its_checkpointer() {
+        let dir = std::env::temp_dir().join(format!("kb-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (one, other) = (dir.join("one.sqlite"), dir.join("other.sqlite"));
+        let a = SqliteStore::open(&one, "accounts", table()).unwrap();
+        let b = SqliteStore::open(&dir.join(".").join("one.sqlite"), "tellers", table()).unwrap();
+        let c = SqliteStore::open(&other, "accounts", table()).unwrap();
+        assert!(
+            Arc::ptr_eq(&a.checkpointer, &b.checkpointer),
+            "one file, one checkpointer"
+        );
+        assert!(!Arc::ptr_eq(&a.checkpointer, &c.checkpointer));
+        // A gate closed by one job's restart holds the other job's commits too.
+        a.checkpointer.gate.set(true);
+        assert!(*b.checkpointer.gate.closed.lock().unwrap());
+        a.checkpointer.gate.set(false);
+        let was = Arc::downgrade(&a.checkpointer);
+        drop((a, b));
+        assert!(
+            was.upgrade().is_none(),
+            "stopped with the file's last store"
+        );
+        let d = SqliteStore::open(&one, "accounts", table()).unwrap();
+        assert_eq!(Arc::strong_count(&d.checkpointer), 1);
+        drop((c, d));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
