@@ -147,31 +147,51 @@ impl StoreError {
 /// order, `None` for a delete, `Err` (the decode error) for a datum that does not decode.
 pub type DecodedRows = Vec<Option<Result<Vec<crate::codec::ColumnValue>, String>>>;
 
-/// Decodes the column values of every upserted row of a checkpoint.
-pub fn decode_rows(table: &crate::codec::TableSchema, cp: &Checkpoint) -> DecodedRows {
-    cp.rows
-        .iter()
-        .map(|m| match m {
-            crate::core::RowMutation::Upsert { row, .. } => {
-                Some(table.column_values(&row.value).map_err(|e| e.to_string()))
-            }
-            crate::core::RowMutation::Delete { .. } => None,
-        })
-        .collect()
+/// The row schemas a worker decodes a checkpoint's column values with, ahead of its commit: one
+/// table's, or each of a several-table job's by its log table index (the prefix of its rows'
+/// keys, [`crate::core::table_key`]).
+pub enum RowSchemas {
+    One(Box<crate::codec::TableSchema>),
+    Several(Vec<(u16, crate::codec::TableSchema)>),
 }
 
-/// The column values of an upserted row: decoded ahead (`pre`) or now; a datum that does not
-/// decode is refused, naming its key.
+impl RowSchemas {
+    /// The column values of every upserted row of `cp`. A several-table row of no table here is
+    /// left to the store, which refuses it naming the table (`None`, as if not decoded ahead).
+    pub fn decode(&self, cp: &Checkpoint) -> DecodedRows {
+        cp.rows
+            .iter()
+            .map(|m| match m {
+                crate::core::RowMutation::Upsert { row, .. } => {
+                    let table = match self {
+                        RowSchemas::One(t) => t,
+                        RowSchemas::Several(ts) => {
+                            let index = crate::core::split_table_key(&row.key)?.0;
+                            &ts.iter().find(|(i, _)| *i == index)?.1
+                        }
+                    };
+                    Some(table.column_values(&row.value).map_err(|e| e.to_string()))
+                }
+                crate::core::RowMutation::Delete { .. } => None,
+            })
+            .collect()
+    }
+}
+
+/// The column values of an upserted row (`key`: as its table keeps it, named in the error;
+/// `value`: its datum): decoded ahead (`pre`) or now; a datum that does not decode is refused,
+/// naming its key.
 pub fn row_columns(
     table: &crate::codec::TableSchema,
-    row: &crate::core::Row,
+    key: &[u8],
+    value: &[u8],
     pre: Option<Result<Vec<crate::codec::ColumnValue>, String>>,
 ) -> Result<Vec<crate::codec::ColumnValue>, StoreError> {
-    pre.unwrap_or_else(|| table.column_values(&row.value).map_err(|e| e.to_string()))
+    pre.unwrap_or_else(|| table.column_values(value).map_err(|e| e.to_string()))
         .map_err(|e| {
             StoreError::Rejected(format!(
                 "row with key {} does not decode: {e}",
-                key_hex(&row.key)
+                key_hex(key)
             ))
         })
 }

@@ -125,6 +125,18 @@ impl LogCodec {
         Ok(codec)
     }
 
+    /// The row schema of every table the job materialises, by its index among the log's tables:
+    /// this table's, then the others of [`of_tables`](Self::of_tables).
+    pub fn materialised(&self) -> Vec<(u16, TableSchema)> {
+        let mut out = vec![(self.index, self.table.clone())];
+        for (_, i, whole) in &self.others {
+            if let Some(t) = whole {
+                out.push((*i, t.clone()));
+            }
+        }
+        out
+    }
+
     /// This table's index among the log's tables.
     pub fn index(&self) -> u16 {
         self.index

@@ -15,7 +15,7 @@ use crate::codec::LogCodec;
 use crate::core::{LocalCheckpointPolicy, Supervisor};
 use crate::driver::{Driver, DriverConfig};
 use crate::kafka::consumer::{ConsumerSetup, KafkaConsumer};
-use crate::ports::{Clock, SnapshotSource, StoreFactory};
+use crate::ports::{Clock, RowSchemas, SnapshotSource, StoreFactory};
 use crate::service::observe::ServiceObserver;
 use crate::service::status::StatusBoard;
 use crate::store::committer::Committer;
@@ -81,9 +81,13 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
     let committer = Committer::new(
         setup.job.clone(),
         setup.open_store.clone(),
-        // Rows of one table are decoded on this thread ahead of the commit; a job of several
-        // tables' rows are routed and decoded by the store.
-        (!setup.tables.several()).then(|| Arc::new(setup.codec.table.clone())),
+        // Rows are decoded on this thread ahead of the commit (a several-table job's each with
+        // its table's schema); the store's thread only routes and binds them.
+        Arc::new(if setup.tables.several() {
+            RowSchemas::Several(setup.codec.materialised())
+        } else {
+            RowSchemas::One(Box::new(setup.codec.table.clone()))
+        }),
     );
     let consumer = KafkaConsumer::subscribe(&ConsumerSetup {
         job: setup.job.clone(),

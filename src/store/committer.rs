@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::codec::TableSchema;
 use crate::core::Checkpoint;
 use crate::ports::{
-    decode_rows, CommitDone, CommitPort, DecodedRows, StateStore, StoreError, StoreFactory,
+    CommitDone, CommitPort, DecodedRows, RowSchemas, StateStore, StoreError, StoreFactory,
     MAX_PENDING_COMMITS as MAX_PENDING,
 };
 
@@ -37,24 +36,20 @@ struct Done {
 pub struct Committer {
     job: String,
     open_store: StoreFactory,
-    /// The row schema: `submit` decodes each row's column values on the worker thread, so the
+    /// The row schemas: `submit` decodes each row's column values on the worker thread, so the
     /// committer thread only binds them (both cores busy).
-    table: Option<Arc<TableSchema>>,
+    schemas: Arc<RowSchemas>,
     /// Started (with its own store handle) when the loop starts an executor.
     thread: Option<Thread>,
 }
 
 impl Committer {
     /// A committer of `job`; its thread starts at the loop's first `restart`.
-    pub fn new(
-        job: String,
-        open_store: StoreFactory,
-        table: Option<Arc<TableSchema>>,
-    ) -> Committer {
+    pub fn new(job: String, open_store: StoreFactory, schemas: Arc<RowSchemas>) -> Committer {
         Committer {
             job,
             open_store,
-            table,
+            schemas,
             thread: None,
         }
     }
@@ -62,11 +57,7 @@ impl Committer {
 
 impl CommitPort for Committer {
     fn submit(&mut self, checkpoint: Checkpoint) {
-        let decoded = self
-            .table
-            .as_ref()
-            .map(|t| decode_rows(t, &checkpoint))
-            .unwrap_or_default();
+        let decoded = self.schemas.decode(&checkpoint);
         self.thread
             .as_mut()
             .expect("the loop starts the committer before it commits")

@@ -337,7 +337,7 @@ impl StateStore for MemoryStore {
         // All or nothing: the group is applied to a copy that replaces the state only if every
         // checkpoint passed.
         let Some(current) = jobs.get_mut(job) else {
-            return protocol::check_commit(&mut Tx(None), job, cps.first().expect("a group"))
+            return protocol::check_commit(&mut Tx(None), job, cps.first().expect("a group"), &[])
                 .map(|_| ());
         };
         let publish = self.publish;
@@ -480,7 +480,7 @@ fn apply_checkpoint(
     publish: bool,
 ) -> Result<(), StoreError> {
     {
-        protocol::check_commit(&mut Tx(Some(state)), job, cp)?;
+        protocol::check_commit(&mut Tx(Some(state)), job, cp, &[])?;
         let fresh: Vec<&DeadLetter> = cp
             .dead_letters
             .iter()

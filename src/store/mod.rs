@@ -59,37 +59,41 @@ fn table_of<'k>(tables: &[StoreTable], key: &'k [u8]) -> Result<(usize, &'k [u8]
 
 /// Refuses a checkpoint of a several-table job holding a row of no table of the job, before
 /// anything of it is written (under publication its rows may wait as a pending unit, and a unit
-/// that could not be applied later would stop the job at another worker's commit).
-pub fn check_table_keys(tables: &[StoreTable], rows: &[RowMutation]) -> Result<(), StoreError> {
+/// that could not be applied later would stop the job at another worker's commit). Part of
+/// [`protocol::check_commit`].
+fn check_table_keys(tables: &[StoreTable], rows: &[RowMutation]) -> Result<(), StoreError> {
     rows.iter()
         .try_for_each(|m| table_of(tables, m.key()).map(|_| ()))
 }
 
-/// A several-table job's rows routed to their tables (in `tables`' order), each key bare again and
-/// each table's rows in the order they came. A key whose table is not one of `tables` is refused.
-pub fn split_rows<'a>(
+/// A row as a store writes it: its mutation and its key as its table keeps it (a several-table
+/// job's (table, key) prefix stripped), borrowed from the checkpoint.
+pub type RowRef<'r> = (&'r RowMutation, &'r [u8]);
+
+/// A one-table checkpoint's rows as [`RowRef`]s (keys as they are).
+pub fn row_refs(rows: &[RowMutation]) -> impl Iterator<Item = RowRef<'_>> {
+    rows.iter().map(|m| (m, m.key()))
+}
+
+/// A several-table job's rows routed to their tables (in `tables`' order) by reference, each key
+/// bare again, each table's rows in the order they came with their values decoded ahead
+/// (`decoded`, aligned with `rows`, or empty when not decoded ahead). A key whose table is not one
+/// of `tables` is refused.
+#[allow(clippy::type_complexity)]
+pub fn split_rows<'a, 'r>(
     tables: &'a [StoreTable],
-    rows: &[RowMutation],
-) -> Result<Vec<(&'a StoreTable, Vec<RowMutation>)>, StoreError> {
-    let mut out: Vec<(&StoreTable, Vec<RowMutation>)> =
-        tables.iter().map(|t| (t, Vec::new())).collect();
+    rows: &'r [RowMutation],
+    decoded: DecodedRows,
+) -> Result<Vec<(&'a StoreTable, Vec<RowRef<'r>>, DecodedRows)>, StoreError> {
+    let mut out: Vec<(&StoreTable, Vec<RowRef<'r>>, DecodedRows)> =
+        tables.iter().map(|t| (t, Vec::new(), Vec::new())).collect();
+    let mut decoded = (decoded.len() == rows.len()).then(|| decoded.into_iter());
     for m in rows {
         let (at, key) = table_of(tables, m.key())?;
-        let bare = match m {
-            RowMutation::Upsert { vnode, row, offset } => RowMutation::Upsert {
-                vnode: *vnode,
-                row: crate::core::Row {
-                    key: key.to_vec(),
-                    value: row.value.clone(),
-                },
-                offset: *offset,
-            },
-            RowMutation::Delete { vnode, .. } => RowMutation::Delete {
-                vnode: *vnode,
-                key: key.to_vec(),
-            },
-        };
-        out[at].1.push(bare);
+        out[at].1.push((m, key));
+        if let Some(pre) = decoded.as_mut().and_then(|d| d.next()) {
+            out[at].2.push(pre);
+        }
     }
     Ok(out)
 }

@@ -22,7 +22,7 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
-use crate::store::{in_table, split_rows, StoreTable};
+use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -94,11 +94,12 @@ pub struct PostgresStore {
     evolution: Option<(Arc<Evolution>, usize)>,
     /// A job of several tables ([`PostgresStore::open_tables`]): every table with its key layout,
     /// the first being `table`/`table_name`; rows are keyed by (table, key). Empty for one table.
-    several: Several,
+    /// Shared, so a commit's retry closure holds it without copying every table's schema.
+    several: Arc<Several>,
 }
 
 /// A several-table job's tables and each one's key layout, in the same order.
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct Several {
     tables: Vec<StoreTable>,
     layouts: Vec<KeyLayout>,
@@ -285,7 +286,7 @@ impl PostgresStore {
             publication,
             layout,
             evolution: None,
-            several: Several::default(),
+            several: Arc::default(),
         })
     }
 
@@ -314,7 +315,7 @@ impl PostgresStore {
             }
             layouts.push(key_layout(&mut store.client, &t.name)?);
         }
-        store.several = Several { tables, layouts };
+        store.several = Arc::new(Several { tables, layouts });
         Ok(store)
     }
 
@@ -489,7 +490,7 @@ impl StateStore for PostgresStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         let table_name = self.table_name.clone();
         let publication = self.publication;
-        let several = self.several.clone();
+        let several = Arc::clone(&self.several);
         let row = self.with_tx(|tx, _, _| {
             // Serialises job creation on this table: two jobs starting at once cannot both find it free.
             tx.execute("LOCK TABLE kb_jobs IN SHARE ROW EXCLUSIVE MODE", &[])
@@ -614,7 +615,7 @@ impl StateStore for PostgresStore {
         let mut decoded = Some(decoded);
         let publication = self.publication;
         let layout = self.layout;
-        let several = self.several.clone();
+        let several = Arc::clone(&self.several);
         let versions = match &self.evolution {
             Some((ev, t)) => Some((
                 ev.refresh_if_grown()
@@ -645,7 +646,7 @@ impl StateStore for PostgresStore {
 
     fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
         let publication = self.publication;
-        let several = self.several.clone();
+        let several = Arc::clone(&self.several);
         self.with_tx(|tx, _, table_name| {
             let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             if protocol::recreation_applies(&row, from_generation) {
@@ -698,7 +699,7 @@ impl StateStore for PostgresStore {
         if !self.several.is_empty() {
             // Keyed by (table, key), as the job's checkpoints are; every table read in one
             // snapshot of the database, so they are of one commit.
-            let several = self.several.clone();
+            let several = Arc::clone(&self.several);
             return self.with_tx(|tx, _, _| {
                 tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     .map_err(classify)?;
@@ -892,7 +893,7 @@ fn apply_checkpoint(
     versions: Option<(&SchemaVersions, usize)>,
 ) -> Result<(), StoreError> {
     {
-        let row = protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let row = protocol::check_commit(&mut Tx(tx), job, cp, &several.tables)?;
         let evolved = match versions {
             Some((vs, t)) => {
                 let mut schema = PgSchema { tx, table_name };
@@ -930,9 +931,6 @@ fn apply_checkpoint(
                 .map_err(classify)?
                 .get(0);
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
-        }
-        if !several.tables.is_empty() {
-            crate::store::check_table_keys(&several.tables, &cp.rows)?;
         }
         match cp.epoch {
             Some(epoch) if publication => {
@@ -1109,12 +1107,12 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
 /// Upserts and deletes `rows` in `table_name`: multi-row statements, or `COPY` for many.
 /// `snapshot`: the rows are a snapshot scan's (a checkpoint without log data), which the table
 /// cannot hold yet — many of them are copied straight into it ([`copy_fresh`]).
-fn write_rows(
+fn write_rows<'r>(
     tx: &mut Transaction<'_>,
     table: &TableSchema,
     table_name: &str,
     layout: KeyLayout,
-    rows: &[RowMutation],
+    rows: impl IntoIterator<Item = RowRef<'r>>,
     decoded: DecodedRows,
     snapshot: bool,
 ) -> Result<(), StoreError> {
@@ -1130,20 +1128,20 @@ fn write_rows(
     let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
     let mut upserts: Vec<UpsertRow> = Vec::new();
     let mut deletes: Vec<(i32, Vec<u8>)> = Vec::new();
-    for m in rows {
+    for (m, key) in rows {
         match m {
             RowMutation::Upsert { vnode, row, .. } => {
-                let fields = row_columns(table, row, decoded.next().flatten())?;
+                let fields = row_columns(table, key, &row.value, decoded.next().flatten())?;
                 let values = fields
                     .into_iter()
                     .zip(&table.columns)
-                    .map(|(v, c)| PgValue::of(c.ty, v, &c.name, &row.key))
+                    .map(|(v, c)| PgValue::of(c.ty, v, &c.name, key))
                     .collect::<Result<_, _>>()?;
-                upserts.push((row.key.clone(), *vnode as i32, row.value.clone(), values));
+                upserts.push((key.to_vec(), *vnode as i32, row.value.clone(), values));
             }
-            RowMutation::Delete { vnode, key } => {
+            RowMutation::Delete { vnode, .. } => {
                 decoded.next();
-                deletes.push((*vnode as i32, key.clone()))
+                deletes.push((*vnode as i32, key.to_vec()))
             }
         }
     }
@@ -1277,13 +1275,14 @@ impl Target<'_> {
     ) -> Result<(), StoreError> {
         if self.several.is_empty() {
             let name = self.name(self.table_name);
+            let rows = row_refs(rows);
             return write_rows(tx, self.table, &name, self.layout, rows, decoded, snapshot);
         }
-        let routed = split_rows(&self.several.tables, rows)?;
-        for ((t, rows), layout) in routed.into_iter().zip(&self.several.layouts) {
+        let routed = split_rows(&self.several.tables, rows, decoded)?;
+        for ((t, rows, decoded), layout) in routed.into_iter().zip(&self.several.layouts) {
             if !rows.is_empty() {
                 let name = self.name(&t.name);
-                write_rows(tx, &t.schema, &name, *layout, &rows, Vec::new(), snapshot)
+                write_rows(tx, &t.schema, &name, *layout, rows, decoded, snapshot)
                     .map_err(|e| in_table(e, &t.name))?;
             }
         }

@@ -16,6 +16,7 @@ use crate::core::{
     VnodeProgress,
 };
 use crate::ports::{JobRow, SnapshotInfo, StoreError};
+use crate::store::StoreTable;
 
 /// What the protocol reads inside a backend's transaction.
 pub trait TxRead {
@@ -101,12 +102,14 @@ pub fn claimed_partition(
     })
 }
 
-/// Before a commit: the generation, every lease the checkpoint holds, and the checkpoint against
-/// committed progress ([`check_checkpoint`]). Returns the job row.
+/// Before a commit: the generation, every lease the checkpoint holds, the checkpoint against
+/// committed progress ([`check_checkpoint`]) and, for a job of several `tables` (empty for one),
+/// every row of one of them ([`super::check_table_keys`]). Returns the job row.
 pub fn check_commit(
     tx: &mut impl TxRead,
     job: &str,
     cp: &Checkpoint,
+    tables: &[StoreTable],
 ) -> Result<JobRow, StoreError> {
     let row = job_row(tx, job)?;
     check_generation(job, row.generation, cp.generation)?;
@@ -131,6 +134,9 @@ pub fn check_commit(
     let vnodes: Vec<Vnode> = cp.vnodes.iter().map(|v| v.vnode).collect();
     let committed = tx.vnodes(job, &vnodes)?;
     check_checkpoint(job, &map, &committed, cp)?;
+    if !tables.is_empty() {
+        super::check_table_keys(tables, &cp.rows)?;
+    }
     Ok(row)
 }
 

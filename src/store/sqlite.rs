@@ -23,7 +23,7 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
-use crate::store::{in_table, split_rows, StoreTable};
+use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kb_jobs (
@@ -644,11 +644,12 @@ impl SqliteStore {
             }
         };
         if several.is_empty() {
-            return Self::write_rows(tx, table, &target(table_name), datum, rows, decoded);
+            let name = target(table_name);
+            return Self::write_rows(tx, table, &name, datum, row_refs(rows), decoded);
         }
-        for (t, rows) in split_rows(several, rows)? {
+        for (t, rows, decoded) in split_rows(several, rows, decoded)? {
             if !rows.is_empty() {
-                Self::write_rows(tx, &t.schema, &target(&t.name), datum, &rows, Vec::new())
+                Self::write_rows(tx, &t.schema, &target(&t.name), datum, rows, decoded)
                     .map_err(|e| in_table(e, &t.name))?;
             }
         }
@@ -795,7 +796,7 @@ impl SqliteStore {
         decoded: DecodedRows,
         versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
     ) -> Result<(), StoreError> {
-        let row = protocol::check_commit(&mut Tx(tx), job, cp)?;
+        let row = protocol::check_commit(&mut Tx(tx), job, cp, several)?;
         let evolved = match versions {
             Some((vs, t)) => {
                 let mut schema = SqliteSchema {
@@ -834,9 +835,6 @@ impl SqliteStore {
                 )
                 .map_err(classify)?;
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
-        }
-        if !several.is_empty() {
-            crate::store::check_table_keys(several, &cp.rows)?;
         }
         match cp.epoch {
             Some(epoch) if publication => {
@@ -899,12 +897,12 @@ impl SqliteStore {
     }
     /// Upserts and deletes `rows` in the table (`decoded`: their column values, decoded off the
     /// committer's thread; missing ones are decoded here).
-    fn write_rows(
+    fn write_rows<'r>(
         tx: &Connection,
         table: &TableSchema,
         table_name: &str,
         datum: bool,
-        rows: &[RowMutation],
+        rows: impl IntoIterator<Item = RowRef<'r>>,
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
         let mut decoded = decoded.into_iter();
@@ -935,15 +933,15 @@ impl SqliteStore {
                     "DELETE FROM \"{t}\" WHERE _kb_vnode = ?1 AND _kb_key = ?2"
                 ))
                 .map_err(classify)?;
-            for m in rows {
+            for (m, key) in rows {
                 match m {
                     RowMutation::Upsert { vnode, row, .. } => {
-                        let fields = row_columns(table, row, decoded.next().flatten())?;
+                        let fields = row_columns(table, key, &row.value, decoded.next().flatten())?;
                         // Bound by reference: no copy of the key, the datum or a column value
                         // before SQLite's own (a tenth of the committer's time went to those
                         // copies and their frees, docs/BENCHMARKS.md "CPU per record").
                         let bind = |upsert: &mut rusqlite::CachedStatement<'_>| {
-                            upsert.raw_bind_parameter(1, row.key.as_slice())?;
+                            upsert.raw_bind_parameter(1, key)?;
                             upsert.raw_bind_parameter(2, *vnode as i64)?;
                             if datum {
                                 upsert.raw_bind_parameter(3, row.value.as_slice())?;
@@ -953,9 +951,9 @@ impl SqliteStore {
                             }
                             upsert.raw_execute()
                         };
-                        bind(&mut upsert).map_err(|e| row_error(e, table, &row.key))?;
+                        bind(&mut upsert).map_err(|e| row_error(e, table, key))?;
                     }
-                    RowMutation::Delete { vnode, key } => {
+                    RowMutation::Delete { vnode, .. } => {
                         decoded.next();
                         delete.execute(params![vnode, key]).map_err(classify)?;
                     }
