@@ -249,6 +249,28 @@ fn classify(e: postgres::Error) -> StoreError {
     }
 }
 
+/// Creates a materialised table unless present (after `before`: the store's own tables, on the
+/// first open), keyed `(_kb_vnode, _kb_key)`, and returns the key layout it has (a table of an
+/// earlier release keeps its own).
+fn create_table(
+    client: &mut Client,
+    before: &str,
+    table_name: &str,
+    table: &TableSchema,
+) -> Result<KeyLayout, StoreError> {
+    // `IF NOT EXISTS` on a present table is a NOTICE that the driver would log on every open
+    // (one per worker, committer and pooled handle): this session hears warnings and up only.
+    let ddl = format!(
+        "SET client_min_messages TO warning; {before} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));",
+        table.column_ddl(ColumnType::postgres)
+    );
+    // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
+    if client.batch_execute(&ddl).is_err() {
+        client.batch_execute(&ddl).map_err(classify)?;
+    }
+    key_layout(client, table_name)
+}
+
 impl PostgresStore {
     /// Connects (retrying with backoff) and creates the tables.
     pub fn open(url: &str, table_name: &str, table: TableSchema) -> Result<Self, StoreError> {
@@ -267,17 +289,7 @@ impl PostgresStore {
     ) -> Result<Self, StoreError> {
         crate::ports::check_table_name(table_name)?;
         let mut client = connect(url)?;
-        // `IF NOT EXISTS` on a present table is a NOTICE that the driver would log on every open
-        // (one per worker, committer and pooled handle): this session hears warnings and up only.
-        let ddl = format!(
-            "SET client_min_messages TO warning; {SCHEMA} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));",
-            table.column_ddl(ColumnType::postgres)
-        );
-        // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
-        if client.batch_execute(&ddl).is_err() {
-            client.batch_execute(&ddl).map_err(classify)?;
-        }
-        let layout = key_layout(&mut client, table_name)?;
+        let layout = create_table(&mut client, SCHEMA, table_name, &table)?;
         Ok(PostgresStore {
             url: url.to_string(),
             client,
@@ -305,15 +317,7 @@ impl PostgresStore {
         let mut layouts = vec![store.layout];
         for t in &tables[1..] {
             crate::ports::check_table_name(&t.name)?;
-            let ddl = format!(
-                "SET client_min_messages TO warning; CREATE TABLE IF NOT EXISTS \"{}\" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));",
-                t.name,
-                t.schema.column_ddl(ColumnType::postgres)
-            );
-            if store.client.batch_execute(&ddl).is_err() {
-                store.client.batch_execute(&ddl).map_err(classify)?;
-            }
-            layouts.push(key_layout(&mut store.client, &t.name)?);
+            layouts.push(create_table(&mut store.client, "", &t.name, &t.schema)?);
         }
         store.several = Arc::new(Several { tables, layouts });
         Ok(store)
