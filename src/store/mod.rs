@@ -261,4 +261,103 @@ mod tests {
         assert_eq!(store.transactions, 4);
         assert!(results.iter().all(|r| r.is_ok()));
     }
+
+    /// Two one-column tables: `a` (index 1, a long) and `b` (index 3, a string).
+    fn two_tables() -> Vec<StoreTable> {
+        let schema = |name: &str, ty: &str| {
+            TableSchema::parse(
+                &format!(
+                    r#"{{"type":"record","name":"{name}","fields":[{{"name":"k","type":"{ty}"}}]}}"#
+                ),
+                &["k".to_string()],
+            )
+            .unwrap()
+        };
+        vec![
+            StoreTable {
+                index: 1,
+                source: "a".into(),
+                name: "a".into(),
+                schema: schema("a", "long"),
+            },
+            StoreTable {
+                index: 3,
+                source: "b".into(),
+                name: "b".into(),
+                schema: schema("b", "string"),
+            },
+        ]
+    }
+
+    fn upsert(table: &StoreTable, key: &[u8], field: apache_avro::types::Value) -> RowMutation {
+        let value = table
+            .schema
+            .encode_row(&apache_avro::types::Value::Record(vec![(
+                "k".into(),
+                field,
+            )]))
+            .unwrap();
+        RowMutation::Upsert {
+            vnode: 0,
+            row: crate::core::Row {
+                key: crate::core::table_key(table.index, key),
+                value,
+            },
+            offset: None,
+        }
+    }
+
+    #[test]
+    fn several_tables_rows_are_decoded_with_their_tables_schema_and_routed_with_bare_keys() {
+        use crate::codec::ColumnValue;
+        use apache_avro::types::Value;
+        let tables = two_tables();
+        let mut cp = group(1).remove(0);
+        cp.rows = vec![
+            upsert(&tables[1], b"x", Value::String("x".into())),
+            upsert(&tables[0], b"7", Value::Long(7)),
+            RowMutation::Delete {
+                vnode: 0,
+                key: crate::core::table_key(3, b"y"),
+            },
+        ];
+        let schemas = crate::ports::RowSchemas::Several(
+            tables.iter().map(|t| (t.index, t.schema.clone())).collect(),
+        );
+        let decoded = schemas.decode(&cp);
+        let routed = split_rows(&tables, &cp.rows, decoded).unwrap();
+        let (a, b) = (&routed[0], &routed[1]);
+        assert_eq!((a.0.name.as_str(), b.0.name.as_str()), ("a", "b"));
+        assert_eq!(
+            a.1.iter().map(|r| r.1).collect::<Vec<_>>(),
+            vec![b"7".as_slice()]
+        );
+        assert_eq!(
+            b.1.iter().map(|r| r.1).collect::<Vec<_>>(),
+            vec![b"x".as_slice(), b"y".as_slice()]
+        );
+        assert_eq!(a.2, vec![Some(Ok(vec![ColumnValue::Integer(7)]))]);
+        assert_eq!(
+            b.2,
+            vec![Some(Ok(vec![ColumnValue::Text("x".into())])), None]
+        );
+
+        // Not decoded ahead: routed all the same, decoded by the store.
+        let routed = split_rows(&tables, &cp.rows, Vec::new()).unwrap();
+        assert!(routed
+            .iter()
+            .all(|(_, rows, pre)| !rows.is_empty() && pre.is_empty()));
+
+        // A row of a table the job lacks: not decoded ahead, and refused at routing naming the tables.
+        let lacking = StoreTable {
+            index: 2,
+            ..tables[0].clone()
+        };
+        cp.rows.push(upsert(&lacking, b"z", Value::Long(1)));
+        assert_eq!(schemas.decode(&cp).last(), Some(&None));
+        let err = split_rows(&tables, &cp.rows, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("log table 2") && err.contains("a, b"), "{err}");
+    }
 }
