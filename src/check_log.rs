@@ -17,6 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::codec::{LogCodec, TableSchema};
 use crate::core::contract::{check_record, LogPosition};
 use crate::core::{CoreError, LogRecord, PartitionMap, Vnode};
+use crate::kafka::admin::ErrorCapture;
 use crate::ports::SnapshotSource;
 use crate::service::config::{JobConfig, SnapshotConfig};
 
@@ -44,8 +45,16 @@ impl Report {
     }
 }
 
-/// How long to wait for a record below the high watermark before giving up on a partition.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait for a record below the high watermark before giving up on a partition; a
+/// broker that is away (restarting) for less than this is waited out.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Metadata and watermark requests while the broker is away: long enough for a broker restart.
+const BROKER_AWAY: crate::core::retry::Backoff = crate::core::retry::Backoff {
+    initial_ms: 100,
+    max_ms: 2_000,
+    deadline_ms: READ_TIMEOUT.as_millis() as u64,
+};
 
 /// Checks job `job`'s snapshot and its topic from the manifest's start offsets to the high
 /// watermarks taken when checking starts.
@@ -148,15 +157,16 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
     }
     // What the service reads: committed transactions only (aborted records and commit markers are
     // not part of the log a job applies).
-    let consumer: BaseConsumer = config
+    let consumer: BaseConsumer<ErrorCapture> = config
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
-        .create()
+        .create_with_context(ErrorCapture::default())
         .context("creating the consumer")?;
     let topic = &job.topic;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .with_context(|| format!("fetching metadata of topic {topic}"))?;
+    let md = while_broker_away(&consumer, || {
+        consumer.fetch_metadata(Some(topic), Duration::from_secs(5))
+    })
+    .with_context(|| format!("fetching metadata of topic {topic}"))?;
     let partitions = md
         .topics()
         .iter()
@@ -206,7 +216,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
 
 #[allow(clippy::too_many_arguments)]
 fn check_partition(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<ErrorCapture>,
     codecs: &[LogCodec],
     job: &JobConfig,
     map: PartitionMap,
@@ -228,9 +238,10 @@ fn check_partition(
         );
         return Ok(());
     };
-    let (low, high) = consumer
-        .fetch_watermarks(topic, p as i32, Duration::from_secs(10))
-        .with_context(|| format!("watermarks of topic {topic} partition {p}"))?;
+    let (low, high) = while_broker_away(consumer, || {
+        consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))
+    })
+    .with_context(|| format!("watermarks of topic {topic} partition {p}"))?;
     let (low, high) = (low.max(0) as u64, high.max(0) as u64);
     if start.next_offset == 0 || start.next_offset - 1 < low || start.next_offset > high {
         report.violation(
@@ -252,6 +263,7 @@ fn check_partition(
     };
     let mut next = first;
     let mut last_progress = Instant::now();
+    let mut client_error = None;
     while next < high {
         let Some(m) = consumer.poll(Duration::from_millis(500)) else {
             // Past a trailing transaction marker (or aborted records) there is nothing to deliver:
@@ -260,6 +272,12 @@ fn check_partition(
                 break;
             }
             if last_progress.elapsed() > READ_TIMEOUT {
+                if let Some(e) = client_error.take() {
+                    // Not the log's fault: the broker stayed away.
+                    return Err(e).with_context(|| {
+                        format!("reading topic {topic} partition {p} at offset {next}: no record within {READ_TIMEOUT:?}")
+                    });
+                }
                 report.violation(
                     max_report,
                     format!("topic {topic} partition {p}: no record at offset {next} within {READ_TIMEOUT:?} (high watermark {high})"),
@@ -268,7 +286,30 @@ fn check_partition(
             }
             continue;
         };
-        let m = m.with_context(|| format!("reading topic {topic} partition {p}"))?;
+        let m = match m {
+            Ok(m) => m,
+            // A broker away (restarting, a connection dropped) is waited out within READ_TIMEOUT,
+            // as the service does; what waiting cannot cure (credentials, TLS) stops at once.
+            Err(e) if !consumer.context().permanent() => {
+                tracing::warn!(error = %e, topic = %topic, partition = p, offset = next, "consumer error; waiting for the broker");
+                client_error = Some(e);
+                if last_progress.elapsed() > READ_TIMEOUT {
+                    return Err(client_error.take().expect("just set")).with_context(|| {
+                        format!("reading topic {topic} partition {p} at offset {next}: no record within {READ_TIMEOUT:?}")
+                    });
+                }
+                continue;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "reading topic {topic} partition {p}: {}",
+                        consumer.context().last().unwrap_or_default()
+                    )
+                })
+            }
+        };
+        client_error = None;
         last_progress = Instant::now();
         let offset = m.offset() as u64;
         next = offset + 1;
@@ -323,6 +364,27 @@ fn describe(r: &LogRecord) -> String {
         LogRecord::Barrier(b) => format!("the barrier {} -> {}", b.prev, b.curr),
         LogRecord::Change(c) => format!("a change of epoch {}", c.epoch),
     }
+}
+
+/// Runs a metadata request until it succeeds, retrying while the broker is away (within
+/// [`BROKER_AWAY`]); an error waiting cannot cure (credentials, TLS) ends it at once.
+fn while_broker_away<T>(
+    consumer: &BaseConsumer<ErrorCapture>,
+    op: impl FnMut() -> rdkafka::error::KafkaResult<T>,
+) -> Result<T> {
+    crate::retry::retry(
+        BROKER_AWAY,
+        op,
+        |_| !consumer.context().permanent(),
+        |pause| {
+            // Error events reach the context only when the client is polled.
+            let _ = consumer.poll(pause);
+        },
+    )
+    .map_err(|e| match consumer.context().last() {
+        Some(cause) => anyhow::anyhow!("{e}: {cause}"),
+        None => e.into(),
+    })
 }
 
 /// The consumer's position in `partition` (the next offset it will return), if known.

@@ -1,6 +1,7 @@
 //! Outages survived, on real processes: PostgreSQL stopped and started again, and the Kafka broker
 //! halted for 20 s, both in the middle of the log-store phase. The job resumes and ends exactly
 //! equal to `verify`'s expectation; the outage shows in `/status` and a metric while it lasts.
+//! `check-log` met by a broker outage waits it out too.
 
 mod support;
 
@@ -103,4 +104,31 @@ fn the_broker_halted_for_20_s_mid_log_store_then_verify_is_exact() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+}
+
+/// `check-log` started while the broker is away waits for it (within its bound) and then checks the
+/// whole log: a broker restart is not a failure of the log, nor of the check.
+#[test]
+fn check_log_started_while_the_broker_is_away_waits_for_it_and_passes() {
+    let _g = serial();
+    let f = Fixture::new("checkout", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "300",
+        "--changes",
+        "2000",
+        "--epoch-changes",
+        "100",
+    ]);
+    script("kafka.sh", "halt");
+    let mut check = f.spawn_subcommand("check", "check-log");
+    // Observed: the check has met the outage and waits on.
+    check.wait_for("Kafka client error", MIN);
+    script("kafka.sh", "resume");
+    let status = check.wait_exit(2 * MIN);
+    let text = check.log_text();
+    assert!(status.success(), "{}", support::tail(&text));
+    assert!(text.contains(": 0 violations"), "{text}");
 }

@@ -184,21 +184,39 @@ backoff_max_ms = 1000
     /// `http.listen`, so processes sharing the configuration do not share the port; "" = as
     /// configured).
     pub fn spawn_run_serving(&self, prefix: &str, args: &[&str], http: &str) -> Runner {
-        let log = self.dir.join(format!("{prefix}.log"));
-        let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(BIN);
         if !http.is_empty() {
             cmd.env("KAFKA_BACKFILL__HTTP__LISTEN", http);
         }
-        let child = cmd
-            .args(["run", "--config"])
+        cmd.args(["run", "--config"])
             .arg(&self.config)
             .args(["--worker-prefix", prefix])
-            .args(args)
+            .args(args);
+        self.spawn_logging(prefix, cmd, false)
+    }
+
+    /// Starts `kafka-backfill <subcommand> --config <this job's>`, its output and its log both in
+    /// `<dir>/<prefix>.log`.
+    pub fn spawn_subcommand(&self, prefix: &str, subcommand: &str) -> Runner {
+        let mut cmd = Command::new(BIN);
+        cmd.args([subcommand, "--config"]).arg(&self.config);
+        self.spawn_logging(prefix, cmd, true)
+    }
+
+    /// Spawns `cmd` logging to `<dir>/<prefix>.log`, with its stdout if `stdout` (else discarded).
+    fn spawn_logging(&self, prefix: &str, mut cmd: Command, stdout: bool) -> Runner {
+        let log = self.dir.join(format!("{prefix}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let out = if stdout {
+            Stdio::from(file.try_clone().unwrap())
+        } else {
+            Stdio::null()
+        };
+        let child = cmd
             // What a user sees by default (info) for every crate, and the service's debug lines.
             .env("RUST_LOG", "info,kafka_backfill=debug,librdkafka=warn")
             .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(file)
             .spawn()
             .unwrap();
