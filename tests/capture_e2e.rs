@@ -219,6 +219,29 @@ fn check_log(f: &Fixture) -> String {
     f.check_log()
 }
 
+/// The end every capture scenario asserts: the store equals the source (`rows` rows compared,
+/// within `within` of the runners catching up) and the log keeps the wire contract; the report.
+fn assert_exact(f: &Fixture, rows: u64, within: Duration) -> String {
+    let report = verify_source_eventually(f, within);
+    assert!(
+        report.contains(&format!("{rows} rows compared")),
+        "{report}"
+    );
+    let log = check_log(f);
+    assert!(log.contains(" 0 violations"), "{log}");
+    report
+}
+
+/// SIGTERM to a capture, which stops at a checkpoint and exits 0.
+fn stop_capture(capture: &mut Runner) {
+    capture.signal("TERM");
+    assert!(
+        capture.wait_exit(MIN).success(),
+        "{}",
+        tail(&capture.log_text())
+    );
+}
+
 fn wait_child(child: &mut Child, within: Duration) {
     let deadline = Instant::now() + within;
     while child.try_wait().unwrap().is_none() {
@@ -268,17 +291,8 @@ fn pgbench_pipeline(name: &str, policy: &str, postgres_store: bool) {
         f.use_postgres(&pg_url());
     }
     let [mut capture, a, b] = capture_pgbench_with_a_join(&f, &url, 150, 25, 15, "");
-    let report = verify_source_eventually(&f, MIN);
-    assert!(report.contains("10000 rows compared"), "{report}");
-    let log = check_log(&f);
-    assert!(log.contains(" 0 violations"), "{log}");
-    // The capture stops at a checkpoint on SIGTERM, exit 0.
-    capture.signal("TERM");
-    assert!(
-        capture.wait_exit(MIN).success(),
-        "{}",
-        tail(&capture.log_text())
-    );
+    let report = assert_exact(&f, 10_000, MIN);
+    stop_capture(&mut capture);
     let both = format!("{}{}", a.log_text(), b.log_text());
     println!(
         "{name}: {report}; invariant errors {}, rescheduled {}",
@@ -381,18 +395,11 @@ fn types_mix(postgres_store: bool) {
     psql(&url, "DELETE FROM t WHERE id BETWEEN 1000000 AND 1049999");
     let mut capture = spawn_capture(&f, "c2");
     capture.wait_for("capture checkpoint committed", MIN);
-    let report = verify_source_eventually(&f, MIN);
-    let rows: i64 = psql(&url, "SELECT count(*) FROM t").parse().unwrap();
-    assert!(
-        report.contains(&format!("{rows} rows compared")),
-        "{report}"
-    );
-    let log = check_log(&f);
-    assert!(log.contains(" 0 violations"), "{log}");
+    let rows: u64 = psql(&url, "SELECT count(*) FROM t").parse().unwrap();
+    assert_exact(&f, rows, MIN);
     run.signal("TERM");
     run.wait_exit(MIN);
-    capture.signal("TERM");
-    assert!(capture.wait_exit(MIN).success());
+    stop_capture(&mut capture);
 }
 
 /// What the capture cannot carry stops it with an error that says what to do, and nothing past the
@@ -513,18 +520,10 @@ fn a_second_capture_of_a_job_fences_the_first() {
     assert!(c["checkpoints"].as_u64().is_some_and(|n| n >= 3), "{s}");
     let mut run = f.spawn_run("r", &[]);
     wait_child(&mut bench, MIN);
-    let report = verify_source_eventually(&f, MIN);
-    assert!(report.contains("10000 rows compared"), "{report}");
-    let log = check_log(&f);
-    assert!(log.contains(" 0 violations"), "{log}");
+    assert_exact(&f, 10_000, MIN);
     run.signal("TERM");
     run.wait_exit(MIN);
-    second.signal("TERM");
-    assert!(
-        second.wait_exit(MIN).success(),
-        "{}",
-        tail(&second.log_text())
-    );
+    stop_capture(&mut second);
 }
 
 /// A PostgreSQL restart and a broker outage while the capture streams: each session that fails
@@ -561,18 +560,10 @@ fn a_postgres_restart_and_a_broker_outage_mid_stream_stay_exact() {
         .matches("capture checkpoint committed")
         .count();
     capture.wait_for_count("capture checkpoint committed", before + 3, 2 * MIN);
-    let report = verify_source_eventually(&f, 2 * MIN);
-    assert!(report.contains("10000 rows compared"), "{report}");
-    let log = check_log(&f);
-    assert!(log.contains(" 0 violations"), "{log}");
+    assert_exact(&f, 10_000, 2 * MIN);
     run.signal("TERM");
     run.wait_exit(MIN);
-    capture.signal("TERM");
-    assert!(
-        capture.wait_exit(MIN).success(),
-        "{}",
-        tail(&capture.log_text())
-    );
+    stop_capture(&mut capture);
 }
 
 /// `run --capture`: the capture and the job in one process (the embedded case); SIGTERM stops
@@ -664,17 +655,9 @@ fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
     let mut run = f.spawn_run("a", &[]);
     run.wait_for("partitions assigned", MIN);
     wait_child(&mut writer, MIN);
-    let report = verify_source_eventually(&f, MIN);
     let now: u64 = psql(&url, "SELECT count(*) FROM big").parse().unwrap();
-    assert!(report.contains(&format!("{now} rows compared")), "{report}");
-    let checked = check_log(&f);
-    assert!(checked.contains(" 0 violations"), "{checked}");
-    capture.signal("TERM");
-    assert!(
-        capture.wait_exit(MIN).success(),
-        "{}",
-        tail(&capture.log_text())
-    );
+    assert_exact(&f, now, MIN);
+    stop_capture(&mut capture);
 }
 
 /// `ALTER TABLE … ADD COLUMN` while pgbench writes: each added column (nullable, no default) is a
