@@ -149,6 +149,10 @@ impl Report {
     }
 }
 
+/// Issue 22's CPU target (≤ 2.3 CPU-s per million records) over the ConsumerPerformance figure it
+/// was set against (≈ 1.9): the target as a ratio that does not move with the host's speed.
+const CPU_RATIO_TARGET: f64 = 2.3 / 1.9;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -1280,6 +1284,23 @@ fn main() {
                 ),
                 format!("{log_cm:.2} (ConsumerPerformance {perf_c:.2}, bare rdkafka {bare_c:.2})"),
                 Some(log_cm <= 2.3),
+            );
+            // The host's speed moves every CPU figure together (the same build measured 2.16 and
+            // 5.91 on two days, ConsumerPerformance 1.78 and 5.35): the same target against the
+            // consumer measured in the same run, the issue's 2.3 over its ConsumerPerformance ≈ 1.9.
+            let cpu_ratio = log_cm / perf_c;
+            r.figure(
+                &format!("cpu_ratio_log_store_sqlite_over_consumer_performance_{p}p"),
+                "CPU per record of the log-store phase into SQLite over ConsumerPerformance's, same run",
+                format!("{cpu_ratio:.2}"),
+                json!(cpu_ratio),
+            );
+            r.target(
+                &format!(
+                    "log-store replay into SQLite ≤ {CPU_RATIO_TARGET:.2} × ConsumerPerformance's CPU per record, same run ({p} partitions)"
+                ),
+                format!("{cpu_ratio:.2}"),
+                Some(cpu_ratio <= CPU_RATIO_TARGET),
             );
             // The same replay into a table without `_kb_row` (`store_datum = false`, opt-in):
             // interleaved with nothing else, right after the default's runs.
