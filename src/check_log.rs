@@ -17,7 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::codec::{LogCodec, TableSchema};
 use crate::core::contract::{check_record, LogPosition};
 use crate::core::{CoreError, LogRecord, PartitionMap, Vnode};
-use crate::kafka::admin::ErrorCapture;
+use crate::kafka::admin::{while_broker_away, ErrorCapture};
 use crate::ports::SnapshotSource;
 use crate::service::config::{JobConfig, SnapshotConfig};
 
@@ -163,9 +163,10 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
         .create_with_context(ErrorCapture::default())
         .context("creating the consumer")?;
     let topic = &job.topic;
-    let md = while_broker_away(&consumer, || {
+    let md = while_broker_away(&consumer, BROKER_AWAY, || {
         consumer.fetch_metadata(Some(topic), Duration::from_secs(5))
     })
+    .map_err(anyhow::Error::msg)
     .with_context(|| format!("fetching metadata of topic {topic}"))?;
     let partitions = md
         .topics()
@@ -238,9 +239,10 @@ fn check_partition(
         );
         return Ok(());
     };
-    let (low, high) = while_broker_away(consumer, || {
+    let (low, high) = while_broker_away(consumer, BROKER_AWAY, || {
         consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))
     })
+    .map_err(anyhow::Error::msg)
     .with_context(|| format!("watermarks of topic {topic} partition {p}"))?;
     let (low, high) = (low.max(0) as u64, high.max(0) as u64);
     if start.next_offset == 0 || start.next_offset - 1 < low || start.next_offset > high {
@@ -264,6 +266,13 @@ fn check_partition(
     let mut next = first;
     let mut last_progress = Instant::now();
     let mut client_error = None;
+    // No record within READ_TIMEOUT while the client reported errors: the broker stayed away,
+    // which is not the log's fault.
+    let stayed_away = |e: rdkafka::error::KafkaError, next: u64| {
+        anyhow::Error::new(e).context(format!(
+            "reading topic {topic} partition {p} at offset {next}: no record within {READ_TIMEOUT:?}"
+        ))
+    };
     while next < high {
         let Some(m) = consumer.poll(Duration::from_millis(500)) else {
             // Past a trailing transaction marker (or aborted records) there is nothing to deliver:
@@ -273,10 +282,7 @@ fn check_partition(
             }
             if last_progress.elapsed() > READ_TIMEOUT {
                 if let Some(e) = client_error.take() {
-                    // Not the log's fault: the broker stayed away.
-                    return Err(e).with_context(|| {
-                        format!("reading topic {topic} partition {p} at offset {next}: no record within {READ_TIMEOUT:?}")
-                    });
+                    return Err(stayed_away(e, next));
                 }
                 report.violation(
                     max_report,
@@ -292,12 +298,10 @@ fn check_partition(
             // as the service does; what waiting cannot cure (credentials, TLS) stops at once.
             Err(e) if !consumer.context().permanent() => {
                 tracing::warn!(error = %e, topic = %topic, partition = p, offset = next, "consumer error; waiting for the broker");
-                client_error = Some(e);
                 if last_progress.elapsed() > READ_TIMEOUT {
-                    return Err(client_error.take().expect("just set")).with_context(|| {
-                        format!("reading topic {topic} partition {p} at offset {next}: no record within {READ_TIMEOUT:?}")
-                    });
+                    return Err(stayed_away(e, next));
                 }
+                client_error = Some(e);
                 continue;
             }
             Err(e) => {
@@ -364,27 +368,6 @@ fn describe(r: &LogRecord) -> String {
         LogRecord::Barrier(b) => format!("the barrier {} -> {}", b.prev, b.curr),
         LogRecord::Change(c) => format!("a change of epoch {}", c.epoch),
     }
-}
-
-/// Runs a metadata request until it succeeds, retrying while the broker is away (within
-/// [`BROKER_AWAY`]); an error waiting cannot cure (credentials, TLS) ends it at once.
-fn while_broker_away<T>(
-    consumer: &BaseConsumer<ErrorCapture>,
-    op: impl FnMut() -> rdkafka::error::KafkaResult<T>,
-) -> Result<T> {
-    crate::retry::retry(
-        BROKER_AWAY,
-        op,
-        |_| !consumer.context().permanent(),
-        |pause| {
-            // Error events reach the context only when the client is polled.
-            let _ = consumer.poll(pause);
-        },
-    )
-    .map_err(|e| match consumer.context().last() {
-        Some(cause) => anyhow::anyhow!("{e}: {cause}"),
-        None => e.into(),
-    })
 }
 
 /// The consumer's position in `partition` (the next offset it will return), if known.

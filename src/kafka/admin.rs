@@ -71,21 +71,10 @@ pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<
         .create_with_context(ErrorCapture::default())
         .context("creating a metadata client")?;
     let bootstrap = props.get("bootstrap.servers").map_or("?", String::as_str);
-    // Retried while the cluster is unreachable; an authentication or TLS failure ends it at once.
-    let md = crate::retry::retry_sleeping(
-        crate::core::retry::Backoff::METADATA,
-        || {
-            consumer
-                .fetch_metadata(Some(topic), Duration::from_secs(1))
-                .inspect_err(|_| {
-                    // Error events reach the context only when the client is polled.
-                    let _ = consumer.poll(Duration::ZERO);
-                })
-        },
-        |_| !consumer.context().permanent(),
-    )
-    .map_err(|e| {
-        let cause = consumer.context().last().unwrap_or_else(|| e.to_string());
+    let md = while_broker_away(&consumer, crate::core::retry::Backoff::METADATA, || {
+        consumer.fetch_metadata(Some(topic), Duration::from_secs(1))
+    })
+    .map_err(|cause| {
         anyhow::anyhow!(
             "fetching metadata of topic {topic} from {bootstrap}: {cause}; check bootstrap.servers, security.protocol, the SASL credentials and ssl.ca.location"
         )
@@ -97,6 +86,26 @@ pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<
         return Ok(None);
     }
     Ok(Some(t.partitions().len() as u32))
+}
+
+/// Runs a client request until it succeeds, retrying within `backoff` while the broker is away
+/// (restarting, a connection dropped); an error waiting cannot cure (credentials, TLS) ends it at
+/// once. The error is the most telling one the client reported ([`ErrorCapture::last`]).
+pub fn while_broker_away<T>(
+    consumer: &BaseConsumer<ErrorCapture>,
+    backoff: crate::core::retry::Backoff,
+    op: impl FnMut() -> rdkafka::error::KafkaResult<T>,
+) -> Result<T, String> {
+    crate::retry::retry(
+        backoff,
+        op,
+        |_| !consumer.context().permanent(),
+        |pause| {
+            // Error events reach the context only when the client is polled.
+            let _ = consumer.poll(pause);
+        },
+    )
+    .map_err(|e| consumer.context().last().unwrap_or_else(|| e.to_string()))
 }
 
 /// Creates the topic with `partitions` partitions unless it exists (then checks the count).
