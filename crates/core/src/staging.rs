@@ -3,8 +3,9 @@
 //! Data of an epoch may only be committed once every owned partition has passed the barrier ending it,
 //! so staging keeps epochs apart; within one commit the buckets merge, later epochs winning.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// FxHash (rustc's hasher): keys are primary-key bytes chosen by the upstream, not by an attacker
 /// of this process, and SipHash was a visible share of the replay profile.
@@ -31,6 +32,33 @@ impl Hasher for FxHasher {
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
+/// A staged mutation, hashed and compared by its key alone: a bucket finds a key's mutation
+/// without a copy of the key (one allocation per staged change fewer; the issue's "staging keyed
+/// without per-record allocation", docs/BENCHMARKS.md "CPU per record").
+#[derive(Debug)]
+struct Keyed(RowMutation);
+
+impl PartialEq for Keyed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl Eq for Keyed {}
+
+impl Hash for Keyed {
+    // As `[u8]` hashes: `Borrow<[u8]>` requires the same hash for the borrowed form.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.key().hash(state)
+    }
+}
+
+impl Borrow<[u8]> for Keyed {
+    fn borrow(&self) -> &[u8] {
+        self.0.key()
+    }
+}
+
 use super::barrier::{Change, Op, Row};
 use super::epoch::Epoch;
 use super::progress::RowMutation;
@@ -38,7 +66,8 @@ use super::vnode::Vnode;
 
 #[derive(Default, Debug)]
 struct EpochBucket {
-    rows: FxMap<Vec<u8>, RowMutation>,
+    /// One mutation per key, the last staged.
+    rows: HashSet<Keyed, BuildHasherDefault<FxHasher>>,
     /// Changes applied per vnode (before coalescing): the `row_count` of vnode progress.
     counts: FxMap<Vnode, u64>,
 }
@@ -70,7 +99,7 @@ impl Staging {
             .epochs
             .entry(change.epoch)
             .or_insert_with(|| EpochBucket {
-                rows: FxMap::with_capacity_and_hasher(hint, Default::default()),
+                rows: HashSet::with_capacity_and_hasher(hint, Default::default()),
                 counts: FxMap::default(),
             });
         *bucket.counts.entry(change.vnode).or_default() += 1;
@@ -87,7 +116,7 @@ impl Staging {
                 key: change.row.key,
             },
         };
-        bucket.rows.insert(mutation.key().to_vec(), mutation);
+        bucket.rows.replace(Keyed(mutation));
         self.bucket_hint = self.bucket_hint.max(bucket.rows.len());
     }
 
@@ -105,29 +134,68 @@ impl Staging {
         let later = self.epochs.split_off(&Epoch(through.0 + 1));
         let taken = std::mem::replace(&mut self.epochs, later);
         let mut counts: HashMap<Vnode, u64> = HashMap::new();
-        let mut rows: Vec<RowMutation> =
+        // Epochs in order, each bucket already one mutation per key: a key's mutations lie in
+        // epoch order, so the last of each run of equal keys in a (vnode, key, position) order is
+        // its net effect (a key's vnode is a function of the key, so equal keys sort together).
+        let mut rows: Vec<Option<RowMutation>> =
             Vec::with_capacity(taken.values().map(|b| b.rows.len()).sum());
-        // Epochs in order, each bucket already one mutation per key; a stable sort keeps a key's
-        // mutations in epoch order, so the last of each run of equal keys is its net effect (a
-        // key's vnode is a function of the key, so equal keys sort together).
         for (_, bucket) in taken {
             for (v, c) in bucket.counts {
                 *counts.entry(v).or_default() += c;
                 self.changes -= c;
             }
-            rows.extend(bucket.rows.into_values());
+            rows.extend(bucket.rows.into_iter().map(|k| Some(k.0)));
         }
         // The stores cluster rows by (vnode, key), RisingWave's state-table layout: in that order a
-        // commit walks each B-tree once, left to right.
-        rows.sort_by(|a, b| (a.vnode(), a.key()).cmp(&(b.vnode(), b.key())));
-        dedup_keep_last(&mut rows);
+        // commit walks each B-tree once, left to right. Sorted as an index of 16-byte entries
+        // (vnode, the key's first 8 bytes, position) rather than the mutations themselves; the
+        // key's remaining bytes are compared only where those are equal (the sort's moves and
+        // `memcmp` calls were most of `take_through`, docs/BENCHMARKS.md "CPU per record").
+        let key = |e: &SortEntry| {
+            rows[e.position as usize]
+                .as_ref()
+                .expect("taken once")
+                .key()
+        };
+        let mut order: Vec<SortEntry> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let m = m.as_ref().expect("just staged");
+                SortEntry {
+                    vnode: m.vnode(),
+                    prefix: key_prefix(m.key()),
+                    position: u32::try_from(i).expect("fewer than 2^32 rows in one commit"),
+                }
+            })
+            .collect();
+        let same_key = |a: &SortEntry, b: &SortEntry| {
+            (a.vnode, a.prefix) == (b.vnode, b.prefix) && key(a) == key(b)
+        };
+        order.sort_unstable_by(|a, b| {
+            (a.vnode, a.prefix)
+                .cmp(&(b.vnode, b.prefix))
+                .then_with(|| key(a).cmp(key(b)))
+                .then(a.position.cmp(&b.position))
+        });
+        let mut net = Vec::with_capacity(order.len());
+        for (n, e) in order.iter().enumerate() {
+            if order.get(n + 1).is_some_and(|next| same_key(e, next)) {
+                continue; // a later epoch's mutation of the same key follows
+            }
+            net.push(e.position);
+        }
+        let rows = net
+            .into_iter()
+            .map(|p| rows[p as usize].take().expect("each position taken once"))
+            .collect();
         Taken { rows, counts }
     }
 
     /// Drops staged changes of the vnodes for which `revoked` holds (rollback of a revoked partition).
     pub fn discard(&mut self, revoked: impl Fn(Vnode) -> bool) {
         for bucket in self.epochs.values_mut() {
-            bucket.rows.retain(|_, m| !revoked(m.vnode()));
+            bucket.rows.retain(|m| !revoked(m.0.vnode()));
             bucket.counts.retain(|v, c| {
                 if revoked(*v) {
                     self.changes -= *c;
@@ -148,22 +216,21 @@ impl Staging {
     }
 }
 
-/// Keeps the last mutation of each run of equal (vnode, key) in a sorted vector.
-fn dedup_keep_last(rows: &mut Vec<RowMutation>) {
-    if rows.len() < 2 {
-        return;
-    }
-    let mut write = 0;
-    for read in 0..rows.len() {
-        let last_of_run = read + 1 == rows.len()
-            || (rows[read].vnode(), rows[read].key())
-                != (rows[read + 1].vnode(), rows[read + 1].key());
-        if last_of_run {
-            rows.swap(write, read);
-            write += 1;
-        }
-    }
-    rows.truncate(write);
+/// One row of a commit in its sort: `(vnode, prefix, then the whole key, position)` is the order.
+struct SortEntry {
+    vnode: Vnode,
+    prefix: u64,
+    position: u32,
+}
+
+/// The key's first 8 bytes, big-endian, zero-padded: `key_prefix(a) < key_prefix(b)` implies
+/// `a < b` byte-wise (a shorter key pads with zeros, below any byte that a longer one has there, or
+/// equal to a zero byte, which the whole-key comparison then orders).
+fn key_prefix(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
 }
 
 /// A snapshot row as a mutation (snapshot rows are inserts).
@@ -246,7 +313,14 @@ mod tests {
             for e in 1..=epochs {
                 for _ in 0..next(40) {
                     let k = next(12);
-                    let key = format!("k{k}");
+                    // Short keys, keys that differ only by a trailing zero byte, and keys longer
+                    // than the sort's 8-byte prefix that share it.
+                    let key = match k % 4 {
+                        0 => format!("k{k}"),
+                        1 => format!("k\0{}", "\0".repeat(k as usize % 3)),
+                        2 => format!("prefix8_{k}"),
+                        _ => format!("prefix8_\0{k}"),
+                    };
                     // A key's vnode is a function of the key (the contract's routing).
                     let vnode = (k % 3) as Vnode;
                     let op = [Op::Insert, Op::Delete, Op::UpdateDelete, Op::UpdateInsert]
