@@ -16,6 +16,8 @@ mod cpu;
 mod pg_ceiling;
 #[path = "backfill/several_tables.rs"]
 mod several_tables;
+#[path = "backfill/staging.rs"]
+mod staging;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -1634,6 +1636,11 @@ fn main() {
     }
 
     // ---- adaptive rate limiting against a competing application on the same PostgreSQL ----------
+    // ---- staging: the core's stage + take_through in process, against the rows alone ------------
+    if a.want("staging") {
+        staging::run(a.log_changes as usize, a.reps, &mut r);
+    }
+
     if a.want("adaptive") {
         eprintln!("adaptive rate limiting under a competing load…");
         // (changes, then seconds of warm-up and of window: unlimited runs, adaptive runs). The

@@ -6,9 +6,9 @@
 #   scripts/bench.sh            full size: 1M changes per log topic (4, 16, 64 partitions), a 1M-row
 #                               snapshot, 1M- and 10M-record backlogs, medians of 3 (~20 minutes)
 #   scripts/bench.sh --quick    a tenth of that, one repetition each
-#   scripts/bench.sh --ci       just enough to prove every section still runs (.ci/run uses it with
-#                               KB_BENCH_PROFILE=dev, reusing the test build; never judged on a time)
-# Extra flags: --only log,snapshot,commit,memory,single-file,recreate,reschedule,adaptive,scale,consistency,pg-key,pg-ceiling,capture,schema,several-tables
+#   scripts/bench.sh --ci       just enough to prove every section still runs (.ci/run uses it;
+#                               never judged on a time). KB_BENCH_PROFILE=dev reuses the test build
+# Extra flags: --only log,snapshot,commit,memory,single-file,recreate,reschedule,adaptive,scale,consistency,pg-key,pg-ceiling,capture,schema,several-tables,staging
 #              --reps N
 #              --log-changes N --snapshot-rows N --memory-small N --memory-large N
 #              --single-file-small N --single-file-large N --commit-samples N --json FILE
