@@ -1081,12 +1081,12 @@ fn loaded_run(
             .find_map(|w| w.strip_prefix(name))
             .and_then(|v| v.parse().ok())
     };
+    // Every checkpoint's line counts its rows; a transaction's latency is on its first checkpoint
+    // only (`transaction_ms=`, `CommitDone::transaction_ms`): one sample per transaction.
     let (mut commit_ms, mut changes) = (Vec::new(), 0.0);
     for line in text.lines().filter(|l| l.contains(" committed ")) {
-        if let (Some(ms), Some(rows)) = (field(line, "ms="), field(line, "rows=")) {
-            commit_ms.push(ms);
-            changes += rows;
-        }
+        changes += field(line, "rows=").unwrap_or(0.0);
+        commit_ms.extend(field(line, "transaction_ms="));
     }
     LoadedRun {
         commit_ms,
