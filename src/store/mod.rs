@@ -2,7 +2,8 @@
 //! which implement only its primitives: `sqlite` (one file), `postgres` (shared by workers on many
 //! machines) and `memory` (the test double the simulation uses; feature `testing`). `committer` is
 //! the production [`crate::ports::CommitPort`]: a worker's checkpoints applied on a thread of their
-//! own, in order, group-committed.
+//! own, in order, group-committed. `sqlite_static` is the SQLite statement that binds a row's bytes
+//! without a copy (`sqlite`'s upsert).
 
 pub mod committer;
 #[cfg(any(test, feature = "testing"))]
@@ -10,6 +11,7 @@ pub mod memory;
 pub mod postgres;
 pub mod protocol;
 pub mod sqlite;
+mod sqlite_static;
 
 use crate::codec::TableSchema;
 use crate::core::{Checkpoint, RowMutation};

@@ -23,6 +23,7 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
+use crate::store::sqlite_static::{Param, StaticStatement};
 use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
 const SCHEMA: &str = "
@@ -106,6 +107,21 @@ fn classify(e: rusqlite::Error) -> StoreError {
 /// A column value as SQLite binds it, by reference. SQLite has no NaN (it would store NULL): NaN is
 /// stored as the text `NaN`; ±Inf are REALs; −0.0 reads back as 0.0 (the exact value stays in `_kb_row`).
 struct SqliteValue<'a>(&'a ColumnValue);
+
+impl<'a> SqliteValue<'a> {
+    /// The value as [`StaticStatement`] binds it (borrowed, no copy).
+    fn param(&self) -> Param<'a> {
+        match self.0 {
+            ColumnValue::Null => Param::Null,
+            ColumnValue::Integer(i) => Param::Integer(*i),
+            ColumnValue::Boolean(b) => Param::Integer(*b as i64),
+            ColumnValue::Real(f) if f.is_nan() => Param::Text("NaN"),
+            ColumnValue::Real(f) => Param::Real(*f),
+            ColumnValue::Text(s) | ColumnValue::Decimal(s) | ColumnValue::Json(s) => Param::Text(s),
+            ColumnValue::Blob(b) => Param::Blob(b),
+        }
+    }
+}
 
 impl rusqlite::ToSql for SqliteValue<'_> {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
@@ -919,15 +935,19 @@ impl SqliteStore {
             // `INSERT OR REPLACE`, measured against `ON CONFLICT DO UPDATE` (which evaluates an
             // update of every column per row): 31 vs 34 ms for 10k upserts, 108 vs 129 ms for 100k
             // (`scripts/bench.sh --only commit`).
-            let mut upsert = tx
-                .prepare_cached(&format!(
+            // Binds the key, the datum and text columns without SQLite's copy of each
+            // (`sqlite_static`; prepared once per checkpoint).
+            let mut upsert = StaticStatement::prepare(
+                tx,
+                &format!(
                     "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, {}{}) VALUES (?1, ?2, {}{})",
                     if datum { "_kb_row, " } else { "" },
                     cols.join(", "),
                     if datum { "?3, " } else { "" },
                     marks.join(", ")
-                ))
-                .map_err(classify)?;
+                ),
+            )
+            .map_err(classify)?;
             let mut delete = tx
                 .prepare_cached(&format!(
                     "DELETE FROM \"{t}\" WHERE _kb_vnode = ?1 AND _kb_key = ?2"
@@ -937,21 +957,14 @@ impl SqliteStore {
                 match m {
                     RowMutation::Upsert { vnode, row, .. } => {
                         let fields = row_columns(table, key, &row.value, decoded.next().flatten())?;
-                        // Bound by reference: no copy of the key, the datum or a column value
-                        // before SQLite's own (a tenth of the committer's time went to those
-                        // copies and their frees, docs/BENCHMARKS.md "CPU per record").
-                        let bind = |upsert: &mut rusqlite::CachedStatement<'_>| {
-                            upsert.raw_bind_parameter(1, key)?;
-                            upsert.raw_bind_parameter(2, *vnode as i64)?;
-                            if datum {
-                                upsert.raw_bind_parameter(3, row.value.as_slice())?;
-                            }
-                            for (i, v) in fields.iter().enumerate() {
-                                upsert.raw_bind_parameter(i + first, SqliteValue(v))?;
-                            }
-                            upsert.raw_execute()
-                        };
-                        bind(&mut upsert).map_err(|e| row_error(e, table, key))?;
+                        // Bound by reference, and SQLite keeps the reference: no copy of the key,
+                        // the datum or a column value (docs/BENCHMARKS.md "CPU per record").
+                        let head = [Param::Blob(key), Param::Integer(*vnode as i64)];
+                        let datum = datum.then_some(Param::Blob(row.value.as_slice()));
+                        let columns = fields.iter().map(|v| SqliteValue(v).param());
+                        upsert
+                            .execute(head.into_iter().chain(datum).chain(columns))
+                            .map_err(|e| row_error(e, table, key))?;
                     }
                     RowMutation::Delete { vnode, .. } => {
                         decoded.next();
