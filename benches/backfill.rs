@@ -21,7 +21,7 @@ mod staging;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -524,7 +524,10 @@ fn bare_decode(snapshot: &Path) -> (u64, f64, f64) {
 }
 
 /// (f) Commit latency of `samples` checkpoints with `n` changed rows each on SQLite, in ms.
-fn commit_latency(n: usize, samples: usize) -> Vec<f64> {
+/// (f) `samples` checkpoint commits of `n` upserts into SQLite: each one's latency in ms, and the
+/// committing thread's CPU seconds over all of them (the store's checkpointer thread not included)
+/// and how many distinct rows they upserted.
+fn commit_latency(n: usize, samples: usize) -> (Vec<f64>, f64, usize) {
     let d = dir(&format!("commit-{n}"));
     let table =
         kafka_backfill::codec::TableSchema::parse(workload::EXAMPLE_ROW_SCHEMA, &["id".into()])
@@ -544,7 +547,7 @@ fn commit_latency(n: usize, samples: usize) -> Vec<f64> {
     store.ensure_job("b", &info).unwrap();
     let lease = store.claim("b", 0, "w", &[0], &info).unwrap()[0].lease;
     let mut rng = kafka_backfill::rng::SimRng::new(1);
-    let mut times = Vec::new();
+    let (mut times, mut cpu_secs, mut upserts) = (Vec::new(), 0.0, 0);
     for r in 0..samples {
         // Ids from a 100,000-key space, as in the log workload; staged order (vnode, key).
         let mut rows: Vec<RowMutation> = (0..n)
@@ -583,11 +586,13 @@ fn commit_latency(n: usize, samples: usize) -> Vec<f64> {
             dead_letters: Vec::new(),
             max_dead_letters: 0,
         };
-        let t = Instant::now();
+        upserts += cp.rows.len();
+        let (t, c) = (Instant::now(), cpu::thread_secs());
         store.commit("b", &cp).unwrap();
         times.push(t.elapsed().as_secs_f64() * 1000.0);
+        cpu_secs += cpu::thread_secs() - c;
     }
-    times
+    (times, cpu_secs, upserts)
 }
 
 fn write_job_toml(path: &Path, body: &str) {
@@ -704,6 +709,81 @@ fn run_sqlite_job(bin: &Path, bootstrap: &str, name: &str, topic: &str, d: &Path
         ),
     );
     run_processes(bin, &cfg, 1)
+}
+
+/// (b, outside) The log-store phase of the real binary as a user runs it: `kafka-backfill run
+/// --exit-when-caught-up` in a process of its own, serving HTTP (`/metrics`, `/status`) and logging
+/// at `info` to a file, on the same topic as (b). The phase is timed from the moment its worker's
+/// `phase changed … to="log_store"` line appears in that file to the moment `to="streaming"` does
+/// (the file read every 5 ms), and its CPU read from `/proc/<pid>/stat` at the same moments — what
+/// an outside harness sees. Returns (records per second, CPU seconds of the phase).
+fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usize) -> (f64, f64) {
+    let name = format!("out{i}");
+    let cfg = d.join(format!("{name}.toml"));
+    let store = format!(
+        "kind = \"sqlite\"\npath = \"{}\"\ntable = \"accounts\"",
+        d.join(format!("{name}.sqlite")).display()
+    );
+    std::fs::write(
+        &cfg,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:{}\"\n[log]\nlevel = \"info\"\n{}",
+            free_port(),
+            job_toml(
+                &name,
+                topic,
+                bootstrap,
+                &d.join("snapshot"),
+                &store,
+                1,
+                "recreate"
+            )
+        ),
+    )
+    .unwrap();
+    let log = d.join(format!("{name}.log"));
+    let mut child = Command::new(bin)
+        .args(["run", "--exit-when-caught-up", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let (mut start, mut end) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while end.is_none() {
+        let (now, cpu) = (Instant::now(), cpu::pid_secs(child.id()));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if start.is_none() && text.contains("to=\"log_store\"") {
+            start = cpu.map(|c| (now, c));
+        }
+        if start.is_some() && text.contains("to=\"streaming\"") {
+            end = cpu.map(|c| (now, c));
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(
+                end.is_some(),
+                "{} exited with {status} before streaming: see {}",
+                bin.display(),
+                log.display()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not catch up",
+            bin.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "{} exited with {status}: see {}",
+        bin.display(),
+        log.display()
+    );
+    let ((t0, c0), (t1, c1)) = (start.unwrap(), end.unwrap());
+    ((t1 - t0).as_secs_f64(), c1 - c0)
 }
 
 /// (g2) Peak resident memory (VmHWM) of the real binary backfilling a snapshot written as one file
@@ -1304,6 +1384,38 @@ fn main() {
                 format!("{cpu_ratio:.2}"),
                 Some(cpu_ratio <= CPU_RATIO_TARGET),
             );
+            // The same replay by the real binary in a process of its own, timed from outside.
+            let mut out_cpu = Vec::new();
+            let (out, out_all) = runs(a.reps, |i| {
+                let (secs, cpu_secs) = outside_log_store(&a.bin, &bootstrap, topic, d, i);
+                out_cpu.push(cpu_secs * 1e6 / *records as f64);
+                *records as f64 / secs
+            });
+            let out_c = median(out_cpu.clone());
+            r.figure(
+                &format!("b_outside_log_store_sqlite_{p}p"),
+                &format!("log-store phase into SQLite of `kafka-backfill run` in its own process (HTTP serving, info logs), timed from its phase lines as an outside harness sees them, median of {:?}", out_all.iter().map(|x| x.round()).collect::<Vec<_>>()),
+                format!("{} records/s", fmt_rate(out)),
+                json!(out),
+            );
+            r.figure(
+                &format!("cpu_outside_log_store_sqlite_{p}p"),
+                &format!("CPU of that phase (the whole process, from /proc), per million records, median of {:?}", out_cpu.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>()),
+                format!("{out_c:.2} CPU-s per million records"),
+                json!(out_c),
+            );
+            let out_ratio = out / perf;
+            r.figure(
+                &format!("ratio_b_outside_over_consumer_performance_{p}p"),
+                "(b, outside) / ConsumerPerformance's fetch rate, same run",
+                format!("{out_ratio:.3}"),
+                json!(out_ratio),
+            );
+            r.target(
+                &format!("`kafka-backfill run` (its own process) log-store phase into SQLite ≥ 0.4 × ConsumerPerformance's fetch rate ({p} partitions)"),
+                format!("{out_ratio:.3}"),
+                Some(out_ratio >= 0.4),
+            );
             // The same replay into a table without `_kb_row` (`store_datum = false`, opt-in):
             // interleaved with nothing else, right after the default's runs.
             let mut nd_cpu: Vec<f64> = Vec::new();
@@ -1507,7 +1619,13 @@ fn main() {
             (10_000, a.commit_samples),
             (100_000, (a.commit_samples / 10).max(2)),
         ] {
-            let mut t = commit_latency(n, samples);
+            let (mut t, cpu_secs, upserts) = commit_latency(n, samples);
+            r.figure(
+                &format!("f_commit_{n}_rows_cpu_us_per_upsert"),
+                &format!("the committing thread's CPU per upserted row over those {samples} commits ({upserts} rows; SQLite's checkpointer thread not counted)"),
+                format!("{:.2} µs", cpu_secs * 1e6 / upserts.max(1) as f64),
+                json!({"cpu_secs": cpu_secs, "upserts": upserts}),
+            );
             t.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let pct = |p: f64| t[((t.len() as f64 - 1.0) * p).round() as usize];
             let (shown, p99) = if samples >= 200 {

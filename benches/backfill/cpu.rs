@@ -31,6 +31,19 @@ pub fn children_secs() -> f64 {
     stat_times(&std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat")).1
 }
 
+/// Process `pid`'s CPU seconds (every thread), `None` once it is gone.
+pub fn pid_secs(pid: u32) -> Option<f64> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .map(|s| stat_times(&s).0)
+}
+
+/// The calling thread's own CPU seconds.
+pub fn thread_secs() -> f64 {
+    stat_times(&std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat"))
+        .0
+}
+
 /// The calling thread's id.
 pub fn current_tid() -> u64 {
     std::fs::read_link("/proc/thread-self")
