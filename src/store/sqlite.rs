@@ -126,16 +126,13 @@ impl<'a> SqliteValue<'a> {
 impl rusqlite::ToSql for SqliteValue<'_> {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         use rusqlite::types::{ToSqlOutput::Borrowed, ValueRef};
-        Ok(Borrowed(match self.0 {
-            ColumnValue::Null => ValueRef::Null,
-            ColumnValue::Integer(i) => ValueRef::Integer(*i),
-            ColumnValue::Boolean(b) => ValueRef::Integer(*b as i64),
-            ColumnValue::Real(f) if f.is_nan() => ValueRef::Text(b"NaN"),
-            ColumnValue::Real(f) => ValueRef::Real(*f),
-            ColumnValue::Text(s) | ColumnValue::Decimal(s) | ColumnValue::Json(s) => {
-                ValueRef::Text(s.as_bytes())
-            }
-            ColumnValue::Blob(b) => ValueRef::Blob(b),
+        // One mapping (`param`), whichever way the value is bound.
+        Ok(Borrowed(match self.param() {
+            Param::Null => ValueRef::Null,
+            Param::Integer(i) => ValueRef::Integer(i),
+            Param::Real(f) => ValueRef::Real(f),
+            Param::Text(s) => ValueRef::Text(s.as_bytes()),
+            Param::Blob(b) => ValueRef::Blob(b),
         }))
     }
 }
@@ -957,13 +954,13 @@ impl SqliteStore {
                 match m {
                     RowMutation::Upsert { vnode, row, .. } => {
                         let fields = row_columns(table, key, &row.value, decoded.next().flatten())?;
-                        // Bound by reference, and SQLite keeps the reference: no copy of the key,
-                        // the datum or a column value (docs/BENCHMARKS.md "CPU per record").
+                        // Bound by reference and read by SQLite in place: no copy of the key, the
+                        // datum or a column value (docs/BENCHMARKS.md "SQLite binds without a copy").
                         let head = [Param::Blob(key), Param::Integer(*vnode as i64)];
-                        let datum = datum.then_some(Param::Blob(row.value.as_slice()));
+                        let stored = datum.then_some(Param::Blob(row.value.as_slice()));
                         let columns = fields.iter().map(|v| SqliteValue(v).param());
                         upsert
-                            .execute(head.into_iter().chain(datum).chain(columns))
+                            .execute(head.into_iter().chain(stored).chain(columns))
                             .map_err(|e| row_error(e, table, key))?;
                     }
                     RowMutation::Delete { vnode, .. } => {
