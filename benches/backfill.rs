@@ -523,7 +523,6 @@ fn bare_decode(snapshot: &Path) -> (u64, f64, f64) {
     )
 }
 
-/// (f) Commit latency of `samples` checkpoints with `n` changed rows each on SQLite, in ms.
 /// (f) `samples` checkpoint commits of `n` upserts into SQLite: each one's latency in ms, and the
 /// committing thread's CPU seconds over all of them (the store's checkpointer thread not included)
 /// and how many distinct rows they upserted.
@@ -716,7 +715,7 @@ fn run_sqlite_job(bin: &Path, bootstrap: &str, name: &str, topic: &str, d: &Path
 /// at `info` to a file, on the same topic as (b). The phase is timed from the moment its worker's
 /// `phase changed … to="log_store"` line appears in that file to the moment `to="streaming"` does
 /// (the file read every 5 ms), and its CPU read from `/proc/<pid>/stat` at the same moments — what
-/// an outside harness sees. Returns (records per second, CPU seconds of the phase).
+/// an outside harness sees. Returns (seconds, CPU seconds) of the phase.
 fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usize) -> (f64, f64) {
     let name = format!("out{i}");
     let cfg = d.join(format!("{name}.toml"));
