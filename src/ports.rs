@@ -388,8 +388,10 @@ pub trait ConsumerPort {
     fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String>;
     /// Stops fetching the partition (alignment back-pressure). An error is the worker's failure.
     fn pause(&mut self, partition: PartitionId) -> Result<(), String>;
-    /// Fetches the partition again. An error is the worker's failure.
-    fn resume(&mut self, partition: PartitionId) -> Result<(), String>;
+    /// Fetches the partition again, from `at` when the loop knows the next offset it reads (the
+    /// consumer restarts the partition's fetch there; `None`: where the consumer stopped). An error
+    /// is the worker's failure.
+    fn resume(&mut self, partition: PartitionId, at: Option<u64>) -> Result<(), String>;
     /// Group offsets (informational: the store holds the truth); `sync` waits.
     fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool);
     /// The partition's high watermark, if known.

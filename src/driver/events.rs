@@ -225,7 +225,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     }
                     // A paused job resumes it when it is resumed (`set_job_paused`).
                     if !self.job_paused {
-                        if let Err(e) = self.consumer.resume(partition) {
+                        if let Err(e) = self.consumer.resume(partition, Some(offset)) {
                             return self.fail(WorkerFailure::Unavailable(e));
                         }
                     }
@@ -241,7 +241,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 Decision::Resume(p) => {
                     debug!(worker = %self.cfg.worker, partition = p, "resume");
                     if !self.job_paused {
-                        if let Err(e) = self.consumer.resume(p) {
+                        let at = self.position.get(&p).copied();
+                        if let Err(e) = self.consumer.resume(p, at) {
                             return self.fail(WorkerFailure::Unavailable(e));
                         }
                     }

@@ -171,7 +171,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             let r = if paused {
                 self.consumer.pause(p)
             } else if !self.paused_at.contains_key(&p) && self.fetching(p) {
-                self.consumer.resume(p)
+                self.consumer.resume(p, self.position.get(&p).copied())
             } else {
                 Ok(())
             };

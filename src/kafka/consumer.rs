@@ -312,10 +312,26 @@ impl ConsumerPort for KafkaConsumer {
             .map_err(|e| format!("pausing topic {} partition {partition}: {e}", self.topic))
     }
 
-    fn resume(&mut self, partition: PartitionId) -> Result<(), String> {
+    /// Resumes, then seeks to `at`. librdkafka's resume does not wake the broker thread, which
+    /// sleeps up to a second (`rd_kafka_max_block_ms`) when it has no fetch in flight — as when
+    /// every partition was paused, through the snapshot phase or a paused job — so the first
+    /// records after a resume came up to a second late (0.5–1 s at the start of every log-store
+    /// phase: docs/BENCHMARKS.md "The fetcher woken at resume"). A seek sets the partition's fetch
+    /// state active, which wakes its broker thread (`rd_kafka_toppar_set_fetch_state`); an
+    /// offset without a leader epoch is not validated first, so no round trip is added.
+    fn resume(&mut self, partition: PartitionId, at: Option<u64>) -> Result<(), String> {
         self.consumer
             .resume(&self.tpl(partition))
-            .map_err(|e| format!("resuming topic {} partition {partition}: {e}", self.topic))
+            .map_err(|e| format!("resuming topic {} partition {partition}: {e}", self.topic))?;
+        match at {
+            Some(offset) => self.seek(partition, offset).map_err(|e| {
+                format!(
+                    "restarting the fetch of topic {} partition {partition} at offset {offset}: {e}",
+                    self.topic
+                )
+            }),
+            None => Ok(()),
+        }
     }
 
     fn commit_offsets(&mut self, progress: &[PartitionProgress], sync: bool) {

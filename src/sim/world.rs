@@ -392,11 +392,19 @@ impl ConsumerPort for SimConsumer {
         Ok(())
     }
 
-    fn resume(&mut self, partition: PartitionId) -> Result<(), String> {
+    /// Resumes; `at` must be where this consumer stopped (the Kafka port seeks there, so a loop
+    /// that lost count of what it was given would skip or repeat records).
+    fn resume(&mut self, partition: PartitionId, at: Option<u64>) -> Result<(), String> {
         if let Some(a) = self.world.borrow_mut().consumers[self.i]
             .assigned
             .get_mut(&partition)
         {
+            if let Some(at) = at.filter(|at| *at != a.0) {
+                return Err(format!(
+                    "resume of partition {partition} at offset {at}, where the consumer stopped at {}",
+                    a.0
+                ));
+            }
             a.1 = false;
         }
         Ok(())
