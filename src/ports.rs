@@ -153,12 +153,33 @@ pub type DecodedRows = Vec<Option<Result<Vec<crate::codec::ColumnValue>, String>
 pub enum RowSchemas {
     One(Box<crate::codec::TableSchema>),
     Several(Vec<(u16, crate::codec::TableSchema)>),
+    /// Nothing decoded ahead: the store reads every row's values in place.
+    None,
 }
 
 impl RowSchemas {
+    /// Leaves out the tables whose values the store reads in place from the datum
+    /// ([`StateStore::reads_values_in_place`]): for them, decoding ahead only allocated what the
+    /// store's thread then freed (docs/BENCHMARKS.md "Column values read in place").
+    pub fn for_store(self, in_place: bool) -> RowSchemas {
+        if !in_place {
+            return self;
+        }
+        match self {
+            RowSchemas::One(t) if t.is_direct() => RowSchemas::None,
+            RowSchemas::Several(ts) => {
+                RowSchemas::Several(ts.into_iter().filter(|(_, t)| !t.is_direct()).collect())
+            }
+            other => other,
+        }
+    }
+
     /// The column values of every upserted row of `cp`. A several-table row of no table here is
     /// left to the store, which refuses it naming the table (`None`, as if not decoded ahead).
     pub fn decode(&self, cp: &Checkpoint) -> DecodedRows {
+        if let RowSchemas::None = self {
+            return Vec::new();
+        }
         cp.rows
             .iter()
             .map(|m| match m {
@@ -169,6 +190,7 @@ impl RowSchemas {
                             let index = crate::core::split_table_key(&row.key)?.0;
                             &ts.iter().find(|(i, _)| *i == index)?.1
                         }
+                        RowSchemas::None => return None,
                     };
                     Some(table.column_values(&row.value).map_err(|e| e.to_string()))
                 }
@@ -188,12 +210,15 @@ pub fn row_columns(
     pre: Option<Result<Vec<crate::codec::ColumnValue>, String>>,
 ) -> Result<Vec<crate::codec::ColumnValue>, StoreError> {
     pre.unwrap_or_else(|| table.column_values(value).map_err(|e| e.to_string()))
-        .map_err(|e| {
-            StoreError::Rejected(format!(
-                "row with key {} does not decode: {e}",
-                key_hex(key)
-            ))
-        })
+        .map_err(|e| undecodable_row(key, &e))
+}
+
+/// The refusal of an upserted row whose datum does not decode (`key`: as its table keeps it).
+pub fn undecodable_row(key: &[u8], error: &str) -> StoreError {
+    StoreError::Rejected(format!(
+        "row with key {} does not decode: {error}",
+        key_hex(key)
+    ))
 }
 
 pub use crate::core::error::key_hex;
@@ -248,6 +273,11 @@ pub trait StateStore: Send {
     /// does not publish: each vnode is then at its own epoch).
     fn published_epoch(&mut self, _job: &str) -> Result<Option<crate::core::Epoch>, StoreError> {
         Ok(None)
+    }
+    /// Whether the store reads the column values of a table whose fields are all primitives in
+    /// place from each row's datum, when they were not decoded ahead ([`RowSchemas::for_store`]).
+    fn reads_values_in_place(&self) -> bool {
+        false
     }
     /// The row schema when the table keeps no datum (`store_datum = false`): its rows are rebuilt
     /// from typed columns, which hold a double by value (SQLite reads −0.0 back as 0.0), so

@@ -908,6 +908,64 @@ fn sqlite_publication() {
     );
 }
 
+/// A store with typed columns refuses an upserted row whose datum does not decode, naming its key,
+/// and applies nothing of its checkpoint (SQLite reads a row's values in place from its datum, so
+/// the refusal comes from the same bind path; PostgreSQL decodes them first).
+fn a_row_that_does_not_decode_is_refused(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
+    let mut a = open();
+    let info = info();
+    a.ensure_job(job, &info).unwrap();
+    let lease = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
+    let (good_key, _, good) = upsert(0, 0);
+    let (bad_key, datum, vnode) = row_in(0, 1);
+    let bad = RowMutation::Upsert {
+        vnode,
+        row: Row {
+            key: bad_key.clone(),
+            value: datum[..datum.len() - 1].to_vec(),
+        },
+        offset: Some(2),
+    };
+    let err = a
+        .commit(job, &log_checkpoint(0, lease, E1, 3, vec![good, bad]))
+        .unwrap_err();
+    let hex: String = bad_key.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        matches!(err, StoreError::Rejected(_))
+            && err.to_string().contains("does not decode")
+            && err.to_string().contains(&hex),
+        "{err}"
+    );
+    let rows = a.rows(job).unwrap();
+    assert!(
+        !rows.contains_key(&good_key) && !rows.contains_key(&bad_key),
+        "nothing of the refused checkpoint is applied"
+    );
+}
+
+#[test]
+fn sqlite_refuses_a_row_that_does_not_decode() {
+    let path = fresh_sqlite("undecodable");
+    a_row_that_does_not_decode_is_refused(
+        &|| Box::new(SqliteStore::open(&path, "accounts", table()).unwrap()),
+        "undecodable",
+    );
+}
+
+#[test]
+fn postgres_refuses_a_row_that_does_not_decode() {
+    let stamp = support::stamp();
+    a_row_that_does_not_decode_is_refused(
+        &|| {
+            Box::new(
+                PostgresStore::open(&support::pg_url(), &format!("undecodable_{stamp}"), table())
+                    .unwrap(),
+            )
+        },
+        &format!("undecodable-{stamp}"),
+    );
+}
+
 /// A new SQLite file for one test, `name`.
 fn fresh_sqlite(name: &str) -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))

@@ -12,5 +12,7 @@ pub mod versions;
 mod wire;
 
 pub use skip::skip as skip_datum;
-pub use table::{signed_be_to_decimal, to_json, Column, ColumnType, ColumnValue, TableSchema};
+pub use table::{
+    signed_be_to_decimal, to_json, Column, ColumnType, ColumnValue, DirectValue, TableSchema,
+};
 pub use wire::{CodecError, LogCodec, SINGLE_OBJECT_MARKER};

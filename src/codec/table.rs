@@ -65,6 +65,31 @@ pub enum ColumnValue {
     Json(String),
 }
 
+/// One column's value read in place from a row datum ([`TableSchema::direct_values`]): text and
+/// bytes borrow the datum, so a row's values cost no allocation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DirectValue<'d> {
+    Null,
+    Integer(i64),
+    Boolean(bool),
+    Real(f64),
+    Text(&'d str),
+    Blob(&'d [u8]),
+}
+
+impl From<DirectValue<'_>> for ColumnValue {
+    fn from(v: DirectValue<'_>) -> ColumnValue {
+        match v {
+            DirectValue::Null => ColumnValue::Null,
+            DirectValue::Integer(i) => ColumnValue::Integer(i),
+            DirectValue::Boolean(b) => ColumnValue::Boolean(b),
+            DirectValue::Real(f) => ColumnValue::Real(f),
+            DirectValue::Text(t) => ColumnValue::Text(t.to_string()),
+            DirectValue::Blob(b) => ColumnValue::Blob(b.to_vec()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
     pub name: String,
@@ -82,7 +107,7 @@ pub struct TableSchema {
     pub primary_key: Vec<String>,
     pk_indices: Vec<usize>,
     /// Every field is a primitive (or a nullable primitive) whose column value can be read straight
-    /// from the datum ([`direct_column`]); else rows go through apache-avro's decoder.
+    /// from the datum ([`direct_value`]); else rows go through apache-avro's decoder.
     direct: bool,
 }
 
@@ -253,16 +278,8 @@ impl TableSchema {
         if self.direct {
             // Read straight from the bytes: apache-avro's decoder resolves the schema's names for
             // every datum, which was most of a commit's decoding (docs/BENCHMARKS.md, CPU per record).
-            // One allocation of the row's size: collecting the `Result`s grew the vector from 4
-            // slots (docs/BENCHMARKS.md "The fetcher woken at resume").
-            let mut rest = datum;
             let mut values = Vec::with_capacity(record.fields.len());
-            for f in &record.fields {
-                values.push(
-                    direct_column(&f.schema, &mut rest)
-                        .map_err(|e| CodecError::Decode(format!("column {}: {e}", f.name)))?,
-                );
-            }
+            self.read_direct(datum, |v| values.push(ColumnValue::from(v)))?;
             return Ok(values);
         }
         let fields = self.decode_row(datum)?;
@@ -275,6 +292,50 @@ impl TableSchema {
                     .map_err(|e| CodecError::Decode(format!("column {}: {e}", c.name)))
             })
             .collect()
+    }
+
+    /// Whether [`direct_values`](Self::direct_values) reads this table's rows: every field a
+    /// primitive or a nullable primitive.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The typed column values of a row datum, in field order, read in place into `out` (cleared
+    /// first; text and bytes borrow the datum): the values [`column_values`](Self::column_values)
+    /// gives, without an allocation per row. Only for a table that [`is_direct`](Self::is_direct);
+    /// an error names the column.
+    pub fn direct_values<'d>(
+        &self,
+        datum: &'d [u8],
+        out: &mut Vec<DirectValue<'d>>,
+    ) -> Result<(), CodecError> {
+        out.clear();
+        self.read_direct(datum, |v| out.push(v))
+    }
+
+    /// Reads each field of a direct table's datum in order, handing its value to `each`.
+    fn read_direct<'d>(
+        &self,
+        datum: &'d [u8],
+        mut each: impl FnMut(DirectValue<'d>),
+    ) -> Result<(), CodecError> {
+        let Schema::Record(record) = &self.schema else {
+            unreachable!("checked in parse")
+        };
+        if !self.direct {
+            return Err(CodecError::Decode(format!(
+                "table {}: a field is not a primitive, so its values are not read in place",
+                self.name
+            )));
+        }
+        let mut rest = datum;
+        for f in &record.fields {
+            each(
+                direct_value(&f.schema, &mut rest)
+                    .map_err(|e| CodecError::Decode(format!("column {}: {e}", f.name)))?,
+            );
+        }
+        Ok(())
     }
 
     /// The key bytes of a row: the Avro binary encoding of its primary-key fields, in order (the
@@ -427,7 +488,7 @@ fn is_direct(schema: &Schema) -> bool {
 }
 
 /// Appends one field's datum from its column value (a schema [`is_direct`] accepts): the inverse of
-/// [`direct_column`].
+/// [`direct_value`].
 fn put_direct(schema: &Schema, v: &ColumnValue, out: &mut Vec<u8>) -> Result<(), String> {
     use super::varint::put_long;
     match (schema, v) {
@@ -465,9 +526,9 @@ fn put_direct(schema: &Schema, v: &ColumnValue, out: &mut Vec<u8>) -> Result<(),
     Ok(())
 }
 
-/// One field's column value read from the datum (a schema [`is_direct`] accepts): the same value
-/// apache-avro's decoder and [`column_value`] give.
-fn direct_column(schema: &Schema, buf: &mut &[u8]) -> Result<ColumnValue, String> {
+/// One field's column value read in place from the datum (a schema [`is_direct`] accepts): the
+/// same value apache-avro's decoder and [`column_value`] give.
+fn direct_value<'d>(schema: &Schema, buf: &mut &'d [u8]) -> Result<DirectValue<'d>, String> {
     fn take<'a>(buf: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
         if buf.len() < n {
             return Err(format!("truncated: {n} bytes wanted, {} left", buf.len()));
@@ -492,34 +553,32 @@ fn direct_column(schema: &Schema, buf: &mut &[u8]) -> Result<ColumnValue, String
                 .and_then(|i| u.variants().get(i))
                 .ok_or_else(|| format!("union index {i} out of range"))?;
             if *branch == Schema::Null {
-                ColumnValue::Null
+                DirectValue::Null
             } else {
-                direct_column(branch, buf)?
+                direct_value(branch, buf)?
             }
         }
         Schema::Boolean => match take(buf, 1)?[0] {
-            0 => ColumnValue::Boolean(false),
-            1 => ColumnValue::Boolean(true),
+            0 => DirectValue::Boolean(false),
+            1 => DirectValue::Boolean(true),
             b => return Err(format!("invalid boolean byte {b:#04x}")),
         },
         Schema::Int | Schema::Date | Schema::TimeMillis => {
             let i = long(buf)?;
             i32::try_from(i).map_err(|_| format!("int {i} out of the 32-bit range"))?;
-            ColumnValue::Integer(i)
+            DirectValue::Integer(i)
         }
         Schema::Float => {
-            ColumnValue::Real(f32::from_le_bytes(take(buf, 4)?.try_into().expect("4 bytes")) as f64)
+            DirectValue::Real(f32::from_le_bytes(take(buf, 4)?.try_into().expect("4 bytes")) as f64)
         }
-        Schema::Double => ColumnValue::Real(f64::from_le_bytes(
+        Schema::Double => DirectValue::Real(f64::from_le_bytes(
             take(buf, 8)?.try_into().expect("8 bytes"),
         )),
-        Schema::String => ColumnValue::Text(
-            std::str::from_utf8(bytes(buf)?)
-                .map_err(|e| format!("string is not UTF-8: {e}"))?
-                .to_string(),
+        Schema::String => DirectValue::Text(
+            std::str::from_utf8(bytes(buf)?).map_err(|e| format!("string is not UTF-8: {e}"))?,
         ),
-        Schema::Bytes => ColumnValue::Blob(bytes(buf)?.to_vec()),
-        s if super::skip::is_long_based(s) => ColumnValue::Integer(long(buf)?),
+        Schema::Bytes => DirectValue::Blob(bytes(buf)?),
+        s if super::skip::is_long_based(s) => DirectValue::Integer(long(buf)?),
         other => return Err(format!("type {other:?} is not read directly")),
     })
 }
@@ -800,10 +859,28 @@ mod direct_tests {
                 same(&direct, &via_avro),
                 "row {n}: {direct:?} vs {via_avro:?}"
             );
+            // Read in place: the same values, borrowing the datum.
+            let mut in_place = vec![DirectValue::Null; 9];
+            t.direct_values(&datum, &mut in_place).unwrap();
+            let owned: Vec<ColumnValue> = in_place.iter().map(|v| ColumnValue::from(*v)).collect();
+            assert!(same(&owned, &direct), "row {n}: {owned:?} vs {direct:?}");
             // A cut datum is an error, never a wrong value.
             let cut = &datum[..datum.len() - 1];
             assert!(t.column_values(cut).is_err(), "row {n} cut");
+            assert!(t.direct_values(cut, &mut in_place).is_err(), "row {n} cut");
         }
+    }
+
+    #[test]
+    fn a_table_with_a_composite_field_is_not_read_in_place() {
+        let typed = TableSchema::parse(
+            crate::workload::TYPED_ROW_SCHEMA,
+            &["region".into(), "id".into()],
+        )
+        .unwrap();
+        assert!(!typed.is_direct());
+        let e = typed.direct_values(&[], &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("not read in place"), "{e}");
     }
 
     #[test]

@@ -82,12 +82,16 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         setup.job.clone(),
         setup.open_store.clone(),
         // Rows are decoded on this thread ahead of the commit (a several-table job's each with
-        // its table's schema); the store's thread only routes and binds them.
-        Arc::new(if setup.tables.several() {
-            RowSchemas::Several(setup.codec.materialised())
-        } else {
-            RowSchemas::One(Box::new(setup.codec.table.clone()))
-        }),
+        // its table's schema), except where the store reads them in place; the store's thread
+        // only routes and binds them.
+        Arc::new(
+            if setup.tables.several() {
+                RowSchemas::Several(setup.codec.materialised())
+            } else {
+                RowSchemas::One(Box::new(setup.codec.table.clone()))
+            }
+            .for_store(store.reads_values_in_place()),
+        ),
     );
     let consumer = KafkaConsumer::subscribe(&ConsumerSetup {
         job: setup.job.clone(),

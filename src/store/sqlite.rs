@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::codec::versions::{Evolution, RowVersion};
-use crate::codec::{ColumnValue, TableSchema};
+use crate::codec::{ColumnValue, DirectValue, TableSchema};
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
     RowMutation, Vnode, VnodeProgress,
@@ -111,15 +111,17 @@ struct SqliteValue<'a>(&'a ColumnValue);
 impl<'a> SqliteValue<'a> {
     /// The value as [`StaticStatement`] binds it (borrowed, no copy).
     fn param(&self) -> Param<'a> {
-        match self.0 {
-            ColumnValue::Null => Param::Null,
-            ColumnValue::Integer(i) => Param::Integer(*i),
-            ColumnValue::Boolean(b) => Param::Integer(*b as i64),
-            ColumnValue::Real(f) if f.is_nan() => Param::Text("NaN"),
-            ColumnValue::Real(f) => Param::Real(*f),
-            ColumnValue::Text(s) | ColumnValue::Decimal(s) | ColumnValue::Json(s) => Param::Text(s),
-            ColumnValue::Blob(b) => Param::Blob(b),
-        }
+        // One mapping: the rules (a boolean as 0 or 1, NaN as text) are `direct_param`'s.
+        direct_param(match self.0 {
+            ColumnValue::Null => DirectValue::Null,
+            ColumnValue::Integer(i) => DirectValue::Integer(*i),
+            ColumnValue::Boolean(b) => DirectValue::Boolean(*b),
+            ColumnValue::Real(f) => DirectValue::Real(*f),
+            ColumnValue::Text(s) | ColumnValue::Decimal(s) | ColumnValue::Json(s) => {
+                DirectValue::Text(s)
+            }
+            ColumnValue::Blob(b) => DirectValue::Blob(b),
+        })
     }
 }
 
@@ -134,6 +136,20 @@ impl rusqlite::ToSql for SqliteValue<'_> {
             Param::Text(s) => ValueRef::Text(s.as_bytes()),
             Param::Blob(b) => ValueRef::Blob(b),
         }))
+    }
+}
+
+/// A column value as [`StaticStatement`] binds it, borrowed (a value read in place from a datum,
+/// or [`SqliteValue::param`]'s): a boolean as 0 or 1, NaN as the text `NaN`.
+fn direct_param(v: DirectValue<'_>) -> Param<'_> {
+    match v {
+        DirectValue::Null => Param::Null,
+        DirectValue::Integer(i) => Param::Integer(i),
+        DirectValue::Boolean(b) => Param::Integer(b as i64),
+        DirectValue::Real(f) if f.is_nan() => Param::Text("NaN"),
+        DirectValue::Real(f) => Param::Real(f),
+        DirectValue::Text(s) => Param::Text(s),
+        DirectValue::Blob(b) => Param::Blob(b),
     }
 }
 
@@ -950,18 +966,29 @@ impl SqliteStore {
                     "DELETE FROM \"{t}\" WHERE _kb_vnode = ?1 AND _kb_key = ?2"
                 ))
                 .map_err(classify)?;
+            // A row's values read in place from its datum, reused from row to row: no allocation
+            // per row (docs/BENCHMARKS.md "Column values read in place").
+            let mut in_place: Vec<DirectValue<'r>> = Vec::with_capacity(table.columns.len());
             for (m, key) in rows {
                 match m {
                     RowMutation::Upsert { vnode, row, .. } => {
-                        let fields = row_columns(table, key, &row.value, decoded.next().flatten())?;
                         // Bound by reference and read by SQLite in place: no copy of the key, the
                         // datum or a column value (docs/BENCHMARKS.md "SQLite binds without a copy").
                         let head = [Param::Blob(key), Param::Integer(*vnode as i64)];
                         let stored = datum.then_some(Param::Blob(row.value.as_slice()));
-                        let columns = fields.iter().map(|v| SqliteValue(v).param());
-                        upsert
-                            .execute(head.into_iter().chain(stored).chain(columns))
-                            .map_err(|e| row_error(e, table, key))?;
+                        let pre = decoded.next().flatten();
+                        let bound = if pre.is_none() && table.is_direct() {
+                            table
+                                .direct_values(&row.value, &mut in_place)
+                                .map_err(|e| crate::ports::undecodable_row(key, &e.to_string()))?;
+                            let columns = in_place.iter().map(|v| direct_param(*v));
+                            upsert.execute(head.into_iter().chain(stored).chain(columns))
+                        } else {
+                            let fields = row_columns(table, key, &row.value, pre)?;
+                            let columns = fields.iter().map(|v| SqliteValue(v).param());
+                            upsert.execute(head.into_iter().chain(stored).chain(columns))
+                        };
+                        bound.map_err(|e| row_error(e, table, key))?;
                     }
                     RowMutation::Delete { vnode, .. } => {
                         decoded.next();
@@ -1639,6 +1666,11 @@ impl StateStore for SqliteStore {
 
     fn datumless_table(&self) -> Option<TableSchema> {
         (!self.datum).then(|| self.table.clone())
+    }
+
+    /// `write_rows` binds a direct table's values read in place from each datum.
+    fn reads_values_in_place(&self) -> bool {
+        true
     }
 
     fn rows(&mut self, _job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
