@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{serial, Fixture};
+use support::{high_watermarks, serial, Fixture};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -424,49 +424,12 @@ fn kill_9_in_every_phase_then_restart_verifies_clean() {
 /// sleep), with it ≈ 2 ms.
 #[test]
 fn a_resumed_partition_is_fetched_again_at_once() {
-    use kafka_backfill::codec::{LogCodec, TableSchema};
-    use kafka_backfill::kafka::consumer::{ConsumerSetup, KafkaConsumer};
-    use kafka_backfill::ports::{ConsumerPort, Polled};
+    use kafka_backfill::ports::ConsumerPort;
     use std::time::{Duration, Instant};
     let _g = serial();
     let f = Fixture::new("resume", 1, "");
     f.produce(&["--partitions", "1", "--rows", "10", "--changes", "2000"]);
-    let table = TableSchema::parse(
-        kafka_backfill::workload::EXAMPLE_ROW_SCHEMA,
-        &["id".to_string()],
-    )
-    .unwrap();
-    let mut consumer = KafkaConsumer::subscribe(&ConsumerSetup {
-        job: "resume".into(),
-        topic: f.topic.clone(),
-        kafka: [
-            ("bootstrap.servers", f.bootstrap.as_str()),
-            ("group.id", f.group.as_str()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-        codec: std::sync::Arc::new(LogCodec::new(table).unwrap()),
-    })
-    .unwrap();
-    // The next record's offset, polling up to `within`.
-    let next_record = |c: &mut KafkaConsumer, within: Duration| -> Option<u64> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            match c.poll(20) {
-                Some(Polled::Record { offset, .. }) => return Some(offset),
-                Some(Polled::Assigned(parts)) => c
-                    .assign(&parts.iter().map(|p| (*p, Some(0))).collect::<Vec<_>>())
-                    .unwrap(),
-                Some(Polled::ClientError {
-                    reason,
-                    fatal: true,
-                }) => panic!("{reason}"),
-                _ => {}
-            }
-        }
-        None
-    };
+    let mut consumer = bare_consumer(&f, "resume");
     let mut next = next_record(&mut consumer, Duration::from_secs(60))
         .expect("the first record within a minute")
         + 1;
@@ -490,4 +453,106 @@ fn a_resumed_partition_is_fetched_again_at_once() {
         waits.iter().all(|w| *w < Duration::from_millis(600)),
         "first record after each resume: {waits:?}"
     );
+}
+
+/// Records are read in batches (`src/kafka/fetch.rs`) and handed over one at a time: a pause drops
+/// the partition's unreturned records as librdkafka drops its queued ones, a resume without an
+/// offset goes back to the first of them, and the read position is never reported past a record
+/// the loop has not had.
+#[test]
+fn a_batch_read_hands_over_every_record_once_across_pauses() {
+    use kafka_backfill::ports::ConsumerPort;
+    use std::time::Duration;
+    let _g = serial();
+    let f = Fixture::new("batch", 1, "");
+    f.produce(&["--partitions", "1", "--rows", "10", "--changes", "3000"]);
+    let mut consumer = bare_consumer(&f, "batch");
+    let end = high_watermarks(&f, 1) as u64;
+    assert!(end > 3000, "the log holds the changes and barriers: {end}");
+    let mut next = 0;
+    let mut pauses = 0;
+    while next < end {
+        // A few records, then a pause with the rest of the batch unreturned.
+        for _ in 0..(37 + pauses * 101) {
+            if next == end {
+                break;
+            }
+            let offset = next_record(&mut consumer, Duration::from_secs(30))
+                .unwrap_or_else(|| panic!("a record at offset {next} within 30 s"));
+            assert_eq!(offset, next, "every record once, in order");
+            next += 1;
+            if let Some(read) = consumer.read_position(0) {
+                assert!(
+                    read <= next,
+                    "read position {read} reported past record {next}, which the loop has not had"
+                );
+            }
+        }
+        if next == end {
+            break;
+        }
+        consumer.pause(0).unwrap();
+        assert_eq!(
+            next_record(&mut consumer, Duration::from_millis(200)),
+            None,
+            "nothing of a paused partition is returned"
+        );
+        if let Some(read) = consumer.read_position(0) {
+            assert!(
+                read <= next,
+                "read position {read} past {next} while paused"
+            );
+        }
+        consumer.resume(0, None).unwrap();
+        pauses += 1;
+    }
+    assert!(pauses >= 3, "paused {pauses} times");
+}
+
+/// A bare Kafka port on the fixture's one-partition topic, as a worker's loop holds it.
+fn bare_consumer(f: &Fixture, job: &str) -> kafka_backfill::kafka::consumer::KafkaConsumer {
+    use kafka_backfill::codec::{LogCodec, TableSchema};
+    use kafka_backfill::kafka::consumer::{ConsumerSetup, KafkaConsumer};
+    let table = TableSchema::parse(
+        kafka_backfill::workload::EXAMPLE_ROW_SCHEMA,
+        &["id".to_string()],
+    )
+    .unwrap();
+    KafkaConsumer::subscribe(&ConsumerSetup {
+        job: job.into(),
+        topic: f.topic.clone(),
+        kafka: [
+            ("bootstrap.servers", f.bootstrap.as_str()),
+            ("group.id", f.group.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        codec: std::sync::Arc::new(LogCodec::new(table).unwrap()),
+    })
+    .unwrap()
+}
+
+/// The next record's offset from a bare port, polling up to `within` (an assignment is taken from
+/// offset 0).
+fn next_record(
+    c: &mut kafka_backfill::kafka::consumer::KafkaConsumer,
+    within: std::time::Duration,
+) -> Option<u64> {
+    use kafka_backfill::ports::{ConsumerPort, Polled};
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        match c.poll(20) {
+            Some(Polled::Record { offset, .. }) => return Some(offset),
+            Some(Polled::Assigned(parts)) => c
+                .assign(&parts.iter().map(|p| (*p, Some(0))).collect::<Vec<_>>())
+                .unwrap(),
+            Some(Polled::ClientError {
+                reason,
+                fatal: true,
+            }) => panic!("{reason}"),
+            _ => {}
+        }
+    }
+    None
 }

@@ -6,6 +6,12 @@
 //! [`Polled::Assigned`] / [`Polled::Revoked`] event, returned by the next `poll` after the record of
 //! the poll it came with. The loop completes it (`incremental_assign` / `incremental_unassign`) after
 //! the core handled it, which librdkafka allows: the group waits for the assign call.
+//!
+//! Records are read in batches ([`FetchQueue`]) into a buffer the loop takes one by one. The buffer
+//! keeps librdkafka's promises to the loop: after a pause, a seek or an unassign no buffered record
+//! of that partition is returned (librdkafka drops its own queued ones the same way), a resume goes
+//! back to the first record dropped, and the read position is not reported past a record the loop
+//! has not had.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +29,7 @@ use tracing::{debug, error, info, warn};
 use crate::codec::LogCodec;
 use crate::core::{PartitionId, PartitionProgress};
 use crate::kafka::admin::{cached_high_watermark, client_config};
+use crate::kafka::fetch::FetchQueue;
 use crate::ports::{ConsumerPort, Polled};
 
 type Events = Arc<EventQueue>;
@@ -144,8 +151,43 @@ pub struct ConsumerSetup {
     pub codec: Arc<LogCodec>,
 }
 
+/// A record as the loop gets it, decoded here.
+fn record(
+    codec: &LogCodec,
+    partition: i32,
+    offset: i64,
+    payload: &[u8],
+    key: Option<&[u8]>,
+) -> Polled {
+    Polled::Record {
+        partition: partition as PartitionId,
+        offset: offset as u64,
+        record: codec
+            .decode(payload, key)
+            .map_err(|e| crate::ports::Undecoded {
+                reason: e.to_string(),
+                key: key.map(<[u8]>::to_vec),
+                value: payload.to_vec(),
+            }),
+    }
+}
+
+/// A record read in a batch, not yet returned to the loop.
+struct Buffered {
+    partition: PartitionId,
+    offset: u64,
+    polled: Polled,
+}
+
 /// librdkafka as the loop's [`ConsumerPort`]; records are decoded here.
 pub struct KafkaConsumer {
+    /// Declared before `consumer`: its queue handles are released before the client.
+    fetch: FetchQueue,
+    /// Read in the last batch, in librdkafka's order, not yet returned.
+    buffered: VecDeque<Buffered>,
+    /// Partitions whose buffered records were dropped by a pause, with the first offset dropped:
+    /// librdkafka's position is past them until the loop positions the partition again.
+    dropped: BTreeMap<PartitionId, u64>,
     consumer: Kc,
     events: Events,
     closing: Arc<AtomicBool>,
@@ -189,10 +231,18 @@ impl KafkaConsumer {
                 closing: closing.clone(),
             })
             .with_context(|| format!("creating the consumer of job {}", setup.job))?;
+        // SAFETY: the fetch queue is a field of the consumer's owner declared before the client,
+        // so it is released first.
+        let fetch = unsafe { FetchQueue::new(consumer.client().native_ptr()) }
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("creating the fetch queue of job {}", setup.job))?;
         consumer
             .subscribe(&[&setup.topic])
             .with_context(|| format!("subscribing to {}", setup.topic))?;
         Ok(KafkaConsumer {
+            fetch,
+            buffered: VecDeque::new(),
+            dropped: BTreeMap::new(),
             consumer,
             events,
             closing,
@@ -205,6 +255,69 @@ impl KafkaConsumer {
         let mut t = TopicPartitionList::new();
         t.add_partition(&self.topic, p as i32);
         t
+    }
+
+    /// Serves the consumer queue without waiting: rebalances and client errors become events. A
+    /// record there (none is expected: partitions are forwarded before they are assigned) is
+    /// returned as it came.
+    fn serve_consumer_queue(&mut self) -> Option<Polled> {
+        match self.consumer.poll(Duration::ZERO) {
+            Some(Ok(m)) => Some(record(
+                &self.codec,
+                m.partition(),
+                m.offset(),
+                m.payload().unwrap_or(&[]),
+                m.key(),
+            )),
+            Some(Err(e)) => {
+                warn!(error = %e, "consumer error");
+                Some(Polled::ClientError {
+                    reason: e.to_string(),
+                    fatal: false,
+                })
+            }
+            None => None,
+        }
+    }
+
+    /// Reads the next batch into the buffer, waiting up to `timeout_ms` for its first record.
+    fn read_batch(&mut self, timeout_ms: u64) {
+        let (codec, topic, buffered) = (&self.codec, &self.topic, &mut self.buffered);
+        self.fetch.read(timeout_ms, |m| {
+            let polled = match m.error() {
+                None => record(codec, m.partition(), m.offset(), m.payload(), m.key()),
+                Some(e) => {
+                    warn!(topic = %topic, partition = m.partition(), offset = m.offset(), error = %e, "consumer error");
+                    Polled::ClientError {
+                        reason: format!(
+                            "topic {topic} partition {} offset {}: {e}",
+                            m.partition(),
+                            m.offset()
+                        ),
+                        fatal: false,
+                    }
+                }
+            };
+            buffered.push_back(Buffered {
+                partition: m.partition() as PartitionId,
+                offset: m.offset() as u64,
+                polled,
+            });
+        });
+    }
+
+    /// Drops the buffered records of `partition` (librdkafka drops its own queued ones at a pause
+    /// or a seek); returns the first offset dropped.
+    fn drop_buffered(&mut self, partition: PartitionId) -> Option<u64> {
+        let mut first = None;
+        self.buffered.retain(|b| {
+            let drop = b.partition == partition && matches!(b.polled, Polled::Record { .. });
+            if drop {
+                first.get_or_insert(b.offset);
+            }
+            !drop
+        });
+        first
     }
 
     fn next_event(&self) -> Option<Polled> {
@@ -227,34 +340,27 @@ impl ConsumerPort for KafkaConsumer {
         if let Some(e) = self.next_event() {
             return Some(e);
         }
-        match self.consumer.poll(Duration::from_millis(timeout_ms)) {
-            Some(Ok(m)) => Some(Polled::Record {
-                partition: m.partition() as PartitionId,
-                offset: m.offset() as u64,
-                record: self
-                    .codec
-                    .decode(m.payload().unwrap_or(&[]), m.key())
-                    .map_err(|e| crate::ports::Undecoded {
-                        reason: e.to_string(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().unwrap_or(&[]).to_vec(),
-                    }),
-            }),
-            Some(Err(e)) => {
-                warn!(error = %e, "consumer error");
-                Some(Polled::ClientError {
-                    reason: e.to_string(),
-                    fatal: false,
-                })
-            }
-            // A rebalance callback may have run inside this poll.
-            None => self.next_event(),
+        if let Some(b) = self.buffered.pop_front() {
+            return Some(b.polled);
         }
+        // A rebalance callback may run inside this.
+        if let Some(p) = self.serve_consumer_queue().or_else(|| self.next_event()) {
+            return Some(p);
+        }
+        self.read_batch(timeout_ms);
+        if let Some(b) = self.buffered.pop_front() {
+            return Some(b.polled);
+        }
+        // The wait may have ended for an operation on the consumer queue.
+        self.serve_consumer_queue().or_else(|| self.next_event())
     }
 
     fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String> {
         let mut tpl = TopicPartitionList::new();
         for (p, offset) in starts {
+            self.fetch.forward(&self.topic, *p as i32)?;
+            self.drop_buffered(*p);
+            self.dropped.remove(p);
             match offset {
                 Some(o) => tpl
                     .add_partition_offset(&self.topic, *p as i32, Offset::Offset(*o as i64))
@@ -279,6 +385,8 @@ impl ConsumerPort for KafkaConsumer {
         let mut tpl = TopicPartitionList::new();
         for p in partitions {
             tpl.add_partition(&self.topic, *p as i32);
+            self.drop_buffered(*p);
+            self.dropped.remove(p);
         }
         self.consumer.incremental_unassign(&tpl).map_err(|e| {
             format!(
@@ -291,6 +399,10 @@ impl ConsumerPort for KafkaConsumer {
     /// Seeks under [`Backoff::SEEK`](crate::core::retry::Backoff::SEEK): librdkafka refuses a seek
     /// until the partition's fetcher is set up, and while the broker is briefly away.
     fn seek(&mut self, partition: PartitionId, offset: u64) -> Result<(), String> {
+        if let Some(first) = self.drop_buffered(partition) {
+            // If the seek fails, a resume still goes back to them.
+            self.dropped.entry(partition).or_insert(first);
+        }
         let r: KafkaResult<()> = crate::retry::retry_sleeping(
             crate::core::retry::Backoff::SEEK,
             || {
@@ -303,13 +415,19 @@ impl ConsumerPort for KafkaConsumer {
             },
             |_| true,
         );
-        r.map_err(|e| e.to_string())
+        r.map_err(|e| e.to_string())?;
+        self.dropped.remove(&partition);
+        Ok(())
     }
 
     fn pause(&mut self, partition: PartitionId) -> Result<(), String> {
         self.consumer
             .pause(&self.tpl(partition))
-            .map_err(|e| format!("pausing topic {} partition {partition}: {e}", self.topic))
+            .map_err(|e| format!("pausing topic {} partition {partition}: {e}", self.topic))?;
+        if let Some(first) = self.drop_buffered(partition) {
+            self.dropped.entry(partition).or_insert(first);
+        }
+        Ok(())
     }
 
     /// Resumes, then seeks to `at`. librdkafka's resume does not wake the broker thread, which
@@ -323,7 +441,8 @@ impl ConsumerPort for KafkaConsumer {
         self.consumer
             .resume(&self.tpl(partition))
             .map_err(|e| format!("resuming topic {} partition {partition}: {e}", self.topic))?;
-        match at {
+        // librdkafka would resume after the records dropped from the buffer at the pause.
+        match at.or_else(|| self.dropped.get(&partition).copied()) {
             Some(offset) => self.seek(partition, offset).map_err(|e| {
                 format!(
                     "restarting the fetch of topic {} partition {partition} at offset {offset}: {e}",
@@ -381,6 +500,13 @@ impl ConsumerPort for KafkaConsumer {
     }
 
     fn read_position(&mut self, partition: PartitionId) -> Option<u64> {
+        // librdkafka's position is past every record of the batches read: not while one of the
+        // partition's is buffered or was dropped from the buffer.
+        if self.dropped.contains_key(&partition)
+            || self.buffered.iter().any(|b| b.partition == partition)
+        {
+            return None;
+        }
         crate::check_log::consumer_position(&self.consumer, &self.topic, partition)
     }
 

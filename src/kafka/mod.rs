@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 pub mod admin;
 pub mod consumer;
 pub mod dead_letters;
+pub mod fetch;
 
 /// Whether a librdkafka property is the consumer's alone (the job's `kafka` table serves the
 /// consumers; the producers of the capture and of the dead-letter topic take the rest: brokers,
