@@ -12,6 +12,8 @@
 mod capture;
 #[path = "backfill/cpu.rs"]
 mod cpu;
+#[path = "backfill/peer.rs"]
+mod peer;
 #[path = "backfill/pg_ceiling.rs"]
 mod pg_ceiling;
 #[path = "backfill/several_tables.rs"]
@@ -715,8 +717,8 @@ fn run_sqlite_job(bin: &Path, bootstrap: &str, name: &str, topic: &str, d: &Path
 /// at `info` to a file, on the same topic as (b). The phase is timed from the moment its worker's
 /// `phase changed … to="log_store"` line appears in that file to the moment `to="streaming"` does
 /// (the file read every 5 ms), and its CPU read from `/proc/<pid>/stat` at the same moments — what
-/// an outside harness sees. Returns (seconds, CPU seconds) of the phase.
-fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usize) -> (f64, f64) {
+/// an outside harness sees, and its peak RSS (VmHWM) over the whole run.
+fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usize) -> Outside {
     let name = format!("out{i}");
     let cfg = d.join(format!("{name}.toml"));
     let store = format!(
@@ -749,8 +751,10 @@ fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usiz
         .spawn()
         .unwrap();
     let (mut start, mut end) = (None, None);
+    let mut hwm = 0;
     let deadline = Instant::now() + Duration::from_secs(1800);
     while end.is_none() {
+        hwm = hwm.max(vm_hwm_kib(child.id()));
         let (now, cpu) = (Instant::now(), cpu::pid_secs(child.id()));
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if start.is_none() && text.contains("to=\"log_store\"") {
@@ -774,7 +778,14 @@ fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usiz
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let status = child.wait().unwrap();
+    // What it holds after the phase (the final commit, shutdown) counts too.
+    let status = loop {
+        hwm = hwm.max(vm_hwm_kib(child.id()));
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     assert!(
         status.success(),
         "{} exited with {status}: see {}",
@@ -782,7 +793,21 @@ fn outside_log_store(bin: &Path, bootstrap: &str, topic: &str, d: &Path, i: usiz
         log.display()
     );
     let ((t0, c0), (t1, c1)) = (start.unwrap(), end.unwrap());
-    ((t1 - t0).as_secs_f64(), c1 - c0)
+    Outside {
+        secs: (t1 - t0).as_secs_f64(),
+        cpu_secs: c1 - c0,
+        peak_rss_mib: hwm as f64 / 1024.0,
+    }
+}
+
+/// What `outside_log_store` measured.
+struct Outside {
+    /// Seconds of the log-store phase.
+    secs: f64,
+    /// The process's CPU seconds in that phase.
+    cpu_secs: f64,
+    /// Its peak RSS over the whole run, MiB.
+    peak_rss_mib: f64,
 }
 
 /// (g2) Peak resident memory (VmHWM) of the real binary backfilling a snapshot written as one file
@@ -1244,7 +1269,7 @@ fn main() {
 
     // ---- (a)–(c): the log-store phase against the consumers, 4 and 16 partitions ----------------
     let mut log_topics = Vec::new();
-    if a.want("log") || a.want("scale") || a.want("consistency") {
+    if a.want("log") || a.want("scale") || a.want("consistency") || a.want("peer") {
         for partitions in [4u32, 16] {
             eprintln!(
                 "log topic: {} changes over {partitions} partitions…",
@@ -1386,9 +1411,9 @@ fn main() {
             // The same replay by the real binary in a process of its own, timed from outside.
             let mut out_cpu = Vec::new();
             let (out, out_all) = runs(a.reps, |i| {
-                let (secs, cpu_secs) = outside_log_store(&a.bin, &bootstrap, topic, d, i);
-                out_cpu.push(cpu_secs * 1e6 / *records as f64);
-                *records as f64 / secs
+                let o = outside_log_store(&a.bin, &bootstrap, topic, d, i);
+                out_cpu.push(o.cpu_secs * 1e6 / *records as f64);
+                *records as f64 / o.secs
             });
             let out_c = median(out_cpu.clone());
             r.figure(
@@ -1855,6 +1880,16 @@ fn main() {
             ),
             unl.zip(adp).map(|(u, a)| a < u),
         );
+    }
+
+    // ---- peer: ConsumerPerformance, a Kafka Streams KTable and the binary on one topic -------------
+    if a.want("peer") {
+        eprintln!("peer…");
+        let (_, topic, d, records) = log_topics
+            .iter()
+            .find(|t| t.0 == 4)
+            .expect("the 4-partition log topic");
+        peer::run(&mut r, &a.bin, &bootstrap, topic, d, *records, a.reps);
     }
 
     // ---- scale: workers, processes, partitions on durable PostgreSQL ------------------------------

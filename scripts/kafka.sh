@@ -11,6 +11,9 @@
 #   scripts/kafka.sh ca          print the path of the CA certificate the SASL_SSL listener chains to
 #   scripts/kafka.sh tool CLASS [ARGS]   run a Kafka tool class with the broker's classpath, e.g.
 #        scripts/kafka.sh tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --describe ...
+#   scripts/kafka.sh ktable BOOTSTRAP TOPIC APP_ID STATE_DIR RECORDS   run the Kafka Streams KTable
+#        peer of the benchmark (scripts/ktable/KTablePeer.java; built once) with the JVM's defaults
+#   scripts/kafka.sh ktable-build   fetch its jars and compile it (once)
 #   scripts/kafka.sh clean       stop and delete its data
 #   scripts/kafka.sh halt / resume   stop the broker keeping its data and ports, start it again
 #
@@ -33,6 +36,19 @@ jars() {
 }
 
 classpath() { echo "$lib/*"; }
+
+# The KTable peer (scripts/ktable): its jars from Maven Central and its one class, once.
+ktable_build() {
+  local k="$here/ktable"
+  if [ ! -f "$k/classes/KTablePeer.class" ] || [ "$k/KTablePeer.java" -nt "$k/classes/KTablePeer.class" ]; then
+    if [ ! -f "$k/lib/.complete" ]; then
+      echo "fetching Kafka Streams jars from Maven Central (once)..." >&2
+      (cd "$k" && mvn -q -B dependency:copy-dependencies -DoutputDirectory=lib >&2)
+      touch "$k/lib/.complete"
+    fi
+    javac -nowarn -d "$k/classes" -cp "$k/lib/*" "$k/KTablePeer.java" >&2
+  fi
+}
 
 java_run() {
   java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
@@ -143,6 +159,8 @@ case "${1:-}" in
   ca) is_running && cat "$run/ca" ;;
   tool) shift; jars; java -Xmx512m -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
           -Dkafka.logs.file="$run/tools.log" -cp "$(classpath)" "$@" ;;
+  ktable-build) ktable_build ;;
+  ktable) shift; ktable_build; exec java -cp "$here/ktable/classes:$here/ktable/lib/*" KTablePeer "$@" ;;
   clean) stop; rm -rf "$run" ;;
   halt) stop ;;   # stop the broker, keeping its data, ports and topics (outage tests)
   resume) is_running && cat "$run/bootstrap" || launch ;;   # start it again after halt

@@ -8,6 +8,11 @@
 /// moved each figure"): log-store phase 4.8–5.0 s with glibc, 2.5–3.1 s with mimalloc; snapshot
 /// phase 3.5–3.9 s vs 1.5 s; peak RSS about 35 MiB higher. Every binary linking this crate (the
 /// service, tests, the benchmark) uses it.
+///
+/// Built with mimalloc's `no_thp` (Cargo.toml): its arenas are not advised into transparent huge
+/// pages, where one touched 4 KiB page makes a 2 MiB page resident (36 MiB of a 4-partition replay's
+/// 135 MiB peak RSS were huge pages). Without them the same replay peaks 10–17 MiB lower at the same
+/// speed (docs/BENCHMARKS.md, "The outside check, in-repo").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
