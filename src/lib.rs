@@ -11,7 +11,7 @@
 ///
 /// Built with mimalloc's `no_thp` (Cargo.toml): its arenas are not advised into transparent huge
 /// pages, where one touched 4 KiB page makes a 2 MiB page resident (36 MiB of a 4-partition replay's
-/// 135 MiB peak RSS were huge pages). Without them the same replay peaks 10–17 MiB lower at the same
+/// 135 MiB peak RSS were huge pages). Without them the same replay peaks 9–17 MiB lower at the same
 /// speed (docs/BENCHMARKS.md, "The outside check, in-repo").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
