@@ -25,17 +25,19 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
+
+use kafka_backfill::shutdown::CancellationToken;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kafka_backfill::config::{
+    Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig, Secret,
+    SnapshotConfig, StoreConfig,
+};
 use kafka_backfill::core::{
     Checkpoint, CheckpointCause, Epoch, Phase, Row, RowMutation, VnodeProgress,
 };
 use kafka_backfill::ports::{SnapshotSource, StateStore};
-use kafka_backfill::service::config::{
-    Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig, Secret,
-    SnapshotConfig, StoreConfig,
-};
 use kafka_backfill::service::job::{self, RunOptions};
 use kafka_backfill::service::metrics::metrics;
 use kafka_backfill::service::status::StatusBoard;
@@ -449,7 +451,7 @@ struct Timed {
 fn timed_run_cpu(config: &Config) -> Timed {
     let poller = cpu::current_tid();
     let board = job::new_board();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
     let (c, b, s) = (config.clone(), board.clone(), stop.clone());
     let h = std::thread::spawn(move || {
         job::run(
@@ -848,7 +850,7 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     // Keeps the log-store phase long enough to join in it; recreation settings are the defaults.
     config.jobs[0].max_rows_per_second = 40_000;
     let (board_a, board_b) = (job::new_board(), job::new_board());
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
     let spawn = |prefix: &str, board: StatusBoard| {
         let (c, s, p) = (config.clone(), stop.clone(), prefix.to_string());
         std::thread::spawn(move || {
@@ -902,7 +904,7 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
         std::thread::sleep(Duration::from_micros(200));
     }
     let t1 = Instant::now();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stop.cancel();
     a.join().unwrap().unwrap();
     b.join().unwrap().unwrap();
     ((t0 - t_join).as_secs_f64(), (t1 - t0).as_secs_f64())

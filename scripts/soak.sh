@@ -2,7 +2,7 @@
 # Soak the deterministic simulation: SOAK_SEEDS seeds (default 100,000) in chunks of SOAK_CHUNK
 # (default 10,000) from SOAK_FIRST (default 0), release build. Not run by CI (minutes to hours).
 # Every failing seed prints its one-line replay:
-#   SIM_SEED=<seed> cargo test --features testing --test simulation replay -- --nocapture
+#   SIM_SEED=<seed> cargo test --features testing --test it -- --exact simulation::replay --nocapture
 # Exit 1 if any seed failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +14,8 @@ start=$(date +%s)
 for ((from = first; from < first + total; from += chunk)); do
   n=$(( chunk < first + total - from ? chunk : first + total - from ))
   log=$(mktemp)
-  if SIM_FIRST_SEED=$from SIM_SEEDS=$n cargo test --release --quiet --features testing --test simulation \
-      random_schedules_against_the_oracle -- --nocapture >"$log" 2>&1; then
+  if SIM_FIRST_SEED=$from SIM_SEEDS=$n cargo test --release --quiet --features testing --test it \
+      simulation::random_schedules_against_the_oracle -- --nocapture >"$log" 2>&1; then
     echo "seeds $from..$((from + n)): ok ($(grep -o '[0-9]* commits' "$log" | head -1)) after $(( $(date +%s) - start )) s"
   else
     failed=1

@@ -15,11 +15,12 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::codec::{LogCodec, TableSchema};
+use crate::config::{JobConfig, SnapshotConfig};
 use crate::core::contract::{check_record, LogPosition};
 use crate::core::{CoreError, LogRecord, PartitionMap, Vnode};
 use crate::kafka::admin::{while_broker_away, ErrorCapture};
+use crate::kafka::consumer_position;
 use crate::ports::SnapshotSource;
-use crate::service::config::{JobConfig, SnapshotConfig};
 
 /// What `check-log` found.
 #[derive(Debug, Default)]
@@ -367,18 +368,5 @@ fn describe(r: &LogRecord) -> String {
     match r {
         LogRecord::Barrier(b) => format!("the barrier {} -> {}", b.prev, b.curr),
         LogRecord::Change(c) => format!("a change of epoch {}", c.epoch),
-    }
-}
-
-/// The consumer's position in `partition` (the next offset it will return), if known.
-pub fn consumer_position<C: rdkafka::consumer::ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-    topic: &str,
-    partition: u32,
-) -> Option<u64> {
-    let tpl = consumer.position().ok()?;
-    match tpl.find_partition(topic, partition as i32)?.offset() {
-        Offset::Offset(o) if o >= 0 => Some(o as u64),
-        _ => None,
     }
 }

@@ -3,21 +3,20 @@
 //! SQLite file while printing live progress, optionally adds a second worker during the log-store
 //! phase (`--rescale`) so the invariant error and the recreation can be seen, and ends with `verify`.
 
+use crate::shutdown::CancellationToken;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
-use crate::core::Phase;
-use crate::service::config::{
+use crate::config::{
     Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
     SnapshotConfig, StoreConfig,
 };
+use crate::core::Phase;
 use crate::service::job::{self, RunOptions};
 use crate::service::status::StatusBoard;
 use crate::workload::{self, Workload};
@@ -190,9 +189,9 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
     };
     let board_a = job::new_board();
     let board_b = job::new_board();
-    let stop_a = Arc::new(AtomicBool::new(false));
-    let stop_b = Arc::new(AtomicBool::new(false));
-    let runner = |prefix: &str, board: StatusBoard, stop: Arc<AtomicBool>| {
+    // Both runners stop together.
+    let stop = CancellationToken::new();
+    let runner = |prefix: &str, board: StatusBoard, stop: CancellationToken| {
         let config = config.clone();
         // Workers stop together once all have caught up: one leaving early would be a rebalance.
         let opts = RunOptions {
@@ -202,7 +201,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         };
         std::thread::spawn(move || job::run(&config, &opts, stop, board, Default::default()))
     };
-    let a = runner("a", board_a.clone(), stop_a.clone());
+    let a = runner("a", board_a.clone(), stop.clone());
     let mut b = None;
     let deadline = Instant::now() + Duration::from_secs(110);
     let mut last_print = Instant::now();
@@ -213,7 +212,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         std::thread::sleep(Duration::from_millis(100));
         if o.rescale && b.is_none() && in_phase(&board_a, Phase::LogStore) {
             println!("--rescale: a second worker joins the group while worker a is in the log-store phase");
-            b = Some(runner("b", board_b.clone(), stop_b.clone()));
+            b = Some(runner("b", board_b.clone(), stop.clone()));
         }
         let all_caught_up = [&board_a, &board_b].iter().all(|b| {
             b.lock()
@@ -222,18 +221,16 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
                 .flat_map(|w| w.values())
                 .all(|r| r.caught_up)
         }) && (!o.rescale || b.is_some());
-        if all_caught_up && !stop_a.load(Ordering::SeqCst) {
+        if all_caught_up && !stop.is_cancelled() {
             println!("every worker has caught up: stopping");
-            stop_a.store(true, Ordering::SeqCst);
-            stop_b.store(true, Ordering::SeqCst);
+            stop.cancel();
         }
         if last_print.elapsed() >= Duration::from_secs(1) {
             print_progress(started, &[&board_a, &board_b]);
             last_print = Instant::now();
         }
         if Instant::now() > deadline {
-            stop_a.store(true, Ordering::SeqCst);
-            stop_b.store(true, Ordering::SeqCst);
+            stop.cancel();
             bail!("the demo did not catch up within its time limit");
         }
     }

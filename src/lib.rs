@@ -19,6 +19,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod capture;
 pub mod check_log;
 pub mod codec;
+pub mod config;
 /// The pure core (the `kafka-backfill-core` crate, `crates/core`): every decision, no I/O.
 pub use kafka_backfill_core as core;
 pub mod demo;
@@ -29,6 +30,7 @@ pub mod ports;
 pub mod retry;
 pub mod rng;
 pub mod service;
+pub mod shutdown;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod snapshot;

@@ -2,14 +2,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use kafka_backfill::service::config::{Config, LogFormat, SnapshotConfig};
+use kafka_backfill::config::{Config, LogFormat, SnapshotConfig};
 use kafka_backfill::service::job::{self, RunOptions};
+use kafka_backfill::service::process;
 use kafka_backfill::workload::{self, Workload};
 
 #[derive(Parser)]
@@ -370,7 +369,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!(
                 "exported {n} rows of {} as snapshot {name} (table {table}) to {}",
                 from.display(),
-                kafka_backfill::store::postgres::redact_url(&to_postgres)
+                kafka_backfill::pg_tls::redact_url(&to_postgres)
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -476,75 +475,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Err(code) => return Ok(code),
             };
             init_logs(config.log.format, config.log.level.as_deref());
-            let shutdown = Arc::new(AtomicBool::new(false));
-            install_signals(
-                shutdown.clone(),
-                std::time::Duration::from_secs(config.shutdown_grace_secs),
-            )?;
-            let board = job::new_board();
-            let runtimes = kafka_backfill::service::runtime::Runtimes::default();
-            if !config.http.listen.is_empty() {
-                let addr = kafka_backfill::service::http::spawn(
-                    &config.http.listen,
-                    kafka_backfill::service::http::status_router(board.clone(), runtimes.clone()),
-                    kafka_backfill::service::http::Limits::of(&config.http),
-                    shutdown.clone(),
-                )?;
-                tracing::info!(%addr, "serving /metrics /livez /readyz /status");
-            }
-            if config.http.admin {
-                let addr = kafka_backfill::service::http::spawn(
-                    &config.http.admin_listen,
-                    kafka_backfill::service::http::admin_router(
-                        runtimes.clone(),
-                        config.http.admin_token.clone(),
-                    ),
-                    kafka_backfill::service::http::Limits::of(&config.http),
-                    shutdown.clone(),
-                )
-                .context("http.admin_listen")?;
-                tracing::info!(%addr, "serving /admin/jobs/{{name}}/rate-limit");
-            }
-            // The captures stop when the jobs do, not at the process's signal only.
-            let captures = if capture {
-                let stop = Arc::new(AtomicBool::new(false));
-                let watch = (shutdown.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    while !watch.0.load(Ordering::Relaxed) {
-                        std::thread::sleep(std::time::Duration::from_millis(100));
-                    }
-                    watch.1.store(true, Ordering::SeqCst);
-                });
-                Some(kafka_backfill::capture::job::InProcess::start(
-                    &config.jobs,
-                    stop,
-                    runtimes.captures().clone(),
-                )?)
-            } else {
-                None
-            };
-            let r = job::run(
-                &config,
-                &RunOptions {
+            let flags = process::RunFlags {
+                options: RunOptions {
                     exit_when_caught_up,
                     worker_prefix,
                     job_wait: std::time::Duration::from_secs(job_wait_secs),
                 },
-                shutdown,
-                board,
-                runtimes,
-            );
-            let r = match captures.map(|c| c.finish()) {
-                Some(Err(e)) if r.is_ok() => Err(e),
-                _ => r,
+                capture,
             };
-            match r {
-                Err(e) if e.downcast_ref::<job::JobIncomplete>().is_some() => {
-                    eprintln!("error: {e}");
-                    Ok(ExitCode::from(3))
-                }
-                r => r.map(|()| ExitCode::SUCCESS),
-            }
+            let grace = std::time::Duration::from_secs(config.shutdown_grace_secs);
+            process::run_until_signalled(grace, move |shutdown| {
+                process::run(&config, flags, shutdown)
+            })
         }
         Command::Produce {
             bootstrap,
@@ -589,7 +531,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 append,
                 table,
                 tables: tables.max(1),
-                kafka_properties: kafka_backfill::service::config::parse_properties(&properties)?,
+                kafka_properties: kafka_backfill::config::parse_properties(&properties)?,
                 transactional,
                 snapshot_layout,
                 evolve,
@@ -619,27 +561,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Err(code) => return Ok(code),
             };
             init_logs(config.log.format, config.log.level.as_deref());
-            let j = pick_job(&config, job.as_deref())?;
-            let stop = Arc::new(AtomicBool::new(false));
-            install_signals(
-                stop.clone(),
-                std::time::Duration::from_secs(config.shutdown_grace_secs),
-            )?;
-            let runtimes = kafka_backfill::service::runtime::Runtimes::default();
-            if !config.http.listen.is_empty() {
-                let addr = kafka_backfill::service::http::spawn(
-                    &config.http.listen,
-                    kafka_backfill::service::http::status_router(
-                        job::new_board(),
-                        runtimes.clone(),
-                    ),
-                    kafka_backfill::service::http::Limits::of(&config.http),
-                    stop.clone(),
-                )?;
-                tracing::info!(%addr, "serving /metrics /livez /readyz /status");
-            }
-            kafka_backfill::capture::job::run(j, stop, runtimes.captures().clone())?;
-            Ok(ExitCode::SUCCESS)
+            let j = pick_job(&config, job.as_deref())?.clone();
+            let grace = std::time::Duration::from_secs(config.shutdown_grace_secs);
+            process::run_until_signalled(grace, move |shutdown| {
+                process::capture(&config, &j, shutdown)
+            })
         }
         Command::CheckLog {
             config,
@@ -743,9 +669,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     println!("  … and {} more", letters.len() - 20);
                 }
             }
-            if let kafka_backfill::service::config::StoreConfig::Sqlite { path, table, .. } =
-                &j.store
-            {
+            if let kafka_backfill::config::StoreConfig::Sqlite { path, table, .. } = &j.store {
                 println!(
                     "materialised table: sqlite3 {} 'SELECT * FROM {table} LIMIT 10'",
                     path.display()
@@ -764,7 +688,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn pick_job<'a>(
     config: &'a Config,
     name: Option<&str>,
-) -> Result<&'a kafka_backfill::service::config::JobConfig> {
+) -> Result<&'a kafka_backfill::config::JobConfig> {
     match name {
         Some(name) => config
             .jobs
@@ -773,41 +697,6 @@ fn pick_job<'a>(
             .with_context(|| format!("no job {name} in the configuration")),
         None => Ok(config.jobs.first().expect("validated: at least one job")),
     }
-}
-
-/// SIGTERM or SIGINT sets `shutdown` (graceful: commit what is complete, leave the group); a second one
-/// exits at once (130); past the grace period the process exits 0 abandoning in-flight work.
-fn install_signals(shutdown: Arc<AtomicBool>, grace: std::time::Duration) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            rt.block_on(async move {
-                use tokio::signal::unix::{signal, SignalKind};
-                let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-                let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-                for n in 0.. {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = int.recv() => {}
-                    }
-                    if n > 0 || shutdown.load(Ordering::SeqCst) {
-                        eprintln!("second signal: exiting now");
-                        std::process::exit(130);
-                    }
-                    tracing::info!(grace_secs = grace.as_secs(), "signal received: stopping (send again to exit at once)");
-                    shutdown.store(true, Ordering::SeqCst);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(grace).await;
-                        tracing::warn!("shutdown grace period over: abandoning in-flight work (the store holds the last checkpoint)");
-                        std::process::exit(0);
-                    });
-                }
-            })
-        })?;
-    Ok(())
 }
 
 /// `/status` for a person: one block per job, one line per worker and partition.

@@ -3,14 +3,13 @@
 //! `verify-full`, with `sslrootcert` (the CA file) and, for client certificates, `sslcert` and
 //! `sslkey`. `require` with an `sslrootcert` verifies the chain like `verify-ca` (libpq's rule).
 //!
-//! Owns only connection set-up; what is sent over the connection is the stores' business.
+//! Owns only connection set-up (and [`redact_url`], a URL's password hidden for messages); what is
+//! sent over the connection is the stores' business.
 
 use openssl::ssl::{SslConnector, SslFiletype, SslMethod, SslVerifyMode};
 use postgres::config::SslMode;
 use postgres::{Client, NoTls};
 use postgres_openssl::MakeTlsConnector;
-
-use crate::store::postgres::redact_url;
 
 /// The TLS options of a URL, taken out of it (the `postgres` crate knows only some of them).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -163,6 +162,20 @@ fn connect_failed(url: &str, e: &postgres::Error) -> ConnectError {
     ConnectError {
         message: format!("connecting to PostgreSQL at {}: {msg}", redact_url(url)),
         permanent: auth || tls,
+    }
+}
+
+/// `postgresql://user:secret@host/db` → `postgresql://user:***@host/db`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
     }
 }
 

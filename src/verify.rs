@@ -83,9 +83,9 @@ pub fn verify_table(
 /// The capture writing `job`'s topic: the job's own `[jobs.capture]`, or that of the job in `jobs`
 /// capturing its topic.
 fn capture_of<'a>(
-    job: &'a crate::service::config::JobConfig,
-    jobs: &'a [crate::service::config::JobConfig],
-) -> Result<&'a crate::service::config::CaptureSection> {
+    job: &'a crate::config::JobConfig,
+    jobs: &'a [crate::config::JobConfig],
+) -> Result<&'a crate::config::CaptureSection> {
     job.capture
         .as_ref()
         .or_else(|| {
@@ -108,15 +108,15 @@ fn capture_of<'a>(
 /// several, that of the job in `jobs` capturing its topic; the table is `snapshot.table`'s.
 pub fn verify_against_source(
     store: &mut dyn StateStore,
-    job: &crate::service::config::JobConfig,
-    jobs: &[crate::service::config::JobConfig],
+    job: &crate::config::JobConfig,
+    jobs: &[crate::config::JobConfig],
 ) -> Result<VerifyReport> {
     let c = capture_of(job, jobs)?;
     let tables = c
         .table_names()
         .map_err(|(key, m)| anyhow::anyhow!("capture.{key}: {m}"))?;
     let wanted = match &job.snapshot {
-        crate::service::config::SnapshotConfig::Files { table: Some(t), .. } => Some(t.as_str()),
+        crate::config::SnapshotConfig::Files { table: Some(t), .. } => Some(t.as_str()),
         _ => None,
     };
     let table = match wanted {
@@ -137,8 +137,8 @@ pub fn verify_against_source(
 /// against the source tables of the capture writing the job's topic (`expected = None`).
 pub fn verify_several(
     store: &mut dyn StateStore,
-    job: &crate::service::config::JobConfig,
-    jobs: &[crate::service::config::JobConfig],
+    job: &crate::config::JobConfig,
+    jobs: &[crate::config::JobConfig],
     tables: &[crate::store::StoreTable],
     expected: Option<&Path>,
 ) -> Result<Vec<(String, VerifyReport)>> {

@@ -4,20 +4,20 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
+use crate::shutdown::{wait_blocking, CancellationToken};
 use anyhow::{bail, Context, Result};
 
 use super::log::{read_state, KafkaLog, StateRecord, StateTable};
-use super::pg::{self, PgReplication, StreamTable, TableName};
+use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
+use super::report::{CaptureBoard, CaptureMeter, CaptureReport};
 use super::{run_session, CaptureFailure, CaptureObserver, LogPort, SessionStats};
 use crate::codec::{LogCodec, TableSchema};
+use crate::config::{JobConfig, SnapshotConfig};
 use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
 use crate::core::{vnode_of, Epoch, PartitionMap};
-use crate::service::config::{JobConfig, SnapshotConfig};
-use crate::service::status::{CaptureBoard, CaptureReport};
 use crate::snapshot::files::{
     write_manifest, write_tables_manifest, Manifest, ManifestStart, ManifestTable, SortedWriter,
     TablesManifest,
@@ -27,19 +27,35 @@ use crate::snapshot::files::{
 const STATE_VERSION: u32 = 1;
 const PENDING_MANIFEST: &str = "manifest.pending.json";
 
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 struct Progress {
     job: String,
     last_log_ms: u64,
     /// The session totals last counted (a new session starts again from zero).
     counted: SessionStats,
     board: CaptureBoard,
+    meter: Arc<dyn CaptureMeter>,
+    /// Told each time a session finds the snapshot published (`manifest.json` written).
+    published: Option<Published>,
+}
+
+/// Tells [`InProcess::start`] that a job's capture has published its snapshot.
+#[derive(Clone)]
+pub struct Published {
+    job: String,
+    tx: mpsc::Sender<Started>,
+}
+
+impl Published {
+    fn tell(&self) {
+        // The receiver is gone once every job it waited for has started: nothing is listening.
+        let _ = self.tx.send(Started::Published(self.job.clone()));
+    }
+}
+
+/// What [`InProcess::start`] waits for, per job.
+enum Started {
+    Published(String),
+    Stopped(String),
 }
 
 impl Progress {
@@ -58,7 +74,8 @@ impl CaptureObserver for Progress {
             stats.transactions - self.counted.transactions,
             stats.changes - self.counted.changes,
         );
-        crate::service::metrics::capture_committed(&self.job, state, stats, transactions, changes);
+        self.meter
+            .committed(&self.job, state, stats, transactions, changes);
         self.set(|r| {
             let source = stats.source_lsn.max(state.lsn);
             r.state = "streaming";
@@ -191,9 +208,24 @@ impl Setup<'_> {
     }
 }
 
-/// Runs the capture of `job` until `stop` is set (checked between source transactions); its report
-/// is kept on `board`.
-pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Result<()> {
+/// Runs the capture of `job` until `stop` is cancelled (checked between source transactions); its
+/// report is kept on `board`, what it counts told to `meter`.
+pub fn run(
+    job: &JobConfig,
+    stop: CancellationToken,
+    board: CaptureBoard,
+    meter: Arc<dyn CaptureMeter>,
+) -> Result<()> {
+    run_telling(job, stop, board, meter, None)
+}
+
+fn run_telling(
+    job: &JobConfig,
+    stop: CancellationToken,
+    board: CaptureBoard,
+    meter: Arc<dyn CaptureMeter>,
+    published: Option<Published>,
+) -> Result<()> {
     let c = job
         .capture
         .as_ref()
@@ -267,6 +299,8 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
         last_log_ms: 0,
         counted: SessionStats::default(),
         board,
+        meter,
+        published,
     };
     progress.set(|r| r.state = "starting");
     let mut failures = 0u32;
@@ -299,10 +333,14 @@ pub fn run(job: &JobConfig, stop: Arc<AtomicBool>, board: CaptureBoard) -> Resul
                         RETRY_FOR.as_secs()
                     );
                 }
-                crate::service::metrics::capture_restart(&job.name);
+                progress.meter.restarted(&job.name);
                 let backoff = Duration::from_millis((100u64 << failures.min(6)).min(5_000));
                 tracing::warn!(job = %job.name, error = %e, attempt = failures, backoff_ms = backoff.as_millis() as u64, "capture session failed; resuming from the last committed state");
-                std::thread::sleep(backoff);
+                // Waits out the backoff, or stops at once when asked to.
+                if wait_blocking(&stop, backoff) {
+                    tracing::info!(job = %job.name, "capture stopped while retrying");
+                    return Ok(());
+                }
             }
         }
     }
@@ -317,7 +355,7 @@ fn transient(what: &str) -> impl FnOnce(anyhow::Error) -> CaptureFailure + '_ {
 /// `checkpoints` gets the committed checkpoint count at the start and at the end.
 fn session(
     s: &Setup,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     progress: &mut Progress,
     checkpoints: &mut (Option<u64>, Option<u64>),
 ) -> Result<(), CaptureFailure> {
@@ -361,10 +399,8 @@ fn session(
         template,
     )
     .map_err(transient("connecting to Kafka"))?;
-    let name = job.name.clone();
-    log.on_commit = Some(Box::new(move |d| {
-        crate::service::metrics::capture_commit_took(&name, d)
-    }));
+    let (name, meter) = (job.name.clone(), progress.meter.clone());
+    log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
     let committed = read_state(&s.props, &job.topic, &job.name)
         .map_err(transient("reading the capture's state"))?;
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
@@ -402,8 +438,13 @@ fn session(
             log.record.timeline = tli;
             log.record.snapshot_epoch = es;
             let hook_dir = s.dir.clone();
+            let published = progress.published.clone();
             log.on_initial_commit = Some(Box::new(move |r: &StateRecord| {
-                finish_manifest(&hook_dir, r)
+                finish_manifest(&hook_dir, r)?;
+                if let Some(p) = &published {
+                    p.tell();
+                }
+                Ok(())
             }));
             let (a, initial) = Assembler::fresh(s.config, s.map, es, consistent, unix_ms());
             (a, initial, repl)
@@ -445,6 +486,9 @@ fn session(
                 finish_manifest(&s.dir, &record)
                     .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
             }
+            if let Some(p) = &progress.published {
+                p.tell();
+            }
             if slot_state.is_none() {
                 return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
             }
@@ -476,7 +520,7 @@ fn session(
         &mut repl,
         &mut log,
         Duration::from_millis(100),
-        &mut |_| stop.load(Ordering::Relaxed),
+        &mut |_| stop.is_cancelled(),
         progress,
     );
     checkpoints.1 = Some(a.committed().checkpoints);
@@ -624,64 +668,80 @@ fn snapshot(
 /// Captures running inside `kafka-backfill run --capture` (the embedded and demo case).
 pub struct InProcess {
     threads: Vec<(String, std::thread::JoinHandle<Result<()>>)>,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
 }
 
 impl InProcess {
     /// Starts the capture of every job with a `[jobs.capture]` on a thread of its own, and returns
-    /// once each has published its snapshot (`manifest.json` exists: the job can start), or with
-    /// the error of a capture that stopped first. `stop` ends them (at a checkpoint).
+    /// once each has published its snapshot (`manifest.json` written: the job can start), or with
+    /// the error of a capture that stopped first. Cancelling `stop` ends them (at a checkpoint);
+    /// so does [`InProcess::finish`].
     pub fn start(
         jobs: &[JobConfig],
-        stop: Arc<AtomicBool>,
+        stop: CancellationToken,
         board: CaptureBoard,
+        meter: Arc<dyn CaptureMeter>,
     ) -> Result<InProcess> {
+        let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
         for job in jobs.iter().filter(|j| j.capture.is_some()) {
-            let (j, s, b) = (job.clone(), stop.clone(), board.clone());
+            let (j, s, b, m) = (job.clone(), stop.clone(), board.clone(), meter.clone());
+            let published = Published {
+                job: job.name.clone(),
+                tx: tx.clone(),
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("capture-{}", job.name))
-                .spawn(move || run(&j, s, b))
+                .spawn(move || {
+                    let r = run_telling(&j, s, b, m, Some(published.clone()));
+                    // Sent before the thread ends; the handle then holds the result.
+                    let _ = published.tx.send(Started::Stopped(published.job));
+                    r
+                })
                 .context("starting a capture thread")?;
             threads.push((job.name.clone(), handle));
         }
+        drop(tx);
         let mut me = InProcess { threads, stop };
-        for job in jobs.iter().filter(|j| j.capture.is_some()) {
-            let SnapshotConfig::Files { dir, .. } = &job.snapshot else {
-                continue;
-            };
-            let manifest = dir.join("manifest.json");
-            while !manifest.exists() {
-                if let Some(i) = me
-                    .threads
-                    .iter()
-                    .position(|(n, t)| n == &job.name && t.is_finished())
-                {
+        let mut waiting: std::collections::BTreeSet<String> =
+            me.threads.iter().map(|(n, _)| n.clone()).collect();
+        while !waiting.is_empty() {
+            match rx.recv() {
+                Ok(Started::Published(job)) => {
+                    if waiting.remove(&job) {
+                        tracing::info!(job = %job, "the capture published the snapshot; starting the job");
+                    }
+                }
+                Ok(Started::Stopped(job)) => {
+                    let i = me
+                        .threads
+                        .iter()
+                        .position(|(n, _)| *n == job)
+                        .expect("a started capture");
                     let (name, t) = me.threads.remove(i);
+                    let cancelled = me.stop.is_cancelled();
                     me.stop_all();
                     return Err(match t.join() {
                         Ok(Err(e)) => e.context(format!("the capture of job {name}")),
+                        Ok(Ok(())) if cancelled => anyhow::anyhow!(
+                            "stopped before the capture of job {name} published its snapshot"
+                        ),
                         Ok(Ok(())) => {
                             anyhow::anyhow!("the capture of job {name} stopped before its snapshot")
                         }
                         Err(_) => anyhow::anyhow!("the capture of job {name} panicked"),
                     });
                 }
-                if me.stop.load(Ordering::Relaxed) {
-                    bail!(
-                        "stopped before the capture of job {} published its snapshot",
-                        job.name
-                    );
+                Err(mpsc::RecvError) => {
+                    bail!("the capture threads ended without publishing their snapshots")
                 }
-                std::thread::sleep(Duration::from_millis(100));
             }
-            tracing::info!(job = %job.name, "the capture published the snapshot; starting the job");
         }
         Ok(me)
     }
 
     fn stop_all(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.cancel();
         for (_, t) in self.threads.drain(..) {
             // Each ends at its next source-transaction boundary; errors were logged by its session.
             if let Ok(Err(e)) = t.join() {
@@ -692,7 +752,7 @@ impl InProcess {
 
     /// Stops every capture at a checkpoint and returns the first error one stopped with.
     pub fn finish(mut self) -> Result<()> {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.cancel();
         let mut first = None;
         for (name, t) in self.threads.drain(..) {
             match t.join() {

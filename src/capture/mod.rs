@@ -18,6 +18,7 @@ use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 pub mod job;
 pub mod log;
 pub mod pg;
+pub mod report;
 pub mod types;
 
 /// Why a capture session ended.

@@ -18,41 +18,27 @@ use pg_walstream::{
 
 use super::types::{PgColumn, PgType, RowEncoder};
 use super::{CaptureFailure, ReplicationPort};
+pub use crate::config::TableName;
 use crate::core::capture::{Lsn, RowChange, SourceEvent, TableIndex};
 
 /// The session settings that fix every type's text form (docs/CAPTURE.md, "Types").
 pub const SESSION_SETTINGS: &str =
     "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=3";
 
-/// A schema-qualified table name, split.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TableName {
-    pub schema: String,
-    pub table: String,
-}
-
+/// Table names as SQL.
 impl TableName {
-    pub fn parse(s: &str) -> Result<TableName> {
-        let (schema, table) = s.split_once('.').unwrap_or(("public", s));
-        if schema.is_empty() || table.is_empty() || table.contains('.') {
-            bail!("{s:?} is not a table name (schema.table)");
-        }
-        Ok(TableName {
-            schema: schema.into(),
-            table: table.into(),
-        })
-    }
-
     /// The quoted SQL identifier.
     pub fn sql(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
     }
 }
 
-impl std::fmt::Display for TableName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.schema, self.table)
-    }
+/// The wall clock in Unix milliseconds (0 before 1970): the capture's epochs and lag.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 pub fn quote_ident(s: &str) -> String {
@@ -780,7 +766,7 @@ impl PgReplication {
         Ok(SourceEvent::SchemaChange {
             row_schema: row_schema.to_string(),
             announced,
-            now_ms: crate::capture::job::unix_ms(),
+            now_ms: unix_ms(),
         })
     }
 
@@ -883,7 +869,7 @@ impl ReplicationPort for PgReplication {
                 Err(_) => {
                     return Ok(SourceEvent::Idle {
                         wal_end: self.stream.current_lsn(),
-                        now_ms: crate::capture::job::unix_ms(),
+                        now_ms: unix_ms(),
                     })
                 }
                 Ok(Err(e)) => {

@@ -17,7 +17,7 @@
 //! The loop owns no decision (the core does) and does no I/O of its own: the consumer, the committer,
 //! the clock, the store and the snapshot are its ports, and what it did goes out as typed
 //! [`WorkerEvent`]s to its [`Observer`] — it never imports the service, metrics or the status board
-//! (`tests/architecture.rs` fails if it does, or reads a clock of its own).
+//! (`tests/it/architecture.rs` fails if it does, or reads a clock of its own).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -507,7 +507,7 @@ impl ConsumerPort for KafkaConsumer {
         {
             return None;
         }
-        crate::check_log::consumer_position(&self.consumer, &self.topic, partition)
+        super::consumer_position(&self.consumer, &self.topic, partition)
     }
 
     fn assignment(&mut self) -> Vec<PartitionId> {

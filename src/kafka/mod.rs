@@ -152,3 +152,17 @@ pub const MANAGED_CONSUMER_KEYS: [(&str, &str, &str); 6] = [
         "catch-up is decided with watermark probes, not end-of-partition events",
     ),
 ];
+
+/// The consumer's position in `partition` (the next offset it will return), if known.
+pub fn consumer_position<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &rdkafka::consumer::BaseConsumer<C>,
+    topic: &str,
+    partition: u32,
+) -> Option<u64> {
+    use rdkafka::consumer::Consumer;
+    let tpl = consumer.position().ok()?;
+    match tpl.find_partition(topic, partition as i32)?.offset() {
+        rdkafka::Offset::Offset(o) if o >= 0 => Some(o as u64),
+        _ => None,
+    }
+}

@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -20,6 +19,8 @@ use hyper_util::service::TowerToHyperService;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+
+use crate::shutdown::CancellationToken;
 
 use crate::service::metrics::metrics;
 use crate::service::runtime::{JobRuntime, RateLimitChange, Runtimes};
@@ -35,7 +36,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn of(c: &crate::service::config::HttpConfig) -> Limits {
+    pub fn of(c: &crate::config::HttpConfig) -> Limits {
         Limits {
             max_connections: c.max_connections,
             header_timeout: Duration::from_millis(c.header_timeout_ms),
@@ -138,7 +139,7 @@ type Shared = (StatusBoard, Runtimes);
 /// `snapshot=N` and/or `log=N` (per worker per second, 0 = none; a missing one keeps its value) sets
 /// them in the store, which every worker of every process reads within its housekeeping interval.
 /// No request body is read.
-pub fn admin_router(jobs: Runtimes, token: Option<crate::service::config::Secret>) -> Router {
+pub fn admin_router(jobs: Runtimes, token: Option<crate::config::Secret>) -> Router {
     use axum::http::Uri;
     use axum::routing::MethodRouter;
     fn reply(
@@ -232,7 +233,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-/// Serves on its own thread until `shutdown` is set (then it stops accepting and lets requests in
+/// Serves on its own thread until `shutdown` is cancelled (then it stops accepting and lets requests in
 /// flight finish) or the process ends. Binds before returning, so a bad address fails at start-up.
 ///
 /// Hardened for a shared network: at most `max_connections` at once (more are closed as they
@@ -244,7 +245,7 @@ pub fn spawn(
     listen: &str,
     router: Router,
     limits: Limits,
-    shutdown: Arc<AtomicBool>,
+    shutdown: CancellationToken,
 ) -> Result<SocketAddr> {
     let std_listener =
         std::net::TcpListener::bind(listen).with_context(|| format!("http.listen = {listen:?}"))?;
@@ -273,23 +274,15 @@ async fn serve(
     std_listener: std::net::TcpListener,
     app: Router,
     limits: Limits,
-    shutdown: Arc<AtomicBool>,
+    shutdown: CancellationToken,
 ) {
     let listener = TcpListener::from_std(std_listener).expect("listener");
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let service = TowerToHyperService::new(app);
     loop {
-        if shutdown.load(Ordering::SeqCst) {
-            break;
-        }
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                if shutdown.load(Ordering::SeqCst) {
-                    break;
-                }
-                continue;
-            }
+            _ = shutdown.cancelled() => break,
         };
         let sock = match accepted {
             Ok((sock, _)) => sock,

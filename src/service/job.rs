@@ -2,8 +2,8 @@
 //! registers each job's runtime (`service::runtime`: its supervisor, store handles, progress and
 //! limits) and runs its workers on dedicated threads.
 
+use crate::shutdown::CancellationToken;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -13,10 +13,10 @@ use tracing::{error, info};
 
 use crate::codec::LogCodec;
 use crate::codec::TableSchema;
+use crate::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
 use crate::core::{LocalCheckpointPolicy, PartitionMap, Supervisor, SupervisorConfig};
 use crate::ports::StoreFactory;
 use crate::ports::{SnapshotSource, StateStore};
-use crate::service::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
 use crate::service::runtime::{JobRuntime, Runtimes};
 use crate::service::status::StatusBoard;
 use crate::service::worker::{run_worker, WorkerSetup};
@@ -148,7 +148,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 table,
                 format!(
                     "snapshot {name} in {}",
-                    crate::store::postgres::redact_url(url.expose())
+                    crate::pg_tls::redact_url(url.expose())
                 ),
             )
         }
@@ -191,7 +191,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     let open_store = store_factory(
         &job.store,
         table.clone(),
-        job.consistency == crate::service::config::Consistency::Epoch,
+        job.consistency == crate::config::Consistency::Epoch,
         evolution.map(|ev| (ev, table_index)),
         store_tables.clone(),
     )?;
@@ -299,7 +299,7 @@ fn check_versions_allowed(
         }
     ) {
         "jobs.store.store_datum = false: schema changes are applied with store_datum = true (each row's datum is resolved to the new version)"
-    } else if job.consistency == crate::service::config::Consistency::Epoch {
+    } else if job.consistency == crate::config::Consistency::Epoch {
         "jobs.consistency = \"epoch\": schema changes are applied under consistency = \"vnode\" only (the default)"
     } else {
         return Ok(());
@@ -379,11 +379,12 @@ pub fn store_factory(
     })
 }
 
-/// Runs every job until `shutdown` is set, a job stops, or (with `exit_when_caught_up`) all caught up.
+/// Runs every job until `shutdown` is cancelled, a job stops, or (with `exit_when_caught_up`) all
+/// caught up (then it cancels `shutdown` itself, so everything else the process runs stops too).
 pub fn run(
     config: &Config,
     opts: &RunOptions,
-    shutdown: Arc<AtomicBool>,
+    shutdown: CancellationToken,
     board: StatusBoard,
     runtimes: Runtimes,
 ) -> Result<()> {
@@ -410,7 +411,7 @@ pub fn run(
                 supervisor.clone(),
                 prepared.open_store.clone(),
                 crate::core::RateLimits::both(job.max_rows_per_second),
-                job.consistency == crate::service::config::Consistency::Epoch,
+                job.consistency == crate::config::Consistency::Epoch,
             )
             .with_tables(prepared.tables.clone(), &prepared.store_tables),
         );
@@ -448,8 +449,7 @@ pub fn run(
                 max_bytes_ahead: job.max_mib_ahead << 20,
                 reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
                 dead_letters: job.dead_letters(),
-                commit_every_checkpoint: job.consistency
-                    == crate::service::config::Consistency::Epoch,
+                commit_every_checkpoint: job.consistency == crate::config::Consistency::Epoch,
                 tables: prepared.tables.clone(),
                 table_names: prepared
                     .store_tables
@@ -487,7 +487,7 @@ pub fn run(
             if let Err(e) = r {
                 error!(worker = %name, error = %format!("{e:#}"), "worker failed; stopping");
                 result = Err(e);
-                shutdown.store(true, Ordering::SeqCst);
+                shutdown.cancel();
             }
         }
         if opts.exit_when_caught_up {
@@ -501,18 +501,18 @@ pub fn run(
                 match waiting.check(&jobs, opts.job_wait) {
                     Ok(true) => {
                         info!("every vnode of every job has caught up; stopping");
-                        shutdown.store(true, Ordering::SeqCst);
+                        shutdown.cancel();
                     }
                     Ok(false) => {}
                     Err(e) => {
                         error!(error = %format!("{e:#}"), "stopping");
                         result = Err(e);
-                        shutdown.store(true, Ordering::SeqCst);
+                        shutdown.cancel();
                     }
                 }
             }
         }
-        if shutdown.load(Ordering::SeqCst) {
+        if shutdown.is_cancelled() {
             for (name, h) in handles.drain(..) {
                 match h.join() {
                     Ok(Err(e)) if result.is_ok() => result = Err(e),

@@ -242,3 +242,25 @@ pub fn capture_commit_took(job: &str, d: std::time::Duration) {
         .with_label_values(&[job])
         .observe(d.as_secs_f64());
 }
+
+/// The captures' meter: each happening a capture tells becomes its metrics.
+pub struct CaptureMetrics;
+
+impl crate::capture::report::CaptureMeter for CaptureMetrics {
+    fn committed(
+        &self,
+        job: &str,
+        state: &crate::core::capture::CaptureState,
+        stats: &crate::capture::SessionStats,
+        transactions: u64,
+        changes: u64,
+    ) {
+        capture_committed(job, state, stats, transactions, changes);
+    }
+    fn restarted(&self, job: &str) {
+        capture_restart(job);
+    }
+    fn commit_took(&self, job: &str, d: std::time::Duration) {
+        capture_commit_took(job, d);
+    }
+}

@@ -27,28 +27,7 @@ impl std::ops::Deref for Reported {
 /// Shared between the workers of a process and the HTTP endpoints: job → worker → report.
 pub type StatusBoard = Arc<Mutex<BTreeMap<String, BTreeMap<String, Reported>>>>;
 
-/// What a capture of this process (`kafka-backfill capture`, `run --capture`) shows under
-/// `/status`'s `captures`, updated at each checkpoint and on each state change.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct CaptureReport {
-    /// `starting`, `snapshot`, `streaming`, `retrying` or `stopped`.
-    pub state: &'static str,
-    /// The last committed (and acknowledged) source position, PostgreSQL's text form.
-    pub committed_lsn: String,
-    /// The source's position as last heard.
-    pub source_lsn: String,
-    /// WAL bytes between them.
-    pub lag_bytes: u64,
-    /// Commit time (Unix ms) of the last source transaction read.
-    pub last_source_commit_unix_ms: u64,
-    pub checkpoints: u64,
-    pub transactions: u64,
-    pub changes: u64,
-    pub last_error: Option<String>,
-}
-
-/// Job → its capture's report.
-pub type CaptureBoard = Arc<Mutex<BTreeMap<String, CaptureReport>>>;
+pub use crate::capture::report::{CaptureBoard, CaptureReport};
 
 /// The `/status` document.
 pub fn status_json(board: &StatusBoard, jobs: &crate::service::runtime::Runtimes) -> Value {

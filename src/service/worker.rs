@@ -3,8 +3,8 @@
 //! one loop (`driver`) on a thread of its own. The job runner (`service::job`) starts one per
 //! configured worker.
 
+use crate::shutdown::CancellationToken;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,7 +35,8 @@ pub struct WorkerSetup {
     pub open_store: StoreFactory,
     pub local_checkpoint: LocalCheckpointPolicy,
     pub supervisor: Arc<Mutex<Supervisor>>,
-    pub shutdown: Arc<AtomicBool>,
+    /// Cancelled when the process stops: the worker commits what is complete and leaves.
+    pub shutdown: CancellationToken,
     pub board: StatusBoard,
     /// Snapshot rows per second and, separately, log records per second; 0 = unlimited.
     pub max_rows_per_second: u64,
@@ -148,7 +149,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
     };
     info!(job = %setup.job, worker = %setup.worker, topic = %setup.topic, "worker started");
     loop {
-        if setup.shutdown.load(Ordering::SeqCst) {
+        if setup.shutdown.is_cancelled() {
             driver.shutdown();
             return Ok(());
         }

@@ -1200,28 +1200,32 @@ fn read_container(path: &Path, table: &TableSchema) -> Result<Vec<Vec<u8>>, Sour
 
 /// A zig-zag varint from a reader; `None` at a clean end of input before its first byte.
 fn read_long(r: &mut impl std::io::Read) -> std::io::Result<Option<i64>> {
-    let mut value: u64 = 0;
-    let mut shift = 0;
-    loop {
+    // The bytes of one varint (at most 10), decoded by the codec's own reader, which refuses bits
+    // beyond the 64th instead of dropping them.
+    let mut bytes = [0u8; 10];
+    let mut n = 0;
+    while n < bytes.len() {
         let mut b = [0u8; 1];
         if r.read(&mut b)? == 0 {
-            return if shift == 0 {
+            return if n == 0 {
                 Ok(None)
             } else {
                 Err(std::io::ErrorKind::UnexpectedEof.into())
             };
         }
-        if shift > 63 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "varint too long",
-            ));
-        }
-        value |= u64::from(b[0] & 0x7f) << shift;
+        bytes[n] = b[0];
+        n += 1;
         if b[0] & 0x80 == 0 {
-            return Ok(Some((value >> 1) as i64 ^ -((value & 1) as i64)));
+            break;
         }
-        shift += 7;
+    }
+    let mut slice = &bytes[..n];
+    match crate::codec::varint::get_long(&mut slice) {
+        Some(v) => Ok(Some(v)),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "varint longer than 64 bits",
+        )),
     }
 }
 
@@ -1333,6 +1337,28 @@ mod tests {
 
     fn table() -> TableSchema {
         TableSchema::parse(crate::workload::EXAMPLE_ROW_SCHEMA, &["id".to_string()]).unwrap()
+    }
+
+    /// A container's block counts are read with the codec's varint reader: a 10-byte varint whose
+    /// last byte carries bits beyond the 64th is refused (the old reader dropped them and read 1).
+    #[test]
+    fn a_varint_longer_than_64_bits_is_refused_not_truncated() {
+        let hostile = [0x82u8, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02];
+        let e = read_long(&mut &hostile[..]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        let endless = [0xffu8; 12];
+        assert!(read_long(&mut &endless[..]).is_err());
+        // The largest values still read, a clean end is None and a cut varint an error.
+        for n in [i64::MIN, -1, 0, 1, 300, i64::MAX] {
+            let mut out = Vec::new();
+            crate::codec::varint::put_long(&mut out, n);
+            assert_eq!(read_long(&mut &out[..]).unwrap(), Some(n));
+        }
+        assert_eq!(read_long(&mut &[][..]).unwrap(), None);
+        assert_eq!(
+            read_long(&mut &[0x80u8][..]).unwrap_err().kind(),
+            std::io::ErrorKind::UnexpectedEof
+        );
     }
 
     fn write(dir: &Path) -> Manifest {

@@ -11,9 +11,9 @@ use postgres::Client;
 
 use crate::codec::TableSchema;
 use crate::core::{Row, Vnode};
+use crate::pg_tls::redact_url;
 use crate::ports::{RowIter, SnapshotInfo, SnapshotSource, SourceError};
 use crate::snapshot::files::SnapshotFiles;
-use crate::store::postgres::redact_url;
 
 const SNAPSHOTS: &str = "CREATE TABLE IF NOT EXISTS kb_snapshots (
   name TEXT PRIMARY KEY, table_name TEXT NOT NULL, info JSONB NOT NULL, row_schema JSONB NOT NULL,

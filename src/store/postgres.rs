@@ -18,6 +18,7 @@ use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
     RowMutation, Vnode, VnodeProgress,
 };
+use crate::pg_tls::redact_url;
 use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
@@ -64,20 +65,6 @@ const ROWS_PER_STATEMENT: usize = 500;
 /// From this many upserts in one checkpoint, rows go through `COPY … (FORMAT binary)` into a
 /// temporary staging table and one `INSERT … SELECT … ON CONFLICT` (`copy_upserts`).
 const COPY_FROM_ROWS: usize = 1_000;
-
-/// `postgresql://user:secret@host/db` → `postgresql://user:***@host/db`, for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
 
 /// A PostgreSQL state store for one job's table.
 pub struct PostgresStore {
@@ -1597,7 +1584,7 @@ fn copy_upserts(
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use crate::pg_tls::redact_url;
 
     #[test]
     fn passwords_are_redacted() {

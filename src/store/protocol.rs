@@ -6,7 +6,7 @@
 //! and writing what the protocol allowed — so the rules cannot drift between SQLite and PostgreSQL
 //! (the in-memory store models publication on its own, and the conformance suite holds all three to
 //! one scenario).
-//! `tests/store_conformance.rs` runs one suite unchanged against all three.
+//! `tests/it/store_conformance.rs` runs one suite unchanged against all three.
 
 use std::collections::BTreeMap;
 

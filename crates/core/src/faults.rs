@@ -1,6 +1,6 @@
 //! Deliberate bugs, to prove the simulation can fail (Cargo feature `testing`, tests only).
 //!
-//! Each [`Fault`] breaks one rule the system depends on; `tests/simulation.rs` switches each on in
+//! Each [`Fault`] breaks one rule the system depends on; `tests/it/simulation.rs` switches each on in
 //! turn and asserts that the simulation catches it within a bounded number of seeds. Without the
 //! feature [`active`] is a constant `false` and the code paths it guards compile away. The switch is
 //! per thread (the simulation runs on its test's thread), so parallel tests do not see each other's.
@@ -32,7 +32,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// The faults of the consumer's simulation (`tests/simulation.rs`).
+    /// The faults of the consumer's simulation (`tests/it/simulation.rs`).
     pub const ALL: [Fault; 5] = [
         Fault::AckRevocationBeforeCommit,
         Fault::CommitAboveFrontier,

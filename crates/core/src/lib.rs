@@ -3,7 +3,7 @@
 //! This crate owns the domain (epochs, barriers, vnodes, progress), the per-worker state machine, the
 //! supervisor's recreation policy and the retry policy. It performs no I/O, reads no clock and cannot
 //! import the async runtime or the Kafka client (its only dependencies are serde, thiserror and
-//! crc32fast): drivers feed it events and carry out its decisions. `tests/architecture.rs` also fails
+//! crc32fast): drivers feed it events and carry out its decisions. `tests/it/architecture.rs` also fails
 //! on any use of files, sockets, threads or clocks here. The main crate re-exports it as
 //! `kafka_backfill::core`.
 

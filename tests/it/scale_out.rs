@@ -6,7 +6,7 @@
 //! recreated, and the table ends exactly equal to `verify`'s expectation; the same schedule under
 //! `recreate` recreates the job (the contrast) and ends exact too.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! schedule under `"vnode"` is sampled too and its torn states are printed (not asserted: whether
 //! a sample lands between two workers' commits is timing).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};

@@ -3,7 +3,7 @@
 //! wrong password and an untrusted CA fail fast naming the cause; the PostgreSQL store and snapshot
 //! source connect with `sslmode=verify-full` and refuse a server their CA did not sign.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The service as an operator meets it: configuration errors, HTTP endpoints, the Prometheus scrape
 //! (real `promtool` and a real Prometheus server), `status`, and SIGTERM.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -1,8 +1,8 @@
 //! The PostgreSQL store end to end against a real PostgreSQL (`scripts/postgres.sh`): two processes
 //! sharing one job where one is frozen past its session timeout (a zombie), `kill -9` in every phase,
-//! a PostgreSQL table as the snapshot source. The store's rules are in `tests/store_conformance.rs`.
+//! a PostgreSQL table as the snapshot source. The store's rules are in `tests/it/store_conformance.rs`.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -10,7 +10,7 @@ use kafka_backfill::workload::{evolved_schemas, TableKind};
 
 fn valid(doc: &serde_json::Value) -> Result<(), String> {
     let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../schemas/schema_version.schema.json")).unwrap();
+        serde_json::from_str(include_str!("../../schemas/schema_version.schema.json")).unwrap();
     let mut schemas = boon::Schemas::new();
     let mut compiler = boon::Compiler::new();
     compiler

@@ -15,7 +15,7 @@ use kafka_backfill::workload::{TableKind, EXAMPLE_ROW_SCHEMA};
 
 fn validator() -> (boon::Schemas, boon::SchemaIndex) {
     let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../schemas/snapshot_manifest.schema.json")).unwrap();
+        serde_json::from_str(include_str!("../../schemas/snapshot_manifest.schema.json")).unwrap();
     let mut schemas = boon::Schemas::new();
     let mut compiler = boon::Compiler::new();
     compiler

@@ -2,16 +2,15 @@
 //! off within the header timeout, 2,000 idle connections do not stop `/livez` answering, connections
 //! over the cap are closed at once, only GET/HEAD are served, and shutdown stops accepting.
 
+use kafka_backfill::shutdown::CancellationToken;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kafka_backfill::service::http::{spawn, Limits};
 
-fn server(max_connections: usize, header_timeout: Duration) -> (SocketAddr, Arc<AtomicBool>) {
-    let stop = Arc::new(AtomicBool::new(false));
+fn server(max_connections: usize, header_timeout: Duration) -> (SocketAddr, CancellationToken) {
+    let stop = CancellationToken::new();
     let addr = spawn(
         "127.0.0.1:0",
         kafka_backfill::service::http::status_router(
@@ -168,7 +167,7 @@ fn only_get_and_head_are_served_and_shutdown_stops_accepting() {
     let (code, text) = get(addr, "/metrics");
     assert_eq!(code, 200);
     assert!(text.contains("kafka_backfill_http_connections_rejected_total"));
-    stop.store(true, Ordering::SeqCst);
+    stop.cancel();
     let deadline = Instant::now() + Duration::from_secs(5);
     while TcpStream::connect(addr).is_ok() {
         assert!(Instant::now() < deadline, "still accepting after shutdown");

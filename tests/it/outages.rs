@@ -1,13 +1,22 @@
 //! Outages survived, on real processes: PostgreSQL stopped and started again, and the Kafka broker
 //! halted for 20 s, both in the middle of the log-store phase. The job resumes and ends exactly
 //! equal to `verify`'s expectation; the outage shows in `/status` and a metric while it lasts.
-//! `check-log` met by a broker outage waits it out too.
+//! `check-log` met by a broker outage waits it out too; so does the capture, through a PostgreSQL
+//! restart and a broker halt.
+//!
+//! These tests stop the broker and PostgreSQL every other test shares: `scripts/test.sh` runs this
+//! module alone, after the rest (`cargo test --test it -- --skip outages::`, then `outages::`).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
 use support::{free_port, http_get, pg_url, script, serial, status, wait_status, Fixture};
+
+use crate::capture_e2e::{
+    assert_exact, capture_fixture, database, pgbench_init, pgbench_run, spawn_capture,
+    stop_capture, wait_child, MIN as CMIN,
+};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -131,4 +140,44 @@ fn check_log_started_while_the_broker_is_away_waits_for_it_and_passes() {
     let text = check.log_text();
     assert!(status.success(), "{}", support::tail(&text));
     assert!(text.contains(": 0 violations"), "{text}");
+}
+
+/// A PostgreSQL restart and a broker outage while the capture streams: each session that fails
+/// resumes from the state Kafka holds, and the end is exact.
+#[test]
+fn a_postgres_restart_and_a_broker_outage_mid_stream_stay_exact() {
+    let _serial = serial();
+    let source = database("cap-outage");
+    let url = source.url.clone();
+    pgbench_init(&url);
+    let f = capture_fixture("cap-outage", &url, "public.pgbench_accounts");
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("capture checkpoint committed", CMIN);
+    let mut run = f.spawn_run("r", &[]);
+    let mut bench = pgbench_run(&f, &url, 100, 4);
+    wait_child(&mut bench, CMIN);
+    script("postgres.sh", "restart");
+    capture.wait_for("capture session failed", CMIN);
+    let before = capture
+        .log_text()
+        .matches("capture checkpoint committed")
+        .count();
+    capture.wait_for_count("capture checkpoint committed", before + 3, CMIN);
+    let mut bench = pgbench_run(&f, &url, 100, 4);
+    wait_child(&mut bench, CMIN);
+    script("kafka.sh", "halt");
+    capture.wait_for_count("capture session failed", 2, CMIN);
+    // The outage lasts 10 s (the point of the test, not a synchronisation); pgbench writes on.
+    let mut bench = pgbench_run(&f, &url, 100, 10);
+    wait_child(&mut bench, CMIN);
+    script("kafka.sh", "resume");
+    let before = capture
+        .log_text()
+        .matches("capture checkpoint committed")
+        .count();
+    capture.wait_for_count("capture checkpoint committed", before + 3, 2 * CMIN);
+    assert_exact(&f, 10_000, 2 * CMIN);
+    run.signal("TERM");
+    run.wait_exit(CMIN);
+    stop_capture(&mut capture);
 }

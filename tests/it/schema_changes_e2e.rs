@@ -4,7 +4,7 @@
 //! PostgreSQL with a rebalance between versions, while streaming, and refuses an incompatible
 //! change before applying anything of it.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! in-memory store has none). The rules live once in `src/store/protocol.rs`;
 //! this suite proves each backend carries them out.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -11,6 +11,9 @@
 //! (librdkafka's own check of every property name and value, PostgreSQL URLs and their TLS options,
 //! listen addresses, the log filter, reserved table names, two jobs on one table); `check-config`
 //! is that validation and nothing more: reachability is not checked.
+//!
+//! It sits below every part it configures (the service, the capture, `check-log`, `verify`, the
+//! benches read it) and imports none of them: only the core's names and limits.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -290,9 +293,7 @@ impl CaptureSection {
     /// The captured tables, in the log's order (one for `table`), checked: `table` or `tables`, not
     /// both; each a `schema.table`; no two with one name (the manifest's names). The error names
     /// the key under `[jobs.capture]`.
-    pub fn table_names(
-        &self,
-    ) -> Result<Vec<crate::capture::pg::TableName>, (&'static str, String)> {
+    pub fn table_names(&self) -> Result<Vec<TableName>, (&'static str, String)> {
         let (key, names): (&str, Vec<&String>) = match (&self.table, self.tables.as_slice()) {
             (Some(_), [_, ..]) => return Err(("tables", "set table or tables, not both".into())),
             (Some(t), []) => ("table", vec![t]),
@@ -307,9 +308,9 @@ impl CaptureSection {
         if names.len() > usize::from(u16::MAX) {
             return Err((key, format!("{} tables: at most {}", names.len(), u16::MAX)));
         }
-        let mut out: Vec<crate::capture::pg::TableName> = Vec::new();
+        let mut out: Vec<TableName> = Vec::new();
         for n in names {
-            let t = crate::capture::pg::TableName::parse(n).map_err(|e| (key, e.to_string()))?;
+            let t = TableName::parse(n).map_err(|e| (key, e.to_string()))?;
             if let Some(other) = out.iter().find(|o| o.table == t.table) {
                 return Err((
                     key,
@@ -554,7 +555,7 @@ impl StoreConfig {
             StoreConfig::Postgres { url, .. } => {
                 format!(
                     "postgres {} {}",
-                    crate::store::postgres::redact_url(url.expose()),
+                    crate::pg_tls::redact_url(url.expose()),
                     self.describe_tables()
                 )
             }
@@ -1434,6 +1435,32 @@ fn substitute_line(text: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// A schema-qualified table name, split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableName {
+    pub schema: String,
+    pub table: String,
+}
+
+impl TableName {
+    pub fn parse(s: &str) -> anyhow::Result<TableName> {
+        let (schema, table) = s.split_once('.').unwrap_or(("public", s));
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            anyhow::bail!("{s:?} is not a table name (schema.table)");
+        }
+        Ok(TableName {
+            schema: schema.into(),
+            table: table.into(),
+        })
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1454,7 +1481,7 @@ store = { kind = "sqlite", path = "state.sqlite", table = "accounts" }
         assert_eq!(c.jobs[0].group_id(), "kafka-backfill-accounts");
         assert_eq!(c.jobs[0].recreation.policy, RecreationPolicy::Recreate);
         Config::parse(
-            include_str!("../../config/example.toml"),
+            include_str!("../config/example.toml"),
             "config/example.toml",
         )
         .unwrap();

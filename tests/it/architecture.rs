@@ -140,7 +140,7 @@ fn the_capture_loop_talks_to_the_world_through_its_ports() {
         "I/O in the capture loop:\n{}",
         found.join("\n")
     );
-    for file in ["pg.rs", "log.rs", "types.rs"] {
+    for file in ["pg.rs", "log.rs", "types.rs", "job.rs", "report.rs"] {
         let text = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("src/capture")
@@ -151,6 +151,130 @@ fn the_capture_loop_talks_to_the_world_through_its_ports() {
             assert!(
                 !text.contains(bad),
                 "src/capture/{file} reaches up into {bad}"
+            );
+        }
+    }
+}
+
+/// The library's top-level modules (`pub mod` in `src/lib.rs`), each with the other top-level
+/// modules its code names as `crate::<module>` (unit-test modules left out), and where.
+fn module_graph() -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap();
+    let modules: Vec<String> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect();
+    assert!(modules.len() > 10, "modules of src/lib.rs: {modules:?}");
+    let mut graph = std::collections::BTreeMap::new();
+    for m in &modules {
+        let mut files = Vec::new();
+        let dir = root.join(m);
+        sources(
+            &if dir.is_dir() {
+                dir
+            } else {
+                root.join(format!("{m}.rs"))
+            },
+            &mut files,
+        );
+        let mut uses: Vec<(String, String)> = Vec::new();
+        for (file, text) in files {
+            // Unit tests at the end of a file may use test helpers from anywhere.
+            let code = text
+                .split("\n#[cfg(test)]\nmod ")
+                .next()
+                .unwrap_or_default();
+            for (n, line) in code.lines().enumerate() {
+                let line = line.split("//").next().unwrap_or("");
+                for (at, _) in line.match_indices("crate::") {
+                    let name: String = line[at + 7..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if name != *m && modules.contains(&name) {
+                        uses.push((name, format!("{file}:{}", n + 1)));
+                    }
+                }
+            }
+        }
+        graph.insert(m.clone(), uses);
+    }
+    graph
+}
+
+/// The service composes every edge (capture, Kafka, stores, snapshots, `check-log`, `verify`,
+/// the configuration, the PostgreSQL helpers); no edge reaches back into it. Only the compositions
+/// above it (`demo`) may name it.
+#[test]
+fn no_edge_module_imports_the_service() {
+    let mut found = Vec::new();
+    for (m, uses) in module_graph() {
+        if m == "service" || m == "demo" {
+            continue;
+        }
+        for (to, at) in uses {
+            if to == "service" || to == "demo" {
+                found.push(format!("{m} -> {to} at {at}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "edges importing the service:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The top-level modules import each other in no circle: each can be read knowing only those
+/// below it.
+#[test]
+fn the_top_level_modules_import_in_no_circle() {
+    let graph = module_graph();
+    // Depth-first search; a module met again on the current path closes a circle.
+    fn visit(
+        m: &str,
+        graph: &std::collections::BTreeMap<String, Vec<(String, String)>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            let mut circle = path[i..].to_vec();
+            circle.push(m.to_string());
+            return Some(circle);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for (to, _) in &graph[m] {
+            if let Some(c) = visit(to, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for m in graph.keys() {
+        if let Some(circle) = visit(m, &graph, &mut Vec::new(), &mut done) {
+            let ties: Vec<String> = circle
+                .windows(2)
+                .map(|w| {
+                    let at = graph[&w[0]]
+                        .iter()
+                        .find(|(to, _)| *to == w[1])
+                        .map(|(_, at)| at.as_str())
+                        .unwrap_or("?");
+                    format!("{} -> {} at {at}", w[0], w[1])
+                })
+                .collect();
+            panic!(
+                "an import circle: {}\n{}",
+                circle.join(" -> "),
+                ties.join("\n")
             );
         }
     }

@@ -85,7 +85,7 @@ fn every_path_the_docs_name_exists() {
 #[test]
 fn the_scan_reads_what_the_docs_write() {
     assert_eq!(
-        named_paths("see `src/driver/{mod,events}.rs` and `tests/a.rs:12`, not `a b/c` or `x`"),
-        ["src/driver/mod.rs", "src/driver/events.rs", "tests/a.rs"]
+        named_paths("see `src/driver/{mod,events}.rs` and `tests/it/a.rs:12`, not `a b/c` or `x`"),
+        ["src/driver/mod.rs", "src/driver/events.rs", "tests/it/a.rs"]
     );
 }

@@ -2,7 +2,7 @@
 //! language can check itself against (row datum, key bytes, vnode, partition, the single-object
 //! bytes of a change and a barrier, the fingerprint). This test recomputes every vector with the
 //! project's own codec and fails if one differs, so the file and the code cannot drift apart.
-//! `KB_WRITE_GOLDEN=1 cargo test --test golden_vectors` rewrites the file after a deliberate change.
+//! `KB_WRITE_GOLDEN=1 cargo test --test it golden_vectors::` rewrites the file after a deliberate change.
 
 use apache_avro::rabin::Rabin;
 use kafka_backfill::codec::{to_json, LogCodec};
@@ -81,7 +81,7 @@ fn vectors() -> Value {
     json!({
         "schema_change": schema_change(),
         "several_tables": several_tables(),
-        "$comment": "Golden vectors of the wire format (docs/WIRE.md). several_tables: one log carrying two tables (\"Several tables\"): each table's row schema and fingerprint, then messages in log order, each change naming its table by that fingerprint, and a barrier under the first table's. For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. schema_change: a log whose accounts table gains two columns at a CHECKPOINT barrier (\"Schema changes\"): the version file (its name and content), a change before the barrier under the manifest's fingerprint, the barrier, a change after it under the new version's fingerprint, and the first change's row as the new version reads it (Avro schema resolution, re-encoded). Checked by tests/golden_vectors.rs.",
+        "$comment": "Golden vectors of the wire format (docs/WIRE.md). several_tables: one log carrying two tables (\"Several tables\"): each table's row schema and fingerprint, then messages in log order, each change naming its table by that fingerprint, and a barrier under the first table's. For each table: the log-record schema with the row substituted, in Avro Parsing Canonical Form, and its CRC-64-AVRO fingerprint (8 bytes, little-endian, as written after C3 01); per change: the row (as JSON, for reading), its Avro binary datum, its key bytes (the primary-key fields' encodings concatenated in primary_key order), crc32 of the key, vnode = crc32 mod vnode_count, the partition that owns the vnode, and the whole message value. schema_change: a log whose accounts table gains two columns at a CHECKPOINT barrier (\"Schema changes\"): the version file (its name and content), a change before the barrier under the manifest's fingerprint, the barrier, a change after it under the new version's fingerprint, and the first change's row as the new version reads it (Avro schema resolution, re-encoded). Checked by tests/it/golden_vectors.rs.",
         "tables": tables,
     })
 }

@@ -2,7 +2,7 @@
 //! "Column types" table says, and a value a store cannot hold (or a table it cannot write) is a
 //! permanent error naming the column, never one to retry.
 
-mod support;
+use crate::support;
 
 use apache_avro::types::Value;
 use kafka_backfill::codec::TableSchema;

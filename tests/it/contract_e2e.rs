@@ -2,7 +2,7 @@
 //! the real broker: every Avro type into SQLite and PostgreSQL, a value a store cannot hold, a bad
 //! record deep in a backlog, job-level completion and `caught_up` under continuous writes.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -87,7 +87,7 @@ fn send_bad_record(p: &BaseProducer, f: &Fixture, partition: u32, key: &[u8], va
 
 fn manifest_is_valid(f: &Fixture) {
     let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../schemas/snapshot_manifest.schema.json")).unwrap();
+        serde_json::from_str(include_str!("../../schemas/snapshot_manifest.schema.json")).unwrap();
     let mut schemas = boon::Schemas::new();
     let mut compiler = boon::Compiler::new();
     compiler.add_resource("m.json", schema).unwrap();

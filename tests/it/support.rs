@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_kafka-backfill");
@@ -31,10 +31,46 @@ pub fn bootstrap() -> String {
     .clone()
 }
 
-/// Broker tests run one at a time: the machine has two cores and each test runs several processes.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static M: Mutex<()> = Mutex::new(());
-    M.lock().unwrap_or_else(|e| e.into_inner())
+/// How many real-process tests run at once (`KB_TEST_LANES`, default 3). Each runs several
+/// processes, but most of their time is spent waiting on the broker (group joins, session timeouts)
+/// and on each other, not on the machine's two cores.
+fn lanes() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KB_TEST_LANES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(3)
+    })
+}
+
+/// A lane of the real-process tests, held for the test's length (see [`serial`]).
+pub struct Lane(());
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        let (m, cv) = &*LANES;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        cv.notify_all();
+    }
+}
+
+static LANES: std::sync::LazyLock<(Mutex<usize>, std::sync::Condvar)> =
+    std::sync::LazyLock::new(|| (Mutex::new(0), std::sync::Condvar::new()));
+
+/// Real-process tests take a lane: at most [`lanes`] run at once. Their topics, groups, folders,
+/// ports, databases and job names are their own, so they do not see each other. Tests that stop
+/// or restart the shared broker or PostgreSQL live in the `outages` module, which
+/// `scripts/test.sh` runs on its own after every other test.
+pub fn serial() -> Lane {
+    let (m, cv) = &*LANES;
+    let mut busy = m.lock().unwrap_or_else(|e| e.into_inner());
+    while *busy >= lanes() {
+        busy = cv.wait(busy).unwrap_or_else(|e| e.into_inner());
+    }
+    *busy += 1;
+    Lane(())
 }
 
 /// One test's topic, folder and configuration.

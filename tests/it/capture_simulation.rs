@@ -5,7 +5,7 @@
 //!
 //! `SIM_SEEDS` (default 1000) seeds run from `SIM_FIRST_SEED` (default 0); a failure prints the seed
 //! and the command that replays it:
-//! `SIM_SEED=<seed> cargo test --features testing --test capture_simulation replay -- --nocapture`.
+//! `SIM_SEED=<seed> cargo test --features testing --test it -- --exact capture_simulation::replay --nocapture`.
 
 use kafka_backfill::sim::capture::{run_capture_sim, CaptureSimReport};
 
@@ -21,7 +21,7 @@ const TXNS: u64 = 60;
 fn run_seed(seed: u64) -> Result<CaptureSimReport, String> {
     std::panic::catch_unwind(|| run_capture_sim(seed, TXNS))
         .unwrap_or_else(|_| Err(format!("seed {seed} panicked")))
-        .map_err(|e| format!("{e}\n  replay: SIM_SEED={seed} cargo test --features testing --test capture_simulation replay -- --nocapture"))
+        .map_err(|e| format!("{e}\n  replay: SIM_SEED={seed} cargo test --features testing --test it -- --exact capture_simulation::replay --nocapture"))
 }
 
 #[test]

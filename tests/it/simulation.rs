@@ -2,7 +2,7 @@
 //!
 //! `SIM_SEEDS` (default 1000) seeds run from `SIM_FIRST_SEED` (default 0). A failure prints the seed
 //! and a command that replays exactly that run:
-//! `SIM_SEED=<seed> cargo test --features testing --test simulation replay -- --nocapture`.
+//! `SIM_SEED=<seed> cargo test --features testing --test it -- --exact simulation::replay --nocapture`.
 
 use kafka_backfill::core::Phase;
 use kafka_backfill::sim::{Sim, SimConfig, SimReport};
@@ -39,7 +39,7 @@ fn run_config(config: SimConfig) -> Result<SimReport, String> {
         });
     run.map_err(|e| {
         format!(
-            "simulation seed {seed} failed: {e}\n  shape: {shape}\n  replay: {tables}SIM_SEED={seed} cargo test --features testing --test simulation replay -- --nocapture"
+            "simulation seed {seed} failed: {e}\n  shape: {shape}\n  replay: {tables}SIM_SEED={seed} cargo test --features testing --test it -- --exact simulation::replay --nocapture"
         )
     })
 }
@@ -149,7 +149,7 @@ fn random_schedules_against_the_oracle() {
     }
 }
 
-/// Replays one seed: `SIM_SEED=<seed> cargo test --features testing --test simulation replay -- --nocapture`
+/// Replays one seed: `SIM_SEED=<seed> cargo test --features testing --test it -- --exact simulation::replay --nocapture`
 /// (`SIM_TABLES=<n>` before it for a seed of the several-table test).
 #[test]
 fn replay() {

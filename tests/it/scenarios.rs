@@ -449,7 +449,7 @@ fn one_rebalance_seen_by_four_workers_is_one_recreation() {
 /// partitions of no running executor and the job is recreated once. Before, a sibling fenced by the
 /// recreation restarted after 200 ms, finished its short snapshot and met the next join in the log
 /// store: a second recreation, and with `max_recreations = 1` the job stopped (the four-worker test
-/// in `tests/kafka_e2e.rs` failed so in CI).
+/// in `tests/it/kafka_e2e.rs` failed so in CI).
 #[test]
 fn members_of_a_second_process_joining_one_by_one_are_one_recreation() {
     let mut c = calm_config(13, 32, 8, 64);

@@ -3,13 +3,12 @@
 //! the group losing the consumer's membership. The store is the source of truth, so each run must still
 //! verify clean.
 
+use kafka_backfill::shutdown::CancellationToken;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kafka_backfill::service::config::{
+use kafka_backfill::config::{
     Config, HttpConfig, JobConfig, LocalCheckpointConfig, LogConfig, RecreationConfig,
     SnapshotConfig, StoreConfig,
 };
@@ -127,7 +126,7 @@ fn verify(s: &Setup) -> kafka_backfill::verify::VerifyReport {
 /// Runs the job in a thread until it has caught up, calling `during` once it is in the log store.
 fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
     let board = job::new_board();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
     let config = s.config.clone();
     let (b, st) = (board.clone(), stop.clone());
     let h = std::thread::spawn(move || {
@@ -165,7 +164,7 @@ fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
     let deadline = Instant::now() + Duration::from_secs(90);
     while !h.is_finished() {
         if Instant::now() > deadline {
-            stop.store(true, Ordering::SeqCst);
+            stop.cancel();
             panic!("did not catch up: {:?}", board.lock().unwrap());
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -3,7 +3,7 @@
 //! past `target_commit_p99_ms`; the worker lowers its own rate (the cap shows in `/status`); when
 //! the competing writer stops, the cap rises again.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

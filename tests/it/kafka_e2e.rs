@@ -1,6 +1,6 @@
 //! End to end through the real binary against the real Apache Kafka broker (`scripts/kafka.sh`).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -406,7 +406,7 @@ fn a_consumer_joining_and_leaving_during_streaming_loses_nothing() {
 }
 
 /// `kill -9` at moments spread over every phase (and so, sometimes, in the middle of a commit), restart,
-/// and the result verifies: exactly once across crashes (SQLite; `tests/postgres_store.rs` does the same
+/// and the result verifies: exactly once across crashes (SQLite; `tests/it/postgres_store.rs` does the same
 /// on PostgreSQL).
 #[test]
 fn kill_9_in_every_phase_then_restart_verifies_clean() {

@@ -4,7 +4,7 @@
 //! it the restart is a rebalance and the documented recreation follows. Both end exactly equal to
 //! `verify`'s expectation. Checked on the bundled librdkafka and the real broker.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,0 +1,52 @@
+//! What a capture shows of itself: its report on the process's capture board (`/status`'s
+//! `captures`), and the happenings it counts through a [`CaptureMeter`] (the service's metrics
+//! implement it). The capture owns these types; the service reads and implements them, so the
+//! capture never imports the service.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::core::capture::CaptureState;
+
+use super::SessionStats;
+
+/// What a capture of this process (`kafka-backfill capture`, `run --capture`) shows under
+/// `/status`'s `captures`, updated at each checkpoint and on each state change.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CaptureReport {
+    /// `starting`, `snapshot`, `streaming`, `retrying` or `stopped`.
+    pub state: &'static str,
+    /// The last committed (and acknowledged) source position, PostgreSQL's text form.
+    pub committed_lsn: String,
+    /// The source's position as last heard.
+    pub source_lsn: String,
+    /// WAL bytes between them.
+    pub lag_bytes: u64,
+    /// Commit time (Unix ms) of the last source transaction read.
+    pub last_source_commit_unix_ms: u64,
+    pub checkpoints: u64,
+    pub transactions: u64,
+    pub changes: u64,
+    pub last_error: Option<String>,
+}
+
+/// Job → its capture's report.
+pub type CaptureBoard = Arc<Mutex<BTreeMap<String, CaptureReport>>>;
+
+/// What a capture counts, told as it happens (the service's metrics implement it; tests may count).
+pub trait CaptureMeter: Send + Sync {
+    /// A checkpoint committed, with the source transactions and changes since the last one.
+    fn committed(
+        &self,
+        job: &str,
+        state: &CaptureState,
+        stats: &SessionStats,
+        transactions: u64,
+        changes: u64,
+    );
+    /// A session failed transiently and will resume from the last checkpoint.
+    fn restarted(&self, job: &str);
+    /// One Kafka transaction commit (the state record's included) took `d`.
+    fn commit_took(&self, job: &str, d: Duration);
+}
