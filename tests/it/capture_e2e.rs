@@ -620,6 +620,53 @@ fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
     stop_capture(&mut capture);
 }
 
+/// SIGTERM while the capture copies its snapshot: the process exits 0 within its grace period
+/// (`shutdown_grace_secs`), and a capture started again over the same folder, slot and topic ends
+/// exact — whether the first one got as far as its first checkpoint (a resume) or not (its slot is
+/// dropped and the snapshot taken again).
+#[test]
+fn sigterm_during_the_capture_snapshot_exits_0_within_the_grace_and_a_restart_is_exact() {
+    let _serial = serial();
+    let source = database("cap-term");
+    let url = source.url.clone();
+    psql(
+        &url,
+        "CREATE TABLE big (id int PRIMARY KEY, g int NOT NULL, pad text NOT NULL); \
+         ALTER TABLE big REPLICA IDENTITY FULL; \
+         INSERT INTO big SELECT i, i % 97, repeat(md5(i::text), 3) FROM generate_series(1, 260000) i;",
+    );
+    let rows: u64 = psql(&url, "SELECT count(*) FROM big").parse().unwrap();
+    let f = Fixture::new("cap-term", 1, "vnode_count = 64");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let grace = 5;
+    std::fs::write(
+        &f.config,
+        format!("shutdown_grace_secs = {grace}\n{text}[jobs.capture]\nsource_url = \"{url}\"\ntable = \"public.big\"\nslot = \"kb_cap_term\"\npublication = \"kb_cap_term\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\ncopy_connections = 2\n"),
+    )
+    .unwrap();
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("copying in ctid ranges", MIN);
+    let signalled = Instant::now();
+    capture.signal("TERM");
+    let status = capture.wait_exit(Duration::from_secs(grace + 10));
+    let log = capture.log_text();
+    assert!(status.success(), "exit {status}:\n{}", tail(&log));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(grace + 5),
+        "exited {:?} after the signal",
+        signalled.elapsed()
+    );
+    assert!(log.contains("signal received: stopping"), "{}", tail(&log));
+    let mut capture = spawn_capture(&f, "capture-again");
+    capture.wait_for("capture checkpoint committed", MIN);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("partitions assigned", MIN);
+    assert_exact(&f, rows, MIN);
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    stop_capture(&mut capture);
+}
+
 /// `ALTER TABLE … ADD COLUMN` while pgbench writes: each added column (nullable, no default) is a
 /// new row-schema version the capture announces beside the manifest and switches to at a
 /// checkpoint barrier; the job alters its table there. A kill -9 of the capture between the two
