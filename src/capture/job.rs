@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use super::log::{read_state, KafkaLog, StateRecord, StateTable};
 use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
 use super::report::{CaptureBoard, CaptureMeter, CaptureReport};
-use super::{run_session, CaptureFailure, CaptureObserver, LogPort, SessionStats};
+use super::{run_session, CaptureFailure, CaptureObserver, SessionStats};
 use crate::codec::{LogCodec, TableSchema};
 use crate::config::{JobConfig, SnapshotConfig};
 use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
@@ -526,8 +526,8 @@ fn session(
     checkpoints.1 = Some(a.committed().checkpoints);
     if result.is_err() {
         // Nothing past the last checkpoint is committed; the next session's producer would abort it
-        // anyway (init_transactions).
-        if let Err(abort) = log.abort() {
+        // anyway (init_transactions), so the wait is short.
+        if let Err(abort) = log.abort_within(super::log::ABORT_AFTER_FAILURE) {
             tracing::warn!(job = %job.name, error = %abort, "aborting the open Kafka transaction");
         }
     }

@@ -184,6 +184,21 @@ impl KafkaLog {
         self.codecs[0] = LogCodec::new(table)?;
         Ok(())
     }
+
+    /// Aborts the open transaction, waiting at most `timeout`. After a failed session the wait is
+    /// short ([`ABORT_AFTER_FAILURE`]): the next session's `init_transactions` aborts whatever is
+    /// left open anyway, and a producer whose commit just timed out can block a full minute
+    /// flushing messages the broker will never take (measured: a 10 s broker halt held the capture
+    /// 60 s in the commit and another 60 s in the abort).
+    pub fn abort_within(&mut self, timeout: Duration) -> Result<(), CaptureFailure> {
+        if self.open {
+            self.producer
+                .abort_transaction(timeout)
+                .map_err(|e| txn_failure(&self.producer, "aborting the Kafka transaction", e))?;
+            self.open = false;
+        }
+        Ok(())
+    }
 }
 
 impl LogPort for KafkaLog {
@@ -314,15 +329,12 @@ impl LogPort for KafkaLog {
     }
 
     fn abort(&mut self) -> Result<(), CaptureFailure> {
-        if self.open {
-            self.producer
-                .abort_transaction(Duration::from_secs(60))
-                .map_err(|e| txn_failure(&self.producer, "aborting the Kafka transaction", e))?;
-            self.open = false;
-        }
-        Ok(())
+        self.abort_within(Duration::from_secs(60))
     }
 }
+
+/// How long a failed session waits for its open transaction's abort.
+pub const ABORT_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
 /// The job's last committed state record, or `None` if the state topic holds none. Call after
 /// [`KafkaLog::connect`] (which fenced every older capture).
