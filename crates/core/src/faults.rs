@@ -17,7 +17,7 @@ pub enum Fault {
     /// Generations fence nothing: the store skips its generation check when claiming partitions
     /// and committing (and a recreation keeps the leases, which would otherwise fence on their
     /// own), and the loop skips its look at the job's generation (breaks the fencing of workers of
-    /// an earlier generation, invariant 6).
+    /// an earlier generation, invariant 7).
     SkipGenerationCheck,
     /// The capture acknowledges a source position to PostgreSQL before the Kafka transaction that
     /// holds it committed (a crash in between loses what lies between for good).
