@@ -551,16 +551,13 @@ fn run_with_capture_in_one_process_equals_the_source() {
     );
 }
 
-/// A table of more than two copy connections' worth of pages is copied in two ctid ranges, each
-/// connection importing the slot's exported snapshot, while a writer updates, deletes and inserts
-/// across the whole table: the ranges together are exactly the snapshot (no row lost, none twice —
-/// `check-log` refuses a key twice in a vnode's file), and snapshot + log equal the table after.
-#[test]
-fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
-    let _serial = serial();
-    let source = database("cap-ctid");
+/// A database `name` holding `big` (260,000 rows, ≈ 40 MiB: more than 2 × 16 MiB, the pages one copy
+/// connection must have to pay) and a job capturing it with two copy connections; `top` is put
+/// before the job's configuration (top-level keys). Returns the database, the fixture and the row
+/// count.
+fn big_table_capture(name: &str, top: &str) -> (SourceDb, Fixture, u64) {
+    let source = database(name);
     let url = source.url.clone();
-    // ≈ 40 MiB: more than 2 × 16 MiB, the pages one copy connection must have to pay.
     psql(
         &url,
         "CREATE TABLE big (id int PRIMARY KEY, g int NOT NULL, pad text NOT NULL); \
@@ -568,13 +565,26 @@ fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
          INSERT INTO big SELECT i, i % 97, repeat(md5(i::text), 3) FROM generate_series(1, 260000) i;",
     );
     let rows: u64 = psql(&url, "SELECT count(*) FROM big").parse().unwrap();
-    let f = Fixture::new("cap-ctid", 1, "vnode_count = 64");
+    let f = Fixture::new(name, 1, "vnode_count = 64");
     let text = std::fs::read_to_string(&f.config).unwrap();
+    let slot = format!("kb_{}", name.replace('-', "_"));
     std::fs::write(
         &f.config,
-        format!("{text}[jobs.capture]\nsource_url = \"{url}\"\ntable = \"public.big\"\nslot = \"kb_cap_ctid\"\npublication = \"kb_cap_ctid\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\ncopy_connections = 2\n"),
+        format!("{top}{text}[jobs.capture]\nsource_url = \"{url}\"\ntable = \"public.big\"\nslot = \"{slot}\"\npublication = \"{slot}\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\ncopy_connections = 2\n"),
     )
     .unwrap();
+    (source, f, rows)
+}
+
+/// A table of more than two copy connections' worth of pages is copied in two ctid ranges, each
+/// connection importing the slot's exported snapshot, while a writer updates, deletes and inserts
+/// across the whole table: the ranges together are exactly the snapshot (no row lost, none twice —
+/// `check-log` refuses a key twice in a vnode's file), and snapshot + log equal the table after.
+#[test]
+fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
+    let _serial = serial();
+    let (source, f, rows) = big_table_capture("cap-ctid", "");
+    let url = source.url.clone();
     // The writer runs from before the slot exists until after the copy: every range sees the
     // snapshot, not the writer's later states.
     let script = f.dir.join("big.sql");
@@ -627,23 +637,9 @@ fn a_large_table_is_copied_in_parallel_ctid_ranges_of_one_snapshot() {
 #[test]
 fn sigterm_during_the_capture_snapshot_exits_0_within_the_grace_and_a_restart_is_exact() {
     let _serial = serial();
-    let source = database("cap-term");
-    let url = source.url.clone();
-    psql(
-        &url,
-        "CREATE TABLE big (id int PRIMARY KEY, g int NOT NULL, pad text NOT NULL); \
-         ALTER TABLE big REPLICA IDENTITY FULL; \
-         INSERT INTO big SELECT i, i % 97, repeat(md5(i::text), 3) FROM generate_series(1, 260000) i;",
-    );
-    let rows: u64 = psql(&url, "SELECT count(*) FROM big").parse().unwrap();
-    let f = Fixture::new("cap-term", 1, "vnode_count = 64");
-    let text = std::fs::read_to_string(&f.config).unwrap();
     let grace = 5;
-    std::fs::write(
-        &f.config,
-        format!("shutdown_grace_secs = {grace}\n{text}[jobs.capture]\nsource_url = \"{url}\"\ntable = \"public.big\"\nslot = \"kb_cap_term\"\npublication = \"kb_cap_term\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\ncopy_connections = 2\n"),
-    )
-    .unwrap();
+    let (_source, f, rows) =
+        big_table_capture("cap-term", &format!("shutdown_grace_secs = {grace}\n"));
     let mut capture = spawn_capture(&f, "capture");
     capture.wait_for("copying in ctid ranges", MIN);
     let signalled = Instant::now();
