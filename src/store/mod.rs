@@ -10,6 +10,7 @@ pub mod committer;
 pub mod memory;
 pub mod postgres;
 pub mod protocol;
+mod sql;
 pub mod sqlite;
 mod sqlite_static;
 

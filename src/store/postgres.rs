@@ -23,41 +23,10 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
+use crate::store::sql;
 use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS kb_jobs (
-  job TEXT PRIMARY KEY, snapshot_epoch BIGINT NOT NULL, vnode_count INT NOT NULL, partition_count INT NOT NULL,
-  generation BIGINT NOT NULL, phase TEXT NOT NULL, recreations BIGINT NOT NULL, next_lease BIGINT NOT NULL,
-  table_name TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS kb_vnode_progress (
-  job TEXT NOT NULL, vnode INT NOT NULL, epoch BIGINT NOT NULL, row_count BIGINT NOT NULL,
-  finished BOOLEAN NOT NULL, cursor BYTEA, PRIMARY KEY (job, vnode));
-CREATE TABLE IF NOT EXISTS kb_partition_progress (
-  job TEXT NOT NULL, partition INT NOT NULL, next_offset BIGINT NOT NULL, epoch BIGINT NOT NULL,
-  streaming BOOLEAN NOT NULL, PRIMARY KEY (job, partition));
-CREATE TABLE IF NOT EXISTS kb_rate_limits (
-  job TEXT PRIMARY KEY, snapshot_rows_per_second BIGINT NOT NULL, log_records_per_second BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS kb_job_control (
-  job TEXT PRIMARY KEY, paused BOOLEAN NOT NULL);
-CREATE TABLE IF NOT EXISTS kb_leases (
-  job TEXT NOT NULL, partition INT NOT NULL, owner TEXT NOT NULL, lease BIGINT NOT NULL, PRIMARY KEY (job, partition));
-CREATE TABLE IF NOT EXISTS kb_dead_letters (
-  job TEXT NOT NULL, partition INT NOT NULL, record_offset BIGINT NOT NULL, epoch BIGINT NOT NULL,
-  generation BIGINT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (job, partition, record_offset));
-CREATE TABLE IF NOT EXISTS kb_publication (
-  job TEXT PRIMARY KEY, published_epoch BIGINT, visible_epoch BIGINT);
-CREATE TABLE IF NOT EXISTS kb_pending_units (
-  unit BIGSERIAL PRIMARY KEY, job TEXT NOT NULL, epoch BIGINT NOT NULL, partitions INT[] NOT NULL);
-CREATE TABLE IF NOT EXISTS kb_schema_history (
-  job TEXT NOT NULL, version INT NOT NULL, from_epoch BIGINT NOT NULL, fingerprint TEXT NOT NULL,
-  row_schema TEXT NOT NULL, applied_epoch BIGINT, PRIMARY KEY (job, version));
-CREATE TABLE IF NOT EXISTS kb_job_tables (
-  table_name TEXT PRIMARY KEY, job TEXT NOT NULL, log_table INT NOT NULL);
-CREATE TABLE IF NOT EXISTS kb_pending_rows (
-  unit BIGINT NOT NULL, seq INT NOT NULL, vnode INT NOT NULL, key BYTEA NOT NULL, row BYTEA,
-  PRIMARY KEY (unit, seq));
-";
+const SCHEMA: &str = sql::postgres::SCHEMA;
 
 /// Rows per multi-row upsert, at most; wide rows get fewer (a statement takes 65,535 parameters).
 const ROWS_PER_STATEMENT: usize = 500;
@@ -247,9 +216,13 @@ fn create_table(
 ) -> Result<KeyLayout, StoreError> {
     // `IF NOT EXISTS` on a present table is a NOTICE that the driver would log on every open
     // (one per worker, committer and pooled handle): this session hears warnings and up only.
-    let ddl = format!(
-        "SET client_min_messages TO warning; {before} CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));",
-        table.column_ddl(ColumnType::postgres)
+    let ddl = sql::render(
+        sql::postgres::TABLE_CREATE,
+        &[
+            ("before", before),
+            ("table", table_name),
+            ("columns", &table.column_ddl(ColumnType::postgres)),
+        ],
     );
     // Concurrent first starts may race on CREATE TABLE IF NOT EXISTS: retry once.
     if client.batch_execute(&ddl).is_err() {
@@ -397,11 +370,12 @@ fn connect_error(e: crate::pg_tls::ConnectError) -> StoreError {
 }
 
 fn job_row(tx: &mut Transaction<'_>, job: &str, lock: bool) -> Result<Option<JobRow>, StoreError> {
-    let q = format!(
-        "SELECT snapshot_epoch, vnode_count, partition_count, generation, phase, recreations FROM kb_jobs WHERE job = $1{}",
-        if lock { " FOR UPDATE" } else { "" }
-    );
-    let row = tx.query_opt(&q, &[&job]).map_err(classify)?;
+    let q = if lock {
+        sql::postgres::JOB_ROW_LOCKED
+    } else {
+        sql::postgres::JOB_ROW
+    };
+    let row = tx.query_opt(q, &[&job]).map_err(classify)?;
     Ok(row.map(|r| JobRow {
         job: job.to_string(),
         snapshot_epoch: Epoch(r.get::<_, i64>(0) as u64),
@@ -419,11 +393,8 @@ fn vnode_rows(
     only: Option<&[i32]>,
 ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
     let rows = match only {
-        Some(vs) => tx.query(
-            "SELECT vnode, epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = $1 AND vnode = ANY($2)",
-            &[&job, &vs],
-        ),
-        None => tx.query("SELECT vnode, epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = $1", &[&job]),
+        Some(vs) => tx.query(sql::postgres::VNODE_PROGRESS_READ, &[&job, &vs]),
+        None => tx.query(sql::postgres::VNODE_PROGRESS_ALL, &[&job]),
     }
     .map_err(classify)?;
     Ok(rows
@@ -460,10 +431,15 @@ impl TxRead for Tx<'_, '_> {
         let ps: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
         Ok(self
             .0
-            .query("SELECT partition, owner, lease FROM kb_leases WHERE job = $1 AND partition = ANY($2)", &[&job, &ps])
+            .query(sql::postgres::LEASES_READ, &[&job, &ps])
             .map_err(classify)?
             .into_iter()
-            .map(|r| (r.get::<_, i32>(0) as PartitionId, (r.get(1), r.get::<_, i64>(2) as u64)))
+            .map(|r| {
+                (
+                    r.get::<_, i32>(0) as PartitionId,
+                    (r.get(1), r.get::<_, i64>(2) as u64),
+                )
+            })
             .collect())
     }
 
@@ -484,16 +460,13 @@ impl StateStore for PostgresStore {
         let several = Arc::clone(&self.several);
         let row = self.with_tx(|tx, _, _| {
             // Serialises job creation on this table: two jobs starting at once cannot both find it free.
-            tx.execute("LOCK TABLE kb_jobs IN SHARE ROW EXCLUSIVE MODE", &[])
+            tx.execute(sql::postgres::JOBS_LOCK, &[])
                 .map_err(classify)?;
             // A table belongs to one job: the table a job is recorded with, or one of a
             // several-table job's (`kb_job_tables`).
             for name in several.names(&table_name) {
                 let owners: Vec<String> = tx
-                    .query(
-                        "SELECT job FROM kb_jobs WHERE table_name = $1 UNION SELECT job FROM kb_job_tables WHERE table_name = $1",
-                        &[&name],
-                    )
+                    .query(sql::postgres::TABLE_OWNERS, &[&name])
                     .map_err(classify)?
                     .iter()
                     .map(|r| r.get(0))
@@ -501,37 +474,47 @@ impl StateStore for PostgresStore {
                 protocol::check_table_owner(job, name, &owners, None)?;
             }
             let recorded: Option<String> = tx
-                .query_opt("SELECT table_name FROM kb_jobs WHERE job = $1", &[&job])
+                .query_opt(sql::postgres::JOB_TABLE_NAME, &[&job])
                 .map_err(classify)?
                 .map(|r| r.get(0));
             protocol::check_table_owner(job, &table_name, &[], recorded.as_deref())?;
             let job_tables: Vec<(String, u16)> = tx
-                .query("SELECT table_name, log_table FROM kb_job_tables WHERE job = $1", &[&job])
+                .query(sql::postgres::JOB_TABLES, &[&job])
                 .map_err(classify)?
                 .iter()
                 .map(|r| (r.get(0), r.get::<_, i32>(1) as u16))
                 .collect();
-            let configured: Vec<(String, u16)> =
-                several.tables.iter().map(|t| (t.name.clone(), t.index)).collect();
+            let configured: Vec<(String, u16)> = several
+                .tables
+                .iter()
+                .map(|t| (t.name.clone(), t.index))
+                .collect();
             protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
             for t in &several.tables {
                 tx.execute(
-                    "INSERT INTO kb_job_tables VALUES ($1, $2, $3) ON CONFLICT (table_name) DO NOTHING",
+                    sql::postgres::JOB_TABLE_INSERT,
                     &[&t.name, &job, &(t.index as i32)],
                 )
                 .map_err(classify)?;
             }
             tx.execute(
-                "INSERT INTO kb_jobs VALUES ($1, $2, $3, $4, 0, 'snapshot', 0, 1, $5) ON CONFLICT (job) DO NOTHING",
-                &[&job, &(info.snapshot_epoch.0 as i64), &(info.vnode_count as i32), &(info.partition_count as i32), &table_name],
+                sql::postgres::JOB_INSERT,
+                &[
+                    &job,
+                    &(info.snapshot_epoch.0 as i64),
+                    &(info.vnode_count as i32),
+                    &(info.partition_count as i32),
+                    &table_name,
+                ],
             )
             .map_err(classify)?;
-            let row = job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+            let row =
+                job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             protocol::check_job_matches(&row, info)?;
             if !publication {
                 // Leaving publication with work in flight would lose it (see the SQLite store).
                 let pending: i64 = tx
-                    .query_one("SELECT COUNT(*) FROM kb_pending_units WHERE job = $1", &[&job])
+                    .query_one(sql::postgres::PENDING_UNIT_COUNT, &[&job])
                     .map_err(classify)?
                     .get(0);
                 let building = read_publication(tx, job)?.building();
@@ -563,19 +546,16 @@ impl StateStore for PostgresStore {
             let mut out = Vec::new();
             for &p in partitions {
                 let lease: i64 = tx
-                    .query_one("UPDATE kb_jobs SET next_lease = next_lease + 1 WHERE job = $1 RETURNING next_lease - 1", &[&job])
+                    .query_one(sql::postgres::NEXT_LEASE, &[&job])
                     .map_err(classify)?
                     .get(0);
                 tx.execute(
-                    "INSERT INTO kb_leases VALUES ($1, $2, $3, $4) ON CONFLICT (job, partition) DO UPDATE SET owner = EXCLUDED.owner, lease = EXCLUDED.lease",
+                    sql::postgres::LEASE_WRITE,
                     &[&job, &(p as i32), &worker, &lease],
                 )
                 .map_err(classify)?;
                 let progress = tx
-                    .query_opt(
-                        "SELECT next_offset, epoch, streaming FROM kb_partition_progress WHERE job = $1 AND partition = $2",
-                        &[&job, &(p as i32)],
-                    )
+                    .query_opt(sql::postgres::PARTITION_PROGRESS_READ, &[&job, &(p as i32)])
                     .map_err(classify)?
                     .map(|r| PartitionProgress {
                         partition: p,
@@ -585,7 +565,14 @@ impl StateStore for PostgresStore {
                     });
                 let vs: Vec<i32> = map.vnodes_of(p).map(|v| v as i32).collect();
                 let stored = vnode_rows(tx, job, Some(&vs))?;
-                out.push(protocol::claimed_partition(p, lease as u64, progress, &stored, &map, info)?);
+                out.push(protocol::claimed_partition(
+                    p,
+                    lease as u64,
+                    progress,
+                    &stored,
+                    &map,
+                    info,
+                )?);
             }
             Ok(out)
         })
@@ -639,22 +626,21 @@ impl StateStore for PostgresStore {
         let publication = self.publication;
         let several = Arc::clone(&self.several);
         self.with_tx(|tx, _, table_name| {
-            let row = job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
+            let row =
+                job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
             if protocol::recreation_applies(&row, from_generation) {
-                tx.execute(
-                    "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = $1",
-                    &[&job],
-                )
-                .map_err(classify)?;
-                for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
-                    tx.execute(&format!("DELETE FROM {t} WHERE job = $1"), &[&job]).map_err(classify)?;
+                tx.execute(sql::postgres::JOB_RECREATE, &[&job])
+                    .map_err(classify)?;
+                for delete in [
+                    sql::postgres::VNODE_PROGRESS_DELETE_JOB,
+                    sql::postgres::PARTITION_PROGRESS_DELETE_JOB,
+                    sql::postgres::LEASES_DELETE_JOB,
+                ] {
+                    tx.execute(delete, &[&job]).map_err(classify)?;
                 }
-                tx.execute(
-                    "DELETE FROM kb_pending_rows WHERE unit IN (SELECT unit FROM kb_pending_units WHERE job = $1)",
-                    &[&job],
-                )
-                .map_err(classify)?;
-                tx.execute("DELETE FROM kb_pending_units WHERE job = $1", &[&job])
+                tx.execute(sql::postgres::PENDING_ROWS_DELETE_JOB, &[&job])
+                    .map_err(classify)?;
+                tx.execute(sql::postgres::PENDING_UNITS_DELETE_JOB, &[&job])
                     .map_err(classify)?;
                 let mut state = read_publication(tx, job)?;
                 if publication && state.visible.is_some() {
@@ -662,8 +648,9 @@ impl StateStore for PostgresStore {
                     // table, reaches its epoch.
                     for table_name in several.names(table_name) {
                         let next = next_table(table_name);
-                        tx.batch_execute(&format!(
-                            "DROP TABLE IF EXISTS \"{next}\"; CREATE TABLE \"{next}\" (LIKE \"{table_name}\" INCLUDING ALL);"
+                        tx.batch_execute(&sql::render(
+                            sql::postgres::TABLE_NEXT_CREATE,
+                            &[("next", &next), ("table", table_name)],
                         ))
                         .map_err(classify)?;
                     }
@@ -671,10 +658,13 @@ impl StateStore for PostgresStore {
                     write_publication(tx, job, &state)?;
                 } else {
                     for table_name in several.names(table_name) {
-                        tx.execute(&format!("DELETE FROM \"{table_name}\""), &[])
-                            .map_err(classify)?;
+                        tx.execute(
+                            &sql::render(sql::postgres::TABLE_CLEAR, &[("table", table_name)]),
+                            &[],
+                        )
+                        .map_err(classify)?;
                     }
-                    tx.execute("DELETE FROM kb_publication WHERE job = $1", &[&job])
+                    tx.execute(sql::postgres::PUBLICATION_DELETE, &[&job])
                         .map_err(classify)?;
                 }
             }
@@ -692,12 +682,15 @@ impl StateStore for PostgresStore {
             // snapshot of the database, so they are of one commit.
             let several = Arc::clone(&self.several);
             return self.with_tx(|tx, _, _| {
-                tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                tx.batch_execute(sql::postgres::REPEATABLE_READ)
                     .map_err(classify)?;
                 let mut out = BTreeMap::new();
                 for t in &several.tables {
                     for r in tx
-                        .query(&format!("SELECT _kb_key, _kb_row FROM \"{}\"", t.name), &[])
+                        .query(
+                            &sql::render(sql::postgres::TABLE_ROWS, &[("table", &t.name)]),
+                            &[],
+                        )
                         .map_err(classify)?
                     {
                         let key: Vec<u8> = r.get(0);
@@ -710,7 +703,7 @@ impl StateStore for PostgresStore {
         self.with_tx(|tx, _, table_name| {
             Ok(tx
                 .query(
-                    &format!("SELECT _kb_key, _kb_row FROM \"{table_name}\""),
+                    &sql::render(sql::postgres::TABLE_ROWS, &[("table", table_name)]),
                     &[],
                 )
                 .map_err(classify)?
@@ -734,10 +727,7 @@ impl StateStore for PostgresStore {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
             let rows = tx
-                .query(
-                    "SELECT partition, next_offset, epoch, streaming FROM kb_partition_progress WHERE job = $1",
-                    &[&job],
-                )
+                .query(sql::postgres::PARTITION_PROGRESS_ALL, &[&job])
                 .map_err(classify)?;
             Ok(rows
                 .into_iter()
@@ -758,10 +748,7 @@ impl StateStore for PostgresStore {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
             Ok(tx
-                .query_opt(
-                    "SELECT snapshot_rows_per_second, log_records_per_second FROM kb_rate_limits WHERE job = $1",
-                    &[&job],
-                )
+                .query_opt(sql::postgres::RATE_LIMITS_READ, &[&job])
                 .map_err(classify)?
                 .map(|r| RateLimits {
                     snapshot_rows_per_second: r.get::<_, i64>(0) as u64,
@@ -777,11 +764,8 @@ impl StateStore for PostgresStore {
             limits.log_records_per_second as i64,
         );
         self.with_tx(|tx, _, _| {
-            tx.execute(
-                "INSERT INTO kb_rate_limits VALUES ($1, $2, $3) ON CONFLICT (job) DO UPDATE SET snapshot_rows_per_second = EXCLUDED.snapshot_rows_per_second, log_records_per_second = EXCLUDED.log_records_per_second",
-                &[&job, &s, &l],
-            )
-            .map_err(classify)?;
+            tx.execute(sql::postgres::RATE_LIMITS_WRITE, &[&job, &s, &l])
+                .map_err(classify)?;
             Ok(())
         })
     }
@@ -790,11 +774,7 @@ impl StateStore for PostgresStore {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
             let rows = tx
-                .query(
-                    "SELECT partition, record_offset, epoch, generation, reason FROM kb_dead_letters \
-                     WHERE job = $1 ORDER BY partition, record_offset",
-                    &[&job],
-                )
+                .query(sql::postgres::DEAD_LETTERS_READ, &[&job])
                 .map_err(classify)?;
             Ok(rows
                 .into_iter()
@@ -813,7 +793,7 @@ impl StateStore for PostgresStore {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
             Ok(tx
-                .query_opt("SELECT paused FROM kb_job_control WHERE job = $1", &[&job])
+                .query_opt(sql::postgres::PAUSED_READ, &[&job])
                 .map_err(classify)?
                 .is_some_and(|r| r.get::<_, bool>(0)))
         })
@@ -822,11 +802,8 @@ impl StateStore for PostgresStore {
     fn set_paused(&mut self, job: &str, paused: bool) -> Result<(), StoreError> {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
-            tx.execute(
-                "INSERT INTO kb_job_control VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET paused = EXCLUDED.paused",
-                &[&job, &paused],
-            )
-            .map_err(classify)?;
+            tx.execute(sql::postgres::PAUSED_WRITE, &[&job, &paused])
+                .map_err(classify)?;
             Ok(())
         })
     }
@@ -834,12 +811,7 @@ impl StateStore for PostgresStore {
     fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
         let job = job.to_string();
         self.with_tx(|tx, _, _| {
-            let rows = tx
-                .query(
-                    "SELECT partition, owner FROM kb_leases WHERE job = $1",
-                    &[&job],
-                )
-                .map_err(classify)?;
+            let rows = tx.query(sql::postgres::OWNERS, &[&job]).map_err(classify)?;
             Ok(rows
                 .into_iter()
                 .map(|r| (r.get::<_, i32>(0) as PartitionId, r.get(1)))
@@ -852,11 +824,7 @@ impl StateStore for PostgresStore {
 /// `(_kb_vnode, _kb_key)`.
 fn key_layout(client: &mut Client, table_name: &str) -> Result<KeyLayout, StoreError> {
     let columns: Vec<String> = client
-        .query(
-            "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
-             WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
-            &[&table_name],
-        )
+        .query(sql::postgres::TABLE_KEY_COLUMNS, &[&table_name])
         .map_err(classify)?
         .iter()
         .map(|r| r.get(0))
@@ -896,13 +864,12 @@ fn apply_checkpoint(
         if !cp.dead_letters.is_empty() {
             // Commits that record dead letters take the job row in turn, so the cap is exact
             // across workers; a record read again after a recreation is recorded once.
-            tx.execute("SELECT 1 FROM kb_jobs WHERE job = $1 FOR UPDATE", &[&job])
+            tx.execute(sql::postgres::JOB_LOCK, &[&job])
                 .map_err(classify)?;
             let generation = cp.generation as i64;
             for d in &cp.dead_letters {
                 tx.execute(
-                    "INSERT INTO kb_dead_letters VALUES ($1, $2, $3, $4, $5, $6) \
-                     ON CONFLICT (job, partition, record_offset) DO NOTHING",
+                    sql::postgres::DEAD_LETTER_INSERT,
                     &[
                         &job,
                         &(d.partition as i32),
@@ -915,10 +882,7 @@ fn apply_checkpoint(
                 .map_err(classify)?;
             }
             let recorded: i64 = tx
-                .query_one(
-                    "SELECT COUNT(*) FROM kb_dead_letters WHERE job = $1",
-                    &[&job],
-                )
+                .query_one(sql::postgres::DEAD_LETTER_COUNT, &[&job])
                 .map_err(classify)?
                 .get(0);
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
@@ -964,17 +928,23 @@ fn apply_checkpoint(
             let cursors: Vec<Option<Vec<u8>>> =
                 cp.vnodes.iter().map(|v| v.cursor.clone()).collect();
             tx.execute(
-                    "INSERT INTO kb_vnode_progress SELECT $1::text, * FROM UNNEST($2::int[], $3::bigint[], $4::bigint[], $5::bool[], $6::bytea[]) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor",
-                    &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
-                )
-                .map_err(classify)?;
+                sql::postgres::VNODE_PROGRESS_WRITE,
+                &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
+            )
+            .map_err(classify)?;
         }
         for p in &cp.partitions {
             tx.execute(
-                    "INSERT INTO kb_partition_progress VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = EXCLUDED.epoch, streaming = EXCLUDED.streaming",
-                    &[&job, &(p.partition as i32), &(p.next_offset as i64), &(p.epoch.0 as i64), &p.streaming],
-                )
-                .map_err(classify)?;
+                sql::postgres::PARTITION_PROGRESS_WRITE,
+                &[
+                    &job,
+                    &(p.partition as i32),
+                    &(p.next_offset as i64),
+                    &(p.epoch.0 as i64),
+                    &p.streaming,
+                ],
+            )
+            .map_err(classify)?;
         }
         if !cp.partitions.is_empty() {
             tx.execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job])
@@ -994,10 +964,7 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
     fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
         Ok(self
             .tx
-            .query_opt(
-                "SELECT version, fingerprint FROM kb_schema_history WHERE job = $1 ORDER BY version DESC LIMIT 1",
-                &[&job],
-            )
+            .query_opt(sql::postgres::SCHEMA_VERSION_LATEST, &[&job])
             .map_err(classify)?
             .map(|r| (r.get::<_, i32>(0) as usize, r.get::<_, String>(1))))
     }
@@ -1014,15 +981,14 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
         // Commits of one job change the table in turn: a second worker's commit waits here, then
         // finds the version recorded and resolves its rows to it.
         self.tx
-            .execute("SELECT 1 FROM kb_jobs WHERE job = $1 FOR UPDATE", &[&job])
+            .execute(sql::postgres::JOB_LOCK, &[&job])
             .map_err(classify)?;
         let (added, dropped) = protocol::column_changes(from, &to.table);
         for c in &added {
             self.tx
-                .batch_execute(&format!(
-                    "ALTER TABLE \"{t}\" ADD COLUMN \"{}\" {}",
-                    c.name,
-                    c.ty.postgres()
+                .batch_execute(&sql::render(
+                    sql::postgres::COLUMN_ADD,
+                    &[("table", t), ("column", &c.name), ("type", c.ty.postgres())],
                 ))
                 .map_err(classify)?;
         }
@@ -1033,18 +999,16 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
             .collect();
         let update = self
             .tx
-            .prepare(&format!(
-                "UPDATE \"{t}\" SET _kb_row = $3{sets} WHERE _kb_vnode = $1 AND _kb_key = $2"
+            .prepare(&sql::render(
+                sql::postgres::ROW_VERSION_UPDATE,
+                &[("table", t), ("sets", &sets)],
             ))
             .map_err(classify)?;
         // Through a cursor (a portal of this transaction, which sees the table as it was when
         // opened), a batch at a time, so memory holds one batch, not the table.
         let portal = self
             .tx
-            .bind(
-                &format!("SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\""),
-                &[],
-            )
+            .bind(&sql::render(sql::postgres::ROWS_ALL, &[("table", t)]), &[])
             .map_err(classify)?;
         loop {
             let rows = self
@@ -1074,12 +1038,15 @@ impl protocol::TxSchema for PgSchema<'_, '_> {
         drop(portal);
         for c in &dropped {
             self.tx
-                .batch_execute(&format!("ALTER TABLE \"{t}\" DROP COLUMN \"{c}\""))
+                .batch_execute(&sql::render(
+                    sql::postgres::COLUMN_DROP,
+                    &[("table", t), ("column", c)],
+                ))
                 .map_err(classify)?;
         }
         self.tx
             .execute(
-                "INSERT INTO kb_schema_history VALUES ($1, $2, $3, $4, $5, $6)",
+                sql::postgres::SCHEMA_VERSION_INSERT,
                 &[
                     &job,
                     &(version as i32),
@@ -1160,14 +1127,17 @@ fn write_rows<'r>(
                 format!("({})", marks.join(", "))
             })
             .collect();
-        let sql = format!(
-                    "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) VALUES {} ON CONFLICT {} DO UPDATE SET {}_kb_row = EXCLUDED._kb_row, {}",
-                    cols.join(", "),
-                    tuples.join(", "),
-                    layout.conflict(),
-                    layout.set_vnode(),
-                    sets.join(", ")
-                );
+        let sql = sql::render(
+            sql::postgres::ROWS_UPSERT,
+            &[
+                ("table", table_name),
+                ("columns", &cols.join(", ")),
+                ("tuples", &tuples.join(", ")),
+                ("conflict", layout.conflict()),
+                ("set_vnode", layout.set_vnode()),
+                ("sets", &sets.join(", ")),
+            ],
+        );
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * ncols);
         for (key, vnode, value, values) in chunk {
             params.push(key);
@@ -1181,12 +1151,12 @@ fn write_rows<'r>(
         let (vnodes, keys): (Vec<i32>, Vec<Vec<u8>>) = deletes.into_iter().unzip();
         match layout {
             KeyLayout::Key => tx.execute(
-                &format!("DELETE FROM \"{table_name}\" WHERE _kb_key = ANY($1)"),
+                &sql::render(sql::postgres::ROWS_DELETE_BY_KEY, &[("table", table_name)]),
                 &[&keys],
             ),
             // By the whole key: there is no index on `_kb_key` alone.
             KeyLayout::VnodeKey => tx.execute(
-                &format!("DELETE FROM \"{table_name}\" t USING UNNEST($1::int[], $2::bytea[]) AS d(v, k) WHERE t._kb_vnode = d.v AND t._kb_key = d.k"),
+                &sql::render(sql::postgres::ROWS_DELETE, &[("table", table_name)]),
                 &[&vnodes, &keys],
             ),
         }
@@ -1199,10 +1169,7 @@ fn write_rows<'r>(
 fn read_publication(tx: &mut Transaction<'_>, job: &str) -> Result<Publication, StoreError> {
     let epoch = |v: Option<i64>| v.map(|e| Epoch(e as u64));
     Ok(tx
-        .query_opt(
-            "SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = $1",
-            &[&job],
-        )
+        .query_opt(sql::postgres::PUBLICATION_READ, &[&job])
         .map_err(classify)?
         .map(|r| Publication {
             published: epoch(r.get(0)),
@@ -1217,7 +1184,7 @@ fn write_publication(
     p: &Publication,
 ) -> Result<(), StoreError> {
     tx.execute(
-        "INSERT INTO kb_publication VALUES ($1, $2, $3) ON CONFLICT (job) DO UPDATE SET published_epoch = EXCLUDED.published_epoch, visible_epoch = EXCLUDED.visible_epoch",
+        sql::postgres::PUBLICATION_WRITE,
         &[
             &job,
             &p.published.map(|e| e.0 as i64),
@@ -1288,16 +1255,10 @@ impl protocol::TxPublish for Publishing<'_, '_> {
     /// every later statement of this transaction sees what committed before it was granted.
     fn lock_publication(&mut self, job: &str) -> Result<(), StoreError> {
         self.tx
-            .execute(
-                "INSERT INTO kb_publication VALUES ($1, NULL, NULL) ON CONFLICT (job) DO NOTHING",
-                &[&job],
-            )
+            .execute(sql::postgres::PUBLICATION_ENSURE, &[&job])
             .map_err(classify)?;
         self.tx
-            .execute(
-                "SELECT 1 FROM kb_publication WHERE job = $1 FOR UPDATE",
-                &[&job],
-            )
+            .execute(sql::postgres::PUBLICATION_LOCK, &[&job])
             .map_err(classify)?;
         Ok(())
     }
@@ -1313,10 +1274,7 @@ impl protocol::TxPublish for Publishing<'_, '_> {
     fn pending_units(&mut self, job: &str) -> Result<Vec<protocol::PendingUnit>, StoreError> {
         Ok(self
             .tx
-            .query(
-                "SELECT unit, epoch, partitions FROM kb_pending_units WHERE job = $1 ORDER BY epoch, unit",
-                &[&job],
-            )
+            .query(sql::postgres::PENDING_UNITS, &[&job])
             .map_err(classify)?
             .iter()
             .map(|r| {
@@ -1333,10 +1291,7 @@ impl protocol::TxPublish for Publishing<'_, '_> {
     fn take_unit(&mut self, unit: i64) -> Result<Vec<RowMutation>, StoreError> {
         let rows = self
             .tx
-            .query(
-                "SELECT vnode, key, row FROM kb_pending_rows WHERE unit = $1 ORDER BY seq",
-                &[&unit],
-            )
+            .query(sql::postgres::PENDING_ROWS, &[&unit])
             .map_err(classify)?
             .iter()
             .map(|r| {
@@ -1353,10 +1308,10 @@ impl protocol::TxPublish for Publishing<'_, '_> {
             })
             .collect();
         self.tx
-            .execute("DELETE FROM kb_pending_rows WHERE unit = $1", &[&unit])
+            .execute(sql::postgres::PENDING_ROWS_DELETE_UNIT, &[&unit])
             .map_err(classify)?;
         self.tx
-            .execute("DELETE FROM kb_pending_units WHERE unit = $1", &[&unit])
+            .execute(sql::postgres::PENDING_UNIT_DELETE, &[&unit])
             .map_err(classify)?;
         Ok(rows)
     }
@@ -1371,7 +1326,7 @@ impl protocol::TxPublish for Publishing<'_, '_> {
         let unit: i64 = self
             .tx
             .query_one(
-                "INSERT INTO kb_pending_units (job, epoch, partitions) VALUES ($1, $2, $3) RETURNING unit",
+                sql::postgres::PENDING_UNIT_INSERT,
                 &[
                     &job,
                     &(epoch.0 as i64),
@@ -1392,7 +1347,7 @@ impl protocol::TxPublish for Publishing<'_, '_> {
             .collect();
         self.tx
             .execute(
-                "INSERT INTO kb_pending_rows SELECT $1::bigint, * FROM UNNEST($2::int[], $3::int[], $4::bytea[], $5::bytea[])",
+                sql::postgres::PENDING_ROWS_INSERT,
                 &[&unit, &seqs, &vnodes, &keys, &values],
             )
             .map_err(classify)?;
@@ -1419,8 +1374,9 @@ impl protocol::TxPublish for Publishing<'_, '_> {
         for table_name in self.several.names(self.table_name) {
             let next = next_table(table_name);
             self.tx
-                .batch_execute(&format!(
-                    "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
+                .batch_execute(&sql::render(
+                    sql::postgres::TABLE_SWAP,
+                    &[("table", table_name), ("next", &next)],
                 ))
                 .map_err(classify)?;
         }
@@ -1489,9 +1445,9 @@ fn copy_fresh(
         .into_iter()
         .chain(table.columns.iter().map(|c| copy_type(c.ty)))
         .collect();
-    let copy = format!(
-        "COPY \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) FROM STDIN (FORMAT binary)",
-        cols.join(", ")
+    let copy = sql::render(
+        sql::postgres::TABLE_COPY,
+        &[("table", table_name), ("columns", &cols.join(", "))],
     );
     let mut savepoint = tx.savepoint("kb_fresh").map_err(classify)?;
     match copy_binary(&mut savepoint, &copy, &types, upserts) {
@@ -1538,9 +1494,9 @@ fn copy_upserts(
         "kb_stage_{:08x}",
         crc32fast::hash(format!("{table_name}\0{}", stage_cols.join(",")).as_bytes())
     );
-    tx.batch_execute(&format!(
-        "CREATE TEMP TABLE IF NOT EXISTS \"{stage}\" (k BYTEA, v INT4, r BYTEA, {}) ON COMMIT DELETE ROWS",
-        stage_cols.join(", ")
+    tx.batch_execute(&sql::render(
+        sql::postgres::STAGE_CREATE,
+        &[("stage", &stage), ("columns", &stage_cols.join(", "))],
     ))
     .map_err(classify)?;
     let types: Vec<Type> = [Type::BYTEA, Type::INT4, Type::BYTEA]
@@ -1549,7 +1505,7 @@ fn copy_upserts(
         .collect();
     copy_binary(
         tx,
-        &format!("COPY \"{stage}\" FROM STDIN (FORMAT binary)"),
+        &sql::render(sql::postgres::STAGE_COPY, &[("stage", &stage)]),
         &types,
         upserts,
     )
@@ -1565,20 +1521,27 @@ fn copy_upserts(
         })
         .collect();
     tx.execute(
-        &format!(
-            "INSERT INTO \"{table_name}\" (_kb_key, _kb_vnode, _kb_row, {}) SELECT k, v, r, {} FROM \"{stage}\" ON CONFLICT {} DO UPDATE SET {}_kb_row = EXCLUDED._kb_row, {}",
-            cols.join(", "),
-            selected.join(", "),
-            layout.conflict(),
-            layout.set_vnode(),
-            sets.join(", ")
+        &sql::render(
+            sql::postgres::STAGE_MERGE,
+            &[
+                ("table", table_name),
+                ("columns", &cols.join(", ")),
+                ("selected", &selected.join(", ")),
+                ("stage", &stage),
+                ("conflict", layout.conflict()),
+                ("set_vnode", layout.set_vnode()),
+                ("sets", &sets.join(", ")),
+            ],
         ),
         &[],
     )
     .map_err(classify)?;
     // Emptied now too: a group commits several checkpoints in one transaction.
-    tx.batch_execute(&format!("TRUNCATE \"{stage}\""))
-        .map_err(classify)?;
+    tx.batch_execute(&sql::render(
+        sql::postgres::STAGE_TRUNCATE,
+        &[("stage", &stage)],
+    ))
+    .map_err(classify)?;
     Ok(())
 }
 

@@ -23,63 +23,11 @@ use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
+use crate::store::sql;
 use crate::store::sqlite_static::{Param, StaticStatement};
 use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS kb_jobs (
-  job TEXT PRIMARY KEY,
-  snapshot_epoch INTEGER NOT NULL,
-  vnode_count INTEGER NOT NULL,
-  partition_count INTEGER NOT NULL,
-  generation INTEGER NOT NULL,
-  phase TEXT NOT NULL,
-  recreations INTEGER NOT NULL,
-  next_lease INTEGER NOT NULL,
-  table_name TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kb_vnode_progress (
-  job TEXT NOT NULL, vnode INTEGER NOT NULL, epoch INTEGER NOT NULL, row_count INTEGER NOT NULL,
-  finished INTEGER NOT NULL, cursor BLOB, PRIMARY KEY (job, vnode)
-);
-CREATE TABLE IF NOT EXISTS kb_partition_progress (
-  job TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL, epoch INTEGER NOT NULL,
-  streaming INTEGER NOT NULL, PRIMARY KEY (job, partition)
-);
-CREATE TABLE IF NOT EXISTS kb_rate_limits (
-  job TEXT PRIMARY KEY, snapshot_rows_per_second INTEGER NOT NULL,
-  log_records_per_second INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kb_job_control (
-  job TEXT PRIMARY KEY, paused INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kb_dead_letters (
-  job TEXT NOT NULL, partition INTEGER NOT NULL, record_offset INTEGER NOT NULL,
-  epoch INTEGER NOT NULL, generation INTEGER NOT NULL, reason TEXT NOT NULL,
-  PRIMARY KEY (job, partition, record_offset)
-);
-CREATE TABLE IF NOT EXISTS kb_leases (
-  job TEXT NOT NULL, partition INTEGER NOT NULL, owner TEXT NOT NULL, lease INTEGER NOT NULL,
-  PRIMARY KEY (job, partition)
-);
-CREATE TABLE IF NOT EXISTS kb_publication (
-  job TEXT PRIMARY KEY, published_epoch INTEGER, visible_epoch INTEGER
-);
-CREATE TABLE IF NOT EXISTS kb_pending_units (
-  unit INTEGER PRIMARY KEY, job TEXT NOT NULL, epoch INTEGER NOT NULL, partitions TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kb_schema_history (
-  job TEXT NOT NULL, version INTEGER NOT NULL, from_epoch INTEGER NOT NULL, fingerprint TEXT NOT NULL,
-  row_schema TEXT NOT NULL, applied_epoch INTEGER, PRIMARY KEY (job, version)
-);
-CREATE TABLE IF NOT EXISTS kb_job_tables (
-  table_name TEXT PRIMARY KEY, job TEXT NOT NULL, log_table INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kb_pending_rows (
-  unit INTEGER NOT NULL, seq INTEGER NOT NULL, vnode INTEGER NOT NULL, key BLOB NOT NULL, row BLOB,
-  PRIMARY KEY (unit, seq)
-) WITHOUT ROWID;
-";
+const SCHEMA: &str = sql::sqlite::SCHEMA;
 
 /// Sorts a SQLite error into transient (busy, locked, I/O, full disk: a retry can succeed) and
 /// permanent (a constraint, a type, a malformed statement: it cannot).
@@ -237,10 +185,16 @@ const PAGE_SIZE: i64 = 64 * 1024;
 
 /// The materialised table's `CREATE TABLE IF NOT EXISTS`.
 fn table_ddl(table_name: &str, table: &TableSchema, datum: bool) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS \"{table_name}\" (_kb_key BLOB NOT NULL, _kb_vnode INTEGER NOT NULL, {}{}, PRIMARY KEY (_kb_vnode, _kb_key)) WITHOUT ROWID;",
-        table.column_ddl(crate::codec::ColumnType::sqlite),
-        if datum { ", _kb_row BLOB NOT NULL" } else { "" }
+    sql::render(
+        sql::sqlite::TABLE_CREATE,
+        &[
+            ("table", table_name),
+            (
+                "columns",
+                &table.column_ddl(crate::codec::ColumnType::sqlite),
+            ),
+            ("datum", if datum { ", _kb_row BLOB NOT NULL" } else { "" }),
+        ],
     )
 }
 
@@ -248,16 +202,12 @@ fn table_ddl(table_name: &str, table: &TableSchema, datum: bool) -> String {
 fn read_publication(tx: &Connection, job: &str) -> Result<Publication, StoreError> {
     let epoch = |v: Option<i64>| v.map(|e| Epoch(e as u64));
     Ok(tx
-        .query_row(
-            "SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = ?1",
-            [job],
-            |r| {
-                Ok(Publication {
-                    published: epoch(r.get(0)?),
-                    visible: epoch(r.get(1)?),
-                })
-            },
-        )
+        .query_row(sql::sqlite::PUBLICATION_READ, [job], |r| {
+            Ok(Publication {
+                published: epoch(r.get(0)?),
+                visible: epoch(r.get(1)?),
+            })
+        })
         .optional()
         .map_err(classify)?
         .unwrap_or_default())
@@ -265,7 +215,7 @@ fn read_publication(tx: &Connection, job: &str) -> Result<Publication, StoreErro
 
 fn write_publication(tx: &Connection, job: &str, p: &Publication) -> Result<(), StoreError> {
     tx.execute(
-        "INSERT OR REPLACE INTO kb_publication VALUES (?1, ?2, ?3)",
+        sql::sqlite::PUBLICATION_WRITE,
         params![
             job,
             p.published.map(|e| e.0 as i64),
@@ -581,11 +531,9 @@ impl SqliteStore {
         // before `store_datum` has `_kb_row`).
         // A table that is not one of ours (no `_kb_vnode`) is left to fail at its first write.
         let (ours, has_datum): (bool, bool) = conn
-            .query_row(
-                "SELECT COALESCE(SUM(name = '_kb_vnode'), 0) > 0, COALESCE(SUM(name = '_kb_row'), 0) > 0 FROM pragma_table_info(?1)",
-                [table_name],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+            .query_row(sql::sqlite::TABLE_HAS_COLUMNS, [table_name], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .map_err(classify)?;
         if ours && has_datum != store_datum {
             return Err(StoreError::Rejected(format!(
@@ -694,21 +642,17 @@ impl SqliteStore {
     }
 
     fn job_row(conn: &Connection, job: &str) -> Result<Option<JobRow>, StoreError> {
-        conn.query_row(
-            "SELECT snapshot_epoch, vnode_count, partition_count, generation, phase, recreations FROM kb_jobs WHERE job = ?1",
-            [job],
-            |r| {
-                Ok(JobRow {
-                    job: job.to_string(),
-                    snapshot_epoch: Epoch(r.get::<_, i64>(0)? as u64),
-                    vnode_count: r.get(1)?,
-                    partition_count: r.get(2)?,
-                    generation: r.get::<_, i64>(3)? as u64,
-                    phase: r.get(4)?,
-                    recreations: r.get::<_, i64>(5)? as u64,
-                })
-            },
-        )
+        conn.query_row(sql::sqlite::JOB_ROW, [job], |r| {
+            Ok(JobRow {
+                job: job.to_string(),
+                snapshot_epoch: Epoch(r.get::<_, i64>(0)? as u64),
+                vnode_count: r.get(1)?,
+                partition_count: r.get(2)?,
+                generation: r.get::<_, i64>(3)? as u64,
+                phase: r.get(4)?,
+                recreations: r.get::<_, i64>(5)? as u64,
+            })
+        })
         .optional()
         .map_err(classify)
     }
@@ -719,7 +663,7 @@ impl SqliteStore {
         vnodes: impl Iterator<Item = Vnode>,
     ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
         let mut stmt = conn
-            .prepare_cached("SELECT epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = ?1 AND vnode = ?2")
+            .prepare_cached(sql::sqlite::VNODE_PROGRESS_READ)
             .map_err(classify)?;
         let mut out = BTreeMap::new();
         for v in vnodes {
@@ -758,7 +702,7 @@ impl SqliteStore {
     ) -> Result<BTreeMap<PartitionId, PartitionProgress>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT partition, next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1")
+            .prepare_cached(sql::sqlite::PARTITION_PROGRESS_ALL)
             .map_err(classify)?;
         let rows = stmt
             .query_map([job], |r| {
@@ -785,10 +729,9 @@ impl SqliteStore {
             .collect();
         let mut stmt = self
             .conn
-            .prepare(&format!(
-                "SELECT _kb_key, {} FROM \"{}\"",
-                cols.join(", "),
-                self.table_name
+            .prepare(&sql::render(
+                sql::sqlite::TABLE_COLUMNS,
+                &[("columns", &cols.join(", ")), ("table", &self.table_name)],
             ))
             .map_err(classify)?;
         let table = &self.table;
@@ -841,9 +784,7 @@ impl SqliteStore {
         if !cp.dead_letters.is_empty() {
             // A record read again after a recreation is recorded once (its first generation kept).
             let mut dq = tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO kb_dead_letters VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
+                .prepare_cached(sql::sqlite::DEAD_LETTER_INSERT)
                 .map_err(classify)?;
             for d in &cp.dead_letters {
                 dq.execute(params![
@@ -857,11 +798,7 @@ impl SqliteStore {
                 .map_err(classify)?;
             }
             let recorded: i64 = tx
-                .query_row(
-                    "SELECT COUNT(*) FROM kb_dead_letters WHERE job = ?1",
-                    [job],
-                    |r| r.get(0),
-                )
+                .query_row(sql::sqlite::DEAD_LETTER_COUNT, [job], |r| r.get(0))
                 .map_err(classify)?;
             protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
         }
@@ -887,9 +824,7 @@ impl SqliteStore {
         }
         {
             let mut vq = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO kb_vnode_progress VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
+                .prepare_cached(sql::sqlite::VNODE_PROGRESS_WRITE)
                 .map_err(classify)?;
             for v in &cp.vnodes {
                 vq.execute(params![
@@ -903,9 +838,7 @@ impl SqliteStore {
                 .map_err(classify)?;
             }
             let mut pq = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO kb_partition_progress VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
+                .prepare_cached(sql::sqlite::PARTITION_PROGRESS_WRITE)
                 .map_err(classify)?;
             for p in &cp.partitions {
                 pq.execute(params![
@@ -952,19 +885,20 @@ impl SqliteStore {
             // (`sqlite_static`; prepared once per checkpoint).
             let mut upsert = StaticStatement::prepare(
                 tx,
-                &format!(
-                    "INSERT OR REPLACE INTO \"{t}\" (_kb_key, _kb_vnode, {}{}) VALUES (?1, ?2, {}{})",
-                    if datum { "_kb_row, " } else { "" },
-                    cols.join(", "),
-                    if datum { "?3, " } else { "" },
-                    marks.join(", ")
+                &sql::render(
+                    sql::sqlite::ROW_UPSERT,
+                    &[
+                        ("table", t),
+                        ("datum", if datum { "_kb_row, " } else { "" }),
+                        ("columns", &cols.join(", ")),
+                        ("datum_mark", if datum { "?3, " } else { "" }),
+                        ("marks", &marks.join(", ")),
+                    ],
                 ),
             )
             .map_err(classify)?;
             let mut delete = tx
-                .prepare_cached(&format!(
-                    "DELETE FROM \"{t}\" WHERE _kb_vnode = ?1 AND _kb_key = ?2"
-                ))
+                .prepare_cached(&sql::render(sql::sqlite::ROW_DELETE, &[("table", t)]))
                 .map_err(classify)?;
             // A row's values read in place from its datum, reused from row to row: no allocation
             // per row (docs/BENCHMARKS.md "Column values read in place").
@@ -1011,11 +945,9 @@ struct SqliteSchema<'a> {
 impl protocol::TxSchema for SqliteSchema<'_> {
     fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
         self.tx
-            .query_row(
-                "SELECT version, fingerprint FROM kb_schema_history WHERE job = ?1 ORDER BY version DESC LIMIT 1",
-                [job],
-                |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, String>(1)?)),
-            )
+            .query_row(sql::sqlite::SCHEMA_VERSION_LATEST, [job], |r| {
+                Ok((r.get::<_, i64>(0)? as usize, r.get::<_, String>(1)?))
+            })
             .optional()
             .map_err(classify)
     }
@@ -1039,10 +971,9 @@ impl protocol::TxSchema for SqliteSchema<'_> {
         for c in &added {
             self.tx
                 .execute(
-                    &format!(
-                        "ALTER TABLE \"{t}\" ADD COLUMN \"{}\" {}",
-                        c.name,
-                        c.ty.sqlite()
+                    &sql::render(
+                        sql::sqlite::COLUMN_ADD,
+                        &[("table", t), ("column", &c.name), ("type", c.ty.sqlite())],
                     ),
                     [],
                 )
@@ -1055,16 +986,20 @@ impl protocol::TxSchema for SqliteSchema<'_> {
             .collect();
         let mut update = self
             .tx
-            .prepare(&format!(
-                "UPDATE \"{t}\" SET _kb_row = ?3{sets} WHERE _kb_vnode = ?1 AND _kb_key = ?2"
+            .prepare(&sql::render(
+                sql::sqlite::ROW_VERSION_UPDATE,
+                &[("table", t), ("sets", &sets)],
             ))
             .map_err(classify)?;
         // In batches by key (the table's primary key), so memory holds one batch, not the table.
         let mut page = self
             .tx
-            .prepare(&format!(
-                "SELECT _kb_vnode, _kb_key, _kb_row FROM \"{t}\" WHERE (_kb_vnode, _kb_key) > (?1, ?2) ORDER BY _kb_vnode, _kb_key LIMIT {}",
-                protocol::REWRITE_BATCH
+            .prepare(&sql::render(
+                sql::sqlite::ROWS_PAGE,
+                &[
+                    ("table", t),
+                    ("limit", &protocol::REWRITE_BATCH.to_string()),
+                ],
             ))
             .map_err(classify)?;
         let mut after: (i64, Vec<u8>) = (-1, Vec::new());
@@ -1101,12 +1036,15 @@ impl protocol::TxSchema for SqliteSchema<'_> {
         drop((page, update));
         for c in &dropped {
             self.tx
-                .execute(&format!("ALTER TABLE \"{t}\" DROP COLUMN \"{c}\""), [])
+                .execute(
+                    &sql::render(sql::sqlite::COLUMN_DROP, &[("table", t), ("column", c)]),
+                    [],
+                )
                 .map_err(classify)?;
         }
         self.tx
             .execute(
-                "INSERT INTO kb_schema_history VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                sql::sqlite::SCHEMA_VERSION_INSERT,
                 params![
                     job,
                     version as i64,
@@ -1148,9 +1086,7 @@ impl protocol::TxPublish for Publishing<'_> {
     fn pending_units(&mut self, job: &str) -> Result<Vec<protocol::PendingUnit>, StoreError> {
         let mut q = self
             .tx
-            .prepare_cached(
-                "SELECT unit, epoch, partitions FROM kb_pending_units WHERE job = ?1 ORDER BY epoch, unit",
-            )
+            .prepare_cached(sql::sqlite::PENDING_UNITS)
             .map_err(classify)?;
         let mut rs = q.query([job]).map_err(classify)?;
         let mut units = Vec::new();
@@ -1179,9 +1115,7 @@ impl protocol::TxPublish for Publishing<'_> {
         let rows = {
             let mut q = self
                 .tx
-                .prepare_cached(
-                    "SELECT vnode, key, row FROM kb_pending_rows WHERE unit = ?1 ORDER BY seq",
-                )
+                .prepare_cached(sql::sqlite::PENDING_ROWS)
                 .map_err(classify)?;
             let rows = q
                 .query_map([unit], |r| {
@@ -1202,10 +1136,10 @@ impl protocol::TxPublish for Publishing<'_> {
             rows
         };
         self.tx
-            .execute("DELETE FROM kb_pending_rows WHERE unit = ?1", [unit])
+            .execute(sql::sqlite::PENDING_ROWS_DELETE_UNIT, [unit])
             .map_err(classify)?;
         self.tx
-            .execute("DELETE FROM kb_pending_units WHERE unit = ?1", [unit])
+            .execute(sql::sqlite::PENDING_UNIT_DELETE, [unit])
             .map_err(classify)?;
         Ok(rows)
     }
@@ -1220,14 +1154,14 @@ impl protocol::TxPublish for Publishing<'_> {
         let list: Vec<String> = partitions.iter().map(|p| p.to_string()).collect();
         self.tx
             .execute(
-                "INSERT INTO kb_pending_units (job, epoch, partitions) VALUES (?1, ?2, ?3)",
+                sql::sqlite::PENDING_UNIT_INSERT,
                 params![job, epoch.0 as i64, list.join(",")],
             )
             .map_err(classify)?;
         let unit = self.tx.last_insert_rowid();
         let mut q = self
             .tx
-            .prepare_cached("INSERT INTO kb_pending_rows VALUES (?1, ?2, ?3, ?4, ?5)")
+            .prepare_cached(sql::sqlite::PENDING_ROWS_INSERT)
             .map_err(classify)?;
         for (seq, m) in rows.iter().enumerate() {
             let (vnode, key, value) = match m {
@@ -1267,8 +1201,9 @@ impl protocol::TxPublish for Publishing<'_> {
         for table_name in names {
             let next = next_table(table_name);
             self.tx
-                .execute_batch(&format!(
-                    "DROP TABLE \"{table_name}\"; ALTER TABLE \"{next}\" RENAME TO \"{table_name}\";"
+                .execute_batch(&sql::render(
+                    sql::sqlite::TABLE_SWAP,
+                    &[("table", table_name), ("next", &next)],
                 ))
                 .map_err(classify)?;
         }
@@ -1291,7 +1226,7 @@ impl TxRead for Tx<'_> {
     ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
         let mut q = self
             .0
-            .prepare_cached("SELECT owner, lease FROM kb_leases WHERE job = ?1 AND partition = ?2")
+            .prepare_cached(sql::sqlite::LEASE_READ)
             .map_err(classify)?;
         let mut out = BTreeMap::new();
         for &p in partitions {
@@ -1323,20 +1258,14 @@ impl StateStore for SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(classify)?;
         let recorded: Option<String> = tx
-            .query_row(
-                "SELECT table_name FROM kb_jobs WHERE job = ?1",
-                [job],
-                |r| r.get(0),
-            )
+            .query_row(sql::sqlite::JOB_TABLE_NAME, [job], |r| r.get(0))
             .optional()
             .map_err(classify)?;
         // A table belongs to one job: the table a job is recorded with, or one of a several-table
         // job's (`kb_job_tables`).
         for name in &names {
             let owners = tx
-                .prepare(
-                    "SELECT job FROM kb_jobs WHERE table_name = ?1 UNION SELECT job FROM kb_job_tables WHERE table_name = ?1",
-                )
+                .prepare(sql::sqlite::TABLE_OWNERS)
                 .and_then(|mut q| {
                     q.query_map([name.as_str()], |r| r.get::<_, String>(0))?
                         .collect::<Result<Vec<String>, _>>()
@@ -1346,7 +1275,7 @@ impl StateStore for SqliteStore {
         }
         protocol::check_table_owner(job, &self.table_name, &[], recorded.as_deref())?;
         let job_tables = tx
-            .prepare("SELECT table_name, log_table FROM kb_job_tables WHERE job = ?1")
+            .prepare(sql::sqlite::JOB_TABLES)
             .and_then(|mut q| {
                 q.query_map([job], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u16>(1)?)))?
                     .collect::<Result<Vec<_>, _>>()
@@ -1359,14 +1288,11 @@ impl StateStore for SqliteStore {
             .collect();
         protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
         for t in &self.several {
-            tx.execute(
-                "INSERT OR IGNORE INTO kb_job_tables VALUES (?1, ?2, ?3)",
-                params![t.name, job, t.index],
-            )
-            .map_err(classify)?;
+            tx.execute(sql::sqlite::JOB_TABLE_INSERT, params![t.name, job, t.index])
+                .map_err(classify)?;
         }
         tx.execute(
-            "INSERT OR IGNORE INTO kb_jobs VALUES (?1, ?2, ?3, ?4, 0, 'snapshot', 0, 1, ?5)",
+            sql::sqlite::JOB_INSERT,
             params![
                 job,
                 info.snapshot_epoch.0 as i64,
@@ -1382,11 +1308,7 @@ impl StateStore for SqliteStore {
             // Leaving publication with work in flight would lose it: the pending checkpoints (and a
             // generation building beside the visible table) are applied only under publication.
             let pending: i64 = tx
-                .query_row(
-                    "SELECT COUNT(*) FROM kb_pending_units WHERE job = ?1",
-                    [job],
-                    |r| r.get(0),
-                )
+                .query_row(sql::sqlite::PENDING_UNIT_COUNT, [job], |r| r.get(0))
                 .map_err(classify)?;
             let building = read_publication(&tx, job)?.building();
             protocol::check_leaving_publication(job, &self.table_name, pending, building)?;
@@ -1417,26 +1339,19 @@ impl StateStore for SqliteStore {
         let mut out = Vec::new();
         for &p in partitions {
             let lease: i64 = tx
-                .query_row("UPDATE kb_jobs SET next_lease = next_lease + 1 WHERE job = ?1 RETURNING next_lease - 1", [job], |r| r.get(0))
+                .query_row(sql::sqlite::NEXT_LEASE, [job], |r| r.get(0))
                 .map_err(classify)?;
-            tx.execute(
-                "INSERT OR REPLACE INTO kb_leases VALUES (?1, ?2, ?3, ?4)",
-                params![job, p, worker, lease],
-            )
-            .map_err(classify)?;
+            tx.execute(sql::sqlite::LEASE_WRITE, params![job, p, worker, lease])
+                .map_err(classify)?;
             let progress = tx
-                .query_row(
-                    "SELECT next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1 AND partition = ?2",
-                    params![job, p],
-                    |r| {
-                        Ok(PartitionProgress {
-                            partition: p,
-                            next_offset: r.get::<_, i64>(0)? as u64,
-                            epoch: Epoch(r.get::<_, i64>(1)? as u64),
-                            streaming: r.get::<_, i64>(2)? != 0,
-                        })
-                    },
-                )
+                .query_row(sql::sqlite::PARTITION_PROGRESS_READ, params![job, p], |r| {
+                    Ok(PartitionProgress {
+                        partition: p,
+                        next_offset: r.get::<_, i64>(0)? as u64,
+                        epoch: Epoch(r.get::<_, i64>(1)? as u64),
+                        streaming: r.get::<_, i64>(2)? != 0,
+                    })
+                })
                 .optional()
                 .map_err(classify)?;
             let stored = Self::vnode_rows(&tx, job, map.vnodes_of(p))?;
@@ -1503,21 +1418,18 @@ impl StateStore for SqliteStore {
             .map_err(classify)?;
         let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         if protocol::recreation_applies(&row, from_generation) {
-            tx.execute(
-                "UPDATE kb_jobs SET generation = generation + 1, recreations = recreations + 1, phase = 'snapshot' WHERE job = ?1",
-                [job],
-            )
-            .map_err(classify)?;
-            for t in ["kb_vnode_progress", "kb_partition_progress", "kb_leases"] {
-                tx.execute(&format!("DELETE FROM {t} WHERE job = ?1"), [job])
-                    .map_err(classify)?;
+            tx.execute(sql::sqlite::JOB_RECREATE, [job])
+                .map_err(classify)?;
+            for delete in [
+                sql::sqlite::VNODE_PROGRESS_DELETE_JOB,
+                sql::sqlite::PARTITION_PROGRESS_DELETE_JOB,
+                sql::sqlite::LEASES_DELETE_JOB,
+            ] {
+                tx.execute(delete, [job]).map_err(classify)?;
             }
-            tx.execute(
-                "DELETE FROM kb_pending_rows WHERE unit IN (SELECT unit FROM kb_pending_units WHERE job = ?1)",
-                [job],
-            )
-            .map_err(classify)?;
-            tx.execute("DELETE FROM kb_pending_units WHERE job = ?1", [job])
+            tx.execute(sql::sqlite::PENDING_ROWS_DELETE_JOB, [job])
+                .map_err(classify)?;
+            tx.execute(sql::sqlite::PENDING_UNITS_DELETE_JOB, [job])
                 .map_err(classify)?;
             let mut state = read_publication(&tx, job)?;
             let tables: Vec<(&str, &TableSchema)> = if self.several.is_empty() {
@@ -1534,7 +1446,8 @@ impl StateStore for SqliteStore {
                 for (name, schema) in tables {
                     let next = next_table(name);
                     tx.execute_batch(&format!(
-                        "DROP TABLE IF EXISTS \"{next}\"; {}",
+                        "{} {}",
+                        sql::render(sql::sqlite::TABLE_DROP, &[("table", &next)]),
                         table_ddl(&next, schema, self.datum)
                     ))
                     .map_err(classify)?;
@@ -1543,10 +1456,13 @@ impl StateStore for SqliteStore {
                 write_publication(&tx, job, &state)?;
             } else {
                 for (name, _) in tables {
-                    tx.execute(&format!("DELETE FROM \"{name}\""), [])
-                        .map_err(classify)?;
+                    tx.execute(
+                        &sql::render(sql::sqlite::TABLE_CLEAR, &[("table", name)]),
+                        [],
+                    )
+                    .map_err(classify)?;
                 }
-                tx.execute("DELETE FROM kb_publication WHERE job = ?1", [job])
+                tx.execute(sql::sqlite::PUBLICATION_DELETE, [job])
                     .map_err(classify)?;
             }
         }
@@ -1561,11 +1477,7 @@ impl StateStore for SqliteStore {
     ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
         let n: u32 = self
             .conn
-            .query_row(
-                "SELECT vnode_count FROM kb_jobs WHERE job = ?1",
-                [job],
-                |r| r.get(0),
-            )
+            .query_row(sql::sqlite::VNODE_COUNT, [job], |r| r.get(0))
             .optional()
             .map_err(classify)?
             .unwrap_or(0);
@@ -1581,7 +1493,7 @@ impl StateStore for SqliteStore {
 
     fn rate_limits(&mut self, job: &str) -> Result<Option<RateLimits>, StoreError> {
         self.conn
-            .prepare_cached("SELECT snapshot_rows_per_second, log_records_per_second FROM kb_rate_limits WHERE job = ?1")
+            .prepare_cached(sql::sqlite::RATE_LIMITS_READ)
             .map_err(classify)?
             .query_row([job], |r| {
                 Ok(RateLimits {
@@ -1596,7 +1508,7 @@ impl StateStore for SqliteStore {
     fn set_rate_limits(&mut self, job: &str, limits: RateLimits) -> Result<(), StoreError> {
         self.conn
             .execute(
-                "INSERT OR REPLACE INTO kb_rate_limits VALUES (?1, ?2, ?3)",
+                sql::sqlite::RATE_LIMITS_WRITE,
                 params![
                     job,
                     limits.snapshot_rows_per_second as i64,
@@ -1610,10 +1522,7 @@ impl StateStore for SqliteStore {
     fn dead_letters(&mut self, job: &str) -> Result<Vec<DeadLetterRow>, StoreError> {
         let mut q = self
             .conn
-            .prepare_cached(
-                "SELECT partition, record_offset, epoch, generation, reason FROM kb_dead_letters \
-                 WHERE job = ?1 ORDER BY partition, record_offset",
-            )
+            .prepare_cached(sql::sqlite::DEAD_LETTERS_READ)
             .map_err(classify)?;
         let rows = q
             .query_map([job], |r| {
@@ -1631,7 +1540,7 @@ impl StateStore for SqliteStore {
 
     fn paused(&mut self, job: &str) -> Result<bool, StoreError> {
         self.conn
-            .prepare_cached("SELECT paused FROM kb_job_control WHERE job = ?1")
+            .prepare_cached(sql::sqlite::PAUSED_READ)
             .map_err(classify)?
             .query_row([job], |r| r.get::<_, i64>(0))
             .optional()
@@ -1641,10 +1550,7 @@ impl StateStore for SqliteStore {
 
     fn set_paused(&mut self, job: &str, paused: bool) -> Result<(), StoreError> {
         self.conn
-            .execute(
-                "INSERT OR REPLACE INTO kb_job_control VALUES (?1, ?2)",
-                params![job, paused as i64],
-            )
+            .execute(sql::sqlite::PAUSED_WRITE, params![job, paused as i64])
             .map_err(classify)?;
         Ok(())
     }
@@ -1652,7 +1558,7 @@ impl StateStore for SqliteStore {
     fn owners(&mut self, job: &str) -> Result<BTreeMap<PartitionId, String>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT partition, owner FROM kb_leases WHERE job = ?1")
+            .prepare_cached(sql::sqlite::OWNERS)
             .map_err(classify)?;
         let rows = stmt
             .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -1681,7 +1587,7 @@ impl StateStore for SqliteStore {
             let tx = self.conn.transaction().map_err(classify)?;
             for t in &self.several {
                 let mut stmt = tx
-                    .prepare(&format!("SELECT _kb_key, _kb_row FROM \"{}\"", t.name))
+                    .prepare(&sql::render(sql::sqlite::TABLE_ROWS, &[("table", &t.name)]))
                     .map_err(classify)?;
                 let rows = stmt
                     .query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get(1)?)))
@@ -1699,9 +1605,9 @@ impl StateStore for SqliteStore {
         }
         let mut stmt = self
             .conn
-            .prepare(&format!(
-                "SELECT _kb_key, _kb_row FROM \"{}\"",
-                self.table_name
+            .prepare(&sql::render(
+                sql::sqlite::TABLE_ROWS,
+                &[("table", &self.table_name)],
             ))
             .map_err(classify)?;
         let rows = stmt

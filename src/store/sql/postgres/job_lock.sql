@@ -1,0 +1,1 @@
+SELECT 1 FROM kb_jobs WHERE job = $1 FOR UPDATE

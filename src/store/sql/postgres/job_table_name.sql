@@ -1,0 +1,1 @@
+SELECT table_name FROM kb_jobs WHERE job = $1

@@ -1,0 +1,1 @@
+DELETE FROM kb_leases WHERE job = $1

@@ -1,0 +1,1 @@
+DELETE FROM kb_partition_progress WHERE job = $1

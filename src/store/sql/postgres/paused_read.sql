@@ -1,0 +1,1 @@
+SELECT paused FROM kb_job_control WHERE job = $1

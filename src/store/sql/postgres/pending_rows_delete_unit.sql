@@ -1,0 +1,1 @@
+DELETE FROM kb_pending_rows WHERE unit = $1

@@ -1,0 +1,1 @@
+INSERT INTO kb_publication VALUES ($1, NULL, NULL) ON CONFLICT (job) DO NOTHING

@@ -1,0 +1,1 @@
+SELECT 1 FROM kb_publication WHERE job = $1 FOR UPDATE

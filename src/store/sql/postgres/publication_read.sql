@@ -1,0 +1,1 @@
+SELECT published_epoch, visible_epoch FROM kb_publication WHERE job = $1

@@ -1,0 +1,1 @@
+COPY "{stage}" FROM STDIN (FORMAT binary)

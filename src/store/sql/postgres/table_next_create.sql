@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS "{next}"; CREATE TABLE "{next}" (LIKE "{table}" INCLUDING ALL);

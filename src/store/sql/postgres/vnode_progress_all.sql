@@ -1,0 +1,1 @@
+SELECT vnode, epoch, row_count, finished, cursor FROM kb_vnode_progress WHERE job = $1

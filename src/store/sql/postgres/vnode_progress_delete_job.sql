@@ -1,0 +1,1 @@
+DELETE FROM kb_vnode_progress WHERE job = $1

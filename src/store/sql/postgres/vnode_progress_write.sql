@@ -1,0 +1,1 @@
+INSERT INTO kb_vnode_progress SELECT $1::text, * FROM UNNEST($2::int[], $3::bigint[], $4::bigint[], $5::bool[], $6::bytea[]) ON CONFLICT (job, vnode) DO UPDATE SET epoch = EXCLUDED.epoch, row_count = EXCLUDED.row_count, finished = EXCLUDED.finished, cursor = EXCLUDED.cursor

@@ -1,0 +1,1 @@
+SELECT COUNT(*) FROM kb_dead_letters WHERE job = ?1

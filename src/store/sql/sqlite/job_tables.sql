@@ -1,0 +1,1 @@
+SELECT table_name, log_table FROM kb_job_tables WHERE job = ?1

@@ -1,0 +1,1 @@
+INSERT OR REPLACE INTO kb_leases VALUES (?1, ?2, ?3, ?4)

@@ -1,0 +1,1 @@
+SELECT partition, owner FROM kb_leases WHERE job = ?1

@@ -1,0 +1,1 @@
+SELECT partition, next_offset, epoch, streaming FROM kb_partition_progress WHERE job = ?1

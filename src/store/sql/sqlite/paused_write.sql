@@ -1,0 +1,1 @@
+INSERT OR REPLACE INTO kb_job_control VALUES (?1, ?2)

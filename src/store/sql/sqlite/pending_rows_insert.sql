@@ -1,0 +1,1 @@
+INSERT INTO kb_pending_rows VALUES (?1, ?2, ?3, ?4, ?5)

@@ -1,0 +1,1 @@
+SELECT COUNT(*) FROM kb_pending_units WHERE job = ?1

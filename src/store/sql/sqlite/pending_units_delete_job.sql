@@ -1,0 +1,1 @@
+DELETE FROM kb_pending_units WHERE job = ?1

@@ -1,0 +1,1 @@
+DELETE FROM kb_publication WHERE job = ?1

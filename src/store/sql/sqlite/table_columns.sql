@@ -1,0 +1,1 @@
+SELECT _kb_key, {columns} FROM "{table}"

@@ -1,0 +1,1 @@
+DROP TABLE "{table}"; ALTER TABLE "{next}" RENAME TO "{table}";

@@ -1,0 +1,1 @@
+SELECT vnode_count FROM kb_jobs WHERE job = ?1
