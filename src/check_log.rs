@@ -17,7 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::codec::{LogCodec, TableSchema};
 use crate::config::{JobConfig, SnapshotConfig};
 use crate::core::contract::{check_record, LogPosition};
-use crate::core::{CoreError, LogRecord, PartitionMap, Vnode};
+use crate::core::{check_log_start, CoreError, LogRecord, PartitionMap, Vnode};
 use crate::kafka::admin::{while_broker_away, ErrorCapture};
 use crate::kafka::consumer_position;
 use crate::ports::SnapshotSource;
@@ -246,6 +246,11 @@ fn check_partition(
     .map_err(anyhow::Error::msg)
     .with_context(|| format!("watermarks of topic {topic} partition {p}"))?;
     let (low, high) = (low.max(0) as u64, high.max(0) as u64);
+    // The job would stop here, before reading: say why, as the job would.
+    if let Err(gone) = check_log_start(topic, p, start.next_offset, low) {
+        report.violation(max_report, format!("snapshot: {gone}"));
+        return Ok(());
+    }
     if start.next_offset == 0 || start.next_offset - 1 < low || start.next_offset > high {
         report.violation(
             max_report,

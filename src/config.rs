@@ -1635,6 +1635,31 @@ store = { kind = "sqlite", path = "state.sqlite", tables = { pgbench_accounts = 
         );
     }
 
+    /// The last release accepted `auto.offset.reset = "earliest"` (then the managed value): such a
+    /// config is refused now with the way to migrate, since a reset would skip deleted records.
+    #[test]
+    fn the_earlier_managed_offset_reset_is_refused_with_the_way_to_migrate() {
+        let e = Config::parse(
+            &GOOD.replace(
+                "\"bootstrap.servers\"",
+                "\"auto.offset.reset\" = \"earliest\", \"bootstrap.servers\"",
+            ),
+            "t.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "jobs[0].kafka.\"auto.offset.reset\": is managed by kafka-backfill (always error: "
+            ),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("(earlier releases set earliest)); remove it"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn dead_letter_settings_name_the_key() {
         let job = |extra: &str| {

@@ -403,6 +403,18 @@ pub trait DeadLetterSink {
     fn send(&mut self, letters: &[DeadLetterRecord<'_>]) -> Result<(), String>;
 }
 
+/// Why a worker cannot start the partitions the group gave it; either way the worker fails (it must
+/// never believe it owns partitions it does not fetch).
+#[derive(Debug, thiserror::Error)]
+pub enum AssignError {
+    /// A partition's needed offset is below the log's start: checked before anything is read.
+    #[error(transparent)]
+    LogStartGone(#[from] crate::core::LogStartGone),
+    /// The client refused the assignment.
+    #[error("{0}; the worker cannot fetch partitions the group assigned it")]
+    Client(String),
+}
+
 /// A consumer-group member as the loop sees it: librdkafka in production (`kafka::worker`), a
 /// simulated member in `sim`.
 pub trait ConsumerPort {
@@ -411,7 +423,7 @@ pub trait ConsumerPort {
     /// Completes an assignment: each partition starts at the given offset (`None`: wherever the
     /// group would start it; the loop seeks before it reads). An error is the worker's failure (a
     /// worker must never believe it owns partitions it does not fetch).
-    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String>;
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), AssignError>;
     /// Completes a revocation. An error is the worker's failure.
     fn unassign(&mut self, partitions: &[PartitionId]) -> Result<(), String>;
     /// Moves the fetch position (retried within a bound by the implementation).

@@ -57,9 +57,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         if let Err(e) = self.consumer.assign(&starts) {
             // The group says this worker owns them but the client will not fetch them: no restart
             // in place can mend that; the job stops and its process is restarted.
-            return self.fail(WorkerFailure::Fatal(format!(
-                "{e}; the worker cannot fetch partitions the group assigned it"
-            )));
+            return self.fail(WorkerFailure::Fatal(e.to_string()));
         }
         if self.job_paused {
             for (p, _) in &starts {

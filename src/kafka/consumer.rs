@@ -27,10 +27,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use crate::codec::LogCodec;
-use crate::core::{PartitionId, PartitionProgress};
+use crate::core::{check_log_start, PartitionId, PartitionProgress};
 use crate::kafka::admin::{cached_high_watermark, client_config};
 use crate::kafka::fetch::FetchQueue;
-use crate::ports::{ConsumerPort, Polled};
+use crate::ports::{AssignError, ConsumerPort, Polled};
 
 type Events = Arc<EventQueue>;
 
@@ -286,6 +286,16 @@ impl KafkaConsumer {
         self.fetch.read(timeout_ms, |m| {
             let polled = match m.error() {
                 None => record(codec, m.partition(), m.offset(), m.payload(), m.key()),
+                // `auto.offset.reset = error`: the log no longer holds the offset the job reads
+                // next (records deleted while it was behind): stop, never skip the gap.
+                Some(_) if m.is_offset_reset() => Polled::ClientError {
+                    reason: format!(
+                        "topic {topic} partition {} offset {}: the log no longer holds the offset the job reads next; records were deleted (the topic's retention.ms / retention.bytes, or DeleteRecords) before the job read them, and nothing past that gap is read (docs/OPERATIONS.md, \"A log whose start is gone\")",
+                        m.partition(),
+                        m.offset()
+                    ),
+                    fatal: true,
+                },
                 Some(e) => {
                     warn!(topic = %topic, partition = m.partition(), offset = m.offset(), error = %e, "consumer error");
                     Polled::ClientError {
@@ -355,17 +365,40 @@ impl ConsumerPort for KafkaConsumer {
         self.serve_consumer_queue().or_else(|| self.next_event())
     }
 
-    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String> {
+    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), AssignError> {
+        // Before anything is read: a needed offset the broker no longer holds is named, never
+        // reset past (`auto.offset.reset` would skip the gap).
+        for (p, offset) in starts {
+            if let Some(needed) = offset {
+                match self
+                    .consumer
+                    .fetch_watermarks(&self.topic, *p as i32, Duration::from_secs(5))
+                {
+                    Ok((low, _)) => {
+                        check_log_start(&self.topic, *p, *needed, low.max(0) as u64)?;
+                    }
+                    // Unanswered, the check falls to the barrier chain: a reset past deleted
+                    // records meets an epoch that does not follow the job's, and the job stops.
+                    Err(e) => debug!(topic = %self.topic, partition = p, error = %e,
+                        "earliest offset unknown at assignment; the barrier chain checks the start"),
+                }
+            }
+        }
         let mut tpl = TopicPartitionList::new();
         for (p, offset) in starts {
-            self.fetch.forward(&self.topic, *p as i32)?;
+            self.fetch
+                .forward(&self.topic, *p as i32)
+                .map_err(AssignError::Client)?;
             self.drop_buffered(*p);
             self.dropped.remove(p);
             match offset {
                 Some(o) => tpl
                     .add_partition_offset(&self.topic, *p as i32, Offset::Offset(*o as i64))
                     .map_err(|e| {
-                        format!("topic {} partition {p}: start offset {o}: {e}", self.topic)
+                        AssignError::Client(format!(
+                            "topic {} partition {p}: start offset {o}: {e}",
+                            self.topic
+                        ))
                     })?,
                 None => {
                     tpl.add_partition(&self.topic, *p as i32);
@@ -373,11 +406,11 @@ impl ConsumerPort for KafkaConsumer {
             }
         }
         self.consumer.incremental_assign(&tpl).map_err(|e| {
-            format!(
+            AssignError::Client(format!(
                 "assigning topic {} partitions {:?}: {e}",
                 self.topic,
                 starts.iter().map(|s| s.0).collect::<Vec<_>>()
-            )
+            ))
         })
     }
 

@@ -149,6 +149,11 @@ impl Message<'_> {
         Some(text.to_string_lossy().into_owned())
     }
 
+    /// The error of `auto.offset.reset = error`: the offset to fetch is not in the log.
+    pub fn is_offset_reset(&self) -> bool {
+        self.0.err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
+    }
+
     pub fn payload(&self) -> &[u8] {
         // SAFETY: librdkafka's payload is `len` bytes, alive as long as the message.
         unsafe { bytes(self.0.payload, self.0.len) }

@@ -143,8 +143,8 @@ pub const MANAGED_CONSUMER_KEYS: [(&str, &str, &str); 6] = [
     ),
     (
         "auto.offset.reset",
-        "earliest",
-        "partitions start at offsets claimed from the store; a missing offset starts at the beginning",
+        "error",
+        "partitions start at offsets claimed from the store, and an offset the log no longer holds stops the job instead of skipping the deleted records (earlier releases set earliest)",
     ),
     (
         "enable.partition.eof",

@@ -342,7 +342,10 @@ impl ConsumerPort for SimConsumer {
         })
     }
 
-    fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), String> {
+    fn assign(
+        &mut self,
+        starts: &[(PartitionId, Option<u64>)],
+    ) -> Result<(), crate::ports::AssignError> {
         let mut w = self.world.borrow_mut();
         for &(p, offset) in starts {
             // Without a claimed offset the group would start at its own committed offset: the

@@ -975,3 +975,76 @@ fn a_log_of_two_tables_is_checked_whole_and_backfilled_one_job_per_table() {
         assert!(rows[0][0] > 100, "{table}: {rows:?}");
     }
 }
+
+/// Records deleted before a job read them (what retention or `DeleteRecords` does): `check-log`
+/// and `run` both name the topic, the partition, the needed and the earliest offset and the way
+/// out, and the job reads nothing of the partition — no reset to the earliest offset. The other
+/// partition, untouched, is not blamed.
+#[test]
+fn a_job_whose_start_offsets_were_deleted_stops_before_reading_and_says_why() {
+    let _g = serial();
+    let f = Fixture::new("logstart", 1, "");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "200",
+        "--changes",
+        "600",
+        "--epoch-changes",
+        "50",
+    ]);
+    let mpath = f.dir.join("out/snapshot/manifest.json");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let start = m["start"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["partition"] == 0)
+        .unwrap()["next_offset"]
+        .as_u64()
+        .unwrap();
+    let gone_to = start + 10;
+    let offsets = f.dir.join("delete.json");
+    std::fs::write(
+        &offsets,
+        serde_json::json!({"version": 1, "partitions": [
+            {"topic": f.topic, "partition": 0, "offset": gone_to}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    f.kafka_tool(&[
+        "org.apache.kafka.tools.DeleteRecordsCommand",
+        "--bootstrap-server",
+        &f.bootstrap,
+        "--offset-json-file",
+        offsets.to_str().unwrap(),
+    ]);
+    let named = format!(
+        "topic {} partition 0: the job needs offset {start} but the log now starts at offset {gone_to}",
+        f.topic
+    );
+
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&named), "no {named:?} in:\n{out}");
+    assert!(!out.contains("partition 1:"), "{out}");
+
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    let status = run.wait_exit(2 * MIN);
+    let log = run.log_text();
+    assert!(!status.success(), "{}", support::tail(&log));
+    assert!(log.contains(&named), "{}", support::tail(&log));
+    assert!(
+        log.contains("with `capture`, capture the tables again into a new topic"),
+        "{}",
+        support::tail(&log)
+    );
+    // Nothing of partition 0 was read past the gap: its progress, if any, is the snapshot's start.
+    let stored: Vec<Vec<i64>> =
+        f.sql("SELECT next_offset FROM kb_partition_progress WHERE partition = 0");
+    for row in stored {
+        assert_eq!(row[0] as u64, start, "partition 0 moved past its gap");
+    }
+}

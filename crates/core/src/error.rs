@@ -148,3 +148,62 @@ impl CoreError {
         )
     }
 }
+
+/// A partition whose needed offset (the snapshot's start, or the job's committed progress) lies
+/// below the log's earliest offset: records the job must apply were deleted (the topic's retention,
+/// `DeleteRecords`) before it read them. The job reads nothing of that partition: no offset reset,
+/// ever (a reset would skip the gap and leave the replica wrong).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("topic {topic} partition {partition}: the job needs offset {needed} but the log now starts at offset {earliest}; records {needed}..{earliest} were deleted (the topic's retention.ms / retention.bytes, or DeleteRecords) before the job read them, and nothing past that gap is read. The way out is a snapshot whose start offsets are still in the log: with `capture`, capture the tables again into a new topic (docs/CAPTURE.md, \"Starting over\"); with your own producer, write a new snapshot and start a new job from it; raise the topic's retention for the jobs to come")]
+pub struct LogStartGone {
+    pub topic: String,
+    pub partition: PartitionId,
+    /// The first offset the job must read.
+    pub needed: u64,
+    /// The broker's earliest offset of the partition (its low watermark).
+    pub earliest: u64,
+}
+
+/// Whether a partition can be read from `needed` when the broker's log starts at `earliest`.
+pub fn check_log_start(
+    topic: &str,
+    partition: PartitionId,
+    needed: u64,
+    earliest: u64,
+) -> Result<(), LogStartGone> {
+    if needed < earliest {
+        return Err(LogStartGone {
+            topic: topic.to_string(),
+            partition,
+            needed,
+            earliest,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_that_starts_at_or_before_the_needed_offset_is_readable() {
+        assert_eq!(check_log_start("t", 0, 5000, 5000), Ok(()));
+        assert_eq!(check_log_start("t", 0, 5001, 0), Ok(()));
+    }
+
+    #[test]
+    fn a_log_whose_start_is_past_the_needed_offset_is_named_with_the_way_out() {
+        let e = check_log_start("ret-log", 1, 4999, 5000).unwrap_err();
+        let text = e.to_string();
+        for part in [
+            "topic ret-log partition 1",
+            "needs offset 4999",
+            "starts at offset 5000",
+            "deleted",
+            "snapshot",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text}");
+        }
+    }
+}
