@@ -1,8 +1,11 @@
-//! One conformance suite for every state store, run unchanged against memory, SQLite and PostgreSQL
-//! (`scripts/postgres.sh`): job shape, claims and leases, the checkpoint invariants, fencing by lease
-//! and by generation, job-level phase, recreation, and schema changes (SQLite and PostgreSQL: the
-//! in-memory store has none). The rules live once in `src/store/protocol.rs`;
-//! this suite proves each backend carries them out.
+//! One conformance suite for every state store (tansu's shape: one test per scenario × backend).
+//! Each scenario is a function of a fresh store and job; `scenarios!` runs every one against memory,
+//! SQLite, SQLite without the datum column, PostgreSQL (`scripts/postgres.sh`) and a PostgreSQL
+//! table keyed as the last release made it — job shape, claims and leases, the checkpoint
+//! invariants, group commits, fencing by lease and by generation, job-level phase, dead letters,
+//! rate limits and pause, recreation. Publication, several tables, table ownership and schema
+//! changes follow, per backend. The rules live once in `src/store/protocol.rs`; this suite proves
+//! each backend carries them out.
 
 use crate::support;
 
@@ -105,33 +108,201 @@ fn is_invariant(r: Result<(), StoreError>) -> bool {
         && !r.as_ref().unwrap_err().is_transient()
 }
 
-/// The suite: `open` returns a new handle on one shared store; `job` is a name no earlier run used.
-fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
-    let mut a = open();
-    let mut b = open();
-    let info = info();
+/// A handle on the store under test; each call opens another on the same store.
+type Open<'a> = &'a dyn Fn() -> Box<dyn StateStore>;
 
-    // No job yet.
+/// The scenarios, each run against every backend by [`scenarios!`]: `open` is a store no other
+/// scenario uses, `job` a name no earlier run used.
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "testing")]
+        mod on_memory {
+            $(
+                #[test]
+                fn $name() {
+                    let store = kafka_backfill::store::memory::MemoryStore::new();
+                    super::$name(&|| Box::new(store.clone()), stringify!($name));
+                }
+            )*
+        }
+        mod on_sqlite {
+            use kafka_backfill::store::sqlite::SqliteStore;
+            $(
+                #[test]
+                fn $name() {
+                    let path = super::fresh_sqlite(concat!("conformance-", stringify!($name)));
+                    super::$name(
+                        &|| Box::new(SqliteStore::open(&path, "accounts", super::table()).unwrap()),
+                        stringify!($name),
+                    );
+                }
+            )*
+        }
+        /// `store_datum = false`: the table has no `_kb_row`; every scenario holds with the rows
+        /// rebuilt from the typed columns.
+        mod on_sqlite_without_the_datum {
+            use kafka_backfill::store::sqlite::SqliteStore;
+            $(
+                #[test]
+                fn $name() {
+                    let path = super::fresh_sqlite(concat!("conformance-nodatum-", stringify!($name)));
+                    super::$name(
+                        &|| Box::new(SqliteStore::open_layout(&path, "accounts", super::table(), false).unwrap()),
+                        stringify!($name),
+                    );
+                    assert!(!super::sqlite_has_datum(&path));
+                }
+            )*
+        }
+        mod on_postgres {
+            use kafka_backfill::store::postgres::PostgresStore;
+            $(
+                #[test]
+                fn $name() {
+                    let (url, stamp) = (crate::support::pg_url(), crate::support::stamp());
+                    let table = super::pg_table_name(stringify!($name), stamp);
+                    super::$name(
+                        &|| Box::new(PostgresStore::open(&url, &table, super::table()).unwrap()),
+                        &format!("{}-{stamp}", stringify!($name)),
+                    );
+                }
+            )*
+        }
+        /// A table the last release created, keyed by `_kb_key` alone: it keeps its key.
+        mod on_postgres_keyed_by_key_alone {
+            use kafka_backfill::store::postgres::PostgresStore;
+            $(
+                #[test]
+                fn $name() {
+                    let (url, stamp) = (crate::support::pg_url(), crate::support::stamp());
+                    let table = super::pg_table_name(concat!("old-", stringify!($name)), stamp);
+                    super::last_release_table(&url, &table);
+                    super::$name(
+                        &|| Box::new(PostgresStore::open(&url, &table, super::table()).unwrap()),
+                        &format!("old-{}-{stamp}", stringify!($name)),
+                    );
+                    let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+                    assert_eq!(super::pg_primary_key(&mut client, &table), ["_kb_key"]);
+                }
+            )*
+        }
+    };
+}
+
+scenarios!(
+    a_missing_job_is_named,
+    the_job_shape_is_fixed_at_creation,
+    first_claims_start_at_the_snapshot_with_distinct_leases,
+    a_snapshot_checkpoint_replayed_changes_nothing,
+    progress_going_back_is_a_broken_invariant,
+    rows_or_offsets_outside_the_lease_are_a_broken_invariant,
+    a_group_commit_is_checked_in_order_all_or_nothing,
+    the_job_streams_once_every_partition_does_and_a_claim_resumes,
+    a_commit_under_a_lease_taken_over_is_fenced,
+    dead_letters_are_recorded_once_and_capped,
+    rate_limits_and_pause_are_shared_by_every_handle,
+    recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters,
+    a_bulk_snapshot_checkpoint_replayed_holds_each_row_once,
+);
+
+/// A PostgreSQL table name for a scenario (63 bytes at most: the scenario's name is hashed).
+fn pg_table_name(scenario: &str, stamp: u128) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    scenario.hash(&mut h);
+    format!("conformance_{:x}_{stamp}", h.finish())
+}
+
+/// Whether the SQLite table `accounts` at `path` has the datum column.
+fn sqlite_has_datum(path: &std::path::Path) -> bool {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('accounts') WHERE name = '_kb_row'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+        > 0
+}
+
+/// Two handles on `job`, created, with partition 0 claimed by `a` and 1 by `b`: (a, b, a's lease,
+/// b's lease).
+fn claimed(open: Open, job: &str) -> (Box<dyn StateStore>, Box<dyn StateStore>, u64, u64) {
+    let (mut a, mut b) = (open(), open());
+    a.ensure_job(job, &info()).unwrap();
+    let la = a.claim(job, 0, "a", &[0], &info()).unwrap()[0].lease;
+    let lb = b.claim(job, 0, "b", &[1], &info()).unwrap()[0].lease;
+    (a, b, la, lb)
+}
+
+/// The snapshot-phase upsert of `row` (no log offset).
+fn snapshot_upsert((key, datum, vnode): (Vec<u8>, Vec<u8>, Vnode)) -> RowMutation {
+    RowMutation::Upsert {
+        vnode,
+        row: Row { key, value: datum },
+        offset: None,
+    }
+}
+
+/// Vnode `v`'s snapshot done at `epoch` (or not, `finished`), one row copied.
+fn done(v: Vnode, epoch: Epoch, finished: bool) -> VnodeProgress {
+    VnodeProgress {
+        vnode: v,
+        epoch,
+        row_count: 1,
+        finished,
+        cursor: None,
+    }
+}
+
+/// Partition `p` at offset 10 in epoch E2, in the log store or `streaming`.
+fn at_ten(p: PartitionId, streaming: bool) -> PartitionProgress {
+    PartitionProgress {
+        partition: p,
+        next_offset: 10,
+        epoch: E2,
+        streaming,
+    }
+}
+
+/// Partition 0's first row, copied by a checkpoint of `la` that also moves its vnode's cursor.
+fn first_row_copied(la: u64) -> Checkpoint {
+    let (key, datum, v) = row_in(0, 0);
+    let mut snap = checkpoint(0, vec![(0, la)]);
+    snap.rows = vec![snapshot_upsert((key.clone(), datum, v))];
+    snap.vnodes = vec![VnodeProgress {
+        cursor: Some(key),
+        row_count: 1,
+        ..VnodeProgress::fresh(v, ES)
+    }];
+    snap
+}
+
+fn a_missing_job_is_named(open: Open, job: &str) {
+    let mut a = open();
     assert!(a.job(job).unwrap().is_none());
     assert!(matches!(
-        a.claim(job, 0, "a", &[0], &info),
+        a.claim(job, 0, "a", &[0], &info()),
         Err(StoreError::NoJob { .. })
     ));
+}
 
-    // Job shape: created once, then checked against every later configuration.
-    let row = a.ensure_job(job, &info).unwrap();
+fn the_job_shape_is_fixed_at_creation(open: Open, job: &str) {
+    let (mut a, mut b) = (open(), open());
+    let row = a.ensure_job(job, &info()).unwrap();
     assert_eq!(
         (row.generation, row.recreations, row.phase.as_str()),
         (0, 0, "snapshot")
     );
-    assert_eq!(b.ensure_job(job, &info).unwrap(), row);
-    let mut other = info.clone();
+    assert_eq!(b.ensure_job(job, &info()).unwrap(), row);
+    let mut other = info();
     other.partition_count = 3;
     assert_eq!(
         a.ensure_job(job, &other).unwrap_err().to_string(),
         format!("job {job}: partition count is 2 in the store but 3 in the configuration; a job's partition count is fixed")
     );
-    let mut other = info.clone();
+    let mut other = info();
     other.vnode_count = 16;
     assert!(matches!(
         a.ensure_job(job, &other),
@@ -140,7 +311,7 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
             ..
         })
     ));
-    let mut other = info.clone();
+    let mut other = info();
     other.snapshot_epoch = E1;
     assert!(matches!(
         a.ensure_job(job, &other),
@@ -149,8 +320,12 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
             ..
         })
     ));
+}
 
-    // Claims: the snapshot's start offsets and fresh vnodes at first; distinct leases.
+fn first_claims_start_at_the_snapshot_with_distinct_leases(open: Open, job: &str) {
+    let (mut a, mut b) = (open(), open());
+    let info = info();
+    a.ensure_job(job, &info).unwrap();
     let ca = a.claim(job, 0, "a", &[0], &info).unwrap();
     let cb = b.claim(job, 0, "b", &[1], &info).unwrap();
     assert_eq!(ca[0].progress, info.start[0]);
@@ -163,40 +338,33 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
             .collect::<Vec<_>>()
     );
     assert_ne!(ca[0].lease, cb[0].lease);
-    let (la, lb) = (ca[0].lease, cb[0].lease);
     assert_eq!(
         b.owners(job).unwrap(),
         BTreeMap::from([(0, "a".to_string()), (1, "b".to_string())])
     );
+}
 
-    // A snapshot-phase checkpoint: a row and its vnode's cursor.
+/// A replay of the same checkpoint (a transaction retried after its commit's answer was lost) is
+/// accepted and changes nothing.
+fn a_snapshot_checkpoint_replayed_changes_nothing(open: Open, job: &str) {
+    let (mut a, mut b, la, _) = claimed(open, job);
+    let snap = first_row_copied(la);
     let (key, datum, v) = row_in(0, 0);
-    let mut snap = checkpoint(0, vec![(0, la)]);
-    snap.rows = vec![RowMutation::Upsert {
-        vnode: v,
-        row: Row {
-            key: key.clone(),
-            value: datum.clone(),
-        },
-        offset: None,
-    }];
-    snap.vnodes = vec![VnodeProgress {
-        cursor: Some(key.clone()),
-        row_count: 1,
-        ..VnodeProgress::fresh(v, ES)
-    }];
     a.commit(job, &snap).unwrap();
     assert_eq!(b.rows(job).unwrap().get(&key), Some(&datum));
     assert_eq!(
         b.committed_vnodes(job).unwrap().get(&v).unwrap().cursor,
         Some(key.clone())
     );
-
-    // A replay of the same checkpoint (a transaction retried after its commit's answer was lost)
-    // is accepted and changes nothing.
     a.commit(job, &snap).unwrap();
     assert_eq!(b.rows(job).unwrap().len(), 1);
-    // The checkpoint invariants, each refused as a broken invariant (permanent, not fencing).
+}
+
+/// Each refused as a broken invariant (permanent, not fencing), changing nothing.
+fn progress_going_back_is_a_broken_invariant(open: Open, job: &str) {
+    let (mut a, mut b, la, _) = claimed(open, job);
+    let snap = first_row_copied(la);
+    a.commit(job, &snap).unwrap();
     let mut same_cursor = snap.clone();
     same_cursor.vnodes[0].row_count = 2;
     assert!(
@@ -206,13 +374,26 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     let mut behind = snap.clone();
     behind.vnodes[0].cursor = Some(vec![]);
     assert!(is_invariant(a.commit(job, &behind)), "a cursor going back");
-    let (k1, d1, v1) = row_in(1, 0);
+    let v = snap.vnodes[0].vnode;
+    let mut forward = checkpoint(0, vec![(0, la)]);
+    forward.vnodes = vec![done(v, E2, true)];
+    a.commit(job, &forward).unwrap();
+    let mut back = checkpoint(0, vec![(0, la)]);
+    back.vnodes = vec![done(v, E1, true)];
+    assert!(is_invariant(a.commit(job, &back)), "an epoch going back");
+    let mut unfinished = checkpoint(0, vec![(0, la)]);
+    unfinished.vnodes = vec![done(v, E2, false)];
+    assert!(
+        is_invariant(a.commit(job, &unfinished)),
+        "a finished vnode unfinished again"
+    );
+    assert_eq!(b.committed_vnodes(job).unwrap()[&v], done(v, E2, true));
+}
+
+fn rows_or_offsets_outside_the_lease_are_a_broken_invariant(open: Open, job: &str) {
+    let (mut a, mut b, la, _) = claimed(open, job);
     let mut outside = checkpoint(0, vec![(0, la)]);
-    outside.rows = vec![RowMutation::Upsert {
-        vnode: v1,
-        row: Row { key: k1, value: d1 },
-        offset: None,
-    }];
+    outside.rows = vec![snapshot_upsert(row_in(1, 0))];
     assert!(
         is_invariant(a.commit(job, &outside)),
         "a row outside the lease"
@@ -220,38 +401,22 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     let mut no_lease = checkpoint(0, vec![(0, la)]);
     no_lease.partitions = vec![PartitionProgress {
         partition: 1,
-        ..info.start[1].clone()
+        ..info().start[1].clone()
     }];
     assert!(
         is_invariant(a.commit(job, &no_lease)),
         "partition progress without its lease"
     );
-    let done = |epoch: Epoch, finished: bool| VnodeProgress {
-        vnode: v,
-        epoch,
-        row_count: 1,
-        finished,
-        cursor: None,
-    };
-    let mut forward = checkpoint(0, vec![(0, la)]);
-    forward.vnodes = vec![done(E2, true)];
-    a.commit(job, &forward).unwrap();
-    let mut back = checkpoint(0, vec![(0, la)]);
-    back.vnodes = vec![done(E1, true)];
-    assert!(is_invariant(a.commit(job, &back)), "an epoch going back");
-    let mut unfinished = checkpoint(0, vec![(0, la)]);
-    unfinished.vnodes = vec![done(E2, false)];
     assert!(
-        is_invariant(a.commit(job, &unfinished)),
-        "a finished vnode unfinished again"
-    );
-    assert_eq!(
-        b.rows(job).unwrap().len(),
-        1,
+        b.rows(job).unwrap().is_empty(),
         "refused checkpoints change nothing"
     );
+    assert!(b.committed_partitions(job).unwrap().is_empty());
+}
 
-    // A group commit: checked in order (each against what the earlier ones left), all or nothing.
+/// Checked in order (each against what the earlier ones left), all or nothing.
+fn a_group_commit_is_checked_in_order_all_or_nothing(open: Open, job: &str) {
+    let (mut a, mut b, la, _) = claimed(open, job);
     let (k3, d3, v3) = row_in(0, 2);
     let mut first = checkpoint(0, vec![(0, la)]);
     first.rows = vec![RowMutation::Upsert {
@@ -262,10 +427,10 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         },
         offset: Some(7),
     }];
-    first.vnodes = vec![done(E4, true)];
-    // Alone, this one is valid (the same epoch as committed); after `first` it would go back.
+    first.vnodes = vec![done(v3, E4, true)];
+    // Alone, this one is valid; after `first` it would go back.
     let mut behind_first = checkpoint(0, vec![(0, la)]);
-    behind_first.vnodes = vec![done(E3, true)];
+    behind_first.vnodes = vec![done(v3, E3, true)];
     a.commit(job, &behind_first).unwrap();
     let err = a
         .commit_group(job, &[first.clone(), behind_first])
@@ -278,44 +443,49 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         !b.rows(job).unwrap().contains_key(&k3),
         "a refused group applies none of its checkpoints"
     );
-    assert_eq!(b.committed_vnodes(job).unwrap()[&v].epoch, E3);
+    assert_eq!(b.committed_vnodes(job).unwrap()[&v3].epoch, E3);
     let mut after_first = checkpoint(0, vec![(0, la)]);
-    after_first.vnodes = vec![done(E5, true)];
+    after_first.vnodes = vec![done(v3, E5, true)];
     a.commit_group(job, &[first, after_first]).unwrap();
     assert_eq!(b.rows(job).unwrap().get(&k3), Some(&d3));
-    assert_eq!(b.committed_vnodes(job).unwrap()[&v].epoch, E5);
+    assert_eq!(b.committed_vnodes(job).unwrap()[&v3].epoch, E5);
+}
 
-    // Job phase: log store until every partition has committed in streaming.
-    let progress = |p: PartitionId, streaming: bool| PartitionProgress {
-        partition: p,
-        next_offset: 10,
-        epoch: E2,
-        streaming,
-    };
+/// The job is in the log store until every partition has committed in streaming; a later claim
+/// starts at the committed progress.
+fn the_job_streams_once_every_partition_does_and_a_claim_resumes(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
+    let v = map().vnodes_of(0).next().unwrap();
     let mut log = checkpoint(0, vec![(0, la)]);
-    log.partitions = vec![progress(0, true)];
+    log.partitions = vec![at_ten(0, true)];
+    log.vnodes = vec![done(v, E2, true)];
     a.commit(job, &log).unwrap();
     assert_eq!(a.job(job).unwrap().unwrap().phase, "log_store");
     let mut log = checkpoint(0, vec![(1, lb)]);
-    log.partitions = vec![progress(1, true)];
+    log.partitions = vec![at_ten(1, true)];
     b.commit(job, &log).unwrap();
     assert_eq!(a.job(job).unwrap().unwrap().phase, "streaming");
-    let parts: BTreeMap<_, _> = a.committed_partitions(job).unwrap();
-    assert_eq!(parts.get(&1), Some(&progress(1, true)));
-    // A later claim starts at the committed progress.
-    let again = b.claim(job, 0, "b", &[0], &info).unwrap();
-    assert_eq!(again[0].progress, progress(0, true));
+    assert_eq!(
+        a.committed_partitions(job).unwrap().get(&1),
+        Some(&at_ten(1, true))
+    );
+    let again = b.claim(job, 0, "b", &[0], &info()).unwrap();
+    assert_eq!(again[0].progress, at_ten(0, true));
     assert_eq!(
         again[0].vnodes.iter().find(|x| x.vnode == v),
-        Some(&done(E5, true))
+        Some(&done(v, E2, true))
     );
-
     assert_eq!(
         a.owners(job).unwrap()[&0],
         "b",
         "the last claim holds the lease"
     );
-    // Fencing by lease: b took partition 0, so a's commit is refused and changes nothing.
+}
+
+/// `b` took partition 0 from `a`: `a`'s commit is refused, as fenced, and changes nothing.
+fn a_commit_under_a_lease_taken_over_is_fenced(open: Open, job: &str) {
+    let (mut a, mut b, la, _) = claimed(open, job);
+    b.claim(job, 0, "b", &[0], &info()).unwrap();
     let (k2, _, v2) = row_in(0, 1);
     let mut stale = checkpoint(0, vec![(0, la)]);
     stale.rows = vec![RowMutation::Delete { vnode: v2, key: k2 }];
@@ -325,23 +495,31 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
             && err.is_fenced(),
         "{err}"
     );
+}
 
-    // Dead letters: recorded with the checkpoint that carries them, once per record (a replayed
-    // checkpoint records nothing twice), capped: the checkpoint that would pass the cap is refused,
-    // permanently, and applies nothing.
-    let lb0 = again[0].lease;
-    let letter = |p: PartitionId, o: u64| DeadLetter {
+fn letter(p: PartitionId, o: u64) -> DeadLetter {
+    DeadLetter {
         partition: p,
         offset: o,
         epoch: E2,
         reason: format!("record at partition {p} offset {o} does not decode"),
-    };
+    }
+}
+
+/// Recorded with the checkpoint that carries them, once per record (a replayed checkpoint records
+/// nothing twice), capped: the checkpoint that would pass the cap is refused, permanently, and
+/// applies nothing.
+fn dead_letters_are_recorded_once_and_capped(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
     assert!(a.dead_letters(job).unwrap().is_empty());
-    let mut dl = checkpoint(0, vec![(0, lb0), (1, lb)]);
-    dl.partitions = vec![PartitionProgress {
-        next_offset: 12,
-        ..progress(0, true)
-    }];
+    let mut dl = checkpoint(0, vec![(0, la), (1, lb)]);
+    dl.partitions = vec![
+        PartitionProgress {
+            next_offset: 12,
+            ..at_ten(0, true)
+        },
+        at_ten(1, true),
+    ];
     dl.dead_letters = vec![letter(0, 10), letter(0, 11)];
     dl.max_dead_letters = 2;
     b.commit(job, &dl).unwrap();
@@ -362,10 +540,10 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         2,
         "a replay records nothing twice"
     );
-    let mut over = checkpoint(0, vec![(0, lb0), (1, lb)]);
+    let mut over = checkpoint(0, vec![(0, la), (1, lb)]);
     over.partitions = vec![PartitionProgress {
         next_offset: 20,
-        ..progress(1, true)
+        ..at_ten(1, true)
     }];
     over.dead_letters = vec![letter(1, 19)];
     over.max_dead_letters = 2;
@@ -385,11 +563,14 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     assert_eq!(a.dead_letters(job).unwrap().len(), 2);
     assert_eq!(
         a.committed_partitions(job).unwrap()[&1],
-        progress(1, true),
+        at_ten(1, true),
         "the refused checkpoint's offsets are not applied"
     );
+}
 
-    // Live rate limits: none until set; set from one handle, read from another.
+/// None until set; set from one handle, read from another; a pause resumed the same way.
+fn rate_limits_and_pause_are_shared_by_every_handle(open: Open, job: &str) {
+    let (mut a, mut b, _, _) = claimed(open, job);
     assert_eq!(a.rate_limits(job).unwrap(), None);
     let limits = RateLimits {
         snapshot_rows_per_second: 1_000,
@@ -399,19 +580,29 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     assert_eq!(b.rate_limits(job).unwrap(), Some(limits));
     a.set_rate_limits(job, RateLimits::both(7)).unwrap();
     assert_eq!(b.rate_limits(job).unwrap(), Some(RateLimits::both(7)));
-
-    // Pause: not paused until set; set from one handle, read from another; resumed the same way.
     assert!(!a.paused(job).unwrap());
     a.set_paused(job, true).unwrap();
     assert!(b.paused(job).unwrap());
     b.set_paused(job, false).unwrap();
     assert!(!a.paused(job).unwrap());
-    a.set_paused(job, true).unwrap();
+}
 
-    // Recreation: compare-and-set, discards rows and progress, fences the old generation.
+/// Compare-and-set; discards rows, progress and leases; fences the old generation; limits, a
+/// pause and dead letters outlive it (a dead letter met again is recorded once).
+fn recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
+    let mut dl = first_row_copied(la);
+    dl.leases.push((1, lb));
+    dl.dead_letters = vec![letter(0, 10)];
+    dl.max_dead_letters = 2;
+    a.commit(job, &dl).unwrap();
+    a.set_rate_limits(job, RateLimits::both(7)).unwrap();
+    a.set_paused(job, true).unwrap();
     let row = a.recreate(job, 0).unwrap();
-    assert_eq!((row.generation, row.recreations), (1, 1));
-    assert_eq!(row.phase, "snapshot");
+    assert_eq!(
+        (row.generation, row.recreations, row.phase.as_str()),
+        (1, 1, "snapshot")
+    );
     assert_eq!(b.recreate(job, 0).unwrap().generation, 1, "only once");
     assert!(a.rows(job).unwrap().is_empty());
     assert!(a.committed_vnodes(job).unwrap().is_empty());
@@ -420,14 +611,9 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         a.owners(job).unwrap().is_empty(),
         "recreation drops the leases"
     );
-    assert_eq!(
-        a.rate_limits(job).unwrap(),
-        Some(RateLimits::both(7)),
-        "rate limits outlive a recreation"
-    );
+    assert_eq!(a.rate_limits(job).unwrap(), Some(RateLimits::both(7)));
     assert!(a.paused(job).unwrap(), "a pause outlives a recreation");
-    a.set_paused(job, false).unwrap();
-    let err = b.commit(job, &log).unwrap_err();
+    let err = b.commit(job, &dl).unwrap_err();
     assert!(
         matches!(
             err,
@@ -440,49 +626,41 @@ fn conformance(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         "{err}"
     );
     assert!(matches!(
-        a.claim(job, 0, "a", &[0], &info),
+        a.claim(job, 0, "a", &[0], &info()),
         Err(StoreError::StaleGeneration { .. })
     ));
-    let fresh = a.claim(job, 1, "a", &[0, 1], &info).unwrap();
-    assert_eq!(fresh[0].progress, info.start[0], "progress starts over");
+    let fresh = a.claim(job, 1, "a", &[0, 1], &info()).unwrap();
+    assert_eq!(fresh[0].progress, info().start[0], "progress starts over");
     assert!(fresh[0]
         .vnodes
         .iter()
         .all(|x| *x == VnodeProgress::fresh(x.vnode, ES)));
-    // Dead letters outlive a recreation; the new generation meeting one again records it once.
-    let mut again_dl = checkpoint(1, vec![(0, fresh[0].lease), (1, fresh[1].lease)]);
-    again_dl.dead_letters = vec![letter(0, 10)];
-    again_dl.max_dead_letters = 2;
-    a.commit(job, &again_dl).unwrap();
+    let mut again = checkpoint(1, vec![(0, fresh[0].lease), (1, fresh[1].lease)]);
+    again.dead_letters = vec![letter(0, 10)];
+    again.max_dead_letters = 2;
+    a.commit(job, &again).unwrap();
     let kept = a.dead_letters(job).unwrap();
     assert_eq!(
         kept.len(),
-        2,
+        1,
         "read again after a recreation, recorded once"
     );
     assert_eq!(kept[0].generation, 0, "its first generation is kept");
-    // A snapshot checkpoint of many rows, and its replay: PostgreSQL copies such rows straight
-    // into the table, and the replay, meeting rows the table holds, upserts them instead. Each
-    // row is there once, with its datum.
-    let before = b.rows(job).unwrap().len();
+}
+
+/// PostgreSQL copies a snapshot checkpoint of many rows straight into the table; its replay, meeting
+/// rows the table holds, upserts them instead. Each row is there once, with its datum.
+fn a_bulk_snapshot_checkpoint_replayed_holds_each_row_once(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
+    a.commit(job, &first_row_copied(la)).unwrap();
     let bulk = bulk_rows(1_100);
-    let mut many = checkpoint(1, vec![(0, fresh[0].lease), (1, fresh[1].lease)]);
-    many.rows = bulk
-        .iter()
-        .map(|(k, d, v)| RowMutation::Upsert {
-            vnode: *v,
-            row: Row {
-                key: k.clone(),
-                value: d.clone(),
-            },
-            offset: None,
-        })
-        .collect();
+    let mut many = checkpoint(0, vec![(0, la), (1, lb)]);
+    many.rows = bulk.iter().cloned().map(snapshot_upsert).collect();
     a.commit(job, &many).unwrap();
     a.commit(job, &many)
         .expect("a snapshot checkpoint replayed is accepted");
     let rows = b.rows(job).unwrap();
-    assert_eq!(rows.len(), before + bulk.len());
+    assert_eq!(rows.len(), 1 + bulk.len());
     for (k, d, _) in &bulk {
         assert_eq!(rows.get(k), Some(d));
     }
@@ -846,13 +1024,6 @@ fn postgres_several_tables() {
     );
 }
 
-#[cfg(feature = "testing")]
-#[test]
-fn memory() {
-    let store = kafka_backfill::store::memory::MemoryStore::new();
-    conformance(&|| Box::new(store.clone()), "conformance");
-}
-
 /// Leaving `consistency = "epoch"` with checkpoints pending would lose them: refused, saying what to
 /// do; entering it from `"vnode"` is fine (the table's rows are each vnode's, the units continue).
 #[test]
@@ -976,35 +1147,6 @@ fn fresh_sqlite(name: &str) -> std::path::PathBuf {
     path
 }
 
-#[test]
-fn sqlite() {
-    let path = fresh_sqlite("conformance");
-    conformance(
-        &|| Box::new(SqliteStore::open(&path, "accounts", table()).unwrap()),
-        "conformance",
-    );
-}
-
-/// `store_datum = false`: the table has no `_kb_row`; every scenario holds with the rows rebuilt
-/// from the typed columns.
-#[test]
-fn sqlite_without_the_datum() {
-    let path = fresh_sqlite("conformance-no-datum");
-    conformance(
-        &|| Box::new(SqliteStore::open_layout(&path, "accounts", table(), false).unwrap()),
-        "conformance",
-    );
-    let has_datum: i64 = rusqlite::Connection::open(&path)
-        .unwrap()
-        .query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('accounts') WHERE name = '_kb_row'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(has_datum, 0, "the table was made without _kb_row");
-}
-
 /// A table keeps the layout it was created with (the last release's tables all have `_kb_row`);
 /// the other layout is refused with what to do, and so is `store_datum = false` for a row schema
 /// that its typed columns cannot rebuild.
@@ -1084,17 +1226,6 @@ fn postgres_publication() {
     );
 }
 
-#[test]
-fn postgres() {
-    let url = support::pg_url();
-    let stamp = support::stamp();
-    let tname = format!("conformance_{stamp}");
-    conformance(
-        &|| Box::new(PostgresStore::open(&url, &tname, table()).unwrap()),
-        &format!("conformance-{stamp}"),
-    );
-}
-
 /// The primary-key columns of PostgreSQL table `t`, in key order.
 fn pg_primary_key(client: &mut postgres::Client, t: &str) -> Vec<String> {
     client
@@ -1110,7 +1241,8 @@ fn pg_primary_key(client: &mut postgres::Client, t: &str) -> Vec<String> {
 }
 
 /// New PostgreSQL tables are keyed `(_kb_vnode, _kb_key)`; a table the last release created, keyed
-/// by `_kb_key` alone, keeps its key and passes the whole suite (and publication) as it is.
+/// by `_kb_key` alone, keeps its key under publication (every scenario on such a table:
+/// `on_postgres_keyed_by_key_alone`).
 #[test]
 fn postgres_tables_of_the_last_release_keep_their_key() {
     let url = support::pg_url();
@@ -1119,26 +1251,25 @@ fn postgres_tables_of_the_last_release_keep_their_key() {
     let new = format!("keyed_new_{stamp}");
     PostgresStore::open(&url, &new, table()).unwrap();
     assert_eq!(pg_primary_key(&mut client, &new), ["_kb_vnode", "_kb_key"]);
-    for (scenario, publishing) in [("suite", false), ("publication", true)] {
-        let old = format!("keyed_old_{scenario}_{stamp}");
-        // As the last release created it.
-        client
-            .batch_execute(&format!(
-                "CREATE TABLE \"{old}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL)",
-                table().column_ddl(kafka_backfill::codec::ColumnType::postgres)
-            ))
-            .unwrap();
-        let open = || {
-            Box::new(PostgresStore::open_with(&url, &old, table(), publishing).unwrap())
-                as Box<dyn StateStore>
-        };
-        if publishing {
-            publication(&open, &format!("keyed-old-publication-{stamp}"));
-        } else {
-            conformance(&open, &format!("keyed-old-{stamp}"));
-        }
-        assert_eq!(pg_primary_key(&mut client, &old), ["_kb_key"], "{scenario}");
-    }
+    let old = format!("keyed_old_publication_{stamp}");
+    last_release_table(&url, &old);
+    let open = || {
+        Box::new(PostgresStore::open_with(&url, &old, table(), true).unwrap())
+            as Box<dyn StateStore>
+    };
+    publication(&open, &format!("keyed-old-publication-{stamp}"));
+    assert_eq!(pg_primary_key(&mut client, &old), ["_kb_key"]);
+}
+
+/// Creates PostgreSQL table `name` as the last release did: keyed by `_kb_key` alone.
+fn last_release_table(url: &str, name: &str) {
+    postgres::Client::connect(url, postgres::NoTls)
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE TABLE \"{name}\" (_kb_key BYTEA PRIMARY KEY, _kb_vnode INT NOT NULL, {}, _kb_row BYTEA NOT NULL)",
+            table().column_ddl(kafka_backfill::codec::ColumnType::postgres)
+        ))
+        .unwrap();
 }
 
 /// The log's versions for [`schema_change`]: `produce --evolve`'s first (adds `tier` and `note`)
