@@ -73,11 +73,16 @@ pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
         )
         .route(
             "/readyz",
-            route_get(|State((board, _)): State<Shared>| async move {
-                if ready(&board) {
-                    (StatusCode::OK, "ready\n")
+            route_get(|State((board, jobs)): State<Shared>| async move {
+                let waiting = jobs.waiting();
+                if waiting.is_empty() && ready(&board) {
+                    (StatusCode::OK, "ready\n".to_string())
                 } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    let mut body = "not ready\n".to_string();
+                    for (job, what) in waiting {
+                        body.push_str(&format!("job {job} waits for {what}\n"));
+                    }
+                    (StatusCode::SERVICE_UNAVAILABLE, body)
                 }
             }),
         )

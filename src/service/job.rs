@@ -72,6 +72,47 @@ pub struct PreparedJob {
     pub store_tables: Vec<crate::store::StoreTable>,
 }
 
+/// How often a job waiting for its snapshot looks for the manifest, and how often it says it still
+/// waits.
+const SNAPSHOT_LOOK_EVERY: Duration = Duration::from_millis(250);
+const SNAPSHOT_WAIT_SAID_EVERY: Duration = Duration::from_secs(60);
+
+/// A job with a capture whose snapshot folder has no `manifest.json` yet (`capture` started beside
+/// this `run`, still copying): waits until the capture publishes it, saying so in the log and in
+/// `/readyz`. The manifest is renamed into place whole (`snapshot::files::write_manifest`), so its
+/// existence is the publication. False when the process is told to stop first. A job without a
+/// capture does not wait: a missing snapshot is an error `prepare` names.
+fn wait_for_snapshot(job: &JobConfig, shutdown: &CancellationToken, runtimes: &Runtimes) -> bool {
+    let (Some(_), SnapshotConfig::Files { dir, .. }) = (&job.capture, &job.snapshot) else {
+        return true;
+    };
+    let manifest = dir.join("manifest.json");
+    if manifest.exists() {
+        return true;
+    }
+    let what = format!(
+        "its snapshot {} (its capture publishes it: kafka-backfill capture --job {})",
+        manifest.display(),
+        job.name
+    );
+    info!(job = %job.name, manifest = %manifest.display(), "waiting for the capture to publish the snapshot (kafka-backfill capture --job {})", job.name);
+    runtimes.set_waiting(&job.name, what);
+    let started = std::time::Instant::now();
+    let mut said = started;
+    while !manifest.exists() {
+        if crate::shutdown::wait_blocking(shutdown, SNAPSHOT_LOOK_EVERY) {
+            return false;
+        }
+        if said.elapsed() >= SNAPSHOT_WAIT_SAID_EVERY {
+            said = std::time::Instant::now();
+            info!(job = %job.name, manifest = %manifest.display(), waited_secs = started.elapsed().as_secs(), "still waiting for the capture to publish the snapshot");
+        }
+    }
+    runtimes.clear_waiting(&job.name);
+    info!(job = %job.name, waited_ms = started.elapsed().as_millis() as u64, "the snapshot is published; starting the job");
+    true
+}
+
 /// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
 pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     // The log's tables, when the snapshot names them (files); else the job's table is the log's one.
@@ -393,6 +434,10 @@ pub fn run(
     let mut expected = 0usize;
     let mut jobs: Vec<Arc<JobRuntime>> = Vec::new();
     for job in &config.jobs {
+        if !wait_for_snapshot(job, &shutdown, &runtimes) {
+            info!(job = %job.name, "stopped while waiting for the snapshot");
+            return Ok(());
+        }
         let prepared = prepare(job, true)?;
         let info = prepared.snapshot.info();
         let map = PartitionMap::new(info.vnode_count, info.partition_count)?;

@@ -349,9 +349,26 @@ impl JobRuntime {
 pub struct Runtimes(
     Arc<RwLock<BTreeMap<String, Arc<JobRuntime>>>>,
     crate::service::status::CaptureBoard,
+    /// Jobs not started yet because what they need does not exist yet: job → what it waits for.
+    Arc<Mutex<BTreeMap<String, String>>>,
 );
 
 impl Runtimes {
+    /// `job` waits for `what` before it starts (`/readyz` says so).
+    pub fn set_waiting(&self, job: &str, what: String) {
+        self.2.lock().unwrap().insert(job.to_string(), what);
+    }
+
+    /// `job` no longer waits.
+    pub fn clear_waiting(&self, job: &str) {
+        self.2.lock().unwrap().remove(job);
+    }
+
+    /// What each waiting job waits for.
+    pub fn waiting(&self) -> BTreeMap<String, String> {
+        self.2.lock().unwrap().clone()
+    }
+
     /// The captures' reports (`/status` `captures`).
     pub fn captures(&self) -> &crate::service::status::CaptureBoard {
         &self.1

@@ -551,6 +551,37 @@ fn run_with_capture_in_one_process_equals_the_source() {
     );
 }
 
+/// docs/CAPTURE.md's order: `run` started before its `capture` has published the snapshot waits
+/// for it (a log line, `/readyz` 503 naming what it waits for) instead of exiting, then starts by
+/// itself and equals the source.
+#[test]
+fn run_started_before_its_capture_waits_for_the_snapshot_then_equals_the_source() {
+    let _serial = serial();
+    let source = database("cap-wait");
+    let url = source.url.clone();
+    pgbench_init(&url);
+    let f = capture_fixture("cap-wait", &url, "public.pgbench_accounts");
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut run = f.spawn_run_serving("a", &[], &http);
+    run.wait_for("waiting for the capture to publish the snapshot", MIN);
+    let (code, body) = http_get(&format!("http://{http}/readyz"));
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("job cap-wait waits for its snapshot")
+            && body.contains("kafka-backfill capture --job cap-wait"),
+        "{body}"
+    );
+    let mut capture = spawn_capture(&f, "capture");
+    run.wait_for("the snapshot is published; starting the job", MIN);
+    run.wait_for("partitions assigned", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 3);
+    wait_child(&mut bench, MIN);
+    assert_exact(&f, 10_000, MIN);
+    stop_capture(&mut capture);
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success(), "{}", tail(&run.log_text()));
+}
+
 /// A database `name` holding `big` (260,000 rows, ≈ 40 MiB: more than 2 × 16 MiB, the pages one copy
 /// connection must have to pay) and a job capturing it with two copy connections; `top` is put
 /// before the job's configuration (top-level keys). Returns the database, the fixture and the row
