@@ -2,7 +2,8 @@
 # The Helm chart, checked offline (CI runs this; docs/OPERATIONS.md "Kubernetes"):
 #  - `helm lint --strict` with the default values and every deploy/helm/examples/*.yaml;
 #  - each render validated against Kubernetes' own schemas by kubernetes-validate (bundled, --strict);
-#    the PodMonitor (a CRD those schemas lack) is checked field by field;
+#    the PodMonitor and PrometheusRule (CRDs those schemas lack) are checked field by field, the
+#    rules also by `promtool check rules`;
 #  - the config.toml each render puts in its ConfigMap passes `kafka-backfill check-config`, and the
 #    pod's termination grace exceeds the config's shutdown_grace_secs;
 #  - every deploy/helm/must-fail/*.yaml must fail to render, with the message its `# expect:` names.
@@ -31,7 +32,7 @@ import sys, yaml
 work = sys.argv[1]
 docs = [d for d in yaml.safe_load_all(open(f"{work}/render.yaml")) if d]
 kinds = sorted(d["kind"] for d in docs)
-core = [d for d in docs if d["kind"] != "PodMonitor"]
+core = [d for d in docs if d["kind"] not in ("PodMonitor", "PrometheusRule")]
 with open(f"{work}/core.yaml", "w") as f:
     yaml.safe_dump_all(core, f)
 for d in docs:
@@ -40,6 +41,12 @@ for d in docs:
         ep = d["spec"]["podMetricsEndpoints"]
         assert ep and ep[0]["port"] == "http" and ep[0]["path"] == "/metrics", ep
         assert d["spec"]["selector"]["matchLabels"], "PodMonitor selects nothing"
+for d in docs:
+    if d["kind"] == "PrometheusRule":
+        assert d["apiVersion"] == "monitoring.coreos.com/v1", d["apiVersion"]
+        alerts = [r["alert"] for g in d["spec"]["groups"] for r in g["rules"]]
+        assert "KafkaBackfillStalled" in alerts and len(alerts) == 6, alerts
+        open(f"{work}/rules.yaml", "w").write(yaml.safe_dump({"groups": d["spec"]["groups"]}))
 (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
 open(f"{work}/config.toml", "w").write(cm["data"]["config.toml"])
 (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
@@ -74,6 +81,7 @@ if "--capture" in c["args"]:
 print("   rendered:", ", ".join(kinds))
 PY
   kubernetes-validate --strict --quiet "$work/core.yaml"
+  if [ -s "$work/rules.yaml" ]; then promtool check rules "$work/rules.yaml" >/dev/null; rm "$work/rules.yaml"; fi
   local out
   out=$(POD_NAME=kb-kafka-backfill-0 KB_PG_URL=postgresql://backfill@db:5432/app \
         KB_SOURCE_URL=postgresql://capture@source:5432/app KB_ADMIN_TOKEN=kb-test-token \

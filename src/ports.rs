@@ -525,6 +525,13 @@ pub enum BitmapOutcome {
 }
 
 impl BitmapOutcome {
+    /// Every outcome (each one's series is declared at 0 when a worker starts).
+    pub const ALL: [BitmapOutcome; 3] = [
+        BitmapOutcome::Applied,
+        BitmapOutcome::Rescheduled,
+        BitmapOutcome::InvariantError,
+    ];
+
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -303,6 +303,7 @@ fn run_telling(
         published,
     };
     progress.set(|r| r.state = "starting");
+    progress.meter.started(&job.name);
     let mut failures = 0u32;
     let mut last_progress = std::time::Instant::now();
     loop {

@@ -49,4 +49,6 @@ pub trait CaptureMeter: Send + Sync {
     fn restarted(&self, job: &str);
     /// One Kafka transaction commit (the state record's included) took `d`.
     fn commit_took(&self, job: &str, d: Duration);
+    /// The capture of `job` starts: every series it will count exists from now, at 0.
+    fn started(&self, job: &str);
 }

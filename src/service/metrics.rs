@@ -179,7 +179,13 @@ impl Metrics {
                 g
             },
             capture_commit_seconds: histogram(&r, "kafka_backfill_capture_kafka_commit_seconds", "Duration of the capture's Kafka transaction commits (state record included).", &["job_name"]),
-            registry: r,
+            registry: {
+                build_info(&r);
+                // `process_*`: CPU seconds, resident memory, open descriptors, start time (Linux).
+                r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+                    .expect("register");
+                r
+            },
         }
     }
 
@@ -191,6 +197,22 @@ impl Metrics {
             .expect("encode");
         String::from_utf8(buf).expect("utf-8")
     }
+}
+
+/// `kafka_backfill_build_info{version, commit}` = 1: which build serves these metrics (`commit` from
+/// `build.rs`: the Git commit the binary was built from, `unknown` outside a checkout).
+fn build_info(r: &Registry) {
+    let g = IntGaugeVec::new(
+        Opts::new(
+            "kafka_backfill_build_info",
+            "1, labelled with the version and the Git commit of this build.",
+        ),
+        &["version", "commit"],
+    )
+    .expect("metric");
+    r.register(Box::new(g.clone())).expect("register");
+    g.with_label_values(&[env!("CARGO_PKG_VERSION"), env!("KB_GIT_COMMIT")])
+        .set(1);
 }
 
 /// The process's metrics.
@@ -262,5 +284,20 @@ impl crate::capture::report::CaptureMeter for CaptureMetrics {
     }
     fn commit_took(&self, job: &str, d: std::time::Duration) {
         capture_commit_took(job, d);
+    }
+    fn started(&self, job: &str) {
+        let m = metrics();
+        for c in [
+            &m.capture_checkpoints,
+            &m.capture_transactions,
+            &m.capture_changes,
+            &m.capture_restarts,
+        ] {
+            c.with_label_values(&[job]);
+        }
+        for g in [&m.capture_lsn, &m.capture_source_lsn, &m.capture_lag_bytes] {
+            g.with_label_values(&[job]);
+        }
+        m.capture_commit_seconds.with_label_values(&[job]);
     }
 }

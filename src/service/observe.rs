@@ -6,9 +6,12 @@
 use std::time::Instant;
 
 use crate::core::{CheckpointCause, Op, Phase};
-use crate::ports::{Observer, WorkerEvent};
+use crate::ports::{BitmapOutcome, Observer, WorkerEvent};
 use crate::service::metrics::metrics;
 use crate::service::status::{Reported, StatusBoard};
+
+/// The one reason a job is recreated (the `reason` label of `kafka_backfill_recreations_total`).
+const RECREATION_REASON: &str = "vnode_bitmap_update_in_log_store";
 
 /// One worker's observer: its series resolved once (the per-record ones are hot), and the board.
 pub struct ServiceObserver {
@@ -27,6 +30,28 @@ impl ServiceObserver {
     /// `tables`: a job of several tables' store tables by log table index (empty for one table).
     pub fn new(job: &str, worker: &str, board: StatusBoard, tables: &[(u16, String)]) -> Self {
         let m = metrics();
+        // Every series an alert reads exists from the start, at 0: `increase()` over a counter that
+        // appears only when it first fires sees no data (docs/OPERATIONS.md "Metrics reference").
+        for c in [
+            &m.decode_errors,
+            &m.dead_letters,
+            &m.kafka_errors,
+            &m.invariant_errors,
+        ] {
+            c.with_label_values(&[job]);
+        }
+        m.recreations.with_label_values(&[job, RECREATION_REASON]);
+        for phase in Phase::ALL {
+            for outcome in BitmapOutcome::ALL {
+                m.bitmap_updates
+                    .with_label_values(&[job, phase.as_str(), outcome.as_str()]);
+            }
+        }
+        for g in [&m.paused, &m.store_unreachable] {
+            g.with_label_values(&[job, worker]).set(0);
+        }
+        m.commit_seconds.with_label_values(&[job]);
+        m.alignment_seconds.with_label_values(&[job]);
         ServiceObserver {
             job: job.to_string(),
             worker: worker.to_string(),
@@ -113,7 +138,7 @@ impl Observer for ServiceObserver {
             }
             WorkerEvent::Recreated => m
                 .recreations
-                .with_label_values(&[&self.job, "vnode_bitmap_update_in_log_store"])
+                .with_label_values(&[&self.job, RECREATION_REASON])
                 .inc(),
             // Logged by the loop with its reason; counted by what follows (recreation, restart).
             WorkerEvent::Failed { .. } => {}

@@ -7,6 +7,7 @@
 mod support;
 
 mod adaptive;
+mod alerts;
 mod architecture;
 mod capture_e2e;
 #[cfg(feature = "testing")]

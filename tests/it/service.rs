@@ -254,9 +254,27 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
         "kafka_backfill_epoch_lag_seconds",
         "kafka_backfill_catch_up_eta_seconds",
         "kafka_backfill_partition_lag",
+        // What alerts read exists in a healthy run, at 0 (not absent until it first fires).
+        "kafka_backfill_invariant_errors_total{job_name=\"service\"} 0",
+        "kafka_backfill_decode_errors_total{job_name=\"service\"} 0",
+        "kafka_backfill_dead_letters_total{job_name=\"service\"} 0",
+        "kafka_backfill_kafka_client_errors_total{job_name=\"service\"}",
+        "kafka_backfill_recreations_total{job_name=\"service\",reason=\"vnode_bitmap_update_in_log_store\"} 0",
+        "kafka_backfill_vnode_bitmap_updates_total{job_name=\"service\",outcome=\"invariant_error\",phase=\"log_store\"} 0",
+        "kafka_backfill_paused{job_name=\"service\",worker=",
+        "kafka_backfill_store_unreachable{job_name=\"service\",worker=",
+        // Which build, and the process.
+        "kafka_backfill_build_info{commit=\"",
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
     ] {
         assert!(metrics.contains(series), "no {series} in:\n{metrics}");
     }
+    assert!(
+        metrics.contains(&format!("version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))),
+        "{metrics}"
+    );
 
     // A real Prometheus server scrapes it.
     let prom_dir = f.dir.join("prometheus");
