@@ -582,6 +582,28 @@ fn run_started_before_its_capture_waits_for_the_snapshot_then_equals_the_source(
     assert!(run.wait_exit(MIN).success(), "{}", tail(&run.log_text()));
 }
 
+/// A `run` waiting for a snapshot that never comes stops at SIGTERM, exit 0, without starting.
+#[test]
+fn a_run_waiting_for_its_snapshot_stops_at_sigterm() {
+    let _serial = serial();
+    let f = capture_fixture(
+        "cap-wait-term",
+        "postgresql://postgres@127.0.0.1:1/never",
+        "public.t",
+    );
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("waiting for the capture to publish the snapshot", MIN);
+    run.signal("TERM");
+    let status = run.wait_exit(MIN);
+    assert!(status.success(), "{}", tail(&run.log_text()));
+    assert!(
+        run.log_text()
+            .contains("stopped while waiting for the snapshot"),
+        "{}",
+        tail(&run.log_text())
+    );
+}
+
 /// A database `name` holding `big` (260,000 rows, ≈ 40 MiB: more than 2 × 16 MiB, the pages one copy
 /// connection must have to pay) and a job capturing it with two copy connections; `top` is put
 /// before the job's configuration (top-level keys). Returns the database, the fixture and the row
