@@ -6,6 +6,7 @@
 //! (`process`) — and `status --watch`, the live terminal view of a running service's `/status`
 //! (`watch`).
 
+pub mod doctor;
 pub mod http;
 pub mod job;
 pub mod metrics;

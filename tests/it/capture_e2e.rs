@@ -562,6 +562,16 @@ fn run_started_before_its_capture_waits_for_the_snapshot_then_equals_the_source(
     pgbench_init(&url);
     let f = capture_fixture("cap-wait", &url, "public.pgbench_accounts");
     let http = format!("127.0.0.1:{}", free_port());
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        doctor_line(&out, "ok", "snapshot").contains("not published yet"),
+        "{out}"
+    );
+    assert!(
+        doctor_line(&out, "ok", "capture source").contains("slot kb_cap_wait not created yet"),
+        "{out}"
+    );
     let mut run = f.spawn_run_serving("a", &[], &http);
     run.wait_for("waiting for the capture to publish the snapshot", MIN);
     let (code, body) = http_get(&format!("http://{http}/readyz"));
@@ -590,6 +600,12 @@ fn a_run_waiting_for_its_snapshot_stops_at_sigterm() {
         "cap-wait-term",
         "postgresql://postgres@127.0.0.1:1/never",
         "public.t",
+    );
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        doctor_line(&out, "FAIL", "capture source").contains("127.0.0.1:1"),
+        "{out}"
     );
     let mut run = f.spawn_run("a", &[]);
     run.wait_for("waiting for the capture to publish the snapshot", MIN);

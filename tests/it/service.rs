@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{free_port, http_get, serial, Fixture, BIN};
+use support::{doctor, doctor_line, free_port, http_get, serial, Fixture, BIN};
 
 #[test]
 fn config_errors_exit_2_naming_the_key() {
@@ -725,4 +725,67 @@ fn a_paused_job_stops_reading_stays_in_its_group_and_resumes_exactly() {
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
     run.signal("TERM");
     assert!(run.wait_exit(Duration::from_secs(60)).success());
+}
+
+/// `doctor` passes on a job whose parts are all there, one line per check, and names each part it
+/// cannot reach or find — a misspelt topic, a dead broker port, a wrong PostgreSQL port, a missing
+/// snapshot folder — within seconds, exit 1.
+#[test]
+fn doctor_reaches_every_part_and_names_what_it_cannot() {
+    let _g = serial();
+    let f = Fixture::new("doctor", 1, "");
+    f.produce(&["--partitions", "2", "--rows", "50", "--changes", "10"]);
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 0, "{out}");
+    doctor_line(&out, "ok", "topic e2e-doctor-");
+    doctor_line(&out, "ok", "consumer group kb-doctor-");
+    doctor_line(&out, "ok", "store (sqlite");
+    assert!(
+        doctor_line(&out, "ok", "snapshot").contains("manifest.json read and matches the job"),
+        "{out}"
+    );
+    assert!(out.contains("all 4 checks passed"), "{out}");
+
+    let topic = format!("topic = \"{}\"", f.topic);
+    f.edit_config(&topic, "topic = \"no-such-topic\"");
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        doctor_line(&out, "FAIL", "topic no-such-topic")
+            .contains("topic no-such-topic does not exist"),
+        "{out}"
+    );
+    f.edit_config("topic = \"no-such-topic\"", &topic);
+
+    let bootstrap = format!("\"bootstrap.servers\" = \"{}\"", f.bootstrap);
+    f.edit_config(&bootstrap, "\"bootstrap.servers\" = \"127.0.0.1:1\"");
+    let (code, out, took) = doctor(&f);
+    assert_eq!(code, 1, "{out}");
+    doctor_line(&out, "FAIL", "kafka 127.0.0.1:1");
+    assert!(took < Duration::from_secs(15), "{took:?}: {out}");
+    f.edit_config("\"bootstrap.servers\" = \"127.0.0.1:1\"", &bootstrap);
+
+    let snapshot = format!("dir = \"{}\"", f.dir.join("out/snapshot").display());
+    f.edit_config(&snapshot, "dir = \"/nonexistent/snapshot\"");
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        doctor_line(&out, "FAIL", "snapshot")
+            .contains("the folder /nonexistent/snapshot does not exist"),
+        "{out}"
+    );
+    f.edit_config("dir = \"/nonexistent/snapshot\"", &snapshot);
+
+    f.use_postgres("postgresql://postgres@127.0.0.1:1/kafka_backfill");
+    let (code, out, took) = doctor(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        doctor_line(&out, "FAIL", "store (postgres").contains("127.0.0.1:1"),
+        "{out}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}: {out}");
+    f.use_postgres(&support::pg_url());
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 0, "{out}");
+    doctor_line(&out, "ok", "store (postgres");
 }

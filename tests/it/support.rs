@@ -646,3 +646,26 @@ impl Fixture {
         text
     }
 }
+
+/// `doctor --config F` on a fixture: (exit code, output, how long it took).
+pub fn doctor(f: &Fixture) -> (i32, String, Duration) {
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .args(["doctor", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+        started.elapsed(),
+    )
+}
+
+/// The line of `out` whose check names `what`, which must start with `mark` (`ok` or `FAIL`).
+pub fn doctor_line<'a>(out: &'a str, mark: &str, what: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.contains(what))
+        .filter(|l| l.starts_with(mark))
+        .unwrap_or_else(|| panic!("no {mark} line for {what:?} in:\n{out}"))
+}
