@@ -25,34 +25,87 @@ struct Cli {
 /// A job on a running service's write endpoint (`rate-limit`, `pause`, `resume`).
 #[derive(clap::Args)]
 struct AdminTarget {
-    /// The service's write endpoint (`http.admin_listen`, port 9465 by default).
-    #[arg(long, default_value = "http://127.0.0.1:9465")]
-    url: String,
-    /// The job's name.
+    /// The service's configuration: the endpoint (`http.admin_listen`), the token
+    /// (`http.admin_token`) and, when it has one job, the job are read from it.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// The service's write endpoint (default: the config's `http.admin_listen`, else
+    /// http://127.0.0.1:9465).
     #[arg(long)]
-    job: String,
-    /// The write endpoint's bearer token (`http.admin_token`); default: the environment's
-    /// KAFKA_BACKFILL_ADMIN_TOKEN.
+    url: Option<String>,
+    /// The job's name (default: the config's only job).
+    #[arg(long)]
+    job: Option<String>,
+    /// The write endpoint's bearer token (default: the config's `http.admin_token`, else the
+    /// environment's KAFKA_BACKFILL_ADMIN_TOKEN).
     #[arg(long)]
     token: Option<String>,
 }
 
+/// `listen` (an `address:port` a server binds) as a URL a client on this machine reaches.
+fn local_url(listen: &str) -> String {
+    let reach = match listen.rsplit_once(':') {
+        Some(("0.0.0.0" | "[::]" | "", port)) => format!("127.0.0.1:{port}"),
+        _ => listen.to_string(),
+    };
+    format!("http://{reach}")
+}
+
 impl AdminTarget {
-    fn token(&self) -> Option<String> {
-        self.token
+    /// The endpoint, token and job, from the flags, then the config, then the defaults.
+    fn resolve(&self) -> Result<(String, Option<String>, String)> {
+        let config =
+            match &self.config {
+                Some(path) => Some(Config::load(path).map_err(|e| {
+                    anyhow::anyhow!("{}: invalid configuration: {e}", path.display())
+                })?),
+                None => None,
+            };
+        let url = match (&self.url, &config) {
+            (Some(u), _) => u.clone(),
+            (None, Some(c)) => {
+                anyhow::ensure!(
+                    c.http.admin,
+                    "{}: http.admin is false, so the service has no write endpoint; set [http] admin = true and restart it",
+                    self.config.as_ref().expect("a config").display()
+                );
+                local_url(&c.http.admin_listen)
+            }
+            (None, None) => "http://127.0.0.1:9465".to_string(),
+        };
+        let token = self
+            .token
             .clone()
-            .or_else(|| std::env::var("KAFKA_BACKFILL_ADMIN_TOKEN").ok())
+            .or_else(|| {
+                config
+                    .as_ref()
+                    .and_then(|c| c.http.admin_token.as_ref())
+                    .map(|t| t.expose().to_string())
+            })
+            .or_else(|| std::env::var("KAFKA_BACKFILL_ADMIN_TOKEN").ok());
+        let job = match (&self.job, &config) {
+            (Some(j), _) => j.clone(),
+            (None, Some(c)) if c.jobs.len() == 1 => c.jobs[0].name.clone(),
+            (None, Some(c)) => anyhow::bail!(
+                "the configuration has {} jobs ({}): name one with --job",
+                c.jobs.len(),
+                c.jobs
+                    .iter()
+                    .map(|j| j.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            (None, None) => anyhow::bail!("name the job with --job (or give --config)"),
+        };
+        Ok((url, token, job))
     }
 
     /// One request to `/admin/jobs/{job}/{what}`; the body when it answers 200.
     fn call(&self, method: &str, what: &str) -> Result<String> {
-        let target = format!(
-            "{}/admin/jobs/{}/{what}",
-            self.url.trim_end_matches('/'),
-            self.job
-        );
+        let (url, token, job) = self.resolve()?;
+        let target = format!("{}/admin/jobs/{job}/{what}", url.trim_end_matches('/'));
         let (code, body) =
-            kafka_backfill::service::http::request_with(method, &target, self.token().as_deref())?;
+            kafka_backfill::service::http::request_with(method, &target, token.as_deref())?;
         anyhow::ensure!(code == 200, "{target} answered {code}: {}", body.trim());
         Ok(body)
     }
@@ -274,9 +327,13 @@ enum Command {
     Resume(AdminTarget),
     /// Print a running service's /status for a person (or --json, or --watch it live).
     Status {
-        /// The service's read-only endpoint (`http.listen`, port 9464 by default).
-        #[arg(long, default_value = "http://127.0.0.1:9464")]
-        url: String,
+        /// The service's configuration: the endpoint is its `http.listen`.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The service's read-only endpoint (default: the config's `http.listen`, else
+        /// http://127.0.0.1:9464).
+        #[arg(long, conflicts_with = "config")]
+        url: Option<String>,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
@@ -313,6 +370,24 @@ fn init_logs(format: LogFormat, level: Option<&str>) {
         LogFormat::Json => b.json().init(),
         LogFormat::Text => b.init(),
     }
+}
+
+/// `status`'s endpoint: `--url`, else the config's `http.listen`, else the default.
+fn status_url(url: Option<String>, config: Option<&std::path::Path>) -> Result<String> {
+    Ok(match (url, config) {
+        (Some(u), _) => u,
+        (None, Some(path)) => {
+            let c = Config::load(path)
+                .map_err(|e| anyhow::anyhow!("{}: invalid configuration: {e}", path.display()))?;
+            anyhow::ensure!(
+                !c.http.listen.is_empty(),
+                "{}: http.listen is empty, so the service serves no /status",
+                path.display()
+            );
+            local_url(&c.http.listen)
+        }
+        (None, None) => "http://127.0.0.1:9464".to_string(),
+    })
 }
 
 fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
@@ -412,10 +487,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Status {
             watch: true,
             url,
+            config,
             interval_ms,
             until_caught_up,
             ..
         } => {
+            let url = status_url(url, config.as_deref())?;
             kafka_backfill::service::watch::watch(
                 &url,
                 std::time::Duration::from_millis(interval_ms),
@@ -423,7 +500,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { url, json, .. } => {
+        Command::Status {
+            url, config, json, ..
+        } => {
+            let url = status_url(url, config.as_deref())?;
             let (code, body) = kafka_backfill::service::http::get(&format!(
                 "{}/status",
                 url.trim_end_matches('/')

@@ -316,9 +316,10 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
     let _ = prom.wait();
     assert!(!scraped.is_empty(), "Prometheus never scraped the series");
 
-    // `status` prints it for a person.
+    // `status` prints it for a person, finding the endpoint in the service's config.
     let out = Command::new(BIN)
-        .args(["status", "--url", &format!("http://{addr}")])
+        .args(["status", "--config"])
+        .arg(&f.config)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -678,11 +679,13 @@ fn a_paused_job_stops_reading_stays_in_its_group_and_resumes_exactly() {
         support::status(&addr)["jobs"][0]["workers"][0]["paused"],
         false
     );
+    // The CLI reads the endpoint, the token and the job from the service's config.
     let cli = |what: &str| {
         support::run_json(
             Command::new(BIN)
-                .args([what, "--url", &format!("http://{admin}"), "--job", "pause"])
-                .env("KAFKA_BACKFILL_ADMIN_TOKEN", "s3cret-pause-token"),
+                .args([what, "--config"])
+                .arg(&f.config)
+                .env_remove("KAFKA_BACKFILL_ADMIN_TOKEN"),
         )
     };
     assert_eq!(cli("pause")["paused"], true);
@@ -745,6 +748,18 @@ fn doctor_reaches_every_part_and_names_what_it_cannot() {
         "{out}"
     );
     assert!(out.contains("all 4 checks passed"), "{out}");
+    // The CLI reads the config: without the write endpoint, `pause` says how to turn it on.
+    let pause = Command::new(BIN)
+        .args(["pause", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&pause.stderr);
+    assert!(
+        !pause.status.success()
+            && said.contains("http.admin is false, so the service has no write endpoint; set [http] admin = true"),
+        "{said}"
+    );
 
     let topic = format!("topic = \"{}\"", f.topic);
     f.edit_config(&topic, "topic = \"no-such-topic\"");
