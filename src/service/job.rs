@@ -113,8 +113,23 @@ fn wait_for_snapshot(job: &JobConfig, shutdown: &CancellationToken, runtimes: &R
     true
 }
 
-/// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
-pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
+/// A job's snapshot, opened and checked against the job's configuration (what `run` and
+/// `check-config` both read, so the two refuse the same snapshots).
+struct OpenedSnapshot {
+    snapshot: Arc<dyn SnapshotSource>,
+    table: TableSchema,
+    /// Where it is, for errors (the manifest's path, or the PostgreSQL snapshot's name).
+    manifest: String,
+    log_tables: Vec<TableSchema>,
+    table_index: usize,
+    evolution: Option<Arc<crate::codec::versions::Evolution>>,
+    store_tables: Vec<crate::store::StoreTable>,
+    info: crate::ports::SnapshotInfo,
+    map: PartitionMap,
+}
+
+/// Opens the job's snapshot (its tables, schema versions and start) and checks it against the job.
+fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
     // The log's tables, when the snapshot names them (files); else the job's table is the log's one.
     let mut log_tables: Vec<TableSchema> = Vec::new();
     let mut table_index = 0;
@@ -198,6 +213,32 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     check_against_snapshot(job, &table, &info, &manifest)?;
     let map = PartitionMap::new(info.vnode_count, info.partition_count)
         .with_context(|| manifest.clone())?;
+    Ok(OpenedSnapshot {
+        snapshot,
+        table,
+        manifest,
+        log_tables,
+        table_index,
+        evolution,
+        store_tables,
+        info,
+        map,
+    })
+}
+
+/// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
+pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
+    let OpenedSnapshot {
+        snapshot,
+        table,
+        manifest,
+        log_tables,
+        table_index,
+        evolution,
+        store_tables,
+        info,
+        map,
+    } = open_snapshot(job)?;
     if check_topic {
         let bootstrap = &job.kafka["bootstrap.servers"];
         match crate::kafka::admin::partition_count(&job.kafka, &job.topic)
@@ -290,7 +331,7 @@ pub fn check_against_snapshot(
 /// yet (no manifest: a capture or a producer writes it later; a PostgreSQL snapshot is not
 /// connected to); an error for a manifest that `run` would refuse.
 pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
-    let SnapshotConfig::Files { dir, table } = &job.snapshot else {
+    let SnapshotConfig::Files { dir, .. } = &job.snapshot else {
         return Ok(Some(format!(
             "job {}: snapshot not checked (a PostgreSQL snapshot is read at run)",
             job.name
@@ -304,18 +345,8 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
             manifest.display()
         )));
     }
-    let s = SnapshotFiles::open_table(dir, table.as_deref())
-        .with_context(|| format!("job {}: opening the snapshot", job.name))?;
-    check_against_snapshot(job, &s.table, s.info(), &manifest.display().to_string())?;
-    // The schema versions beside it, as `run` reads them (an incompatible one is refused here too).
-    let ev = crate::snapshot::versions::evolution(
-        dir,
-        s.tables.iter().map(|t| t.schema.clone()).collect(),
-        s.tables.iter().map(|t| Some(t.name.clone())).collect(),
-        s.info().snapshot_epoch,
-    )
-    .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
-    check_versions_allowed(job, &ev.current(), s.table_index)?;
+    // Exactly what `run` reads and checks before it opens the store.
+    open_snapshot(job)?;
     Ok(None)
 }
 

@@ -804,3 +804,50 @@ fn doctor_reaches_every_part_and_names_what_it_cannot() {
     assert_eq!(code, 0, "{out}");
     doctor_line(&out, "ok", "store (postgres");
 }
+
+/// `check-config` accepts what `run` accepts: the one-job form of a several-table file snapshot
+/// (`store.tables`, `consistency = "epoch"`, no `snapshot.table`) — it read the snapshot its own
+/// way and refused it ("the manifest holds 2 tables"); both now open it with one function.
+#[test]
+fn check_config_accepts_the_one_job_form_of_a_several_table_snapshot() {
+    let _g = serial();
+    let f = Fixture::new("severalcfg", 1, "consistency = \"epoch\"");
+    f.produce(&[
+        "--partitions",
+        "2",
+        "--rows",
+        "40",
+        "--changes",
+        "20",
+        "--tables",
+        "2",
+    ]);
+    f.edit_config(
+        "table = \"accounts\"",
+        "tables = { accounts_1 = \"a1\", accounts_2 = \"a2\" }",
+    );
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    assert!(
+        run.wait_exit(Duration::from_secs(120)).success(),
+        "{}",
+        support::tail(&run.log_text())
+    );
+    // A table the manifest does not hold is refused by both, naming it.
+    f.edit_config("accounts_2 = \"a2\"", "accounts_9 = \"a9\"");
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("accounts_9"), "{text}");
+}
