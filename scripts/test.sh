@@ -32,7 +32,7 @@ it --skip outages:: || status=1
 it outages:: --test-threads=1 || status=1
 set -e
 echo "== the ten slowest tests"
-sed -nE 's/^test (.*) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3 s  \1 (\2)/p' "$times" | sort -rn | head -n 10
+sed -nE 's/^test (.*) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3 s  \1 (\2)/p' "$times" | sort -rn | sed -n '1,10p'   # sed reads everything: no SIGPIPE under pipefail
 rm -f "$times"
 # The Helm chart, offline (lint, render, Kubernetes schemas, check-config on the rendered config).
 KB_BIN=target/debug/kafka-backfill scripts/helm-check.sh
