@@ -420,8 +420,8 @@ pub enum AssignError {
 pub trait ConsumerPort {
     /// The next record or group event, waiting at most `timeout_ms`.
     fn poll(&mut self, timeout_ms: u64) -> Option<Polled>;
-    /// Completes an assignment: each partition starts at the given offset (`None`: wherever the
-    /// group would start it; the loop seeks before it reads). An error is the worker's failure (a
+    /// Completes an assignment: each partition starts at the given offset (`None`: the claim
+    /// failed and the loop restarts before it reads; production starts at the log's start). An error is the worker's failure (a
     /// worker must never believe it owns partitions it does not fetch).
     fn assign(&mut self, starts: &[(PartitionId, Option<u64>)]) -> Result<(), AssignError>;
     /// Completes a revocation. An error is the worker's failure.

@@ -400,9 +400,18 @@ impl ConsumerPort for KafkaConsumer {
                             self.topic
                         ))
                     })?,
-                None => {
-                    tpl.add_partition(&self.topic, *p as i32);
-                }
+                // No claimed offset (the claim failed; the loop restarts before it reads): the
+                // log's start, which always exists. The group's committed offset is not used:
+                // with `auto.offset.reset = error` a group that never committed raises the
+                // deleted-log error.
+                None => tpl
+                    .add_partition_offset(&self.topic, *p as i32, Offset::Beginning)
+                    .map_err(|e| {
+                        AssignError::Client(format!(
+                            "topic {} partition {p}: start at the beginning: {e}",
+                            self.topic
+                        ))
+                    })?,
             }
         }
         self.consumer.incremental_assign(&tpl).map_err(|e| {

@@ -556,3 +556,37 @@ fn next_record(
     }
     None
 }
+
+/// A worker whose claim fails (its job was recreated meanwhile) still completes the assignment
+/// without start offsets, and restarts before it reads. With `auto.offset.reset = error` a
+/// partition assigned without an offset, on a group that never committed one, used to raise the
+/// "records were deleted" error and stop the job (seen once in CI, in
+/// `static_membership::without_static_membership_the_restart_is_a_rebalance_and_the_job_is_recreated`).
+/// Such an assignment starts at the log's start and raises nothing.
+#[test]
+fn an_assignment_without_start_offsets_on_a_fresh_group_is_not_a_deleted_log() {
+    use kafka_backfill::ports::{ConsumerPort, Polled};
+    use std::time::{Duration, Instant};
+    let _g = serial();
+    let f = Fixture::new("nooffset", 1, "");
+    f.produce(&["--partitions", "1", "--rows", "10", "--changes", "20"]);
+    let mut consumer = bare_consumer(&f, "nooffset");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        assert!(Instant::now() < deadline, "no record within 30 s");
+        match consumer.poll(20) {
+            Some(Polled::Assigned(parts)) => consumer
+                .assign(&parts.iter().map(|p| (*p, None)).collect::<Vec<_>>())
+                .unwrap(),
+            Some(Polled::Record { offset, .. }) => break offset,
+            Some(Polled::ClientError { reason, fatal }) => {
+                assert!(
+                    !fatal,
+                    "an assignment without offsets stopped the job: {reason}"
+                )
+            }
+            _ => {}
+        }
+    };
+    assert_eq!(first, 0, "the fetch starts at the log's start");
+}
