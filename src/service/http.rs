@@ -47,8 +47,21 @@ impl Limits {
 }
 
 /// The status listener: GET (and HEAD) only; any other method is 405, any other path 404.
+/// The status page at `/`: plain HTML and one script that reads `/status` and each job's vnodes
+/// every second (`src/service/status_page.html`); no build step, nothing from elsewhere.
+pub const STATUS_PAGE: &str = include_str!("status_page.html");
+
 pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
     Router::new()
+        .route(
+            "/",
+            route_get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    STATUS_PAGE,
+                )
+            }),
+        )
         .route(
             "/metrics",
             route_get(|| async {

@@ -42,8 +42,12 @@ pub struct JobIncomplete {
 pub struct RunOptions {
     /// Stop (exit 0) once every worker of every job is streaming with no lag.
     pub exit_when_caught_up: bool,
-    /// Prefix of worker names (default: `<pid>`), so that processes do not collide.
+    /// Prefix of worker names (default: `<host>-p<pid>`), so that processes do not collide.
     pub worker_prefix: Option<String>,
+    /// Workers join their groups as static members named `<worker_prefix>-<index>` unless the
+    /// job's `[jobs.kafka]` names `group.instance.id` itself (`""` turns it off): set by `run`
+    /// when the operator gives the prefix, a name that outlives the process.
+    pub static_membership: bool,
     /// With `exit_when_caught_up`: how long to wait without any progress of the job's other vnodes
     /// once this process's workers have caught up, before giving up with [`JobIncomplete`].
     pub job_wait: Duration,
@@ -54,6 +58,7 @@ impl Default for RunOptions {
         RunOptions {
             exit_when_caught_up: false,
             worker_prefix: None,
+            static_membership: false,
             job_wait: Duration::from_secs(60),
         }
     }
@@ -240,6 +245,7 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
         map,
     } = open_snapshot(job)?;
     if check_topic {
+        crate::service::doctor::wait_reachable(job)?;
         let bootstrap = &job.kafka["bootstrap.servers"];
         match crate::kafka::admin::partition_count(&job.kafka, &job.topic)
             .with_context(|| format!("job {}", job.name))?
@@ -500,10 +506,18 @@ pub fn run(
         for i in 0..job.workers {
             let mut kafka = kafka.clone();
             // Static membership: one stable, distinct instance id per worker (`<id>-<index>`), so
-            // the workers of one process do not fence each other.
-            if let Some(id) = job.kafka.get("group.instance.id") {
-                kafka.insert("group.instance.id".into(), format!("{id}-{i}"));
-            }
+            // the workers of one process do not fence each other; by default the worker's own
+            // name when the operator named the process; `""` is dynamic membership.
+            let instance = match job.kafka.get("group.instance.id") {
+                Some(id) if id.is_empty() => None,
+                Some(id) => Some(format!("{id}-{i}")),
+                None if opts.static_membership => Some(format!("{prefix}-{i}")),
+                None => None,
+            };
+            match instance {
+                Some(id) => kafka.insert("group.instance.id".into(), id),
+                None => kafka.remove("group.instance.id"),
+            };
             let setup = WorkerSetup {
                 job: job.name.clone(),
                 topic: job.topic.clone(),

@@ -7,6 +7,7 @@
 //! (`watch`).
 
 pub mod doctor;
+pub mod exit;
 pub mod http;
 pub mod job;
 pub mod metrics;
@@ -14,5 +15,6 @@ pub mod observe;
 pub mod process;
 pub mod runtime;
 pub mod status;
+pub mod status_table;
 pub mod watch;
 pub mod worker;

@@ -166,7 +166,7 @@ pub fn run(config: &Config, flags: RunFlags, shutdown: CancellationToken) -> Res
     match r {
         Err(e) if e.downcast_ref::<job::JobIncomplete>().is_some() => {
             eprintln!("error: {e}");
-            Ok(ExitCode::from(3))
+            Ok(crate::service::exit::Exit::Stalled.into())
         }
         r => r.map(|()| ExitCode::SUCCESS),
     }

@@ -130,6 +130,29 @@ pub fn plain_line(v: &JobView) -> String {
     )
 }
 
+/// A snapshot bar's (position, length): empty until the job's vnodes are known (a bar of length 0
+/// draws full).
+fn snapshot_bar(done: u64, vnodes: u64) -> (u64, u64) {
+    if vnodes == 0 {
+        (0, 1)
+    } else {
+        (done.min(vnodes), vnodes)
+    }
+}
+
+/// The log-store bar's (position, length): its length is the most lag seen; empty while no lag has
+/// been seen and the job has not caught up, full once it has.
+fn log_bar(v: &JobView, max_lag: u64) -> (u64, u64) {
+    let len = max_lag.max(1);
+    if v.caught_up {
+        (len, len)
+    } else if max_lag == 0 {
+        (0, len)
+    } else {
+        (len - v.lag_records.min(len), len)
+    }
+}
+
 /// The bars of one job (a snapshot bar per table of a job of several), and the most lag seen (the
 /// log-store bar's length).
 struct Bars {
@@ -193,18 +216,19 @@ pub fn watch(url: &str, interval: Duration, until_caught_up: bool) -> Result<()>
                     max_lag: 0,
                 }
             });
-            b.snapshot.set_length(v.vnodes);
-            b.snapshot.set_position(v.snapshot_done);
+            let (pos, len) = snapshot_bar(v.snapshot_done, v.vnodes);
+            b.snapshot.set_length(len);
+            b.snapshot.set_position(pos);
             for (bar, (_, done, changes)) in b.tables.iter().zip(&v.tables) {
-                bar.set_length(v.vnodes);
-                bar.set_position(*done);
+                let (pos, len) = snapshot_bar(*done, v.vnodes);
+                bar.set_length(len);
+                bar.set_position(pos);
                 bar.set_message(format!("{changes} changes"));
             }
-            // The bar's length is the most lag seen (at least 1: no lag is a full bar).
             b.max_lag = b.max_lag.max(v.lag_records);
-            let len = b.max_lag.max(1);
+            let (pos, len) = log_bar(v, b.max_lag);
             b.log.set_length(len);
-            b.log.set_position(len - v.lag_records.min(len));
+            b.log.set_position(pos);
             b.log.set_message(log_message(v));
         }
         if until_caught_up && !views.is_empty() && views.iter().all(|v| v.caught_up) {
@@ -299,5 +323,31 @@ mod tests {
             plain_line(&job_views(&done)[0]),
             "job j: snapshot 8/8 vnodes; log store: caught up"
         );
+    }
+
+    #[test]
+    fn bars_start_empty_and_are_full_when_caught_up() {
+        let status = json!({"jobs": [{"job": "j", "progress": null, "workers": []}]});
+        let v = job_views(&status)[0].clone();
+        // Nothing known yet: both bars empty, not "0/0" drawn full.
+        assert_eq!(snapshot_bar(v.snapshot_done, v.vnodes), (0, 1));
+        assert_eq!(log_bar(&v, 0), (0, 1));
+        // Replaying: the part of the most lag seen that is done.
+        let replaying = JobView {
+            vnodes: 8,
+            snapshot_done: 8,
+            lag_records: 250,
+            ..v.clone()
+        };
+        assert_eq!(snapshot_bar(8, 8), (8, 8));
+        assert_eq!(log_bar(&replaying, 1000), (750, 1000));
+        // Caught up, with records still arriving: full, beside "caught up".
+        let caught_up = JobView {
+            caught_up: true,
+            lag_records: 3,
+            ..replaying
+        };
+        assert_eq!(log_bar(&caught_up, 1000), (1000, 1000));
+        assert_eq!(log_bar(&caught_up, 0), (1, 1));
     }
 }

@@ -33,5 +33,6 @@ mod service;
 #[cfg(feature = "testing")]
 mod simulation;
 mod static_membership;
+mod status_page;
 mod store_conformance;
 mod store_types;

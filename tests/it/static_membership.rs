@@ -12,14 +12,26 @@ use support::{serial, Fixture, Runner};
 
 const MIN: Duration = Duration::from_secs(60);
 
-/// A fixture whose processes read `group.instance.id` (when `static_ids`) from `KB_INSTANCE`.
-fn fixture(name: &str, static_ids: bool) -> Fixture {
+/// How a fixture's processes join the group.
+#[derive(Clone, Copy, PartialEq)]
+enum Ids {
+    /// `group.instance.id` read from `KB_INSTANCE`.
+    Configured,
+    /// Nothing configured: `run --worker-prefix P` is the static member `P-<index>`.
+    ByPrefix,
+    /// `group.instance.id = ""`: dynamic membership.
+    Off,
+}
+
+fn fixture(name: &str, ids: Ids) -> Fixture {
     let f = Fixture::new(name, 1, "max_rows_per_second = 2500");
     let text = std::fs::read_to_string(&f.config).unwrap();
-    let kafka = if static_ids {
-        "\"session.timeout.ms\" = \"30000\"\n\"group.instance.id\" = \"${KB_INSTANCE}\""
-    } else {
-        "\"session.timeout.ms\" = \"30000\""
+    let kafka = match ids {
+        Ids::Configured => {
+            "\"session.timeout.ms\" = \"30000\"\n\"group.instance.id\" = \"${KB_INSTANCE}\""
+        }
+        Ids::ByPrefix => "\"session.timeout.ms\" = \"30000\"",
+        Ids::Off => "\"session.timeout.ms\" = \"30000\"\n\"group.instance.id\" = \"\"",
     };
     std::fs::write(
         &f.config,
@@ -75,6 +87,7 @@ struct BeforeRestart {
 fn restart_b_mid_log_store(
     f: &Fixture,
     before_restart: Option<&str>,
+    restart_as: &str,
 ) -> (Runner, Runner, BeforeRestart) {
     let mut a = spawn(f, "a", "a");
     let mut b = spawn(f, "b", "b");
@@ -95,28 +108,36 @@ fn restart_b_mid_log_store(
     if let Some(line) = before_restart {
         a.wait_for(line, 2 * MIN);
     }
-    let b2 = spawn(f, "b", "b2");
+    let b2 = spawn(f, "b", restart_as);
     (a, b2, before)
 }
 
 #[test]
 fn a_static_member_restarted_within_the_session_timeout_causes_no_rebalance() {
     let _g = serial();
-    static_restart_is_no_rebalance(&fixture("staticid", true));
+    static_restart_is_no_rebalance(&fixture("staticid", Ids::Configured), "b2");
+}
+
+/// With nothing configured, `run --worker-prefix b` joins as the static member `b-0`: restarted
+/// under the same prefix it is the same member, and the group keeps its partitions.
+#[test]
+fn a_process_restarted_under_its_worker_prefix_is_the_same_static_member() {
+    let _g = serial();
+    static_restart_is_no_rebalance(&fixture("prefixid", Ids::ByPrefix), "b");
 }
 
 #[test]
 fn under_the_consumer_protocol_a_static_member_restart_causes_no_rebalance() {
     let _g = serial();
-    static_restart_is_no_rebalance(&consumer_protocol_fixture("static848"));
+    static_restart_is_no_rebalance(&consumer_protocol_fixture("static848"), "b2");
 }
 
 /// Restarts b mid log store: from the restart on, a sees no vnode-bitmap update and the job is not
 /// recreated. (Under the consumer protocol members join one by one, with no initial rebalance
 /// delay: the second member's first assignment may itself land in the first's log store and recreate
 /// the job before the restart — that is counted before, not after.)
-fn static_restart_is_no_rebalance(f: &Fixture) {
-    let (mut a, mut b, before) = restart_b_mid_log_store(f, None);
+fn static_restart_is_no_rebalance(f: &Fixture, restart_as: &str) {
+    let (mut a, mut b, before) = restart_b_mid_log_store(f, None, restart_as);
     assert!(
         a.wait_exit(3 * MIN).success(),
         "{}",
@@ -145,10 +166,11 @@ fn static_restart_is_no_rebalance(f: &Fixture) {
 #[test]
 fn without_static_membership_the_restart_is_a_rebalance_and_the_job_is_recreated() {
     let _g = serial();
-    let f = fixture("dynid", false);
+    let f = fixture("dynid", Ids::Off);
     let (mut a, mut b, _) = restart_b_mid_log_store(
         &f,
         Some("should not update vnode bitmap during consuming log store"),
+        "b2",
     );
     assert!(
         a.wait_exit(4 * MIN).success(),
