@@ -14,6 +14,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v cmake >/dev/null || need+=(cmake)
+# README's walk-through reads the replica with it (tests/it/doc_commands.rs runs it).
+command -v sqlite3 >/dev/null || need+=(sqlite3)
 # The status page's test runs it headless (tests/it/status_page.rs).
 command -v chromium >/dev/null || need+=(chromium)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)

@@ -59,19 +59,12 @@ echo "pgbench: $rate transactions/s for $secs s; the replica: $out/replica.sqlit
 slot="kb_pipeline$stamp"
 while kill -0 "$bench" 2>/dev/null; do
   lag="$(psql "$src" -tAc "SELECT confirmed_flush_lsn || ' (' || pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) || ' behind the WAL)' FROM pg_replication_slots WHERE slot_name = '$slot'")"
-  replica="$("$bin" status 2>/dev/null | grep -m1 -E 'phase|epoch' | sed 's/^ *//' || true)"
+  # The first worker row of `status`'s table: job, worker, phase, generation, partitions, …
+  replica="$("$bin" status 2>/dev/null | sed -n '/^JOB /{n;p;q}' | tr -s ' ' || true)"
   printf '%s  capture: slot at %s | replica: %s\n' "$(date +%T)" "$lag" "${replica:-starting}"
   sleep 1
 done
 wait "$bench" || true
 tail -n 3 "$out/pgbench.log" | sed 's/^/pgbench: /'
 echo "pgbench done; waiting for the replica to equal the source…"
-for _ in $(seq 1 120); do
-  if "$bin" verify --config "$out/run.toml" --against-source >"$out/verify.txt" 2>&1; then
-    cat "$out/verify.txt"
-    exit 0
-  fi
-  sleep 1
-done
-cat "$out/verify.txt"
-exit 1
+"$bin" verify --config "$out/run.toml" --against-source --within-secs 120

@@ -143,6 +143,14 @@ enum Command {
     /// Write a generated table: snapshot files at the snapshot epoch Es, then changes and barriers
     /// into the topic, then the table expected at the last checkpoint (for `verify`).
     Produce {
+        /// Write the log a job of this configuration reads: its topic, vnode_count, brokers and
+        /// security settings ([jobs.kafka], consumer-only keys left out) replace --topic,
+        /// --vnodes, --bootstrap and -X.
+        #[arg(long, short, conflicts_with_all = ["bootstrap", "topic", "vnodes", "properties"])]
+        config: Option<PathBuf>,
+        /// With --config: the job (default: the only job).
+        #[arg(long, requires = "config")]
+        job: Option<String>,
         /// Kafka bootstrap servers.
         #[arg(long, default_value = "127.0.0.1:19092")]
         bootstrap: String,
@@ -244,6 +252,10 @@ enum Command {
         /// source quiet and the job caught up) instead of an expected/ folder.
         #[arg(long, conflicts_with = "expected")]
         against_source: bool,
+        /// While the replica differs, compare again every second for up to this long (a job still
+        /// catching up after its source or writer stopped); 0 compares once.
+        #[arg(long, default_value_t = 0)]
+        within_secs: u64,
     },
     /// Capture a PostgreSQL table into a job's snapshot and log topic ([jobs.capture];
     /// docs/CAPTURE.md): exactly once, until SIGTERM/SIGINT (stops at a checkpoint).
@@ -287,6 +299,9 @@ enum Command {
         /// The configuration file.
         #[arg(long, short = 'c')]
         config: PathBuf,
+        /// Print the checks as one JSON array instead (job, check, seconds, ok, found or why not).
+        #[arg(long)]
+        json: bool,
     },
     /// Run the whole job on embedded defaults: an in-process mock Kafka, a generated snapshot and log,
     /// a SQLite store, live progress, then verify.
@@ -435,7 +450,8 @@ fn main() -> ExitCode {
 fn unreachable(e: &anyhow::Error) -> bool {
     use std::io::ErrorKind::*;
     e.chain().any(|c| {
-        c.is::<kafka_backfill::service::doctor::Unreachable>()
+        c.downcast_ref::<kafka_backfill::service::doctor::Unreachable>()
+            .is_some_and(|u| !u.permanent)
             || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
                 matches!(
                     io.kind(),
@@ -557,13 +573,38 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Doctor { config: file } => {
+        Command::Doctor { config: file, json } => {
             let config = match load(&file) {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
-            let checks = kafka_backfill::service::doctor::run(&config, |c| println!("{c}"));
+            let checks = kafka_backfill::service::doctor::run(&config, |c| {
+                if !json {
+                    println!("{c}")
+                }
+            });
             let failed = checks.iter().filter(|c| c.outcome.is_err()).count();
+            if json {
+                let all: Vec<serde_json::Value> = checks
+                    .iter()
+                    .map(|c| {
+                        serde_json::json!({
+                            "job": c.job,
+                            "check": c.what,
+                            "seconds": c.took.as_secs_f64(),
+                            "ok": c.outcome.is_ok(),
+                            "text": match &c.outcome { Ok(t) | Err(t) => t },
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(all));
+                return Ok(if failed > 0 {
+                    Exit::Unreachable
+                } else {
+                    Exit::Ok
+                }
+                .into());
+            }
             if failed > 0 {
                 println!(
                     "{}: {failed} of {} checks failed",
@@ -637,6 +678,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             })
         }
         Command::Produce {
+            config,
+            job,
             bootstrap,
             topic,
             partitions,
@@ -660,6 +703,33 @@ fn run(cli: Cli) -> Result<ExitCode> {
             evolve,
         } => {
             init_logs(LogFormat::Text, None);
+            let (bootstrap, topic, vnodes, kafka_properties) = match &config {
+                Some(path) => {
+                    let config = match load(path) {
+                        Ok(c) => c,
+                        Err(code) => return Ok(code),
+                    };
+                    let j = pick_job(&config, job.as_deref())?;
+                    let props = j
+                        .kafka
+                        .iter()
+                        .filter(|(k, _)| !kafka_backfill::kafka::is_consumer_only(k))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    (
+                        j.kafka["bootstrap.servers"].clone(),
+                        j.topic.clone(),
+                        j.vnode_count,
+                        props,
+                    )
+                }
+                None => (
+                    bootstrap,
+                    topic,
+                    vnodes,
+                    kafka_backfill::config::parse_properties(&properties)?,
+                ),
+            };
             let w = Workload {
                 bootstrap,
                 topic,
@@ -679,7 +749,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 append,
                 table,
                 tables: tables.max(1),
-                kafka_properties: kafka_backfill::config::parse_properties(&properties)?,
+                kafka_properties,
                 transactional,
                 snapshot_layout,
                 evolve,
@@ -745,6 +815,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             job,
             expected,
             against_source,
+            within_secs,
         } => {
             let config = match load(&config) {
                 Ok(c) => c,
@@ -785,18 +856,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ExitCode::FAILURE
                 });
             }
-            let report = match (&expected, against_source) {
-                (_, true) => {
-                    kafka_backfill::verify::verify_against_source(store.as_mut(), j, &config.jobs)?
+            // Compared again every second while it differs, up to --within-secs (a replica still
+            // catching up after its source stopped).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
+            let report = loop {
+                let report = match (&expected, against_source) {
+                    (_, true) => kafka_backfill::verify::verify_against_source(
+                        store.as_mut(),
+                        j,
+                        &config.jobs,
+                    )?,
+                    (Some(expected), false) => {
+                        let table = match &j.snapshot {
+                            SnapshotConfig::Files { table, .. } => table.as_deref(),
+                            SnapshotConfig::Postgres { .. } => None,
+                        };
+                        kafka_backfill::verify::verify_table(
+                            store.as_mut(),
+                            &j.name,
+                            expected,
+                            table,
+                        )?
+                    }
+                    (None, false) => {
+                        anyhow::bail!("verify needs --expected DIR or --against-source")
+                    }
+                };
+                if report.clean() || std::time::Instant::now() >= deadline {
+                    break report;
                 }
-                (Some(expected), false) => {
-                    let table = match &j.snapshot {
-                        SnapshotConfig::Files { table, .. } => table.as_deref(),
-                        SnapshotConfig::Postgres { .. } => None,
-                    };
-                    kafka_backfill::verify::verify_table(store.as_mut(), &j.name, expected, table)?
-                }
-                (None, false) => anyhow::bail!("verify needs --expected DIR or --against-source"),
+                std::thread::sleep(std::time::Duration::from_secs(1));
             };
             println!("verify {}: {report}", j.name);
             // What was skipped is part of the answer: a dead-lettered record's change is in

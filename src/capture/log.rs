@@ -65,7 +65,11 @@ struct Ctx {
     delivered: Mutex<HashMap<i32, i64>>,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client_log::log(level, fac, message);
+    }
+}
 
 impl ProducerContext for Ctx {
     type DeliveryOpaque = ();

@@ -46,8 +46,14 @@ impl ErrorCapture {
 }
 
 impl ClientContext for ErrorCapture {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client_log::log(level, fac, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(error = %error, reason, "Kafka client error");
+        if let Some(left_out) = crate::kafka::client_log::admit(reason) {
+            tracing::warn!(error = %error, reason, left_out, "Kafka client error");
+        }
         let text = format!("{reason} ({error})");
         let permanent = matches!(
             error.rdkafka_error_code(),

@@ -69,6 +69,10 @@ pub struct Ctx {
 }
 
 impl ClientContext for Ctx {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client_log::log(level, fac, message);
+    }
+
     /// librdkafka's own errors (a broker away, authentication): visible in `/status` `last_error`
     /// and counted while they last; librdkafka reconnects by itself.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {

@@ -35,7 +35,11 @@ struct Deliveries {
     last_error: std::sync::Mutex<Option<String>>,
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client_log::log(level, fac, message);
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 pub mod admin;
+pub mod client_log;
 pub mod consumer;
 pub mod dead_letters;
 pub mod fetch;

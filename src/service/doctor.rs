@@ -98,12 +98,15 @@ pub const START_WITHIN: Duration = Duration::from_secs(10);
 
 /// A part `run` could not reach at start (exit code 4, `service::exit`).
 #[derive(Debug, thiserror::Error)]
-#[error("job {job}: {part} did not answer within {}s: {cause} (kafka-backfill doctor --config … checks every part)", START_WITHIN.as_secs())]
+#[error("job {job}: {part} {}: {cause} (kafka-backfill doctor --config … checks every part)",
+    if *.permanent { "refused the connection".to_string() } else { format!("did not answer within {}s", START_WITHIN.as_secs()) })]
 pub struct Unreachable {
     pub job: String,
     /// `kafka <bootstrap.servers>` or `store (<description>)`.
     pub part: String,
     pub cause: String,
+    /// Refused for a reason waiting cannot cure (credentials, certificates): exit code 1, not 4.
+    pub permanent: bool,
 }
 
 /// One part's reachability probe: the cause of a failure, and whether retrying cannot cure it.
@@ -120,14 +123,24 @@ pub fn wait_reachable(job: &JobConfig) -> Result<(), Unreachable> {
         .get("bootstrap.servers")
         .cloned()
         .unwrap_or_default();
+    // One client for every attempt: the errors librdkafka reported (a refused password) are its
+    // context's, served by polling it.
+    let client = metadata_client(&job.kafka).map_err(|e| Unreachable {
+        job: job.name.clone(),
+        part: format!("kafka {bootstrap}"),
+        cause: format!("{e:#}"),
+        permanent: true,
+    })?;
     let mut parts: Vec<(String, Reach)> = vec![(
         format!("kafka {bootstrap}"),
         Box::new(|| {
-            let client = metadata_client(&job.kafka).map_err(|e| (format!("{e:#}"), true))?;
             client
                 .fetch_metadata(Some(&job.topic), TIMEOUT)
                 .map(|_| ())
-                .map_err(|e| (kafka_cause(&client, e), false))
+                .map_err(|e| {
+                    let _ = client.poll(Duration::from_millis(100));
+                    (kafka_cause(&client, e), client.context().permanent())
+                })
         }),
     )];
     if let StoreConfig::Postgres { url, .. } = &job.store {
@@ -152,6 +165,7 @@ pub fn wait_reachable(job: &JobConfig) -> Result<(), Unreachable> {
                             job: job.name.clone(),
                             part,
                             cause,
+                            permanent,
                         });
                     }
                     if !said {

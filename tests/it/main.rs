@@ -15,6 +15,7 @@ mod capture_simulation;
 mod codec_hostile;
 mod consistency_e2e;
 mod contract_e2e;
+mod doc_commands;
 mod docs;
 mod golden_vectors;
 mod http_limits;

@@ -742,7 +742,7 @@ fn a_paused_job_stops_reading_stays_in_its_group_and_resumes_exactly() {
 
 /// `doctor` passes on a job whose parts are all there, one line per check, and names each part it
 /// cannot reach or find — a misspelt topic, a dead broker port, a wrong PostgreSQL port, a missing
-/// snapshot folder — within seconds, exit 1.
+/// snapshot folder — within seconds, exit 4.
 #[test]
 fn doctor_reaches_every_part_and_names_what_it_cannot() {
     let _g = serial();
@@ -758,6 +758,22 @@ fn doctor_reaches_every_part_and_names_what_it_cannot() {
         "{out}"
     );
     assert!(out.contains("all 4 checks passed"), "{out}");
+    // The same checks as JSON.
+    let json = Command::new(BIN)
+        .args(["doctor", "--json", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let checks: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(checks.as_array().map(Vec::len), Some(4), "{checks}");
+    assert!(
+        checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["ok"] == true && c["job"] == "doctor"),
+        "{checks}"
+    );
     // The CLI reads the config: without the write endpoint, `pause` says how to turn it on.
     let pause = Command::new(BIN)
         .args(["pause", "--config"])
@@ -932,4 +948,45 @@ fn run_names_an_unreachable_broker_or_store_within_seconds() {
     f.edit_config("\"bootstrap.servers\" = \"127.0.0.1:1\"", &bootstrap);
     f.use_postgres("postgresql://postgres@127.0.0.1:1/kafka_backfill");
     run("store (postgres");
+}
+
+/// `produce --config F` writes the log the configured job reads (its topic, vnodes and brokers
+/// from the file, no flag repeated); the job then replays it exactly.
+#[test]
+fn produce_reads_the_job_from_the_config() {
+    let _g = serial();
+    let f = Fixture::new("produce-config", 1, "");
+    let out = Command::new(BIN)
+        .args(["produce", "--config"])
+        .arg(&f.config)
+        .args([
+            "--partitions",
+            "2",
+            "--rows",
+            "200",
+            "--changes",
+            "400",
+            "--out",
+        ])
+        .arg(f.dir.join("out"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&f.topic), "{said}");
+    let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
+    assert!(run.wait_exit(Duration::from_secs(120)).success());
+    let text = String::from_utf8_lossy(&f.verify().stdout).to_string();
+    assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    // A flag the configuration gives is refused beside it.
+    let out = Command::new(BIN)
+        .args(["produce", "--topic", "other", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
 }
