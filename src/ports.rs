@@ -372,8 +372,13 @@ pub enum Polled {
         partitions: Vec<PartitionId>,
         lost: bool,
     },
-    /// The client reported an error; a fatal one stops the worker.
-    ClientError { reason: String, fatal: bool },
+    /// The client reported an error; a fatal one stops the worker. `repeat`: the same cause was
+    /// reported within the last minute (`kafka::client_log`): counted, not logged again.
+    ClientError {
+        reason: String,
+        fatal: bool,
+        repeat: bool,
+    },
 }
 
 /// A record that did not decode: why, and its bytes (kept for a dead letter).

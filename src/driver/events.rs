@@ -21,8 +21,14 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             } => self.on_record(partition, offset, record),
             Polled::Assigned(parts) => self.on_assigned(parts),
             Polled::Revoked { partitions, lost } => self.on_revoked(partitions, lost),
-            Polled::ClientError { reason, fatal } => {
-                warn!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "Kafka client error");
+            Polled::ClientError {
+                reason,
+                fatal,
+                repeat,
+            } => {
+                if !repeat {
+                    warn!(job = %self.cfg.job, worker = %self.cfg.worker, %reason, "Kafka client error");
+                }
                 self.observer.observe(WorkerEvent::KafkaError { fatal });
                 self.last_error = Some(format!("Kafka: {reason}"));
                 if fatal {

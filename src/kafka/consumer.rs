@@ -68,6 +68,17 @@ pub struct Ctx {
     closing: Arc<AtomicBool>,
 }
 
+/// A client error as the loop gets it: a non-fatal cause seen within the last minute is a repeat
+/// (the loop counts it and logs it once, `kafka::client_log`); a fatal one is never a repeat.
+fn client_error(reason: String, fatal: bool) -> Polled {
+    let repeat = !fatal && crate::kafka::client_log::admit(&reason).is_none();
+    Polled::ClientError {
+        reason,
+        fatal,
+        repeat,
+    }
+}
+
 impl ClientContext for Ctx {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         crate::kafka::client_log::log(level, fac, message);
@@ -79,10 +90,7 @@ impl ClientContext for Ctx {
         let fatal = error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal);
         // A fatal error's own code is read from the client when the loop polls it
         // (`KafkaConsumer::poll`, `fatal_reason`).
-        self.events.push(Polled::ClientError {
-            reason: reason.to_string(),
-            fatal,
-        });
+        self.events.push(client_error(reason.to_string(), fatal));
     }
 }
 
@@ -273,13 +281,7 @@ impl KafkaConsumer {
                 m.payload().unwrap_or(&[]),
                 m.key(),
             )),
-            Some(Err(e)) => {
-                warn!(error = %e, "consumer error");
-                Some(Polled::ClientError {
-                    reason: e.to_string(),
-                    fatal: false,
-                })
-            }
+            Some(Err(e)) => Some(client_error(e.to_string(), false)),
             None => None,
         }
     }
@@ -292,25 +294,22 @@ impl KafkaConsumer {
                 None => record(codec, m.partition(), m.offset(), m.payload(), m.key()),
                 // `auto.offset.reset = error`: the log no longer holds the offset the job reads
                 // next (records deleted while it was behind): stop, never skip the gap.
-                Some(_) if m.is_offset_reset() => Polled::ClientError {
-                    reason: format!(
+                Some(_) if m.is_offset_reset() => client_error(
+                    format!(
                         "topic {topic} partition {} offset {}: the log no longer holds the offset the job reads next; records were deleted (the topic's retention.ms / retention.bytes, or DeleteRecords) before the job read them, and nothing past that gap is read (docs/OPERATIONS.md, \"A log whose start is gone\")",
                         m.partition(),
                         m.offset()
                     ),
-                    fatal: true,
-                },
-                Some(e) => {
-                    warn!(topic = %topic, partition = m.partition(), offset = m.offset(), error = %e, "consumer error");
-                    Polled::ClientError {
-                        reason: format!(
-                            "topic {topic} partition {} offset {}: {e}",
-                            m.partition(),
-                            m.offset()
-                        ),
-                        fatal: false,
-                    }
-                }
+                    true,
+                ),
+                Some(e) => client_error(
+                    format!(
+                        "topic {topic} partition {} offset {}: {e}",
+                        m.partition(),
+                        m.offset()
+                    ),
+                    false,
+                ),
             };
             buffered.push_back(Buffered {
                 partition: m.partition() as PartitionId,
@@ -340,9 +339,11 @@ impl KafkaConsumer {
             Polled::ClientError {
                 reason,
                 fatal: true,
+                ..
             } => Polled::ClientError {
                 reason: fatal_reason(self.consumer.client().fatal_error(), reason),
                 fatal: true,
+                repeat: false,
             },
             other => other,
         })

@@ -550,6 +550,7 @@ fn next_record(
             Some(Polled::ClientError {
                 reason,
                 fatal: true,
+                ..
             }) => panic!("{reason}"),
             _ => {}
         }
@@ -579,7 +580,7 @@ fn an_assignment_without_start_offsets_on_a_fresh_group_is_not_a_deleted_log() {
                 .assign(&parts.iter().map(|p| (*p, None)).collect::<Vec<_>>())
                 .unwrap(),
             Some(Polled::Record { offset, .. }) => break offset,
-            Some(Polled::ClientError { reason, fatal }) => {
+            Some(Polled::ClientError { reason, fatal, .. }) => {
                 assert!(
                     !fatal,
                     "an assignment without offsets stopped the job: {reason}"
