@@ -2,8 +2,10 @@
 //! callbacks repeat one cause every few hundred milliseconds while a broker is away or refuses the
 //! credentials (a wrong port once gave 14 s of identical warnings). A line is written the first
 //! time its cause is seen in a minute; the repeats are counted and the next line written says how
-//! many were left out. The cause is the text without its digits (so "after 0ms" and "after 3ms",
-//! or two partitions' numbers, are one cause).
+//! many were left out. The cause is the text without its digits and without librdkafka's
+//! "(after …)" suffix (so "after 0ms" and "after 3ms, 1 identical error(s) suppressed", or two
+//! partitions' numbers, are one cause), and a log line and the error callback of one failure share
+//! it: a refused password is written once, not by each of them.
 //!
 //! Owns the throttle only; what a line means (fatal, permanent) is decided by its caller.
 
@@ -29,6 +31,15 @@ pub fn admit(text: &str) -> Option<u64> {
 }
 
 fn admit_at(text: &str, now: Instant) -> Option<u64> {
+    // librdkafka's log lines start with the thread ("[thrd:…]: "), its error callbacks do not.
+    let text = match text
+        .strip_prefix("[thrd:")
+        .and_then(|t| t.split_once("]: "))
+    {
+        Some((_, rest)) => rest,
+        None => text,
+    };
+    let text = text.split(" (after ").next().unwrap_or(text);
     let cause: String = text.chars().filter(|c| !c.is_ascii_digit()).collect();
     let mut seen = SEEN.get_or_init(Default::default).lock().unwrap();
     if seen.len() >= MAX_CAUSES && !seen.contains_key(&cause) {
@@ -54,7 +65,7 @@ fn admit_at(text: &str, now: Instant) -> Option<u64> {
 /// A librdkafka log line (`ClientContext::log`), throttled, under the target `librdkafka` (so
 /// `RUST_LOG=librdkafka=…` still picks its level).
 pub fn log(level: RDKafkaLogLevel, fac: &str, message: &str) {
-    let Some(left_out) = admit(&format!("{fac} {message}")) else {
+    let Some(left_out) = admit(message) else {
         return;
     };
     use RDKafkaLogLevel::*;
@@ -86,13 +97,29 @@ mod tests {
             None
         );
         assert_eq!(admit_at(cause, t0 + Duration::from_secs(59)), None);
+        // librdkafka's own repeat of it, its log line's form and its error callback's text: the
+        // same cause.
+        assert_eq!(
+            admit_at(
+                "[thrd:127.0.0.1:1/bootstrap]: test-cause FAIL 127.0.0.1:1 refused (after 1ms)",
+                t0 + Duration::from_secs(2)
+            ),
+            None
+        );
+        assert_eq!(
+            admit_at(
+                "test-cause FAIL 127.0.0.1:1 refused (after 4ms in state CONNECT, 1 identical error(s) suppressed)",
+                t0 + Duration::from_secs(2)
+            ),
+            None
+        );
         // Another cause is its own.
         assert_eq!(
             admit_at("test-cause SASL authentication error", t0),
             Some(0)
         );
         // A minute on: written again, saying two were left out.
-        assert_eq!(admit_at(cause, t0 + EVERY), Some(2));
+        assert_eq!(admit_at(cause, t0 + EVERY), Some(4));
         assert_eq!(admit_at(cause, t0 + EVERY + Duration::from_secs(1)), None);
     }
 }
