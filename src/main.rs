@@ -388,7 +388,9 @@ fn init_logs(format: LogFormat, level: Option<&str>) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Json => b.json().init(),
+        LogFormat::Json => b
+            .event_format(kafka_backfill::service::json_log::JsonLines)
+            .init(),
         LogFormat::Text => b.init(),
     }
 }

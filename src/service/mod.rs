@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod exit;
 pub mod http;
 pub mod job;
+pub mod json_log;
 pub mod metrics;
 pub mod observe;
 pub mod process;
