@@ -22,8 +22,8 @@ use crate::kafka::admin::{while_broker_away, ErrorCapture};
 use crate::kafka::consumer_position;
 use crate::ports::SnapshotSource;
 
-/// What `check-log` found.
-#[derive(Debug, Default)]
+/// What `check-log` found (`check-log --json` prints it).
+#[derive(Debug, Default, serde::Serialize)]
 pub struct Report {
     pub snapshot_rows: u64,
     pub records: u64,

@@ -236,6 +236,9 @@ enum Command {
         /// Violations listed at most (all are counted).
         #[arg(long, default_value_t = 100)]
         max_report: usize,
+        /// Print the report as one JSON object instead.
+        #[arg(long)]
+        json: bool,
     },
     /// Compare a job's materialised table with the writer's expected table.
     Verify {
@@ -256,6 +259,9 @@ enum Command {
         /// catching up after its source or writer stopped); 0 compares once.
         #[arg(long, default_value_t = 0)]
         within_secs: u64,
+        /// Print the report as one JSON object instead (per table for a job of several).
+        #[arg(long)]
+        json: bool,
     },
     /// Capture a PostgreSQL table into a job's snapshot and log topic ([jobs.capture];
     /// docs/CAPTURE.md): exactly once, until SIGTERM/SIGINT (stops at a checkpoint).
@@ -791,6 +797,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config,
             job,
             max_report,
+            json,
         } => {
             let config = match load(&config) {
                 Ok(c) => c,
@@ -799,6 +806,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             init_logs(LogFormat::Text, Some("warn"));
             let j = pick_job(&config, job.as_deref())?;
             let r = kafka_backfill::check_log::check_log(j, max_report)?;
+            if json {
+                println!("{}", serde_json::json!({ "job": j.name, "report": r }));
+                return Ok(if r.violation_count == 0 {
+                    Exit::Ok
+                } else {
+                    Exit::Failed
+                }
+                .into());
+            }
             for v in &r.violations {
                 println!("violation: {v}");
             }
@@ -818,6 +834,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             expected,
             against_source,
             within_secs,
+            json,
         } => {
             let config = match load(&config) {
                 Ok(c) => c,
@@ -843,15 +860,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     &prepared.store_tables,
                     expected,
                 )?;
-                for (table, r) in &reports {
+                let published = store.published_epoch(&j.name)?;
+                if json {
+                    let tables: serde_json::Map<String, serde_json::Value> = reports
+                        .iter()
+                        .map(|(t, r)| {
+                            (
+                                t.to_string(),
+                                serde_json::json!({ "report": r, "clean": r.clean() }),
+                            )
+                        })
+                        .collect();
+                    println!(
+                        "{}",
+                        serde_json::json!({ "job": j.name, "tables": tables, "published_epoch": published })
+                    );
+                }
+                for (table, r) in reports.iter().filter(|_| !json) {
                     println!("verify {} table {table}: {r}", j.name);
                 }
-                let published = store.published_epoch(&j.name)?;
-                println!(
-                    "verify {}: published epoch {}",
-                    j.name,
-                    published.map_or("none".to_string(), |e| e.to_string())
-                );
+                if !json {
+                    println!(
+                        "verify {}: published epoch {}",
+                        j.name,
+                        published.map_or("none".to_string(), |e| e.to_string())
+                    );
+                }
                 return Ok(if reports.iter().all(|(_, r)| r.clean()) {
                     ExitCode::SUCCESS
                 } else {
@@ -889,10 +923,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 std::thread::sleep(std::time::Duration::from_secs(1));
             };
+            let letters = store.dead_letters(&j.name)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "job": j.name,
+                        "report": report,
+                        "clean": report.clean(),
+                        "dead_letters": letters.len(),
+                    })
+                );
+                return Ok(if report.clean() {
+                    Exit::Ok
+                } else {
+                    Exit::Failed
+                }
+                .into());
+            }
             println!("verify {}: {report}", j.name);
             // What was skipped is part of the answer: a dead-lettered record's change is in
             // neither the store nor (it never decoded) the comparison.
-            let letters = store.dead_letters(&j.name)?;
             if !letters.is_empty() {
                 println!(
                     "dead letters: {} recorded (kb_dead_letters; the records are on the dead-letter topic):",

@@ -982,6 +982,29 @@ fn produce_reads_the_job_from_the_config() {
     assert!(run.wait_exit(Duration::from_secs(120)).success());
     let text = String::from_utf8_lossy(&f.verify().stdout).to_string();
     assert!(text.contains(" 0 missing, 0 extra, 0 different"), "{text}");
+    // The commands that report say it as JSON too.
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&f.config)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let expected = f.dir.join("out/expected");
+    let v = json(&["verify", "--expected", expected.to_str().unwrap()]);
+    assert_eq!(v["clean"], true, "{v}");
+    assert_eq!(v["report"]["missing"], 0, "{v}");
+    let c = json(&["check-log"]);
+    assert_eq!(c["report"]["violation_count"], 0, "{c}");
+    assert_eq!(c["report"]["partitions"], 2, "{c}");
     // A flag the configuration gives is refused beside it.
     let out = Command::new(BIN)
         .args(["produce", "--topic", "other", "--config"])
