@@ -836,7 +836,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             within_secs,
             json,
         } => {
-            let config = match load(&config) {
+            let config_path = config;
+            let config = match load(&config_path) {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
@@ -942,6 +943,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .into());
             }
             println!("verify {}: {report}", j.name);
+            if report.committed_epoch.is_none() {
+                // The replica is empty because nothing ran, not because rows were lost.
+                println!(
+                    "hint: job {} has committed nothing to this store: is `kafka-backfill run` running? (`kafka-backfill status --config {}` shows its workers)",
+                    j.name,
+                    config_path.display()
+                );
+            }
             // What was skipped is part of the answer: a dead-lettered record's change is in
             // neither the store nor (it never decoded) the comparison.
             if !letters.is_empty() {

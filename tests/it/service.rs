@@ -978,6 +978,14 @@ fn produce_reads_the_job_from_the_config() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains(&f.topic), "{said}");
+    // Before any run, verify says why the replica is empty rather than only "missing".
+    let before = f.verify();
+    let text = String::from_utf8_lossy(&before.stdout).to_string();
+    assert_eq!(before.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("hint: job produce-config has committed nothing to this store: is `kafka-backfill run` running?"),
+        "{text}"
+    );
     let mut run = f.spawn_run("a", &["--exit-when-caught-up"]);
     assert!(run.wait_exit(Duration::from_secs(120)).success());
     let text = String::from_utf8_lossy(&f.verify().stdout).to_string();
