@@ -854,13 +854,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
                             .context("verify needs --expected DIR or --against-source")?,
                     )
                 };
-                let reports = kafka_backfill::verify::verify_several(
-                    store.as_mut(),
-                    j,
-                    &config.jobs,
-                    &prepared.store_tables,
-                    expected,
-                )?;
+                // As below: compared again every second while it differs, up to --within-secs.
+                let deadline =
+                    std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
+                let reports = loop {
+                    let reports = kafka_backfill::verify::verify_several(
+                        store.as_mut(),
+                        j,
+                        &config.jobs,
+                        &prepared.store_tables,
+                        expected,
+                    )?;
+                    if reports.iter().all(|(_, r)| r.clean())
+                        || std::time::Instant::now() >= deadline
+                    {
+                        break reports;
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                };
                 let published = store.published_epoch(&j.name)?;
                 if json {
                     let tables: serde_json::Map<String, serde_json::Value> = reports

@@ -197,7 +197,11 @@ fn kafka_topic(job: &JobConfig) -> Result<String> {
     let client = metadata_client(&job.kafka)?;
     let md = client
         .fetch_metadata(Some(&job.topic), TIMEOUT)
-        .map_err(|e| anyhow::anyhow!("{}; check bootstrap.servers, security.protocol, the SASL credentials and ssl.ca.location", kafka_cause(&client, e)))?;
+        .map_err(|e| {
+            // The client's error callbacks (a refused password) are served by polling it.
+            let _ = client.poll(Duration::from_millis(100));
+            anyhow::anyhow!("{}; check bootstrap.servers, security.protocol, the SASL credentials and ssl.ca.location", kafka_cause(&client, e))
+        })?;
     let brokers = md.brokers().len();
     let Some(t) = md
         .topics()
@@ -215,7 +219,18 @@ fn kafka_topic(job: &JobConfig) -> Result<String> {
         );
     };
     let partitions = t.partitions().len();
-    Ok(format!("{brokers} broker(s), {partitions} partition(s)"))
+    // Every partition needs a vnode of its own (`PartitionMap::new`, which `run` applies).
+    crate::core::PartitionMap::new(job.vnode_count, partitions as u32).map_err(|e| {
+        anyhow::anyhow!(
+            "topic {} has {partitions} partition(s), but the job's vnode_count is {}: {e}",
+            job.topic,
+            job.vnode_count
+        )
+    })?;
+    Ok(format!(
+        "{brokers} broker(s), {partitions} partition(s) for {} vnodes",
+        job.vnode_count
+    ))
 }
 
 fn consumer_group(props: &BTreeMap<String, String>, group: &str) -> Result<String> {

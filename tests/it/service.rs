@@ -787,6 +787,17 @@ fn doctor_reaches_every_part_and_names_what_it_cannot() {
         "{said}"
     );
 
+    // More partitions than vnodes: named on the topic's line.
+    f.edit_config("workers = 1\n", "workers = 1\nvnode_count = 1\n");
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        doctor_line(&out, "FAIL", "topic e2e-doctor-")
+            .contains("has 2 partition(s), but the job's vnode_count is 1"),
+        "{out}"
+    );
+    f.edit_config("workers = 1\nvnode_count = 1\n", "workers = 1\n");
+
     let topic = format!("topic = \"{}\"", f.topic);
     f.edit_config(&topic, "topic = \"no-such-topic\"");
     let (code, out, _) = doctor(&f);
