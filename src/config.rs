@@ -223,6 +223,24 @@ fn default_max_dead_letters() -> u64 {
 
 impl JobConfig {
     /// The dead-letter topic and cap, when the job dead-letters.
+    /// The job's behaviour as the core takes it, built once here from the configuration and
+    /// carried unchanged to every worker's executor; `tables` are the log tables it materialises
+    /// (known once its snapshot is read).
+    pub fn policy(&self, tables: crate::core::JobTables) -> crate::core::JobPolicy {
+        crate::core::JobPolicy {
+            local_checkpoint: crate::core::LocalCheckpointPolicy {
+                max_rows: self.local_checkpoint.max_rows,
+                max_interval_ms: self.local_checkpoint.interval_ms,
+            },
+            max_epochs_ahead: self.max_epochs_ahead,
+            max_bytes_ahead: self.max_mib_ahead << 20,
+            reschedule: self.recreation.policy == crate::core::RecreationPolicy::Reschedule,
+            max_dead_letters: self.dead_letters().map(|(_, max)| max),
+            commit_every_checkpoint: self.consistency == Consistency::Epoch,
+            tables,
+        }
+    }
+
     pub fn dead_letters(&self) -> Option<(String, u64)> {
         (self.on_bad_record == OnBadRecord::DeadLetter).then(|| {
             (

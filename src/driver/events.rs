@@ -117,7 +117,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         match record {
             Ok(record) => {
                 if let LogRecord::Change(c) = &record {
-                    if self.cfg.tables.includes(c.table) {
+                    if self.cfg.policy.tables.includes(c.table) {
                         self.observer.observe(WorkerEvent::Change {
                             op: c.op,
                             table: c.table,
@@ -133,7 +133,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             Err(bad) => {
                 self.observer.observe(WorkerEvent::DecodeError);
                 let reason = bad.reason.clone();
-                if let Some(max) = self.cfg.max_dead_letters {
+                if let Some(max) = self.cfg.policy.max_dead_letters {
                     // Bounded: past the cap the checkpoint would be refused anyway.
                     if self.undecoded.len() as u64 > max {
                         return self.fail(WorkerFailure::Fatal(format!(
@@ -363,7 +363,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 Some(row) => {
                     rows += 1;
                     self.observer.observe(WorkerEvent::SnapshotRow {
-                        table: self.cfg.tables.table_of(&row.key),
+                        table: self.cfg.policy.tables.table_of(&row.key),
                     });
                     Event::SnapshotRow {
                         scan: id,

@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 use tracing::{error, info, warn};
 
 use crate::core::{
-    Adaptive, AdaptiveConfig, ClaimedPartition, Event, Executor, JobSpec, LocalCheckpointPolicy,
-    PartitionId, PartitionMap, Phase, Rate, RateLimits, Row, ScanId, ScanStart, Supervisor,
-    Throttle, Verdict, Vnode, WorkerFailure, WorkerStatus,
+    Adaptive, AdaptiveConfig, ClaimedPartition, Event, Executor, JobPolicy, JobSpec, PartitionId,
+    PartitionMap, Phase, Rate, RateLimits, Row, ScanId, ScanStart, Supervisor, Throttle, Verdict,
+    Vnode, WorkerFailure, WorkerStatus,
 };
 use crate::ports::{
     Clock, CommitPort, ConsumerPort, DeadLetterSink, FailureKind, Observer, Polled, SnapshotSource,
@@ -44,10 +44,9 @@ pub struct DriverConfig {
     pub job: String,
     pub topic: String,
     pub worker: String,
-    pub local_checkpoint: LocalCheckpointPolicy,
-    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead` and `JobSpec::max_bytes_ahead`).
-    pub max_epochs_ahead: usize,
-    pub max_bytes_ahead: u64,
+    /// The job's behaviour (`JobPolicy`), built once from its configuration, handed to each
+    /// generation's executor unchanged.
+    pub policy: JobPolicy,
     /// Snapshot rows and log records per second each, until the store holds live limits
     /// (`StateStore::rate_limits`); 0 = unlimited.
     pub max_rows_per_second: u64,
@@ -63,16 +62,6 @@ pub struct DriverConfig {
     pub housekeeping_ms: u64,
     /// A static member closes without leaving the group.
     pub static_member: bool,
-    /// `recreation.policy = "reschedule"`: absorb vnode-bitmap updates in the log-store phase.
-    pub reschedule: bool,
-    /// `on_bad_record = "dead-letter"`: at most this many dead letters (see
-    /// `JobSpec::max_dead_letters`); `None` = stop at a bad record. Needs a sink
-    /// ([`Driver::with_dead_letters`]).
-    pub max_dead_letters: Option<u64>,
-    /// `JobSpec::commit_every_checkpoint` (publication across workers needs it; off in `run` today).
-    pub commit_every_checkpoint: bool,
-    /// The tables of the log the job materialises (`JobSpec::tables`).
-    pub tables: crate::core::JobTables,
 }
 
 /// The job stopped: the supervisor will not retry this worker's failure.
@@ -353,13 +342,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             map: self.map,
             generation: row.generation,
             worker: self.cfg.worker.clone(),
-            local_checkpoint: self.cfg.local_checkpoint,
-            max_epochs_ahead: self.cfg.max_epochs_ahead,
-            max_bytes_ahead: self.cfg.max_bytes_ahead,
-            reschedule: self.cfg.reschedule,
-            max_dead_letters: self.cfg.max_dead_letters,
-            commit_every_checkpoint: self.cfg.commit_every_checkpoint,
-            tables: self.cfg.tables.clone(),
+            policy: self.cfg.policy.clone(),
         };
         self.undecoded.clear();
         self.observer

@@ -14,7 +14,7 @@ use tracing::{error, info};
 use crate::codec::LogCodec;
 use crate::codec::TableSchema;
 use crate::config::{Config, JobConfig, SnapshotConfig, StoreConfig};
-use crate::core::{LocalCheckpointPolicy, PartitionMap, Supervisor, SupervisorConfig};
+use crate::core::{PartitionMap, Supervisor, SupervisorConfig};
 use crate::ports::StoreFactory;
 use crate::ports::{SnapshotSource, StateStore};
 use crate::service::runtime::{JobRuntime, Runtimes};
@@ -499,6 +499,7 @@ pub fn run(
         );
         runtimes.insert(runtime.clone());
         jobs.push(runtime);
+        let policy = job.policy(prepared.tables.clone());
         let mut kafka = job.kafka.clone();
         kafka
             .entry("group.id".into())
@@ -526,21 +527,13 @@ pub fn run(
                 snapshot: prepared.snapshot.clone(),
                 codec: prepared.codec.clone(),
                 open_store: prepared.open_store.clone(),
-                local_checkpoint: LocalCheckpointPolicy {
-                    max_rows: job.local_checkpoint.max_rows,
-                    max_interval_ms: job.local_checkpoint.interval_ms,
-                },
+                policy: policy.clone(),
                 supervisor: supervisor.clone(),
                 shutdown: shutdown.clone(),
                 board: board.clone(),
                 max_rows_per_second: job.max_rows_per_second,
                 adaptive: job.rate_limit.core(),
-                max_epochs_ahead: job.max_epochs_ahead,
-                max_bytes_ahead: job.max_mib_ahead << 20,
-                reschedule: job.recreation.policy == crate::core::RecreationPolicy::Reschedule,
-                dead_letters: job.dead_letters(),
-                commit_every_checkpoint: job.consistency == crate::config::Consistency::Epoch,
-                tables: prepared.tables.clone(),
+                dead_letter_topic: job.dead_letters().map(|(topic, _)| topic),
                 table_names: prepared
                     .store_tables
                     .iter()

@@ -199,7 +199,7 @@ pub fn live(board: &StatusBoard) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Event, Executor, JobSpec, LocalCheckpointPolicy, PartitionMap};
+    use crate::core::{Event, Executor, JobPolicy, JobSpec, LocalCheckpointPolicy, PartitionMap};
     use std::time::{Duration, Instant};
 
     fn board_with(joined: bool, store_reachable: bool, reported: Duration) -> StatusBoard {
@@ -210,16 +210,18 @@ mod tests {
                 map: PartitionMap::new(8, 2).unwrap(),
                 generation: 0,
                 worker: "w".into(),
-                local_checkpoint: LocalCheckpointPolicy {
-                    max_rows: 10,
-                    max_interval_ms: 10,
+                policy: JobPolicy {
+                    local_checkpoint: LocalCheckpointPolicy {
+                        max_rows: 10,
+                        max_interval_ms: 10,
+                    },
+                    max_epochs_ahead: 4,
+                    max_bytes_ahead: u64::MAX,
+                    reschedule: false,
+                    max_dead_letters: None,
+                    commit_every_checkpoint: false,
+                    tables: crate::core::JobTables::One(0),
                 },
-                max_epochs_ahead: 4,
-                max_bytes_ahead: u64::MAX,
-                reschedule: false,
-                max_dead_letters: None,
-                commit_every_checkpoint: false,
-                tables: crate::core::JobTables::One(0),
             },
             0,
         );

@@ -12,7 +12,7 @@ use anyhow::{anyhow, Context, Result};
 use tracing::info;
 
 use crate::codec::LogCodec;
-use crate::core::{LocalCheckpointPolicy, Supervisor};
+use crate::core::Supervisor;
 use crate::driver::{Driver, DriverConfig};
 use crate::kafka::consumer::{ConsumerSetup, KafkaConsumer};
 use crate::ports::{Clock, RowSchemas, SnapshotSource, StoreFactory};
@@ -33,7 +33,8 @@ pub struct WorkerSetup {
     pub snapshot: Arc<dyn SnapshotSource>,
     pub codec: Arc<LogCodec>,
     pub open_store: StoreFactory,
-    pub local_checkpoint: LocalCheckpointPolicy,
+    /// The job's behaviour, built once from its configuration (`JobConfig::policy`).
+    pub policy: crate::core::JobPolicy,
     pub supervisor: Arc<Mutex<Supervisor>>,
     /// Cancelled when the process stops: the worker commits what is complete and leaves.
     pub shutdown: CancellationToken,
@@ -42,19 +43,8 @@ pub struct WorkerSetup {
     pub max_rows_per_second: u64,
     /// Adaptive rate limiting (`[jobs.rate_limit]`).
     pub adaptive: crate::core::AdaptiveConfig,
-    /// Alignment back-pressure (librdkafka drops a paused partition's prefetched messages, so pausing
-    /// often is costly).
-    pub max_epochs_ahead: usize,
-    /// `max_mib_ahead`, in bytes.
-    pub max_bytes_ahead: u64,
-    /// `recreation.policy = "reschedule"`.
-    pub reschedule: bool,
-    /// `on_bad_record = "dead-letter"`: the dead-letter topic and `max_dead_letters`.
-    pub dead_letters: Option<(String, u64)>,
-    /// `consistency = "epoch"`: every checkpoint epoch its own commit (`JobSpec::commit_every_checkpoint`).
-    pub commit_every_checkpoint: bool,
-    /// The tables of the log the job materialises (`JobSpec::tables`).
-    pub tables: crate::core::JobTables,
+    /// `on_bad_record = "dead-letter"`: the dead-letter topic (the cap is the policy's).
+    pub dead_letter_topic: Option<String>,
     /// A job of several tables: each store table's name by its log table index (empty for one).
     pub table_names: Vec<(u16, String)>,
 }
@@ -86,7 +76,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         // its table's schema), except where the store reads them in place; the store's thread
         // only routes and binds them.
         Arc::new(
-            if setup.tables.several() {
+            if setup.policy.tables.several() {
                 RowSchemas::Several(setup.codec.materialised())
             } else {
                 RowSchemas::One(Box::new(setup.codec.table.clone()))
@@ -104,9 +94,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         job: setup.job.clone(),
         topic: setup.topic.clone(),
         worker: setup.worker.clone(),
-        local_checkpoint: setup.local_checkpoint,
-        max_epochs_ahead: setup.max_epochs_ahead,
-        max_bytes_ahead: setup.max_bytes_ahead,
+        policy: setup.policy.clone(),
         max_rows_per_second: setup.max_rows_per_second,
         adaptive: setup.adaptive,
         max_messages_per_round: MAX_MESSAGES_PER_ROUND,
@@ -114,10 +102,6 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         idle_poll_ms: 50,
         housekeeping_ms: 500,
         static_member: setup.kafka.contains_key("group.instance.id"),
-        reschedule: setup.reschedule,
-        max_dead_letters: setup.dead_letters.as_ref().map(|(_, max)| *max),
-        commit_every_checkpoint: setup.commit_every_checkpoint,
-        tables: setup.tables.clone(),
     };
     let driver = Driver::new(
         cfg,
@@ -135,8 +119,8 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         )),
     )
     .map_err(|f| anyhow!("{f}"))?;
-    let mut driver = match &setup.dead_letters {
-        Some((topic, _)) => driver.with_dead_letters(Box::new(
+    let mut driver = match &setup.dead_letter_topic {
+        Some(topic) => driver.with_dead_letters(Box::new(
             crate::kafka::dead_letters::KafkaDeadLetters::new(
                 &setup.kafka,
                 topic,

@@ -40,12 +40,22 @@ impl Sim {
             job: JOB.into(),
             topic: "sim-log".into(),
             worker: self.workers[i].id.clone(),
-            local_checkpoint: LocalCheckpointPolicy {
-                max_rows: self.config.local_checkpoint_rows,
-                max_interval_ms: 50,
+            policy: crate::core::JobPolicy {
+                local_checkpoint: LocalCheckpointPolicy {
+                    max_rows: self.config.local_checkpoint_rows,
+                    max_interval_ms: 50,
+                },
+                max_epochs_ahead: self.config.max_epochs_ahead,
+                max_bytes_ahead: self.config.max_bytes_ahead,
+                reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
+                max_dead_letters: self.config.dead_letters.then_some(1_000_000),
+                commit_every_checkpoint: self.config.commit_every_checkpoint,
+                tables: if self.config.tables > 1 {
+                    crate::core::JobTables::Several((0..self.config.tables).collect())
+                } else {
+                    crate::core::JobTables::One(0)
+                },
             },
-            max_epochs_ahead: self.config.max_epochs_ahead,
-            max_bytes_ahead: self.config.max_bytes_ahead,
             max_rows_per_second: 0,
             adaptive: crate::core::AdaptiveConfig::default(),
             max_messages_per_round: 64,
@@ -53,14 +63,6 @@ impl Sim {
             idle_poll_ms: 0,
             housekeeping_ms: 1,
             static_member: false,
-            reschedule: self.config.supervisor.policy == RecreationPolicy::Reschedule,
-            max_dead_letters: self.config.dead_letters.then_some(1_000_000),
-            commit_every_checkpoint: self.config.commit_every_checkpoint,
-            tables: if self.config.tables > 1 {
-                crate::core::JobTables::Several((0..self.config.tables).collect())
-            } else {
-                crate::core::JobTables::One(0)
-            },
         };
         let driver = Driver::new(
             cfg,

@@ -62,12 +62,12 @@ pub struct SimConfig {
     /// Percent of deliveries that ignore a pause (records already fetched when paused).
     pub leaky_pause_percent: u64,
     pub local_checkpoint_rows: u64,
-    /// Alignment back-pressure (see `JobSpec::max_epochs_ahead`).
+    /// Alignment back-pressure (see `JobPolicy::max_epochs_ahead`).
     pub max_epochs_ahead: usize,
-    /// Alignment back-pressure by memory (see `JobSpec::max_bytes_ahead`): unbounded or a few
+    /// Alignment back-pressure by memory (see `JobPolicy::max_bytes_ahead`): unbounded or a few
     /// rows' worth.
     pub max_bytes_ahead: u64,
-    /// `JobSpec::commit_every_checkpoint`: each checkpoint epoch committed on its own.
+    /// `JobPolicy::commit_every_checkpoint`: each checkpoint epoch committed on its own.
     pub commit_every_checkpoint: bool,
     /// The store publishes the replica at one epoch across every partition
     /// (`MemoryStore::publishing`, issue 23's proposed protocol): the oracle then reads the

@@ -72,7 +72,7 @@ pub struct Change {
     pub op: Op,
     pub vnode: Vnode,
     /// The table of the log the change is of (0 in a one-table log): a job stages only its own
-    /// table's ([`crate::JobSpec::table`]); another table's row is not decoded (`row.value` empty).
+    /// table's ([`crate::JobPolicy::tables`]); another table's row is not decoded (`row.value` empty).
     pub table: u16,
     pub row: Row,
 }

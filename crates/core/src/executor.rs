@@ -44,6 +44,14 @@ pub struct JobSpec {
     pub map: PartitionMap,
     pub generation: u64,
     pub worker: String,
+    /// The job's configured behaviour, built once from its configuration.
+    pub policy: JobPolicy,
+}
+
+/// How a job behaves, as configured: built once from the job's configuration by the service (or
+/// the simulation) and carried unchanged to every worker's executor.
+#[derive(Clone, Debug)]
+pub struct JobPolicy {
     pub local_checkpoint: LocalCheckpointPolicy,
     /// Alignment back-pressure: a partition is paused once it holds this many barriers beyond the
     /// frontier (1 = pause as soon as it is ahead). Larger values trade memory for fewer pauses.
@@ -327,7 +335,7 @@ impl Executor {
                         reason,
                     };
                     match (
-                        self.spec.max_dead_letters,
+                        self.spec.policy.max_dead_letters,
                         self.partitions.get_mut(&partition),
                     ) {
                         (Some(_), Some(p)) => {
@@ -375,7 +383,7 @@ impl Executor {
                 self.now_ms = self.now_ms.max(now_ms);
                 if self.phase == Phase::Snapshot
                     && self.now_ms - self.last_checkpoint_ms
-                        >= self.spec.local_checkpoint.max_interval_ms
+                        >= self.spec.policy.local_checkpoint.max_interval_ms
                 {
                     self.commit_snapshot(CheckpointCause::Local, &mut out);
                 }
@@ -449,7 +457,7 @@ impl Executor {
                 }
                 self.plan_snapshot(out);
             }
-            Phase::LogStore if !self.spec.reschedule => self.fail_bitmap_update(out),
+            Phase::LogStore if !self.spec.policy.reschedule => self.fail_bitmap_update(out),
             Phase::LogStore | Phase::Streaming => {
                 self.commit_complete(CheckpointCause::Rebalance, out);
                 let new: Vec<PartitionId> = claims.iter().map(|c| c.partition).collect();
@@ -499,7 +507,7 @@ impl Executor {
                     self.plan_snapshot(out);
                 }
             }
-            Phase::LogStore if !self.spec.reschedule => self.fail_bitmap_update(out),
+            Phase::LogStore if !self.spec.policy.reschedule => self.fail_bitmap_update(out),
             Phase::LogStore | Phase::Streaming => {
                 self.commit_complete(CheckpointCause::Rebalance, out);
                 let map = self.spec.map;
@@ -643,7 +651,7 @@ impl Executor {
             return Ok(());
         }
         let computed = vnode_of(
-            self.spec.tables.routing_key(&row.key),
+            self.spec.policy.tables.routing_key(&row.key),
             self.spec.map.vnode_count(),
         );
         if computed != vnode {
@@ -664,7 +672,7 @@ impl Executor {
         self.snapshot_rows.push(snapshot_upsert(vnode, row));
         self.rows_since_checkpoint += 1;
         self.counters.snapshot_rows += 1;
-        if self.rows_since_checkpoint >= self.spec.local_checkpoint.max_rows {
+        if self.rows_since_checkpoint >= self.spec.policy.local_checkpoint.max_rows {
             self.commit_snapshot(CheckpointCause::Local, out);
         }
         Ok(())
@@ -724,7 +732,7 @@ impl Executor {
             vnodes,
             partitions,
             dead_letters: Vec::new(),
-            max_dead_letters: self.spec.max_dead_letters.unwrap_or(0),
+            max_dead_letters: self.spec.policy.max_dead_letters.unwrap_or(0),
         }));
     }
 
@@ -808,6 +816,7 @@ impl Executor {
             LogRecord::Change(mut change) => {
                 let Some(key) = self
                     .spec
+                    .policy
                     .tables
                     .staged_key(change.table, std::mem::take(&mut change.row.key))
                 else {
@@ -861,14 +870,14 @@ impl Executor {
                 .filter(|(b, _)| b.is_checkpoint() && b.prev < frontier)
                 .map(|(b, _)| b.prev);
             let split = self.schema_split_below(frontier);
-            let checkpoint = if self.spec.commit_every_checkpoint {
+            let checkpoint = if self.spec.policy.commit_every_checkpoint {
                 checkpoints.min()
             } else {
                 split.or_else(|| checkpoints.max())
             };
             let Some(epoch) = checkpoint else { break };
             self.commit_through(epoch, CheckpointCause::Barrier, out);
-            if !self.spec.commit_every_checkpoint && split.is_none() {
+            if !self.spec.policy.commit_every_checkpoint && split.is_none() {
                 break;
             }
         }
@@ -966,8 +975,8 @@ impl Executor {
         let Some(frontier) = self.frontier() else {
             return;
         };
-        let limit = self.spec.max_epochs_ahead.max(1);
-        let share = self.spec.max_bytes_ahead / self.partitions.len().max(1) as u64;
+        let limit = self.spec.policy.max_epochs_ahead.max(1);
+        let share = self.spec.policy.max_bytes_ahead / self.partitions.len().max(1) as u64;
         let ps: Vec<(PartitionId, bool)> = self
             .partitions
             .iter_mut()

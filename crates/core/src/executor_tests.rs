@@ -16,16 +16,18 @@ fn spec(partitions: u32) -> JobSpec {
         map: PartitionMap::new(8, partitions).unwrap(),
         generation: 3,
         worker: "w".into(),
-        local_checkpoint: LocalCheckpointPolicy {
-            max_rows: 2,
-            max_interval_ms: 100,
+        policy: JobPolicy {
+            local_checkpoint: LocalCheckpointPolicy {
+                max_rows: 2,
+                max_interval_ms: 100,
+            },
+            max_epochs_ahead: 1,
+            max_bytes_ahead: u64::MAX,
+            reschedule: false,
+            max_dead_letters: None,
+            commit_every_checkpoint: false,
+            tables: crate::tables::JobTables::One(0),
         },
-        max_epochs_ahead: 1,
-        max_bytes_ahead: u64::MAX,
-        reschedule: false,
-        max_dead_letters: None,
-        commit_every_checkpoint: false,
-        tables: crate::tables::JobTables::One(0),
     }
 }
 
@@ -217,10 +219,9 @@ fn another_table_s_changes_are_checked_and_read_past_never_staged() {
 /// read past; a rebalance in the log store is still the invariant error.
 #[test]
 fn a_job_of_several_tables_stages_each_table_s_rows_under_its_table_key() {
-    let mut x = in_log_store_with(JobSpec {
-        tables: crate::tables::JobTables::Several(vec![0, 2]),
-        ..spec(2)
-    });
+    let mut spec = spec(2);
+    spec.policy.tables = crate::tables::JobTables::Several(vec![0, 2]);
+    let mut x = in_log_store_with(spec);
     let map = x.spec().map;
     let of_table = |table: u16, epoch: Epoch, v: Vnode| match change(map, epoch, v, Op::Insert) {
         LogRecord::Change(c) => LogRecord::Change(Change { table, ..c }),
@@ -261,8 +262,8 @@ fn a_job_of_several_tables_stages_each_table_s_rows_under_its_table_key() {
 #[test]
 fn a_partition_ahead_is_paused_by_the_bytes_it_stages_beyond_its_share_and_resumed_at_half() {
     let mut s = spec(2);
-    s.max_epochs_ahead = 100;
-    s.max_bytes_ahead = 2_000; // a share of 1,000 bytes for each of the two partitions
+    s.policy.max_epochs_ahead = 100;
+    s.policy.max_bytes_ahead = 2_000; // a share of 1,000 bytes for each of the two partitions
     let map = s.map;
     let mut x = in_log_store_with(s);
     let big = |v: Vnode| {
@@ -920,7 +921,7 @@ fn log_store_counters_count_each_op_and_barrier_and_the_epoch_lag() {
 #[test]
 fn reschedule_absorbs_a_bitmap_update_in_the_log_store() {
     let mut s = spec(2);
-    s.reschedule = true;
+    s.policy.reschedule = true;
     let map = s.map;
     let mut x = Executor::new(s, 0);
     x.handle(Event::Assigned(vec![claimed(map, 0, true)]))
@@ -955,8 +956,8 @@ fn reschedule_absorbs_a_bitmap_update_in_the_log_store() {
 /// An executor in the log-store phase over two partitions whose policy is `dead-letter`.
 fn dead_lettering(reschedule: bool) -> Executor {
     let mut s = spec(2);
-    s.max_dead_letters = Some(10);
-    s.reschedule = reschedule;
+    s.policy.max_dead_letters = Some(10);
+    s.policy.reschedule = reschedule;
     let map = s.map;
     let mut x = Executor::new(s, 0);
     x.handle(Event::Assigned(vec![
@@ -1076,9 +1077,9 @@ fn a_dead_lettered_barrier_still_stops_at_the_broken_chain() {
 fn a_jump_of_the_frontier_commits_each_checkpoint_on_its_own_when_asked() {
     let run = |every: bool| {
         let mut s = spec(2);
-        s.reschedule = true;
-        s.max_epochs_ahead = 100;
-        s.commit_every_checkpoint = every;
+        s.policy.reschedule = true;
+        s.policy.max_epochs_ahead = 100;
+        s.policy.commit_every_checkpoint = every;
         let map = s.map;
         let mut x = in_log_store_with(s);
         let vnodes: Vec<Vnode> = map.vnodes_of(0).collect();
@@ -1118,8 +1119,8 @@ fn a_jump_of_the_frontier_commits_each_checkpoint_on_its_own_when_asked() {
 #[test]
 fn a_commit_never_takes_epochs_on_both_sides_of_a_schema_change() {
     let mut s = spec(2);
-    s.reschedule = true;
-    s.max_epochs_ahead = 100;
+    s.policy.reschedule = true;
+    s.policy.max_epochs_ahead = 100;
     let map = s.map;
     let mut x = in_log_store_with(s);
     let vnodes: Vec<Vnode> = map.vnodes_of(0).collect();

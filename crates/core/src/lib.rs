@@ -30,7 +30,7 @@ mod unit_tests;
 pub use barrier::{Barrier, BarrierKind, Change, LogRecord, Op, Row};
 pub use epoch::Epoch;
 pub use error::{check_log_start, CoreError, LogStartGone, VNODE_BITMAP_UPDATE_IN_LOG_STORE};
-pub use executor::{Executor, JobSpec, LocalCheckpointPolicy, WorkerStatus};
+pub use executor::{Executor, JobPolicy, JobSpec, LocalCheckpointPolicy, WorkerStatus};
 pub use phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};
 pub use progress::{
     Checkpoint, CheckpointCause, DeadLetter, JobProgress, Lease, PartitionProgress, RowMutation,

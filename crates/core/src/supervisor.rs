@@ -35,7 +35,7 @@ pub enum RecreationPolicy {
     /// Absorb the vnode-bitmap update in the log-store phase as the streaming phase does: commit what
     /// is complete, drop revoked partitions' in-flight work, fetch newly owned partitions from their
     /// committed offsets (back to the snapshot phase for an unfinished vnode), keep aligning over the
-    /// new set. No error, no recreation (the executor decides; see `JobSpec::reschedule`).
+    /// new set. No error, no recreation (the executor decides; see `JobPolicy::reschedule`).
     Reschedule,
 }
 
