@@ -244,6 +244,7 @@ fn log_workload(
         kafka_properties: Default::default(),
         transactional: false,
         evolve: false,
+        evolve_gate: None,
         snapshot_layout: Default::default(),
     }
 }

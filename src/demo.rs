@@ -159,6 +159,7 @@ pub fn run(o: &DemoOptions) -> Result<bool> {
         kafka_properties: Default::default(),
         transactional: false,
         evolve: false,
+        evolve_gate: None,
         snapshot_layout: Default::default(),
     })?;
     println!(

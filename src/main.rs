@@ -223,6 +223,10 @@ enum Command {
         /// versions go to `<out>/snapshot/schema_versions/`.
         #[arg(long)]
         evolve: bool,
+        /// With --evolve: hold the first schema change until this file exists (tests start a job
+        /// on the snapshot first).
+        #[arg(long, value_name = "FILE", requires = "evolve")]
+        evolve_gate: Option<PathBuf>,
     },
     /// Check a job's snapshot and log topic against the wire contract without materialising
     /// anything: every violation is listed; exit 1 if there is any.
@@ -709,6 +713,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             transactional,
             snapshot_layout,
             evolve,
+            evolve_gate,
         } => {
             init_logs(LogFormat::Text, None);
             let (bootstrap, topic, vnodes, kafka_properties) = match &config {
@@ -761,6 +766,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 transactional,
                 snapshot_layout,
                 evolve,
+                evolve_gate,
             };
             let r = workload::produce(&w)?;
             if append {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -253,6 +253,9 @@ pub struct Workload {
     /// Change the row schema three times during the log (docs/WIRE.md "Schema changes",
     /// [`evolved_schemas`]): at the first checkpoint barrier after each quarter of the changes.
     pub evolve: bool,
+    /// With `evolve`: the first schema change waits until this file exists (a test starts a job
+    /// on the snapshot, waits for it to stream, then lets the versions come).
+    pub evolve_gate: Option<PathBuf>,
 }
 
 impl Workload {
@@ -735,6 +738,9 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                 && version < evolved.len()
                 && due as usize > version;
             if switch {
+                if let (0, Some(gate)) = (version, &w.evolve_gate) {
+                    wait_for_gate(gate, w.progress)?;
+                }
                 let to = evolved[version].clone();
                 let codec = LogCodec::new(to.clone())?;
                 crate::snapshot::versions::write(
@@ -854,6 +860,24 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
         final_rows,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Waits until `gate` exists (created by whoever holds the writer), at most ten minutes.
+fn wait_for_gate(gate: &Path, progress: bool) -> Result<()> {
+    if progress {
+        eprintln!(
+            "holding the first schema change until {} exists",
+            gate.display()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !gate.exists() {
+        if Instant::now() > deadline {
+            bail!("{} did not appear within ten minutes", gate.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// `produce --evolve`'s versions of the accounts table after the manifest's (docs/WIRE.md "Schema

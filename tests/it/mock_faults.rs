@@ -54,6 +54,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         kafka_properties: Default::default(),
         transactional: false,
         evolve: false,
+        evolve_gate: None,
         snapshot_layout: Default::default(),
     })
     .unwrap();

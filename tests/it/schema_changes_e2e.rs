@@ -200,7 +200,9 @@ fn streaming_and_kill_9(f: &Fixture, pg: Option<&str>) {
     let writer = Command::new(BIN)
         .args(["produce", "--bootstrap", &f.bootstrap, "--topic", &f.topic])
         .args(EVOLVING_LOG)
-        .args(["--rate", "2000", "--out"])
+        .args(["--rate", "2000", "--evolve-gate"])
+        .arg(f.dir.join("streaming"))
+        .arg("--out")
         .arg(f.dir.join("out"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -214,6 +216,9 @@ fn streaming_and_kill_9(f: &Fixture, pg: Option<&str>) {
     }
     let mut run = f.spawn_run("s1", &[]);
     run.wait_for("to=\"streaming\"", MIN);
+    // The writer holds its first version until the job streams (on a slow machine the job could
+    // otherwise still be in the log store when the versions come).
+    std::fs::write(f.dir.join("streaming"), b"").unwrap();
     run.wait_for("schema change applied", MIN);
     run.signal("KILL");
     run.wait_exit(MIN);
