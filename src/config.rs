@@ -289,6 +289,11 @@ pub struct CaptureSection {
     /// in the same exported snapshot; at most one per 16 MiB of the table.
     #[serde(default = "default_copy_connections")]
     pub copy_connections: usize,
+    /// A new snapshot of the running capture this often (ms), each at a checkpoint barrier of the
+    /// live log, into `<snapshot.dir>/snapshots/<epoch>/` (docs/CAPTURE.md "Snapshots of a running
+    /// capture"), so a job started later replays at most about this much log; none when absent.
+    #[serde(default)]
+    pub snapshot_interval_ms: Option<u64>,
 }
 
 fn default_copy_connections() -> usize {
@@ -971,6 +976,12 @@ impl Config {
                 }
                 if !(1..=16).contains(&c.copy_connections) {
                     return Err(err(at("capture.copy_connections"), "must be 1..=16"));
+                }
+                if c.snapshot_interval_ms.is_some_and(|ms| ms < 1000) {
+                    return Err(err(
+                        at("capture.snapshot_interval_ms"),
+                        "must be at least 1000 (a snapshot copies every captured table)",
+                    ));
                 }
                 if c.partitions == 0 || c.partitions > job.vnode_count {
                     return Err(err(
@@ -1744,6 +1755,11 @@ store = { kind = "sqlite", path = "state.sqlite", tables = { pgbench_accounts = 
             "jobs[0].capture.copy_connections: must be 1..=16"
         );
         assert!(capture("copy_connections = 16").is_ok());
+        assert_eq!(
+            capture("snapshot_interval_ms = 999").unwrap_err().to_string(),
+            "jobs[0].capture.snapshot_interval_ms: must be at least 1000 (a snapshot copies every captured table)"
+        );
+        assert!(capture("snapshot_interval_ms = 60000").is_ok());
         let long = "p".repeat(64);
         assert_eq!(
             capture(&format!("publication = \"{long}\"")).unwrap_err().to_string(),

@@ -13,15 +13,13 @@ use anyhow::{bail, Context, Result};
 use super::log::{read_state, KafkaLog, StateRecord, StateTable};
 use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
 use super::report::{CaptureBoard, CaptureMeter, CaptureReport};
+use super::snapshots::{CopySpec, CopyTable, OnDemand};
 use super::{run_session, CaptureFailure, CaptureObserver, SessionStats};
 use crate::codec::{LogCodec, TableSchema};
 use crate::config::{JobConfig, SnapshotConfig};
 use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
-use crate::core::{vnode_of, Epoch, PartitionMap};
-use crate::snapshot::files::{
-    write_manifest, write_tables_manifest, Manifest, ManifestStart, ManifestTable, SortedWriter,
-    TablesManifest,
-};
+use crate::core::{Epoch, PartitionMap};
+use crate::snapshot::files::{write_manifest, write_tables_manifest, Manifest, TablesManifest};
 
 /// The state record's format version.
 const STATE_VERSION: u32 = 1;
@@ -123,18 +121,9 @@ fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
     let pending = dir.join(PENDING_MANIFEST);
     let bytes =
         std::fs::read(&pending).with_context(|| format!("reading {}", pending.display()))?;
-    let start: Vec<ManifestStart> = record
-        .start_offsets
-        .iter()
-        .enumerate()
-        .map(|(p, &next_offset)| ManifestStart {
-            partition: p as u32,
-            next_offset,
-            // The initial barrier's `curr`, which the first state recorded; later states moved
-            // on, so it is the successor of the snapshot epoch the initial barrier named.
-            epoch: record.initial_epoch,
-        })
-        .collect();
+    // The initial barrier's `curr`, which the first state recorded; later states moved on, so it
+    // is the successor of the snapshot epoch the initial barrier named.
+    let start = super::snapshots::start_after(&record.start_offsets, record.initial_epoch);
     let not_a_manifest = || format!("{}: not a manifest", pending.display());
     if record.other_tables.is_empty() {
         let mut manifest: Manifest = serde_json::from_slice(&bytes).with_context(not_a_manifest)?;
@@ -185,7 +174,8 @@ struct Setup<'a> {
     map: PartitionMap,
     partitions: u32,
     config: CaptureConfig,
-    copy_connections: usize,
+    /// The copy of the tables, for the first snapshot and every later one.
+    spec: CopySpec,
 }
 
 impl Setup<'_> {
@@ -277,6 +267,28 @@ fn run_telling(
     };
     let map = PartitionMap::new(job.vnode_count, partitions)
         .with_context(|| format!("topic {} against vnode_count", job.topic))?;
+    let spec = CopySpec {
+        url: url.clone(),
+        tables: tables
+            .iter()
+            .map(|t| CopyTable {
+                table: t.table.clone(),
+                schema: t.table_schema.clone(),
+                columns: t.info.encoder.columns.clone(),
+            })
+            .collect(),
+        vnode_count: map.vnode_count(),
+        partitions,
+        topic: job.topic.clone(),
+        copy_connections: c.copy_connections,
+    };
+    let mut on_demand = OnDemand::new(
+        spec.clone(),
+        &c.slot_name(&job.name),
+        &c.publication_name(&job.name),
+        dir,
+        c.snapshot_interval_ms.map(Duration::from_millis),
+    )?;
     let setup = Setup {
         job,
         dir: dir.clone(),
@@ -292,7 +304,7 @@ fn run_telling(
             checkpoint_interval_ms: c.checkpoint_interval_ms,
             ..CaptureConfig::default()
         },
-        copy_connections: c.copy_connections,
+        spec,
     };
     let mut progress = Progress {
         job: job.name.clone(),
@@ -308,7 +320,13 @@ fn run_telling(
     let mut last_progress = std::time::Instant::now();
     loop {
         let mut checkpoints = (None, None);
-        match session(&setup, &stop, &mut progress, &mut checkpoints) {
+        match session(
+            &setup,
+            &stop,
+            &mut progress,
+            &mut on_demand,
+            &mut checkpoints,
+        ) {
             Ok(()) => {
                 tracing::info!(job = %job.name, "capture stopped at a checkpoint");
                 return Ok(());
@@ -358,6 +376,7 @@ fn session(
     s: &Setup,
     stop: &CancellationToken,
     progress: &mut Progress,
+    on_demand: &mut OnDemand,
     checkpoints: &mut (Option<u64>, Option<u64>),
 ) -> Result<(), CaptureFailure> {
     let job = s.job;
@@ -378,6 +397,7 @@ fn session(
         initial_epoch: Epoch(0),
         start_offsets: Vec::new(),
         columns: s.tables[0].columns.clone(),
+        snapshots: Vec::new(),
         other_tables: s.tables[1..]
             .iter()
             .map(|t| StateTable {
@@ -402,6 +422,9 @@ fn session(
     .map_err(transient("connecting to Kafka"))?;
     let (name, meter) = (job.name.clone(), progress.meter.clone());
     log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
+    on_demand.session_started();
+    log.on_snapshot_placed = Some(on_demand.placed_sender());
+    log.published = Some(on_demand.published.clone());
     let committed = read_state(&s.props, &job.topic, &job.name)
         .map_err(transient("reading the capture's state"))?;
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
@@ -521,7 +544,10 @@ fn session(
         &mut repl,
         &mut log,
         Duration::from_millis(100),
-        &mut |_| stop.is_cancelled(),
+        &mut |a| {
+            on_demand.between(a);
+            Ok(stop.is_cancelled())
+        },
         progress,
     );
     checkpoints.1 = Some(a.committed().checkpoints);
@@ -582,10 +608,10 @@ fn in_force(
     Ok((encoder, table))
 }
 
-/// Copies every table in the slot's exported snapshot into sorted per-vnode files (a log of several
-/// tables: one folder per table) and the pending manifest; returns the snapshot epoch and the slot's
-/// consistent position. Every table is read in the one exported snapshot, so together they are one
-/// source state: the one the log continues from.
+/// Copies every table in the slot's exported snapshot into the snapshot folder and writes the
+/// pending manifest; returns the snapshot epoch and the slot's consistent position. Every table
+/// is read in the one exported snapshot, so together they are one source state: the one the log
+/// continues from.
 fn snapshot(
     s: &Setup,
     repl: &PgReplication,
@@ -598,71 +624,15 @@ fn snapshot(
         std::fs::remove_dir_all(&s.dir).with_context(|| format!("clearing {}", s.dir.display()))?;
     }
     let started = std::time::Instant::now();
-    let mut first_ms = None;
-    let mut entries = Vec::new();
-    let mut total = 0;
-    for t in &s.tables {
-        let folder = if s.several() {
-            s.dir.join(&t.table.table)
-        } else {
-            s.dir.clone()
-        };
-        let mut writer = SortedWriter::new(&folder, &t.table_schema, s.map.vnode_count())?;
-        let (snap_info, now_ms, rows) =
-            pg::copy_snapshot(&s.url, &t.table, &name, s.copy_connections, |datum, key| {
-                writer.add(vnode_of(key, s.map.vnode_count()), key, datum)?;
-                Ok(())
-            })?;
-        if snap_info.encoder.columns != t.info.encoder.columns {
-            bail!(
-                "the columns of {} changed while the capture started; start it again",
-                t.table
-            );
-        }
-        tracing::debug!(table = %t.table, rows, seconds = started.elapsed().as_secs_f64(), "snapshot rows read and spilled; sorting");
-        let mut files = writer.finish()?;
-        if s.several() {
-            for f in &mut files {
-                f.path = format!("{}/{}", t.table.table, f.path);
-            }
-        }
-        first_ms.get_or_insert(now_ms);
-        total += rows;
-        entries.push(ManifestTable {
-            name: t.table.table.clone(),
-            row_schema: t.table_schema.json.clone(),
-            primary_key: t.table_schema.primary_key.clone(),
-            files,
-        });
-    }
+    let copied = s.spec.copy(&name, &s.dir)?;
+    let rows = copied.rows;
     let consistent = pg::slot_state(client, &s.slot)?
         .map(|(lsn, _)| lsn)
         .with_context(|| format!("slot {} vanished after its creation", s.slot))?;
-    let es = Epoch::from_unix_millis(first_ms.unwrap_or_else(unix_ms));
-    let pending = if s.several() {
-        serde_json::to_vec_pretty(&TablesManifest {
-            snapshot_epoch: es,
-            vnode_count: s.map.vnode_count(),
-            partition_count: s.partitions,
-            topic: Some(s.job.topic.clone()),
-            tables: entries,
-            start: Vec::new(),
-        })?
-    } else {
-        let t = entries.remove(0);
-        serde_json::to_vec_pretty(&Manifest {
-            snapshot_epoch: es,
-            vnode_count: s.map.vnode_count(),
-            partition_count: s.partitions,
-            topic: Some(s.job.topic.clone()),
-            row_schema: t.row_schema,
-            primary_key: t.primary_key,
-            files: t.files,
-            start: Vec::new(),
-        })?
-    };
+    let es = Epoch::from_unix_millis(copied.import_ms);
+    let pending = s.spec.manifest(copied, es, Vec::new()).to_json()?;
     write_durably(&s.dir.join(PENDING_MANIFEST), &pending)?;
-    tracing::info!(tables = %s.names(), rows = total, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
+    tracing::info!(tables = %s.names(), rows, seconds = started.elapsed().as_secs_f64(), lsn = %pg::format_lsn(consistent), "snapshot copied");
     Ok((es, consistent))
 }
 

@@ -17,7 +17,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{CaptureFailure, LogPort};
 use crate::codec::LogCodec;
-use crate::core::capture::{CaptureState, TableIndex};
+use crate::core::capture::{CaptureState, Lsn, TableIndex};
 use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 
 /// The state topic of a log topic.
@@ -47,7 +47,36 @@ pub struct StateRecord {
     /// in the capture's order. Empty, and left out, for one table (as every record before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other_tables: Vec<StateTable>,
+    /// The snapshots taken of the running capture after the first, each published (its manifest
+    /// written), oldest first. Empty, and left out, when there are none (as every record before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotRecord>,
     pub state: CaptureState,
+}
+
+/// A snapshot of the running capture (docs/CAPTURE.md "Snapshots of a running capture").
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRecord {
+    /// The epoch its checkpoint barrier closed: the snapshot holds every source transaction of
+    /// the log up to and including this epoch, and none after.
+    pub snapshot_epoch: Epoch,
+    /// That barrier's `curr_epoch` (the manifest's `start[].epoch`).
+    pub next_epoch: Epoch,
+    /// Per partition, the offset just after that barrier (the manifest's `start`).
+    pub start_offsets: Vec<u64>,
+    /// The folder holding its `manifest.json`.
+    pub dir: String,
+}
+
+/// A snapshot's checkpoint barrier, committed: what its manifest needs of the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotPlaced {
+    pub snapshot_epoch: Epoch,
+    pub next_epoch: Epoch,
+    /// The source position the snapshot was exported at.
+    pub consistent: Lsn,
+    pub start_offsets: Vec<u64>,
 }
 
 /// A table of a capture of several, after the first, in its [`StateRecord`].
@@ -110,6 +139,13 @@ pub struct KafkaLog {
     pub on_commit: Option<Box<dyn FnMut(Duration) + Send>>,
     /// The snapshot folder, beside whose manifest schema versions are announced.
     pub snapshot_dir: Option<std::path::PathBuf>,
+    /// A snapshot barrier in the open transaction ([`LogPort::snapshot_point`]).
+    snapshot_point: Option<(Epoch, Epoch, Lsn)>,
+    /// Told each snapshot barrier once its transaction committed.
+    pub on_snapshot_placed: Option<std::sync::mpsc::Sender<SnapshotPlaced>>,
+    /// Snapshots published since the record was read (their manifests written): listed in the
+    /// record from the next commit on.
+    pub published: Option<std::sync::Arc<Mutex<Vec<SnapshotRecord>>>>,
 }
 
 /// A producer error as the loop sees it. Permanent once librdkafka has put the producer in its
@@ -166,7 +202,32 @@ impl KafkaLog {
             on_initial_commit: None,
             on_commit: None,
             snapshot_dir: None,
+            snapshot_point: None,
+            on_snapshot_placed: None,
+            published: None,
         })
+    }
+
+    /// Per partition, the offset just after the last barrier of the open transaction (the last
+    /// record written to each partition), from the delivery reports.
+    fn offsets_after_barrier(&self, what: &str) -> Result<Vec<u64>, CaptureFailure> {
+        self.producer
+            .flush(Duration::from_secs(60))
+            .map_err(|e| txn_failure(&self.producer, &format!("flushing {what}"), e))?;
+        let delivered = self.producer.context().delivered.lock().unwrap().clone();
+        (0..self.partitions as i32)
+            .map(|p| {
+                delivered
+                    .get(&p)
+                    .filter(|o| **o >= 0)
+                    .map(|o| *o as u64 + 1)
+                    .ok_or_else(|| {
+                        CaptureFailure::Transient(format!(
+                            "no delivery report for {what} in partition {p}"
+                        ))
+                    })
+            })
+            .collect()
     }
 
     fn send(
@@ -284,27 +345,36 @@ impl LogPort for KafkaLog {
         Ok(())
     }
 
+    fn snapshot_point(
+        &mut self,
+        snapshot_epoch: Epoch,
+        next_epoch: Epoch,
+        consistent: Lsn,
+    ) -> Result<(), CaptureFailure> {
+        self.snapshot_point = Some((snapshot_epoch, next_epoch, consistent));
+        Ok(())
+    }
+
     fn commit(&mut self, state: &CaptureState) -> Result<(), CaptureFailure> {
         if state.checkpoints == 0 {
             self.record.initial_epoch = state.epoch;
-            // The initial barrier's offsets, from its delivery reports (the manifest's start).
-            self.producer
-                .flush(Duration::from_secs(60))
-                .map_err(|e| txn_failure(&self.producer, "flushing the initial barrier", e))?;
-            let delivered = self.producer.context().delivered.lock().unwrap().clone();
-            self.record.start_offsets = (0..self.partitions as i32)
-                .map(|p| {
-                    delivered
-                        .get(&p)
-                        .filter(|o| **o >= 0)
-                        .map(|o| *o as u64 + 1)
-                        .ok_or_else(|| {
-                            CaptureFailure::Transient(format!(
-                                "no delivery report for the initial barrier in partition {p}"
-                            ))
-                        })
-                })
-                .collect::<Result<_, _>>()?;
+            self.record.start_offsets = self.offsets_after_barrier("the initial barrier")?;
+        }
+        let placed = match self.snapshot_point.take() {
+            Some((snapshot_epoch, next_epoch, consistent)) => Some(SnapshotPlaced {
+                snapshot_epoch,
+                next_epoch,
+                consistent,
+                start_offsets: self.offsets_after_barrier("a snapshot's barrier")?,
+            }),
+            None => None,
+        };
+        if let Some(published) = &self.published {
+            for s in published.lock().unwrap().iter() {
+                if !self.record.snapshots.contains(s) {
+                    self.record.snapshots.push(s.clone());
+                }
+            }
         }
         self.record.state = *state;
         let value = serde_json::to_vec(&self.record).expect("a state record serialises");
@@ -328,6 +398,10 @@ impl LogPort for KafkaLog {
             if let Some(hook) = self.on_initial_commit.take() {
                 hook(&self.record).map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
             }
+        }
+        if let (Some(placed), Some(tx)) = (placed, &self.on_snapshot_placed) {
+            // The receiver lives as long as the capture; gone, nobody waits for the snapshot.
+            let _ = tx.send(placed);
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ pub mod job;
 pub mod log;
 pub mod pg;
 pub mod report;
+pub mod snapshots;
 pub mod types;
 
 /// Why a capture session ended.
@@ -76,6 +77,15 @@ pub trait LogPort {
         &mut self,
         from_epoch: Epoch,
         row_schema: &str,
+    ) -> Result<(), CaptureFailure>;
+    /// The barrier just written closes `snapshot_epoch`, a snapshot's epoch
+    /// ([`Action::SnapshotPoint`]): once this transaction commits, the offsets just after that
+    /// barrier are the snapshot's start offsets.
+    fn snapshot_point(
+        &mut self,
+        snapshot_epoch: Epoch,
+        next_epoch: Epoch,
+        consistent: Lsn,
     ) -> Result<(), CaptureFailure>;
     /// Writes `state` into the transaction and commits it.
     fn commit(&mut self, state: &CaptureState) -> Result<(), CaptureFailure>;
@@ -143,6 +153,11 @@ fn carry_out(
                 from_epoch,
                 row_schema,
             } => log.announce_schema(*from_epoch, row_schema)?,
+            Action::SnapshotPoint {
+                snapshot_epoch,
+                next_epoch,
+                consistent,
+            } => log.snapshot_point(*snapshot_epoch, *next_epoch, *consistent)?,
         }
         i += 1;
     }
@@ -150,17 +165,19 @@ fn carry_out(
     Ok(())
 }
 
-/// Runs one session until `stop()` says so between transactions, or a failure: starts the
-/// transaction, starts replication at the assembler's resume position and checks the slot, carries
-/// out `initial` (a fresh capture's first actions), then reads. On a failure the caller
-/// aborts and resumes from `assembler.committed()` with a new assembler and a new source session.
+/// Runs one session until `between()` says to stop (it is called between source transactions,
+/// where it may also ask the assembler for a snapshot: [`Assembler::snapshot_at`]), or a failure:
+/// starts the transaction, starts replication at the assembler's resume position and checks the
+/// slot, carries out `initial` (a fresh capture's first actions), then reads. On a failure the
+/// caller aborts and resumes from `assembler.committed()` with a new assembler and a new source
+/// session.
 pub fn run_session(
     a: &mut Assembler,
     initial: Vec<Action>,
     repl: &mut dyn ReplicationPort,
     log: &mut dyn LogPort,
     idle: Duration,
-    stop: &mut dyn FnMut(&Assembler) -> bool,
+    between: &mut dyn FnMut(&mut Assembler) -> Result<bool, CaptureFailure>,
     observer: &mut dyn CaptureObserver,
 ) -> Result<SessionStats, CaptureFailure> {
     let mut stats = SessionStats::default();
@@ -170,7 +187,7 @@ pub fn run_session(
     a.check_slot(confirmed)?;
     carry_out(a, &mut actions, repl, log, &mut stats, observer)?;
     loop {
-        if !a.in_transaction() && stop(a) {
+        if !a.in_transaction() && between(a)? {
             log.abort()?;
             return Ok(stats);
         }

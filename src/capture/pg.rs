@@ -648,6 +648,46 @@ impl PgReplication {
         create: bool,
         snapshot_dir: &std::path::Path,
     ) -> Result<PgReplication> {
+        Self::open(url, slot, publication, tables, create, false, snapshot_dir)
+    }
+
+    /// A second replication session with a new `TEMPORARY` slot created with an exported
+    /// snapshot, for a snapshot of a running capture: returns the session (the snapshot lives
+    /// while it does and runs no other command; the slot goes with it), the snapshot's name and
+    /// the slot's consistent point, read on `client`. Creating the slot waits for the
+    /// transactions open at the time.
+    pub fn export_snapshot(
+        url: &str,
+        slot: &str,
+        publication: &str,
+        client: &mut postgres::Client,
+    ) -> Result<(PgReplication, String, Lsn)> {
+        let side = Self::open(
+            url,
+            slot,
+            publication,
+            Vec::new(),
+            true,
+            true,
+            std::path::Path::new(""),
+        )?;
+        let name = side
+            .exported_snapshot()
+            .with_context(|| format!("slot {slot} was created without an exported snapshot"))?;
+        let (consistent, _) = slot_state(client, slot)?
+            .with_context(|| format!("temporary slot {slot} vanished after its creation"))?;
+        Ok((side, name, consistent))
+    }
+
+    fn open(
+        url: &str,
+        slot: &str,
+        publication: &str,
+        tables: Vec<StreamTable>,
+        create: bool,
+        temporary: bool,
+        snapshot_dir: &std::path::Path,
+    ) -> Result<PgReplication> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -666,6 +706,7 @@ impl PgReplication {
         )
         .with_slot_options(ReplicationSlotOptions {
             snapshot: Some(if create { "export" } else { "nothing" }.to_string()),
+            temporary,
             ..Default::default()
         })
         .with_existing_slot_required(!create);

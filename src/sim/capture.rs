@@ -335,6 +335,13 @@ impl LogPort for SimLog {
         )))
     }
 
+    fn snapshot_point(&mut self, e: Epoch, _: Epoch, _: Lsn) -> Result<(), CaptureFailure> {
+        // The simulation asks for no snapshot after the first yet.
+        Err(CaptureFailure::Permanent(format!(
+            "the simulated capture took no snapshot at epoch {e}"
+        )))
+    }
+
     fn begin(&mut self) -> Result<(), CaptureFailure> {
         self.fenced()?;
         self.open = Some(Vec::new());
@@ -517,14 +524,14 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
             &mut repl,
             &mut log,
             Duration::from_millis(100),
-            &mut |a: &Assembler| {
+            &mut |a: &mut Assembler| {
                 steps += 1;
                 let b = w.borrow();
                 let done = b.txns_left == 0
                     && b.state
                         .is_some_and(|s| s.lsn >= b.wal.last().map_or(0, |t| t.end_lsn))
                     && a.committed().lsn >= b.wal.last().map_or(0, |t| t.end_lsn);
-                done || steps > 200_000
+                Ok(done || steps > 200_000)
             },
             &mut (),
         );

@@ -12,6 +12,7 @@ mod architecture;
 mod capture_e2e;
 #[cfg(feature = "testing")]
 mod capture_simulation;
+mod capture_snapshots;
 mod codec_hostile;
 mod consistency_e2e;
 mod contract_e2e;

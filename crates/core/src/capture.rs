@@ -130,6 +130,15 @@ pub enum Action {
         from_epoch: Epoch,
         row_schema: String,
     },
+    /// The checkpoint barrier just written closes `snapshot_epoch`, the epoch of a snapshot
+    /// exported at `consistent` (every source transaction whose commit record lies below it, and
+    /// none at or past it): its offsets in every partition are that snapshot's start offsets
+    /// once this transaction commits ([`Assembler::snapshot_at`]).
+    SnapshotPoint {
+        snapshot_epoch: Epoch,
+        next_epoch: Epoch,
+        consistent: Lsn,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -148,6 +157,10 @@ pub enum CaptureError {
     SchemaChangeEpoch { announced: Epoch, open: Epoch },
     #[error("the slot's confirmed position {confirmed:#x} is past the log's resume position {resume:#x}: changes between them were acknowledged but are not in the log (a new snapshot into a new topic is needed)")]
     SlotAhead { confirmed: Lsn, resume: Lsn },
+    #[error("a snapshot exported at {consistent:#x} cannot be placed: transaction {written:#x}, at or past it, is in the log already (take another snapshot)")]
+    SnapshotPassed { consistent: Lsn, written: Lsn },
+    #[error("a snapshot can be placed only between source transactions, and one at a time")]
+    SnapshotNotBetween,
 }
 
 /// The capture's state machine for one job.
@@ -175,6 +188,8 @@ pub struct Assembler {
     open_wrote: bool,
     /// The highest `final_lsn` seen this session.
     last_final_lsn: Option<Lsn>,
+    /// A snapshot's consistent point waiting for its checkpoint barrier ([`Self::snapshot_at`]).
+    snapshot_at: Option<Lsn>,
 }
 
 impl Assembler {
@@ -234,7 +249,51 @@ impl Assembler {
             open: None,
             open_wrote: false,
             last_final_lsn: None,
+            snapshot_at: None,
         }
+    }
+
+    /// Places a snapshot exported at `consistent` in the log: a checkpoint barrier between the
+    /// last source transaction whose commit record lies below `consistent` and the first at or
+    /// past it, followed by [`Action::SnapshotPoint`]. The barrier comes at the `Begin` of that
+    /// first transaction, or at an idle report at or past `consistent` (everything before it was
+    /// delivered). Call between transactions, one snapshot at a time; refused when a transaction
+    /// at or past `consistent` is already written (the snapshot came too late: take another).
+    pub fn snapshot_at(&mut self, consistent: Lsn) -> Result<(), CaptureError> {
+        if self.open.is_some() || self.pending.is_some() || self.snapshot_at.is_some() {
+            return Err(CaptureError::SnapshotNotBetween);
+        }
+        if let Some(written) = self.last_final_lsn.filter(|&l| l >= consistent) {
+            return Err(CaptureError::SnapshotPassed {
+                consistent,
+                written,
+            });
+        }
+        self.snapshot_at = Some(consistent);
+        Ok(())
+    }
+
+    /// Whether a snapshot waits for its barrier.
+    pub fn snapshot_waiting(&self) -> bool {
+        self.snapshot_at.is_some()
+    }
+
+    /// The snapshot's checkpoint barrier, if the source reached `position` (a transaction's commit
+    /// record, or an idle report's end of WAL) at or past its consistent point.
+    fn place_snapshot(&mut self, position: Lsn, now_ms: u64, out: &mut Vec<Action>) {
+        let Some(consistent) = self.snapshot_at.filter(|&c| position >= c) else {
+            return;
+        };
+        self.snapshot_at = None;
+        let snapshot_epoch = self.epoch;
+        self.close_epoch(true, now_ms, out);
+        let commit = out.pop();
+        out.push(Action::SnapshotPoint {
+            snapshot_epoch,
+            next_epoch: self.epoch,
+            consistent,
+        });
+        out.extend(commit);
     }
 
     /// Where replication starts: the resume position.
@@ -298,6 +357,7 @@ impl Assembler {
                 // position; one that ends at or before the resume position is in the log already.
                 let skip = final_lsn < self.committed.lsn;
                 if !skip {
+                    self.place_snapshot(final_lsn, commit_ms, out);
                     self.close_epoch_if_due(commit_ms, out);
                 }
                 self.open = Some((final_lsn, skip));
@@ -342,6 +402,7 @@ impl Assembler {
                     // Everything before `wal_end` was delivered and none of it is open: a checkpoint
                     // may acknowledge it (WAL of other tables is freed on an idle table).
                     self.written_lsn = self.written_lsn.max(wal_end);
+                    self.place_snapshot(wal_end, now_ms, out);
                     self.close_epoch_if_due(now_ms, out);
                 }
             }
@@ -368,9 +429,14 @@ impl Assembler {
         let barrier = self.epoch_changes > 0
             && (now_ms.saturating_sub(opened) >= self.config.barrier_interval_ms
                 || self.epoch_changes >= self.config.max_epoch_changes);
-        if !checkpoint && !barrier {
-            return;
+        if checkpoint || barrier {
+            self.close_epoch(checkpoint, now_ms, out);
         }
+    }
+
+    /// Closes the open epoch with a barrier; a checkpoint barrier is followed by the commit of the
+    /// Kafka transaction (the last action).
+    fn close_epoch(&mut self, checkpoint: bool, now_ms: u64, out: &mut Vec<Action>) {
         let next = self.epoch.next_at(now_ms);
         out.push(Action::Barrier(Barrier {
             prev: self.epoch,
@@ -691,6 +757,91 @@ mod tests {
         a.log_committed(&mut out);
         assert_eq!(out, vec![Action::Ack(310)]);
         assert_eq!(a.committed(), state);
+    }
+
+    /// A snapshot exported at 250 while transactions commit at 200 and 300: its checkpoint
+    /// barrier comes at the Begin of 300 (the first at or past it), closes the epoch holding 200,
+    /// and is marked as the snapshot's; 300's changes follow in the next epoch.
+    #[test]
+    fn a_snapshot_is_placed_at_the_first_transaction_at_or_past_its_consistent_point() {
+        let t = 1_000_000;
+        let mut a = committed_start(t);
+        let mut out = Vec::new();
+        begin(&mut a, 200, t + 10, &mut out);
+        a.on_event(insert(1), &mut out).unwrap();
+        assert_eq!(
+            a.snapshot_at(250),
+            Err(CaptureError::SnapshotNotBetween),
+            "not inside a transaction"
+        );
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out)
+            .unwrap();
+        a.snapshot_at(250).unwrap();
+        assert_eq!(a.snapshot_at(260), Err(CaptureError::SnapshotNotBetween));
+        let holding = a.epoch();
+        out.clear();
+        begin(&mut a, 300, t + 20, &mut out);
+        let b = barriers(&out);
+        assert_eq!(b.len(), 1);
+        assert_eq!((b[0].kind, b[0].prev), (BarrierKind::Checkpoint, holding));
+        let n = out.len();
+        assert_eq!(
+            out[n - 2],
+            Action::SnapshotPoint {
+                snapshot_epoch: holding,
+                next_epoch: b[0].curr,
+                consistent: 250
+            }
+        );
+        assert!(matches!(
+            out[n - 1],
+            Action::CommitLog(CaptureState { lsn: 210, .. })
+        ));
+        a.log_committed(&mut out);
+        out.clear();
+        a.on_event(insert(2), &mut out).unwrap();
+        assert!(matches!(out[0], Action::Change { epoch, .. } if epoch == b[0].curr));
+        assert!(!a.snapshot_waiting());
+    }
+
+    /// On an idle source the barrier comes with the first idle report at or past the consistent
+    /// point; one that comes after a transaction at or past it was written is refused.
+    #[test]
+    fn a_snapshot_on_an_idle_source_is_placed_at_the_wal_end_and_a_late_one_is_refused() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        a.snapshot_at(5000).unwrap();
+        let idle = |wal_end| SourceEvent::Idle {
+            wal_end,
+            now_ms: 10,
+        };
+        a.on_event(idle(4000), &mut out).unwrap();
+        assert!(out.is_empty(), "the source has not reached the point yet");
+        a.on_event(idle(5000), &mut out).unwrap();
+        assert!(matches!(
+            out[out.len() - 2],
+            Action::SnapshotPoint {
+                consistent: 5000,
+                ..
+            }
+        ));
+        assert!(matches!(
+            out.last(),
+            Some(Action::CommitLog(CaptureState { lsn: 5000, .. }))
+        ));
+        a.log_committed(&mut out);
+        out.clear();
+        begin(&mut a, 7000, 20, &mut out);
+        a.on_event(SourceEvent::Commit { end_lsn: 7010 }, &mut out)
+            .unwrap();
+        assert_eq!(
+            a.snapshot_at(6000),
+            Err(CaptureError::SnapshotPassed {
+                consistent: 6000,
+                written: 7000
+            })
+        );
+        assert!(!a.snapshot_waiting());
     }
 
     #[test]

@@ -1,0 +1,391 @@
+//! The capture's snapshots: the copy of its tables in an exported snapshot into sorted per-vnode
+//! files (the first snapshot's and every later one's), and the snapshots of a running capture
+//! ([`OnDemand`], docs/CAPTURE.md "Snapshots of a running capture"): a temporary slot exports a
+//! snapshot at its consistent point `C`; the assembler places a checkpoint barrier between the
+//! source transactions committed below `C` and those at or past it
+//! ([`Assembler::snapshot_at`]); the tables are copied in that snapshot on a thread of their own
+//! while the stream goes on; once the copy is done and the barrier's Kafka transaction committed,
+//! the manifest (start offsets: just after that barrier) is written and the folder renamed into
+//! place, so a snapshot is visible whole or not at all. Owns the snapshot folders; must not
+//! decide where a barrier goes (the core does) nor write the log (the loop does).
+
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::log::{SnapshotPlaced, SnapshotRecord};
+use super::pg::{self, unix_ms, PgReplication, TableName};
+use super::types::PgColumn;
+use crate::codec::TableSchema;
+use crate::core::capture::{Assembler, Lsn};
+use crate::core::{vnode_of, Epoch};
+use crate::snapshot::files::{
+    write_manifest, write_tables_manifest, Manifest, ManifestStart, ManifestTable, SortedWriter,
+    TablesManifest,
+};
+
+/// The folder of the snapshots of a running capture, under the job's `snapshot.dir`.
+pub const SNAPSHOTS: &str = "snapshots";
+
+/// One captured table, as a copy needs it.
+#[derive(Clone, Debug)]
+pub struct CopyTable {
+    pub table: TableName,
+    pub schema: TableSchema,
+    /// The catalog's columns when the capture started (a copy that finds others fails).
+    pub columns: Vec<PgColumn>,
+}
+
+/// What a copy needs, owned: it runs on a thread of its own.
+#[derive(Clone, Debug)]
+pub struct CopySpec {
+    pub url: String,
+    /// In the log's order; a log of several tables names each by `table.table`.
+    pub tables: Vec<CopyTable>,
+    pub vnode_count: u32,
+    pub partitions: u32,
+    pub topic: String,
+    pub copy_connections: usize,
+}
+
+/// What a copy wrote into its folder.
+pub struct Copied {
+    tables: Vec<ManifestTable>,
+    pub rows: u64,
+    /// The server's clock (Unix ms) at the snapshot's import.
+    pub import_ms: u64,
+}
+
+/// A manifest of one table or of several.
+pub enum AnyManifest {
+    One(Manifest),
+    Tables(TablesManifest),
+}
+
+impl AnyManifest {
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        Ok(match self {
+            AnyManifest::One(m) => serde_json::to_vec_pretty(m)?,
+            AnyManifest::Tables(m) => serde_json::to_vec_pretty(m)?,
+        })
+    }
+
+    /// Writes `manifest.json` into `dir` (atomically).
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        match self {
+            AnyManifest::One(m) => write_manifest(dir, m)?,
+            AnyManifest::Tables(m) => write_tables_manifest(dir, m)?,
+        };
+        Ok(())
+    }
+}
+
+impl CopySpec {
+    fn several(&self) -> bool {
+        self.tables.len() > 1
+    }
+
+    /// Copies every table in the exported snapshot `snapshot_name` into sorted per-vnode files in
+    /// `folder` (a log of several tables: one folder per table). Every table is read in the one
+    /// snapshot, so together they are one source state.
+    pub fn copy(&self, snapshot_name: &str, folder: &Path) -> Result<Copied> {
+        let started = Instant::now();
+        let mut first_ms = None;
+        let mut tables = Vec::new();
+        let mut total = 0;
+        for t in &self.tables {
+            let dir = if self.several() {
+                folder.join(&t.table.table)
+            } else {
+                folder.to_path_buf()
+            };
+            let mut writer = SortedWriter::new(&dir, &t.schema, self.vnode_count)?;
+            let (info, now_ms, rows) = pg::copy_snapshot(
+                &self.url,
+                &t.table,
+                snapshot_name,
+                self.copy_connections,
+                |datum, key| {
+                    writer.add(vnode_of(key, self.vnode_count), key, datum)?;
+                    Ok(())
+                },
+            )?;
+            if info.encoder.columns != t.columns {
+                bail!(
+                    "the columns of {} changed since the capture started; start it again",
+                    t.table
+                );
+            }
+            tracing::debug!(table = %t.table, rows, seconds = started.elapsed().as_secs_f64(), "snapshot rows read and spilled; sorting");
+            let mut files = writer.finish()?;
+            if self.several() {
+                for f in &mut files {
+                    f.path = format!("{}/{}", t.table.table, f.path);
+                }
+            }
+            first_ms.get_or_insert(now_ms);
+            total += rows;
+            tables.push(ManifestTable {
+                name: t.table.table.clone(),
+                row_schema: t.schema.json.clone(),
+                primary_key: t.schema.primary_key.clone(),
+                files,
+            });
+        }
+        Ok(Copied {
+            tables,
+            rows: total,
+            import_ms: first_ms.unwrap_or_else(unix_ms),
+        })
+    }
+
+    /// The manifest of `copied` at `snapshot_epoch`, starting at `start`.
+    pub fn manifest(
+        &self,
+        mut copied: Copied,
+        snapshot_epoch: Epoch,
+        start: Vec<ManifestStart>,
+    ) -> AnyManifest {
+        if self.several() {
+            AnyManifest::Tables(TablesManifest {
+                snapshot_epoch,
+                vnode_count: self.vnode_count,
+                partition_count: self.partitions,
+                topic: Some(self.topic.clone()),
+                tables: copied.tables,
+                start,
+            })
+        } else {
+            let t = copied.tables.remove(0);
+            AnyManifest::One(Manifest {
+                snapshot_epoch,
+                vnode_count: self.vnode_count,
+                partition_count: self.partitions,
+                topic: Some(self.topic.clone()),
+                row_schema: t.row_schema,
+                primary_key: t.primary_key,
+                files: t.files,
+                start,
+            })
+        }
+    }
+}
+
+/// The manifest's `start`: per partition, the offset just after the barrier into `epoch`.
+pub fn start_after(offsets: &[u64], epoch: Epoch) -> Vec<ManifestStart> {
+    offsets
+        .iter()
+        .enumerate()
+        .map(|(p, &next_offset)| ManifestStart {
+            partition: p as u32,
+            next_offset,
+            epoch,
+        })
+        .collect()
+}
+
+/// A snapshot being copied.
+struct Copying {
+    consistent: Lsn,
+    /// `<snapshots>/.pending-<C>`: renamed to `<snapshots>/<epoch>` once published.
+    folder: PathBuf,
+    /// The session that exported the snapshot (it lives until the copy is done).
+    side: Option<PgReplication>,
+    /// The copy, until it is done; then what it wrote.
+    thread: Option<std::thread::JoinHandle<Result<Copied>>>,
+    copied: Option<Copied>,
+    /// The barrier's commit, once it came.
+    placed: Option<SnapshotPlaced>,
+}
+
+/// The snapshots of a running capture: every `interval`, one exported, placed, copied and
+/// published. Lives as long as the capture (across its sessions).
+pub struct OnDemand {
+    spec: CopySpec,
+    slot: String,
+    publication: String,
+    root: PathBuf,
+    interval: Option<Duration>,
+    last: Instant,
+    copying: Option<Copying>,
+    placed_tx: mpsc::Sender<SnapshotPlaced>,
+    placed_rx: mpsc::Receiver<SnapshotPlaced>,
+    /// Published snapshots not yet in a committed state record (the log lists them at its next
+    /// commit: [`super::log::KafkaLog::published`]).
+    pub published: Arc<Mutex<Vec<SnapshotRecord>>>,
+}
+
+impl OnDemand {
+    /// Snapshots of the capture of `spec` through `slot`'s publication into `<dir>/snapshots`,
+    /// one every `interval` (none without). Folders of copies a crash left are removed.
+    pub fn new(
+        spec: CopySpec,
+        slot: &str,
+        publication: &str,
+        dir: &Path,
+        interval: Option<Duration>,
+    ) -> Result<OnDemand> {
+        let root = dir.join(SNAPSHOTS);
+        if let Ok(entries) = std::fs::read_dir(&root) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(".pending-") {
+                    std::fs::remove_dir_all(e.path()).with_context(|| {
+                        format!("removing {}, a copy a crash left", e.path().display())
+                    })?;
+                }
+            }
+        }
+        let (placed_tx, placed_rx) = mpsc::channel();
+        Ok(OnDemand {
+            spec,
+            slot: slot.to_string(),
+            publication: publication.to_string(),
+            root,
+            interval,
+            last: Instant::now(),
+            copying: None,
+            placed_tx,
+            placed_rx,
+            published: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// Where the log reports a snapshot barrier's commit.
+    pub fn placed_sender(&self) -> mpsc::Sender<SnapshotPlaced> {
+        self.placed_tx.clone()
+    }
+
+    /// A new session begins: a copy whose barrier did not commit is abandoned (the assembler that
+    /// held its point is gone; a new snapshot has a new point).
+    pub fn session_started(&mut self) {
+        self.take_placed();
+        if let Some(c) = self.copying.as_ref().filter(|c| c.placed.is_none()) {
+            tracing::warn!(lsn = %pg::format_lsn(c.consistent), "a snapshot whose barrier did not commit is abandoned; the next one is taken at the next interval");
+            self.copying = None;
+            self.last = Instant::now();
+        }
+    }
+
+    fn take_placed(&mut self) {
+        while let Ok(p) = self.placed_rx.try_recv() {
+            if let Some(c) = self
+                .copying
+                .as_mut()
+                .filter(|c| c.consistent == p.consistent)
+            {
+                tracing::info!(epoch = %p.snapshot_epoch, lsn = %pg::format_lsn(p.consistent), "snapshot barrier committed");
+                c.placed = Some(p);
+            }
+        }
+    }
+
+    /// Between source transactions: starts a snapshot when one is due (a failure to start one is
+    /// logged and tried again at the next interval), and publishes one whose copy and barrier
+    /// are both done (a failure to publish one is logged; its folder stays hidden).
+    pub fn between(&mut self, a: &mut Assembler) {
+        self.take_placed();
+        if let Some(c) = &mut self.copying {
+            if c.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let done = c.thread.take().expect("a copy").join();
+                // Every reader imported the snapshot: the exporting session may go.
+                c.side = None;
+                match done {
+                    Ok(Ok(copied)) => c.copied = Some(copied),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %format!("{e:#}"), "a snapshot's copy failed; the next one is taken at the next interval");
+                        self.copying = None;
+                        self.last = Instant::now();
+                    }
+                    Err(_) => {
+                        tracing::warn!("a snapshot's copy panicked; the next one is taken at the next interval");
+                        self.copying = None;
+                        self.last = Instant::now();
+                    }
+                }
+            }
+        }
+        if self
+            .copying
+            .as_ref()
+            .is_some_and(|c| c.copied.is_some() && c.placed.is_some())
+        {
+            let c = self.copying.take().expect("a copy");
+            let (copied, placed) = (c.copied.expect("copied"), c.placed.expect("placed"));
+            if let Err(e) = self.publish(&c.folder, copied, placed) {
+                tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval");
+            }
+            self.last = Instant::now();
+        }
+        let due = self
+            .interval
+            .is_some_and(|i| self.last.elapsed() >= i && self.copying.is_none());
+        if due {
+            self.last = Instant::now();
+            if let Err(e) = self.start(a) {
+                tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be started; the next one is taken at the next interval");
+            }
+        }
+    }
+
+    /// Exports a snapshot on a temporary slot, hands its point to the assembler and starts the
+    /// copy. Runs between transactions on the capture's thread, which reads nothing meanwhile: the
+    /// stream cannot pass the point before the assembler holds it.
+    fn start(&mut self, a: &mut Assembler) -> Result<()> {
+        let mut client = pg::connect(&self.spec.url)?;
+        // At most 63 bytes, as every slot name.
+        let base = &self.slot[..self.slot.len().min(52)];
+        let slot = format!("{base}_s{}", unix_ms() % 1_000_000_000);
+        let (side, name, consistent) =
+            PgReplication::export_snapshot(&self.spec.url, &slot, &self.publication, &mut client)?;
+        a.snapshot_at(consistent)?;
+        let folder = self.root.join(format!(
+            ".pending-{}",
+            pg::format_lsn(consistent).replace('/', "-")
+        ));
+        std::fs::create_dir_all(&folder)
+            .with_context(|| format!("creating {}", folder.display()))?;
+        let (spec, f) = (self.spec.clone(), folder.clone());
+        let thread = std::thread::Builder::new()
+            .name("capture-snapshot".into())
+            .spawn(move || spec.copy(&name, &f))
+            .context("starting the snapshot's copy")?;
+        tracing::info!(lsn = %pg::format_lsn(consistent), folder = %folder.display(), "snapshot of the running capture started");
+        self.copying = Some(Copying {
+            consistent,
+            folder,
+            side: Some(side),
+            thread: Some(thread),
+            copied: None,
+            placed: None,
+        });
+        Ok(())
+    }
+
+    /// Writes the manifest into the copy's folder and renames it to `<snapshots>/<epoch>`.
+    fn publish(&self, folder: &Path, copied: Copied, placed: SnapshotPlaced) -> Result<()> {
+        let rows = copied.rows;
+        let manifest = self.spec.manifest(
+            copied,
+            placed.snapshot_epoch,
+            start_after(&placed.start_offsets, placed.next_epoch),
+        );
+        manifest.write(folder)?;
+        let target = self.root.join(placed.snapshot_epoch.0.to_string());
+        std::fs::rename(folder, &target)
+            .with_context(|| format!("renaming {} to {}", folder.display(), target.display()))?;
+        if let Ok(d) = std::fs::File::open(&self.root) {
+            d.sync_all()
+                .with_context(|| format!("syncing {}", self.root.display()))?;
+        }
+        tracing::info!(epoch = %placed.snapshot_epoch, rows, dir = %target.display(), "snapshot of the running capture published");
+        self.published.lock().unwrap().push(SnapshotRecord {
+            snapshot_epoch: placed.snapshot_epoch,
+            next_epoch: placed.next_epoch,
+            start_offsets: placed.start_offsets,
+            dir: target.display().to_string(),
+        });
+        Ok(())
+    }
+}

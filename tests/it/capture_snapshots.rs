@@ -1,0 +1,131 @@
+//! Snapshots of a running capture (docs/CAPTURE.md "Snapshots of a running capture"), against the
+//! real PostgreSQL and broker: pgbench writes throughout, the capture takes a snapshot every two
+//! seconds at a checkpoint barrier of the live log, and a job created afterwards starts from one of
+//! them — not from the log's start — and equals the source.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::capture_e2e::{
+    capture_fixture, database, pgbench_init, pgbench_run, spawn_capture, stop_capture, wait_child,
+    MIN,
+};
+use crate::support::*;
+
+/// The published snapshots under `<snapshot.dir>/snapshots` (each folder with its manifest), by
+/// epoch.
+fn published(f: &Fixture) -> Vec<(u64, PathBuf)> {
+    let root = f.dir.join("out/snapshot/snapshots");
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("manifest.json").exists())
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path())))
+        .collect();
+    found.sort();
+    found
+}
+
+fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(manifest_dir.join("manifest.json")).unwrap())
+            .unwrap();
+    m["start"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["next_offset"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_the_source() {
+    let _serial = serial();
+    let name = &format!("snaps-{}", stamp() % 1_000_000);
+    let source = database(name);
+    let url = source.url.clone();
+    pgbench_init(&url);
+    let f = capture_fixture(name, &url, "public.pgbench_accounts");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(&f.config, format!("{text}snapshot_interval_ms = 2000\n")).unwrap();
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("snapshot copied", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 12);
+    // Two snapshots taken while pgbench writes.
+    capture.wait_for_count("snapshot of the running capture published", 2, MIN);
+    let snaps = published(&f);
+    assert!(snaps.len() >= 2, "{snaps:?}");
+    let (epoch, dir) = snaps[0].clone();
+    let first = start_offsets(&f.dir.join("out/snapshot"));
+    let later = start_offsets(&dir);
+    assert!(
+        later.iter().zip(&first).all(|(l, f)| l > f),
+        "the snapshot's log starts after the first snapshot's: {later:?} vs {first:?}"
+    );
+    // A second job of the same table and topic, created now, reads the first of those.
+    let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
+    let own = std::fs::read_to_string(&late.config).unwrap();
+    let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
+    std::fs::write(
+        &late.config,
+        format!(
+            "{}{capture_section}",
+            own.replace(&late.topic, &f.topic).replace(
+                &late.dir.join("out/snapshot").display().to_string(),
+                &dir.display().to_string()
+            )
+        ),
+    )
+    .unwrap();
+    let mut run = late.spawn_run("late", &[]);
+    run.wait_for("to=\"log_store\"", MIN);
+    wait_child(&mut bench, MIN);
+    let deadline = Instant::now() + MIN;
+    let report = loop {
+        let out = std::process::Command::new(BIN)
+            .args(["verify", "--against-source", "--config"])
+            .arg(&late.config)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "never equal: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(report.contains("10000 rows compared"), "{report}");
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    stop_capture(&mut capture);
+    // The capture's state record lists every published snapshot with its offsets.
+    let props = BTreeMap::from([("bootstrap.servers".to_string(), f.bootstrap.clone())]);
+    let record = kafka_backfill::capture::log::read_state(&props, &f.topic, &f.name)
+        .unwrap()
+        .expect("a state record");
+    let listed: Vec<u64> = record
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_epoch.0)
+        .collect();
+    assert!(listed.contains(&epoch), "{listed:?} lacks {epoch}");
+    let entry = record
+        .snapshots
+        .iter()
+        .find(|s| s.snapshot_epoch.0 == epoch)
+        .unwrap();
+    assert_eq!(entry.start_offsets, later);
+    assert_eq!(PathBuf::from(&entry.dir), dir);
+    // No copy left half-written and visible: every folder has its manifest or is hidden.
+    for e in std::fs::read_dir(f.dir.join("out/snapshot/snapshots")).unwrap() {
+        let e = e.unwrap();
+        let hidden = e.file_name().to_string_lossy().starts_with('.');
+        assert!(hidden || e.path().join("manifest.json").exists(), "{e:?}");
+    }
+}
