@@ -13,11 +13,16 @@
 //! database meanwhile writes transactions to the captured tables (three, one capture: a
 //! transaction may touch several) and WAL of other tables.
 //!
+//! Now and then, between transactions, the capture is asked for a snapshot of the running capture
+//! at the end of the WAL (the model of a temporary slot's consistent point).
+//!
 //! The oracle is the model database: the committed log must be a valid log store (barrier chain,
 //! the same barriers in every partition, each change in its barrier's epoch, update pairs
 //! adjacent, each change tagged with its key's table), and per key its changes must be exactly the source's committed changes after the
 //! snapshot, in commit order, up to the resume position; the snapshot plus the log must equal the
-//! table at that position.
+//! table at that position. Each snapshot of the running capture must be the first snapshot plus
+//! the log before its barrier (the last record before its start offsets in every partition), and
+//! it plus the log after them the source table.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -60,8 +65,21 @@ enum Rec {
     },
 }
 
+/// A table of the model: key → row.
+type Rows = BTreeMap<Vec<u8>, Vec<u8>>;
+
 /// A snapshot as the model takes it: (consistent position, rows, snapshot epoch).
-type ModelSnapshot = (Lsn, BTreeMap<Vec<u8>, Vec<u8>>, Epoch);
+type ModelSnapshot = (Lsn, Rows, Epoch);
+
+/// A snapshot of the running capture whose barrier committed.
+#[derive(Clone, Debug)]
+struct LaterSnapshot {
+    epoch: Epoch,
+    next: Epoch,
+    consistent: Lsn,
+    offsets: Vec<usize>,
+    rows: Rows,
+}
 
 struct World {
     rng: SimRng,
@@ -77,6 +95,11 @@ struct World {
     /// initial barrier's commit.
     snapshot_taken: Option<ModelSnapshot>,
     snapshot: Option<ModelSnapshot>,
+    /// Snapshots of the running capture asked for: (consistent position, the table there).
+    requested: Vec<(Lsn, Rows)>,
+    /// Those whose barrier committed: (snapshot epoch, next epoch, per partition the offset
+    /// just after the barrier, the table at the consistent position).
+    later: Vec<LaterSnapshot>,
     // Kafka.
     log: Vec<Vec<Rec>>,
     state: Option<CaptureState>,
@@ -304,6 +327,8 @@ struct SimLog {
     epoch: u64,
     open: Option<Vec<(PartitionId, Rec)>>,
     partitions: u32,
+    /// A snapshot barrier in the open transaction: (snapshot epoch, next epoch, its point).
+    snapshot_point: Option<(Epoch, Epoch, Lsn)>,
 }
 
 impl SimLog {
@@ -335,16 +360,15 @@ impl LogPort for SimLog {
         )))
     }
 
-    fn snapshot_point(&mut self, e: Epoch, _: Epoch, _: Lsn) -> Result<(), CaptureFailure> {
-        // The simulation asks for no snapshot after the first yet.
-        Err(CaptureFailure::Permanent(format!(
-            "the simulated capture took no snapshot at epoch {e}"
-        )))
+    fn snapshot_point(&mut self, e: Epoch, next: Epoch, c: Lsn) -> Result<(), CaptureFailure> {
+        self.snapshot_point = Some((e, next, c));
+        Ok(())
     }
 
     fn begin(&mut self) -> Result<(), CaptureFailure> {
         self.fenced()?;
         self.open = Some(Vec::new());
+        self.snapshot_point = None;
         Ok(())
     }
 
@@ -389,6 +413,24 @@ impl LogPort for SimLog {
         for (p, rec) in open {
             w.log[p as usize].push(rec);
         }
+        if let Some((epoch, next, consistent)) = self.snapshot_point.take() {
+            let rows = w
+                .requested
+                .iter()
+                .find(|r| r.0 == consistent)
+                .map(|r| r.1.clone())
+                .ok_or_else(|| {
+                    CaptureFailure::Permanent(format!("no snapshot was asked for at {consistent}"))
+                })?;
+            let offsets = w.log.iter().map(Vec::len).collect();
+            w.later.push(LaterSnapshot {
+                epoch,
+                next,
+                consistent,
+                offsets,
+                rows,
+            });
+        }
         w.state = Some(*state);
         if state.checkpoints == 0 {
             w.snapshot = w.snapshot_taken.clone();
@@ -425,6 +467,8 @@ pub struct CaptureSimReport {
     pub drops: u64,
     pub replays: u64,
     pub zombies_fenced: u64,
+    /// Snapshots of the running capture placed in the log (their barriers committed).
+    pub later_snapshots: u64,
 }
 
 /// Runs seed `seed`: a capture of `txns` source transactions under faults, checked by the oracle.
@@ -449,6 +493,8 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
         confirmed: 0,
         snapshot_taken: None,
         snapshot: None,
+        requested: Vec::new(),
+        later: Vec::new(),
         log: vec![Vec::new(); partitions as usize],
         state: None,
         producer_epoch: 0,
@@ -516,6 +562,7 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
             epoch,
             open: None,
             partitions,
+            snapshot_point: None,
         };
         let mut steps = 0u64;
         let result = run_session(
@@ -526,6 +573,14 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
             Duration::from_millis(100),
             &mut |a: &mut Assembler| {
                 steps += 1;
+                // Now and then a snapshot of the running capture: a slot exported at the end of
+                // the WAL sees every transaction committed so far.
+                if !a.snapshot_waiting() && w.borrow_mut().rng.chance(3) {
+                    let mut b = w.borrow_mut();
+                    let (c, rows) = (b.wal_end, b.table.clone());
+                    a.snapshot_at(c)?;
+                    b.requested.push((c, rows));
+                }
                 let b = w.borrow();
                 let done = b.txns_left == 0
                     && b.state
@@ -568,8 +623,70 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
     report.crashes = b.crashes;
     report.drops = b.drops;
     report.replays = b.replays;
+    report.later_snapshots = b.later.len() as u64;
     check_log(&b, map).map_err(|e| format!("seed {seed}: {e}"))?;
+    check_later_snapshots(&b).map_err(|e| format!("seed {seed}: {e}"))?;
     Ok(report)
+}
+
+/// The oracle of the snapshots of the running capture: each one's barrier is the checkpoint
+/// barrier out of its epoch, the last record before its offsets in every partition; and the
+/// snapshot plus the log after those offsets is the source table.
+fn check_later_snapshots(w: &World) -> Result<(), String> {
+    for s in &w.later {
+        for (p, recs) in w.log.iter().enumerate() {
+            let before = s.offsets[p].checked_sub(1).and_then(|i| recs.get(i));
+            match before {
+                Some(Rec::Barrier(b))
+                    if b.kind == BarrierKind::Checkpoint && b.prev == s.epoch && b.curr == s.next => {}
+                other => {
+                    return Err(format!(
+                        "snapshot at {} (epoch {}): partition {p} has {other:?} before its start offset",
+                        s.consistent, s.epoch
+                    ))
+                }
+            }
+        }
+        // The first snapshot plus the log before the barrier is this snapshot.
+        let (_, first, _) = w.snapshot.clone().ok_or("no snapshot was published")?;
+        let mut before = first;
+        for (p, recs) in w.log.iter().enumerate() {
+            apply(&mut before, &recs[..s.offsets[p]]);
+        }
+        if before != s.rows {
+            return Err(format!(
+                "the snapshot at {} (epoch {}) is not the first snapshot plus the log before its barrier",
+                s.consistent, s.epoch
+            ));
+        }
+        let mut replica = s.rows.clone();
+        for (p, recs) in w.log.iter().enumerate() {
+            apply(&mut replica, &recs[s.offsets[p]..]);
+        }
+        if replica != w.table {
+            return Err(format!(
+                "the snapshot at {} (epoch {}) plus the log after it is not the source table",
+                s.consistent, s.epoch
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the changes of `recs` to `table`.
+fn apply(table: &mut Rows, recs: &[Rec]) {
+    for rec in recs {
+        if let Rec::Change { op, key, row, .. } = rec {
+            match op {
+                Op::Insert | Op::UpdateInsert => {
+                    table.insert(key.clone(), row.clone());
+                }
+                Op::Delete | Op::UpdateDelete => {
+                    table.remove(key);
+                }
+            }
+        }
+    }
 }
 
 /// The oracle (see the module's doc).

@@ -1,7 +1,8 @@
 //! Deterministic simulation of `kafka-backfill capture` (src/sim/capture.rs) against its oracle: the
 //! production capture loop and assembler against a model PostgreSQL and a model transactional Kafka,
 //! with crashes before and after the Kafka commit, between the commit and the acknowledgement and
-//! mid-transaction, dropped and silently replaying replication connections, and zombies.
+//! mid-transaction, dropped and silently replaying replication connections, and zombies; and
+//! snapshots of the running capture asked for between transactions.
 //!
 //! `SIM_SEEDS` (default 1000) seeds run from `SIM_FIRST_SEED` (default 0); a failure prints the seed
 //! and the command that replays it:
@@ -41,6 +42,7 @@ fn random_capture_schedules_against_the_oracle() {
                 total.drops += r.drops;
                 total.replays += r.replays;
                 total.zombies_fenced += r.zombies_fenced;
+                total.later_snapshots += r.later_snapshots;
             }
             Err(e) => failures.push(e),
         }
@@ -59,22 +61,37 @@ fn random_capture_schedules_against_the_oracle() {
         "{total:?}"
     );
     assert!(total.checkpoints > seeds * 2, "{total:?}");
+    assert!(total.later_snapshots > seeds / 2, "{total:?}");
 }
 
 /// The simulation can fail: acknowledging the source position before the Kafka commit (RisingWave
 /// #25071's bug) is caught within a bounded number of seeds.
 #[test]
 fn acknowledging_before_the_kafka_commit_is_caught() {
-    use kafka_backfill::core::faults::{inject, Fault};
+    caught_within(kafka_backfill::core::faults::Fault::CaptureAckBeforeCommit);
+}
+
+/// A snapshot's barrier placed before its point, or after the first transaction past it, is
+/// caught: the snapshot is not the log up to its barrier.
+#[test]
+fn a_snapshot_barrier_early_or_late_is_caught() {
+    use kafka_backfill::core::faults::Fault;
+    caught_within(Fault::SnapshotBarrierEarly);
+    caught_within(Fault::SnapshotBarrierLate);
+}
+
+/// `fault` makes a seed fail within 300; that seed passes without it.
+fn caught_within(fault: kafka_backfill::core::faults::Fault) {
+    use kafka_backfill::core::faults::inject;
     const BOUND: u64 = 300;
-    inject(Some(Fault::CaptureAckBeforeCommit));
+    inject(Some(fault));
     let caught = (0..BOUND).find_map(|seed| run_seed(seed).err().map(|e| (seed, e)));
     inject(None);
     let Some((seed, e)) = caught else {
-        panic!("CaptureAckBeforeCommit was not caught within {BOUND} seeds");
+        panic!("{fault:?} was not caught within {BOUND} seeds");
     };
     println!(
-        "CaptureAckBeforeCommit caught by seed {seed}: {}",
+        "{fault:?} caught by seed {seed}: {}",
         e.lines().next().unwrap_or_default()
     );
     run_seed(seed).unwrap();

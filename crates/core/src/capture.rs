@@ -281,7 +281,16 @@ impl Assembler {
     /// The snapshot's checkpoint barrier, if the source reached `position` (a transaction's commit
     /// record, or an idle report's end of WAL) at or past its consistent point.
     fn place_snapshot(&mut self, position: Lsn, now_ms: u64, out: &mut Vec<Action>) {
-        let Some(consistent) = self.snapshot_at.filter(|&c| position >= c) else {
+        let reached = |c: Lsn| {
+            if faults::active(Fault::SnapshotBarrierEarly) {
+                true
+            } else if faults::active(Fault::SnapshotBarrierLate) {
+                position > c + 1 && self.written_lsn > c
+            } else {
+                position >= c
+            }
+        };
+        let Some(consistent) = self.snapshot_at.filter(|&c| reached(c)) else {
             return;
         };
         self.snapshot_at = None;

@@ -29,6 +29,12 @@ pub enum Fault {
     /// Publication counts every partition a checkpoint carries progress for as standing at its
     /// epoch, also one the worker gained whose previous owner had committed beyond it.
     PublishEveryOwnedPartition,
+    /// A snapshot's barrier is placed at the next transaction boundary, whatever its position: the
+    /// transactions below the snapshot's point still to come land after it, in both.
+    SnapshotBarrierEarly,
+    /// A snapshot's barrier waits for a transaction past the point, not at it: the first
+    /// transaction at or past the point lands before it, in neither.
+    SnapshotBarrierLate,
 }
 
 impl Fault {
