@@ -26,9 +26,6 @@ use crate::snapshot::files::{
     TablesManifest,
 };
 
-/// The folder of the snapshots of a running capture, under the job's `snapshot.dir`.
-pub const SNAPSHOTS: &str = "snapshots";
-
 /// One captured table, as a copy needs it.
 #[derive(Clone, Debug)]
 pub struct CopyTable {
@@ -227,7 +224,7 @@ impl OnDemand {
         dir: &Path,
         interval: Option<Duration>,
     ) -> Result<OnDemand> {
-        let root = dir.join(SNAPSHOTS);
+        let root = dir.join(crate::snapshot::published::SNAPSHOTS);
         if let Ok(entries) = std::fs::read_dir(&root) {
             for e in entries.flatten() {
                 if e.file_name().to_string_lossy().starts_with(".pending-") {

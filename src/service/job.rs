@@ -285,6 +285,24 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     )?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
+    // A capture's later snapshots (docs/CAPTURE.md "Snapshots of a running capture"): a new job
+    // starts from the newest, one that started before goes on with the one its store recorded.
+    if let SnapshotConfig::Files { dir, table } = &job.snapshot {
+        let recorded = store
+            .job(&job.name)
+            .with_context(|| format!("job {}: reading its job row", job.name))?
+            .map(|r| r.snapshot_epoch);
+        if let Some((epoch, later)) = crate::snapshot::published::choose(dir, recorded) {
+            drop(store);
+            info!(job = %job.name, %epoch, dir = %later.display(), first = %info.snapshot_epoch, "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
+            let mut at = job.clone();
+            at.snapshot = SnapshotConfig::Files {
+                dir: later,
+                table: table.clone(),
+            };
+            return prepare(&at, check_topic);
+        }
+    }
     store
         .ensure_job(&job.name, &info)
         .with_context(|| format!("job {}", job.name))?;

@@ -1,8 +1,10 @@
 //! Snapshot sources (`crate::ports::SnapshotSource`): Avro container files with a manifest
 //! (`files`, written by `produce`) and a PostgreSQL table (`postgres`, written by `export-snapshot`),
-//! and several tables of one snapshot scanned as one (`tables`).
+//! and several tables of one snapshot scanned as one (`tables`); the later snapshots of a running
+//! capture beside the first (`published`).
 
 pub mod files;
 pub mod postgres;
+pub mod published;
 pub mod tables;
 pub mod versions;

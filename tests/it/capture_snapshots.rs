@@ -40,6 +40,14 @@ fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
         .collect()
 }
 
+/// The line in which `run` says which later snapshot it reads.
+fn chosen_line(run: &mut Runner) -> String {
+    const SAID: &str = "reading a later snapshot of the capture";
+    run.wait_for(SAID, MIN);
+    let log = run.log_text();
+    log.lines().find(|l| l.contains(SAID)).unwrap().to_string()
+}
+
 #[test]
 fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_the_source() {
     let _serial = serial();
@@ -57,14 +65,8 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     capture.wait_for_count("snapshot of the running capture published", 2, MIN);
     let snaps = published(&f);
     assert!(snaps.len() >= 2, "{snaps:?}");
-    let (epoch, dir) = snaps[0].clone();
-    let first = start_offsets(&f.dir.join("out/snapshot"));
-    let later = start_offsets(&dir);
-    assert!(
-        later.iter().zip(&first).all(|(l, f)| l > f),
-        "the snapshot's log starts after the first snapshot's: {later:?} vs {first:?}"
-    );
-    // A second job of the same table and topic, created now, reads the first of those.
+    // A second job of the same table, topic and snapshot folder, created now, reads the newest
+    // published snapshot, whose log starts after the first snapshot's.
     let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
     let own = std::fs::read_to_string(&late.config).unwrap();
     let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
@@ -74,13 +76,26 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
             "{}{capture_section}",
             own.replace(&late.topic, &f.topic).replace(
                 &late.dir.join("out/snapshot").display().to_string(),
-                &dir.display().to_string()
+                &f.dir.join("out/snapshot").display().to_string()
             )
         ),
     )
     .unwrap();
     let mut run = late.spawn_run("late", &[]);
     run.wait_for("to=\"log_store\"", MIN);
+    let line = chosen_line(&mut run);
+    let (epoch, dir) = published(&f)
+        .into_iter()
+        .find(|(e, _)| line.contains(&format!("epoch={e}")))
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(epoch >= snaps[snaps.len() - 1].0, "the newest: {line}");
+    assert!(line.contains("the newest published"), "{line}");
+    let first = start_offsets(&f.dir.join("out/snapshot"));
+    let later = start_offsets(&dir);
+    assert!(
+        later.iter().zip(&first).all(|(l, f)| l > f),
+        "the snapshot's log starts after the first snapshot's: {later:?} vs {first:?}"
+    );
     wait_child(&mut bench, MIN);
     let deadline = Instant::now() + MIN;
     let report = loop {
@@ -103,6 +118,22 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     assert!(report.contains("10000 rows compared"), "{report}");
     run.signal("TERM");
     run.wait_exit(MIN);
+    // Restarted after a newer snapshot was published, the job goes on with the one it started
+    // from (its store recorded that epoch).
+    let deadline = Instant::now() + MIN;
+    while published(&f).last().unwrap().0 <= epoch {
+        assert!(Instant::now() < deadline, "no newer snapshot");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut again = late.spawn_run("again", &[]);
+    let line = chosen_line(&mut again);
+    assert!(
+        line.contains(&format!("epoch={epoch}")) && line.contains("the one the job started from"),
+        "{line}"
+    );
+    again.wait_for("to=\"streaming\"", MIN);
+    again.signal("TERM");
+    assert!(again.wait_exit(MIN).success());
     stop_capture(&mut capture);
     // The capture's state record lists every published snapshot with its offsets.
     let props = BTreeMap::from([("bootstrap.servers".to_string(), f.bootstrap.clone())]);
