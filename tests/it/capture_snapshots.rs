@@ -1,7 +1,8 @@
 //! Snapshots of a running capture (docs/CAPTURE.md "Snapshots of a running capture"), against the
 //! real PostgreSQL and broker: pgbench writes throughout, the capture takes a snapshot every two
-//! seconds at a checkpoint barrier of the live log, and a job created afterwards starts from one of
-//! them — not from the log's start — and equals the source.
+//! seconds at a checkpoint barrier of the live log, retention deletes the log before the newest
+//! one's start, and a job created afterwards starts from the newest — not from the log's start,
+//! which is gone — and equals the source.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use crate::capture_e2e::{
     capture_fixture, database, pgbench_init, pgbench_run, spawn_capture, stop_capture, wait_child,
     MIN,
 };
+use crate::contract_e2e::check_log;
 use crate::support::*;
 
 /// The published snapshots under `<snapshot.dir>/snapshots` (each folder with its manifest), by
@@ -40,6 +42,28 @@ fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
         .collect()
 }
 
+/// Deletes the log's records below `offsets` (per partition), as retention would.
+fn delete_records(f: &Fixture, offsets: &[u64]) {
+    let file = f.dir.join("delete.json");
+    let partitions: Vec<serde_json::Value> = offsets
+        .iter()
+        .enumerate()
+        .map(|(p, o)| serde_json::json!({"topic": f.topic, "partition": p, "offset": o}))
+        .collect();
+    std::fs::write(
+        &file,
+        serde_json::json!({"version": 1, "partitions": partitions}).to_string(),
+    )
+    .unwrap();
+    f.kafka_tool(&[
+        "org.apache.kafka.tools.DeleteRecordsCommand",
+        "--bootstrap-server",
+        &f.bootstrap,
+        "--offset-json-file",
+        file.to_str().unwrap(),
+    ]);
+}
+
 /// The line in which `run` says which later snapshot it reads.
 fn chosen_line(run: &mut Runner) -> String {
     const SAID: &str = "reading a later snapshot of the capture";
@@ -65,6 +89,13 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     capture.wait_for_count("snapshot of the running capture published", 2, MIN);
     let snaps = published(&f);
     assert!(snaps.len() >= 2, "{snaps:?}");
+    // Retention meanwhile deleted the log up to the newest snapshot's start (DeleteRecords): the
+    // first snapshot cannot be continued any more, and check-log says so.
+    let newest = start_offsets(&snaps[snaps.len() - 1].1);
+    delete_records(&f, &newest);
+    let (code, out) = check_log(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("but the log now starts at offset"), "{out}");
     // A second job of the same table, topic and snapshot folder, created now, reads the newest
     // published snapshot, whose log starts after the first snapshot's.
     let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");

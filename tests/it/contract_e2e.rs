@@ -436,7 +436,8 @@ fn caught_up_holds_under_continuous_writes_and_committed_epoch_is_the_checkpoint
     assert!(run.wait_exit(MIN).success());
 }
 
-fn check_log(f: &Fixture) -> (i32, String) {
+/// `check-log` of `f`'s job: its exit code and output.
+pub(crate) fn check_log(f: &Fixture) -> (i32, String) {
     let out = Command::new(BIN)
         .args(["check-log", "--config"])
         .arg(&f.config)
@@ -1037,7 +1038,7 @@ fn a_job_whose_start_offsets_were_deleted_stops_before_reading_and_says_why() {
     assert!(!status.success(), "{}", support::tail(&log));
     assert!(log.contains(&named), "{}", support::tail(&log));
     assert!(
-        log.contains("with `capture`, capture the tables again into a new topic"),
+        log.contains("with `capture`, set `[jobs.capture] snapshot_interval_ms` and start the job under a new name"),
         "{}",
         support::tail(&log)
     );
