@@ -42,28 +42,6 @@ fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
         .collect()
 }
 
-/// Deletes the log's records below `offsets` (per partition), as retention would.
-fn delete_records(f: &Fixture, offsets: &[u64]) {
-    let file = f.dir.join("delete.json");
-    let partitions: Vec<serde_json::Value> = offsets
-        .iter()
-        .enumerate()
-        .map(|(p, o)| serde_json::json!({"topic": f.topic, "partition": p, "offset": o}))
-        .collect();
-    std::fs::write(
-        &file,
-        serde_json::json!({"version": 1, "partitions": partitions}).to_string(),
-    )
-    .unwrap();
-    f.kafka_tool(&[
-        "org.apache.kafka.tools.DeleteRecordsCommand",
-        "--bootstrap-server",
-        &f.bootstrap,
-        "--offset-json-file",
-        file.to_str().unwrap(),
-    ]);
-}
-
 /// The line in which `run` says which later snapshot it reads.
 fn chosen_line(run: &mut Runner) -> String {
     const SAID: &str = "reading a later snapshot of the capture";
@@ -92,7 +70,8 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     // Retention meanwhile deleted the log up to the newest snapshot's start (DeleteRecords): the
     // first snapshot cannot be continued any more, and check-log says so.
     let newest = start_offsets(&snaps[snaps.len() - 1].1);
-    delete_records(&f, &newest);
+    let below: Vec<(u32, u64)> = (0..).zip(newest.iter().copied()).collect();
+    f.delete_records(&below);
     let (code, out) = check_log(&f);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("but the log now starts at offset"), "{out}");

@@ -1006,22 +1006,7 @@ fn a_job_whose_start_offsets_were_deleted_stops_before_reading_and_says_why() {
         .as_u64()
         .unwrap();
     let gone_to = start + 10;
-    let offsets = f.dir.join("delete.json");
-    std::fs::write(
-        &offsets,
-        serde_json::json!({"version": 1, "partitions": [
-            {"topic": f.topic, "partition": 0, "offset": gone_to}
-        ]})
-        .to_string(),
-    )
-    .unwrap();
-    f.kafka_tool(&[
-        "org.apache.kafka.tools.DeleteRecordsCommand",
-        "--bootstrap-server",
-        &f.bootstrap,
-        "--offset-json-file",
-        offsets.to_str().unwrap(),
-    ]);
+    f.delete_records(&[(0, gone_to)]);
     let named = format!(
         "topic {} partition 0: the job needs offset {start} but the log now starts at offset {gone_to}",
         f.topic

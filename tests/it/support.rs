@@ -297,6 +297,28 @@ backoff_max_ms = 1000
             .collect()
     }
 
+    /// Deletes the records of the fixture's topic below `(partition, offset)` each (what retention
+    /// does), with Kafka's `DeleteRecords` tool.
+    pub fn delete_records(&self, below: &[(u32, u64)]) {
+        let file = self.dir.join("delete.json");
+        let partitions: Vec<serde_json::Value> = below
+            .iter()
+            .map(|(p, o)| serde_json::json!({"topic": self.topic, "partition": p, "offset": o}))
+            .collect();
+        std::fs::write(
+            &file,
+            serde_json::json!({"version": 1, "partitions": partitions}).to_string(),
+        )
+        .unwrap();
+        self.kafka_tool(&[
+            "org.apache.kafka.tools.DeleteRecordsCommand",
+            "--bootstrap-server",
+            &self.bootstrap,
+            "--offset-json-file",
+            file.to_str().unwrap(),
+        ]);
+    }
+
     /// Runs a Kafka tool class with the broker's classpath.
     pub fn kafka_tool(&self, args: &[&str]) -> String {
         let out = Command::new("bash")
