@@ -277,6 +277,20 @@ enum Command {
         #[arg(long)]
         job: Option<String>,
     },
+    /// Ask a job's running capture for a new snapshot at a barrier of the live log
+    /// (docs/CAPTURE.md "Snapshots of a running capture"), and wait until it is published: prints
+    /// its epoch, folder and start offsets. The request is a record on the capture's state topic.
+    Snapshot {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Job name (default: the only job).
+        #[arg(long)]
+        job: Option<String>,
+        /// How long to wait for the snapshot to be published (0: ask and return).
+        #[arg(long, default_value_t = 600)]
+        within_secs: u64,
+    },
     /// Copy a file snapshot (a folder with manifest.json) into PostgreSQL, as a snapshot source.
     ExportSnapshot {
         /// The folder holding manifest.json.
@@ -798,6 +812,43 @@ fn run(cli: Cli) -> Result<ExitCode> {
             process::run_until_signalled(grace, move |shutdown| {
                 process::capture(&config, &j, shutdown)
             })
+        }
+        Command::Snapshot {
+            config,
+            job,
+            within_secs,
+        } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            init_logs(LogFormat::Text, Some("warn"));
+            let j = pick_job(&config, job.as_deref())?;
+            if j.capture.is_none() {
+                eprintln!(
+                    "job {}: no [jobs.capture] section: only a capture takes snapshots",
+                    j.name
+                );
+                return Ok(Exit::Config.into());
+            }
+            let within = std::time::Duration::from_secs(within_secs);
+            match kafka_backfill::capture::snapshots::request_and_wait(j, within)? {
+                Some(s) => {
+                    println!(
+                        "job {}: snapshot at epoch {} published in {} (start offsets {:?})",
+                        j.name, s.snapshot_epoch, s.dir, s.start_offsets
+                    );
+                    Ok(Exit::Ok.into())
+                }
+                None if within_secs == 0 => {
+                    println!("job {}: snapshot requested", j.name);
+                    Ok(Exit::Ok.into())
+                }
+                None => {
+                    eprintln!("job {}: no snapshot answered the request within {within_secs} s (is the capture running? its log says why a snapshot failed)", j.name);
+                    Ok(Exit::Stalled.into())
+                }
+            }
         }
         Command::CheckLog {
             config,

@@ -288,6 +288,9 @@ fn run_telling(
         &c.publication_name(&job.name),
         dir,
         c.snapshot_interval_ms.map(Duration::from_millis),
+        Some(super::snapshots::Requests::new(
+            &props, &job.topic, &job.name,
+        )?),
     )?;
     let setup = Setup {
         job,
@@ -422,11 +425,11 @@ fn session(
     .map_err(transient("connecting to Kafka"))?;
     let (name, meter) = (job.name.clone(), progress.meter.clone());
     log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
-    on_demand.session_started();
     log.on_snapshot_placed = Some(on_demand.placed_sender());
     log.published = Some(on_demand.published.clone());
     let committed = read_state(&s.props, &job.topic, &job.name)
         .map_err(transient("reading the capture's state"))?;
+    on_demand.session_started(committed.as_ref());
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
     let slot_state = pg::slot_state(&mut client, &s.slot)
         .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;

@@ -67,6 +67,11 @@ pub struct SnapshotRecord {
     pub start_offsets: Vec<u64>,
     /// The folder holding its `manifest.json`.
     pub dir: String,
+    /// The state topic's offset of the newest request ([`super::snapshots::request`]) seen when
+    /// this snapshot was exported: every request up to it is answered by this snapshot or an
+    /// earlier one. Absent for a snapshot of the interval that no request preceded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<i64>,
 }
 
 /// A snapshot's checkpoint barrier, committed: what its manifest needs of the log.
@@ -421,13 +426,8 @@ pub const ABORT_AFTER_FAILURE: Duration = Duration::from_secs(5);
 /// broker outage stalled the capture that long before it said so (`tests/it/outages.rs`).
 pub const COMMIT_WITHIN: Duration = Duration::from_secs(20);
 
-/// The job's last committed state record, or `None` if the state topic holds none. Call after
-/// [`KafkaLog::connect`] (which fenced every older capture).
-pub fn read_state(
-    props: &BTreeMap<String, String>,
-    topic: &str,
-    job: &str,
-) -> Result<Option<StateRecord>> {
+/// Creates the state topic of `topic` when absent (one partition, compacted); returns its name.
+pub fn ensure_state_topic(props: &BTreeMap<String, String>, topic: &str) -> Result<String> {
     let state_topic = state_topic(topic);
     crate::kafka::admin::ensure_topic_with(
         props,
@@ -435,6 +435,17 @@ pub fn read_state(
         1,
         &[("cleanup.policy", "compact")],
     )?;
+    Ok(state_topic)
+}
+
+/// The job's last committed state record, or `None` if the state topic holds none. Call after
+/// [`KafkaLog::connect`] (which fenced every older capture).
+pub fn read_state(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    job: &str,
+) -> Result<Option<StateRecord>> {
+    let state_topic = ensure_state_topic(props, topic)?;
     let consumer: BaseConsumer = crate::kafka::admin::client_config(props)
         .set("group.id", format!("kafka-backfill-capture-state-{job}"))
         .set("enable.auto.commit", "false")

@@ -183,9 +183,141 @@ pub fn start_after(offsets: &[u64], epoch: Epoch) -> Vec<ManifestStart> {
         .collect()
 }
 
+/// The state topic's key of `job`'s snapshot requests (a state reader reads only the key `job`).
+pub fn request_key(job: &str) -> String {
+    format!("{job}/snapshot-request")
+}
+
+/// Asks the capture of `job` (writing `topic`) for a snapshot of the running capture: a record on
+/// its state topic, which the capture reads between transactions. Returns the record's offset: a
+/// snapshot listed with a `request` at or past it answers it.
+pub fn request(
+    props: &std::collections::BTreeMap<String, String>,
+    topic: &str,
+    job: &str,
+) -> Result<i64> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let state_topic = super::log::state_topic(topic);
+    let producer: FutureProducer = crate::kafka::admin::client_config(props)
+        .set("enable.idempotence", "true")
+        .create()
+        .context("creating the request's producer")?;
+    let key = request_key(job);
+    let value = serde_json::json!({ "job": job, "requested_unix_ms": unix_ms() }).to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let delivered = rt
+        .block_on(
+            producer.send(
+                FutureRecord::to(&state_topic)
+                    .partition(0)
+                    .key(&key)
+                    .payload(&value),
+                Duration::from_secs(30),
+            ),
+        )
+        .map_err(|(e, _)| e)
+        .with_context(|| format!("writing a snapshot request to {state_topic}"))?;
+    Ok(delivered.offset)
+}
+
+/// Asks `job`'s capture for a snapshot ([`request`]) and waits up to `within` for the state
+/// record to list one that answers it (`None`: not within; with `within` zero, `None` at once).
+pub fn request_and_wait(
+    job: &crate::config::JobConfig,
+    within: Duration,
+) -> Result<Option<SnapshotRecord>> {
+    let props: std::collections::BTreeMap<String, String> = job
+        .kafka
+        .iter()
+        .filter(|(k, _)| !crate::kafka::is_consumer_only(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let offset = request(&props, &job.topic, &job.name)?;
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let record = super::log::read_state(&props, &job.topic, &job.name)?;
+        let answer = record.and_then(|r| {
+            r.snapshots
+                .into_iter()
+                .find(|s| s.request.is_some_and(|q| q >= offset))
+        });
+        if answer.is_some() {
+            return Ok(answer);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Ok(None)
+}
+
+/// The requests on a capture's state topic, read from its start (the topic is compacted: a job's
+/// newest request is kept) without blocking, at most once a second.
+pub struct Requests {
+    consumer: rdkafka::consumer::BaseConsumer,
+    state_topic: String,
+    key: String,
+    last_poll: Option<Instant>,
+    /// The offset of the newest request read.
+    pub newest: Option<i64>,
+}
+
+impl Requests {
+    pub fn new(
+        props: &std::collections::BTreeMap<String, String>,
+        topic: &str,
+        job: &str,
+    ) -> Result<Requests> {
+        use rdkafka::consumer::Consumer;
+        let state_topic = super::log::ensure_state_topic(props, topic)?;
+        let consumer: rdkafka::consumer::BaseConsumer = crate::kafka::admin::client_config(props)
+            .set("group.id", format!("kafka-backfill-capture-requests-{job}"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .context("creating the snapshot requests' reader")?;
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset(&state_topic, 0, rdkafka::Offset::Beginning)?;
+        consumer.assign(&tpl)?;
+        Ok(Requests {
+            consumer,
+            state_topic,
+            key: request_key(job),
+            last_poll: None,
+            newest: None,
+        })
+    }
+
+    /// Reads what arrived (nothing waits), at most once a second.
+    fn poll(&mut self) {
+        use rdkafka::Message;
+        if self
+            .last_poll
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last_poll = Some(Instant::now());
+        while let Some(m) = self.consumer.poll(Duration::ZERO) {
+            match m {
+                Ok(m) if m.key() == Some(self.key.as_bytes()) => {
+                    self.newest = self.newest.max(Some(m.offset()));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(topic = %self.state_topic, error = %e, "reading snapshot requests");
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// A snapshot being copied.
 struct Copying {
     consistent: Lsn,
+    /// The newest request it answers.
+    request: Option<i64>,
     /// `<snapshots>/.pending-<C>`: renamed to `<snapshots>/<epoch>` once published.
     folder: PathBuf,
     /// The session that exported the snapshot (it lives until the copy is done).
@@ -209,6 +341,9 @@ pub struct OnDemand {
     copying: Option<Copying>,
     placed_tx: mpsc::Sender<SnapshotPlaced>,
     placed_rx: mpsc::Receiver<SnapshotPlaced>,
+    /// Requests for a snapshot, and the newest one a published snapshot answered.
+    requests: Option<Requests>,
+    answered: Option<i64>,
     /// Published snapshots not yet in a committed state record (the log lists them at its next
     /// commit: [`super::log::KafkaLog::published`]).
     pub published: Arc<Mutex<Vec<SnapshotRecord>>>,
@@ -216,13 +351,15 @@ pub struct OnDemand {
 
 impl OnDemand {
     /// Snapshots of the capture of `spec` through `slot`'s publication into `<dir>/snapshots`,
-    /// one every `interval` (none without). Folders of copies a crash left are removed.
+    /// one every `interval` (none without) and one for each request read by `requests`. Folders of
+    /// copies a crash left are removed.
     pub fn new(
         spec: CopySpec,
         slot: &str,
         publication: &str,
         dir: &Path,
         interval: Option<Duration>,
+        requests: Option<Requests>,
     ) -> Result<OnDemand> {
         let root = dir.join(crate::snapshot::published::SNAPSHOTS);
         if let Ok(entries) = std::fs::read_dir(&root) {
@@ -245,6 +382,8 @@ impl OnDemand {
             copying: None,
             placed_tx,
             placed_rx,
+            requests,
+            answered: None,
             published: Arc::new(Mutex::new(Vec::new())),
         })
     }
@@ -254,9 +393,15 @@ impl OnDemand {
         self.placed_tx.clone()
     }
 
-    /// A new session begins: a copy whose barrier did not commit is abandoned (the assembler that
-    /// held its point is gone; a new snapshot has a new point).
-    pub fn session_started(&mut self) {
+    /// A new session begins, from the committed state `record`: its snapshots answered the requests
+    /// they name; a copy whose barrier did not commit is abandoned (the assembler that held its
+    /// point is gone; a new snapshot has a new point).
+    pub fn session_started(&mut self, record: Option<&super::log::StateRecord>) {
+        if let Some(r) = record {
+            self.answered = self
+                .answered
+                .max(r.snapshots.iter().filter_map(|s| s.request).max());
+        }
         self.take_placed();
         if let Some(c) = self.copying.as_ref().filter(|c| c.placed.is_none()) {
             tracing::warn!(lsn = %pg::format_lsn(c.consistent), "a snapshot whose barrier did not commit is abandoned; the next one is taken at the next interval");
@@ -310,17 +455,24 @@ impl OnDemand {
         {
             let c = self.copying.take().expect("a copy");
             let (copied, placed) = (c.copied.expect("copied"), c.placed.expect("placed"));
-            if let Err(e) = self.publish(&c.folder, copied, placed) {
-                tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval");
+            match self.publish(&c.folder, copied, placed, c.request) {
+                Ok(()) => self.answered = self.answered.max(c.request),
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval")
+                }
             }
             self.last = Instant::now();
         }
-        let due = self
-            .interval
-            .is_some_and(|i| self.last.elapsed() >= i && self.copying.is_none());
+        if let Some(r) = &mut self.requests {
+            r.poll();
+        }
+        let requested = self.requests.as_ref().and_then(|r| r.newest);
+        let asked = requested > self.answered;
+        let due = self.copying.is_none()
+            && (asked || self.interval.is_some_and(|i| self.last.elapsed() >= i));
         if due {
             self.last = Instant::now();
-            if let Err(e) = self.start(a) {
+            if let Err(e) = self.start(a, requested) {
                 tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be started; the next one is taken at the next interval");
             }
         }
@@ -329,7 +481,7 @@ impl OnDemand {
     /// Exports a snapshot on a temporary slot, hands its point to the assembler and starts the
     /// copy. Runs between transactions on the capture's thread, which reads nothing meanwhile: the
     /// stream cannot pass the point before the assembler holds it.
-    fn start(&mut self, a: &mut Assembler) -> Result<()> {
+    fn start(&mut self, a: &mut Assembler, request: Option<i64>) -> Result<()> {
         let mut client = pg::connect(&self.spec.url)?;
         // At most 63 bytes, as every slot name.
         let base = &self.slot[..self.slot.len().min(52)];
@@ -349,8 +501,12 @@ impl OnDemand {
             .spawn(move || spec.copy(&name, &f))
             .context("starting the snapshot's copy")?;
         tracing::info!(lsn = %pg::format_lsn(consistent), folder = %folder.display(), "snapshot of the running capture started");
+        if let Some(r) = request {
+            tracing::info!(request = r, "a snapshot was requested");
+        }
         self.copying = Some(Copying {
             consistent,
+            request,
             folder,
             side: Some(side),
             thread: Some(thread),
@@ -361,7 +517,13 @@ impl OnDemand {
     }
 
     /// Writes the manifest into the copy's folder and renames it to `<snapshots>/<epoch>`.
-    fn publish(&self, folder: &Path, copied: Copied, placed: SnapshotPlaced) -> Result<()> {
+    fn publish(
+        &self,
+        folder: &Path,
+        copied: Copied,
+        placed: SnapshotPlaced,
+        request: Option<i64>,
+    ) -> Result<()> {
         let rows = copied.rows;
         let manifest = self.spec.manifest(
             copied,
@@ -382,6 +544,7 @@ impl OnDemand {
             next_epoch: placed.next_epoch,
             start_offsets: placed.start_offsets,
             dir: target.display().to_string(),
+            request,
         });
         Ok(())
     }

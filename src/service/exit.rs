@@ -14,7 +14,8 @@ pub enum Exit {
     Failed,
     /// The configuration is invalid (the message names the key's path).
     Config,
-    /// `run --exit-when-caught-up`: the job made no progress for `--job-wait-secs`.
+    /// `run --exit-when-caught-up`: the job made no progress for `--job-wait-secs`; `snapshot`: no
+    /// snapshot answered the request within `--within-secs`.
     Stalled,
     /// A part the configuration names does not answer: `doctor` found one, or `status` and the
     /// admin commands could not reach the service.
@@ -51,7 +52,7 @@ impl Exit {
             Exit::Ok => "done",
             Exit::Failed => "a job stopped on an error, verify found differences, or the data broke the contract",
             Exit::Config => "the configuration is invalid (the message names the key)",
-            Exit::Stalled => "run --exit-when-caught-up: no progress of the job for --job-wait-secs",
+            Exit::Stalled => "run --exit-when-caught-up: no progress of the job for --job-wait-secs; snapshot: none published within --within-secs",
             Exit::Unreachable => "a broker, store, snapshot, source or the service does not answer (doctor, status, admin commands)",
             Exit::Usage => "the command line is wrong",
         }

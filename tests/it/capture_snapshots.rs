@@ -170,3 +170,84 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
         assert!(hidden || e.path().join("manifest.json").exists(), "{e:?}");
     }
 }
+
+/// `kafka-backfill snapshot` asks a running capture (with no interval of its own) for a snapshot
+/// and returns once it is published; a job created then reads it and equals the source. A job
+/// without a capture is refused as a configuration error.
+#[test]
+fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
+    let _serial = serial();
+    let name = &format!("snapreq-{}", stamp() % 1_000_000);
+    let source = database(name);
+    let url = source.url.clone();
+    pgbench_init(&url);
+    let f = capture_fixture(name, &url, "public.pgbench_accounts");
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("snapshot copied", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 6);
+    let out = std::process::Command::new(BIN)
+        .args(["snapshot", "--within-secs", "60", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snaps = published(&f);
+    assert_eq!(snaps.len(), 1, "one snapshot, the one asked for: {snaps:?}");
+    assert!(
+        said.contains(&format!("snapshot at epoch {} published in", snaps[0].0)),
+        "{said}"
+    );
+    capture.wait_for("a snapshot was requested", MIN);
+    // A job created now reads it.
+    let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
+    let own = std::fs::read_to_string(&late.config).unwrap();
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
+    std::fs::write(
+        &late.config,
+        format!(
+            "{}{capture_section}",
+            own.replace(&late.topic, &f.topic).replace(
+                &late.dir.join("out/snapshot").display().to_string(),
+                &f.dir.join("out/snapshot").display().to_string()
+            )
+        ),
+    )
+    .unwrap();
+    let mut run = late.spawn_run("late", &[]);
+    let line = chosen_line(&mut run);
+    assert!(line.contains(&format!("epoch={}", snaps[0].0)), "{line}");
+    wait_child(&mut bench, MIN);
+    let out = std::process::Command::new(BIN)
+        .args([
+            "verify",
+            "--against-source",
+            "--within-secs",
+            "120",
+            "--config",
+        ])
+        .arg(&late.config)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("10000 rows compared"), "{report}");
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    stop_capture(&mut capture);
+    // Only a capture takes snapshots.
+    let plain = Fixture::new(&format!("{name}-plain"), 1, "");
+    let out = std::process::Command::new(BIN)
+        .args(["snapshot", "--config"])
+        .arg(&plain.config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no [jobs.capture] section"), "{err}");
+}
