@@ -200,7 +200,7 @@ fn verify_source_eventually(f: &Fixture, within: Duration) -> String {
 }
 
 /// [`verify_source_eventually`] of `job`.
-fn verify_job_eventually(f: &Fixture, job: Option<&str>, within: Duration) -> String {
+pub(crate) fn verify_job_eventually(f: &Fixture, job: Option<&str>, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
         let (ok, text) = verify_against_source(f, job);

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::capture_e2e::{
-    capture_fixture, database, pgbench_init, pgbench_run, spawn_capture, stop_capture, wait_child,
-    MIN,
+    capture_fixture, database, pgbench_init, pgbench_run, spawn_capture, stop_capture,
+    verify_job_eventually, wait_child, SourceDb, MIN,
 };
 use crate::contract_e2e::check_log;
 use crate::support::*;
@@ -42,6 +42,46 @@ fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
         .collect()
 }
 
+/// A source database with pgbench's accounts, its capture (`capture_extra`: more keys of its
+/// `[jobs.capture]`) past its first snapshot, and pgbench writing for `secs` seconds.
+fn streaming_capture(
+    name: &str,
+    capture_extra: &str,
+    secs: u32,
+) -> (SourceDb, Fixture, Runner, std::process::Child) {
+    let source = database(name);
+    pgbench_init(&source.url);
+    let f = capture_fixture(name, &source.url, "public.pgbench_accounts");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(&f.config, format!("{text}{capture_extra}")).unwrap();
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("snapshot copied", MIN);
+    let bench = pgbench_run(&f, &source.url, 100, secs);
+    (source, f, capture, bench)
+}
+
+/// A second job of `f`'s table, topic, snapshot folder and capture section, with a store of its
+/// own, created now and started.
+fn start_late_job(f: &Fixture, name: &str) -> (Fixture, Runner) {
+    let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
+    let own = std::fs::read_to_string(&late.config).unwrap();
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
+    std::fs::write(
+        &late.config,
+        format!(
+            "{}{capture_section}",
+            own.replace(&late.topic, &f.topic).replace(
+                &late.dir.join("out/snapshot").display().to_string(),
+                &f.dir.join("out/snapshot").display().to_string()
+            )
+        ),
+    )
+    .unwrap();
+    let run = late.spawn_run("late", &[]);
+    (late, run)
+}
+
 /// The line in which `run` says which later snapshot it reads.
 fn chosen_line(run: &mut Runner) -> String {
     const SAID: &str = "reading a later snapshot of the capture";
@@ -54,15 +94,8 @@ fn chosen_line(run: &mut Runner) -> String {
 fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_the_source() {
     let _serial = serial();
     let name = &format!("snaps-{}", stamp() % 1_000_000);
-    let source = database(name);
-    let url = source.url.clone();
-    pgbench_init(&url);
-    let f = capture_fixture(name, &url, "public.pgbench_accounts");
-    let text = std::fs::read_to_string(&f.config).unwrap();
-    std::fs::write(&f.config, format!("{text}snapshot_interval_ms = 2000\n")).unwrap();
-    let mut capture = spawn_capture(&f, "capture");
-    capture.wait_for("snapshot copied", MIN);
-    let mut bench = pgbench_run(&f, &url, 100, 12);
+    let (_source, f, mut capture, mut bench) =
+        streaming_capture(name, "snapshot_interval_ms = 2000\n", 12);
     // Two snapshots taken while pgbench writes.
     capture.wait_for_count("snapshot of the running capture published", 2, MIN);
     let snaps = published(&f);
@@ -77,21 +110,7 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     assert!(out.contains("but the log now starts at offset"), "{out}");
     // A second job of the same table, topic and snapshot folder, created now, reads the newest
     // published snapshot, whose log starts after the first snapshot's.
-    let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
-    let own = std::fs::read_to_string(&late.config).unwrap();
-    let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
-    std::fs::write(
-        &late.config,
-        format!(
-            "{}{capture_section}",
-            own.replace(&late.topic, &f.topic).replace(
-                &late.dir.join("out/snapshot").display().to_string(),
-                &f.dir.join("out/snapshot").display().to_string()
-            )
-        ),
-    )
-    .unwrap();
-    let mut run = late.spawn_run("late", &[]);
+    let (late, mut run) = start_late_job(&f, name);
     run.wait_for("to=\"log_store\"", MIN);
     let line = chosen_line(&mut run);
     let (epoch, dir) = published(&f)
@@ -107,24 +126,7 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
         "the snapshot's log starts after the first snapshot's: {later:?} vs {first:?}"
     );
     wait_child(&mut bench, MIN);
-    let deadline = Instant::now() + MIN;
-    let report = loop {
-        let out = std::process::Command::new(BIN)
-            .args(["verify", "--against-source", "--config"])
-            .arg(&late.config)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.status.success() {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "never equal: {text}");
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    };
+    let report = verify_job_eventually(&late, None, MIN);
     assert!(report.contains("10000 rows compared"), "{report}");
     run.signal("TERM");
     run.wait_exit(MIN);
@@ -178,13 +180,7 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
 fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     let _serial = serial();
     let name = &format!("snapreq-{}", stamp() % 1_000_000);
-    let source = database(name);
-    let url = source.url.clone();
-    pgbench_init(&url);
-    let f = capture_fixture(name, &url, "public.pgbench_accounts");
-    let mut capture = spawn_capture(&f, "capture");
-    capture.wait_for("snapshot copied", MIN);
-    let mut bench = pgbench_run(&f, &url, 100, 6);
+    let (_source, f, mut capture, mut bench) = streaming_capture(name, "", 6);
     let out = std::process::Command::new(BIN)
         .args(["snapshot", "--within-secs", "60", "--config"])
         .arg(&f.config)
@@ -204,22 +200,7 @@ fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     );
     capture.wait_for("a snapshot was requested", MIN);
     // A job created now reads it.
-    let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
-    let own = std::fs::read_to_string(&late.config).unwrap();
-    let text = std::fs::read_to_string(&f.config).unwrap();
-    let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
-    std::fs::write(
-        &late.config,
-        format!(
-            "{}{capture_section}",
-            own.replace(&late.topic, &f.topic).replace(
-                &late.dir.join("out/snapshot").display().to_string(),
-                &f.dir.join("out/snapshot").display().to_string()
-            )
-        ),
-    )
-    .unwrap();
-    let mut run = late.spawn_run("late", &[]);
+    let (late, mut run) = start_late_job(&f, name);
     let line = chosen_line(&mut run);
     assert!(line.contains(&format!("epoch={}", snaps[0].0)), "{line}");
     wait_child(&mut bench, MIN);
