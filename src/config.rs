@@ -294,6 +294,14 @@ pub struct CaptureSection {
     /// capture"), so a job started later replays at most about this much log; none when absent.
     #[serde(default)]
     pub snapshot_interval_ms: Option<u64>,
+    /// Snapshots of the running capture kept, newest first (≥ 1); older ones are deleted unless a
+    /// job reads them (its mark in the snapshot's `readers/`). The first snapshot is never deleted.
+    #[serde(default = "default_snapshot_keep")]
+    pub snapshot_keep: usize,
+}
+
+fn default_snapshot_keep() -> usize {
+    3
 }
 
 fn default_copy_connections() -> usize {
@@ -976,6 +984,12 @@ impl Config {
                 }
                 if !(1..=16).contains(&c.copy_connections) {
                     return Err(err(at("capture.copy_connections"), "must be 1..=16"));
+                }
+                if c.snapshot_keep == 0 {
+                    return Err(err(
+                        at("capture.snapshot_keep"),
+                        "must be at least 1 (a job that starts reads the newest snapshot)",
+                    ));
                 }
                 if c.snapshot_interval_ms.is_some_and(|ms| ms < 1000) {
                     return Err(err(
@@ -1760,6 +1774,10 @@ store = { kind = "sqlite", path = "state.sqlite", tables = { pgbench_accounts = 
             "jobs[0].capture.snapshot_interval_ms: must be at least 1000 (a snapshot copies every captured table)"
         );
         assert!(capture("snapshot_interval_ms = 60000").is_ok());
+        assert_eq!(
+            capture("snapshot_keep = 0").unwrap_err().to_string(),
+            "jobs[0].capture.snapshot_keep: must be at least 1 (a job that starts reads the newest snapshot)"
+        );
         let long = "p".repeat(64);
         assert_eq!(
             capture(&format!("publication = \"{long}\"")).unwrap_err().to_string(),

@@ -291,6 +291,7 @@ fn run_telling(
         Some(super::snapshots::Requests::new(
             &props, &job.topic, &job.name,
         )?),
+        c.snapshot_keep,
     )?;
     let setup = Setup {
         job,

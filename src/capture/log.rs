@@ -148,8 +148,8 @@ pub struct KafkaLog {
     snapshot_point: Option<(Epoch, Epoch, Lsn)>,
     /// Told each snapshot barrier once its transaction committed.
     pub on_snapshot_placed: Option<std::sync::mpsc::Sender<SnapshotPlaced>>,
-    /// Snapshots published since the record was read (their manifests written): listed in the
-    /// record from the next commit on.
+    /// The snapshots published and not retired (the committed record's, and those published since
+    /// it was read): the record lists them from the next commit on.
     pub published: Option<std::sync::Arc<Mutex<Vec<SnapshotRecord>>>>,
 }
 
@@ -375,11 +375,7 @@ impl LogPort for KafkaLog {
             None => None,
         };
         if let Some(published) = &self.published {
-            for s in published.lock().unwrap().iter() {
-                if !self.record.snapshots.contains(s) {
-                    self.record.snapshots.push(s.clone());
-                }
-            }
+            self.record.snapshots = published.lock().unwrap().clone();
         }
         self.record.state = *state;
         let value = serde_json::to_vec(&self.record).expect("a state record serialises");

@@ -345,9 +345,12 @@ pub struct OnDemand {
     /// Requests for a snapshot, and the newest one a published snapshot answered.
     requests: Option<Requests>,
     answered: Option<i64>,
-    /// Published snapshots not yet in a committed state record (the log lists them at its next
+    /// The snapshots published and not retired, oldest first (the log lists them at its next
     /// commit: [`super::log::KafkaLog::published`]).
     pub published: Arc<Mutex<Vec<SnapshotRecord>>>,
+    /// The job's `snapshot.dir`, and how many later snapshots are kept (more when jobs read them).
+    dir: PathBuf,
+    keep: usize,
 }
 
 impl OnDemand {
@@ -361,11 +364,13 @@ impl OnDemand {
         dir: &Path,
         interval: Option<Duration>,
         requests: Option<Requests>,
+        keep: usize,
     ) -> Result<OnDemand> {
         let root = dir.join(crate::snapshot::published::SNAPSHOTS);
         if let Ok(entries) = std::fs::read_dir(&root) {
             for e in entries.flatten() {
-                if e.file_name().to_string_lossy().starts_with(".pending-") {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with(".pending-") || name.starts_with(".retired-") {
                     std::fs::remove_dir_all(e.path()).with_context(|| {
                         format!("removing {}, a copy a crash left", e.path().display())
                     })?;
@@ -386,6 +391,8 @@ impl OnDemand {
             requests,
             answered: None,
             published: Arc::new(Mutex::new(Vec::new())),
+            dir: dir.to_path_buf(),
+            keep,
         })
     }
 
@@ -402,6 +409,16 @@ impl OnDemand {
             self.answered = self
                 .answered
                 .max(r.snapshots.iter().filter_map(|s| s.request).max());
+            // The committed list, with those published since (a session that failed before
+            // committing them), less those retired: each one whose manifest is there.
+            let mut list = self.published.lock().unwrap();
+            for s in &r.snapshots {
+                if !list.iter().any(|l| l.snapshot_epoch == s.snapshot_epoch) {
+                    list.push(s.clone());
+                }
+            }
+            list.retain(|s| Path::new(&s.dir).join("manifest.json").exists());
+            list.sort_by_key(|s| s.snapshot_epoch);
         }
         self.take_placed();
         if let Some(c) = self.copying.as_ref().filter(|c| c.placed.is_none()) {
@@ -457,7 +474,10 @@ impl OnDemand {
             let c = self.copying.take().expect("a copy");
             let (copied, placed) = (c.copied.expect("copied"), c.placed.expect("placed"));
             match self.publish(&c.folder, copied, placed, c.request) {
-                Ok(()) => self.answered = self.answered.max(c.request),
+                Ok(()) => {
+                    self.answered = self.answered.max(c.request);
+                    self.retire();
+                }
                 Err(e) => {
                     tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval")
                 }
@@ -515,6 +535,30 @@ impl OnDemand {
             placed: None,
         });
         Ok(())
+    }
+
+    /// Retires the later snapshots beyond the newest `keep` that no job reads: each renamed out of
+    /// sight first (a reader never sees one half-deleted), then removed, and left out of the next
+    /// state record. A failure is logged; the folder is tried again after the next snapshot.
+    fn retire(&self) {
+        let root = self.dir.join(crate::snapshot::published::SNAPSHOTS);
+        for (epoch, folder) in crate::snapshot::published::retirable(&self.dir, self.keep) {
+            let hidden = root.join(format!(".retired-{}", epoch.0));
+            let gone =
+                std::fs::rename(&folder, &hidden).and_then(|()| std::fs::remove_dir_all(&hidden));
+            match gone {
+                Ok(()) => {
+                    self.published
+                        .lock()
+                        .unwrap()
+                        .retain(|s| s.snapshot_epoch != epoch);
+                    tracing::info!(%epoch, dir = %folder.display(), keep = self.keep, "snapshot retired (no job reads it)");
+                }
+                Err(e) => {
+                    tracing::warn!(%epoch, dir = %folder.display(), error = %e, "retiring a snapshot")
+                }
+            }
+        }
     }
 
     /// Writes the manifest into the copy's folder and renames it to `<snapshots>/<epoch>`.

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::codec::LogCodec;
 use crate::codec::TableSchema;
@@ -294,6 +294,9 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
             .map(|r| r.snapshot_epoch);
         if let Some((epoch, later)) = crate::snapshot::published::choose(dir, recorded) {
             drop(store);
+            if let Err(e) = crate::snapshot::published::mark_reader(&later, &job.name) {
+                warn!(job = %job.name, dir = %later.display(), error = %e, "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
+            }
             info!(job = %job.name, %epoch, dir = %later.display(), first = %info.snapshot_epoch, "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
             let mut at = job.clone();
             at.snapshot = SnapshotConfig::Files {

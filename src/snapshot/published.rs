@@ -1,7 +1,7 @@
 //! The snapshots a running capture published beside its first one
 //! (`<snapshot.dir>/snapshots/<epoch>/manifest.json`, docs/CAPTURE.md "Snapshots of a running
-//! capture"), and which one a job reads. Owns that folder layout; must not write it (the capture
-//! does: `crate::capture::snapshots`).
+//! capture"), which one a job reads, and which may be retired. Owns that folder layout; must not
+//! write it (the capture does: `crate::capture::snapshots`), except a job's reader mark.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +9,32 @@ use crate::core::Epoch;
 
 /// The folder of the later snapshots, under a job's `snapshot.dir`.
 pub const SNAPSHOTS: &str = "snapshots";
+
+/// The folder, inside a later snapshot's, naming the jobs that read it (a file per job): the
+/// capture does not retire a snapshot that a job reads.
+pub const READERS: &str = "readers";
+
+/// Records that `job` reads the later snapshot in `folder` (its store names that snapshot's
+/// epoch, and a recreation reads it again): the capture keeps it while the file is there.
+pub fn mark_reader(folder: &Path, job: &str) -> std::io::Result<()> {
+    let readers = folder.join(READERS);
+    std::fs::create_dir_all(&readers)?;
+    std::fs::write(readers.join(job), b"")
+}
+
+/// Whether a job reads the later snapshot in `folder` ([`mark_reader`]).
+pub fn has_readers(folder: &Path) -> bool {
+    std::fs::read_dir(folder.join(READERS)).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// The later snapshots under `dir` that may be retired to keep `keep` of them: all but the newest
+/// `keep`, except those a job reads, oldest first.
+pub fn retirable(dir: &Path, keep: usize) -> Vec<(Epoch, PathBuf)> {
+    let mut later = later_snapshots(dir);
+    later.truncate(later.len().saturating_sub(keep));
+    later.retain(|(_, folder)| !has_readers(folder));
+    later
+}
 
 /// The later snapshots published under `dir` (each folder named by its epoch, with its manifest;
 /// a copy in progress is a hidden `.pending-…` folder and not listed), oldest first.
@@ -73,6 +99,12 @@ mod tests {
             "the first snapshot's epoch"
         );
         assert_eq!(choose(&dir.join("none"), None), None);
+        // Keeping two: 100 may go; 200 too unless a job reads it.
+        let epochs = |v: Vec<(Epoch, PathBuf)>| v.iter().map(|(e, _)| e.0).collect::<Vec<_>>();
+        assert_eq!(epochs(retirable(&dir, 1)), vec![100, 200]);
+        mark_reader(&dir.join("snapshots/200"), "late").unwrap();
+        assert_eq!(epochs(retirable(&dir, 1)), vec![100]);
+        assert_eq!(epochs(retirable(&dir, 3)), Vec::<u64>::new());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -59,7 +59,7 @@ pub(crate) fn database(name: &str) -> SourceDb {
     }
 }
 
-fn psql(url: &str, sql: &str) -> String {
+pub(crate) fn psql(url: &str, sql: &str) -> String {
     let out = Command::new("psql")
         .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
         .output()
@@ -624,7 +624,7 @@ fn a_run_waiting_for_its_snapshot_stops_at_sigterm() {
 /// connection must have to pay) and a job capturing it with two copy connections; `top` is put
 /// before the job's configuration (top-level keys). Returns the database, the fixture and the row
 /// count.
-fn big_table_capture(name: &str, top: &str) -> (SourceDb, Fixture, u64) {
+pub(crate) fn big_table_capture(name: &str, top: &str) -> (SourceDb, Fixture, u64) {
     let source = database(name);
     let url = source.url.clone();
     psql(

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::capture_e2e::{
-    capture_fixture, database, pgbench_init, pgbench_run, spawn_capture, stop_capture,
-    verify_job_eventually, wait_child, SourceDb, MIN,
+    big_table_capture, capture_fixture, database, pgbench_init, pgbench_run, psql, spawn_capture,
+    stop_capture, verify_job_eventually, wait_child, SourceDb, MIN,
 };
 use crate::contract_e2e::check_log;
 use crate::support::*;
@@ -82,6 +82,22 @@ fn start_late_job(f: &Fixture, name: &str) -> (Fixture, Runner) {
     (late, run)
 }
 
+/// `kafka-backfill snapshot --within-secs <within>` of `f`'s job, which must succeed; its output.
+fn snapshot_command(f: &Fixture, within: u32) -> String {
+    let out = std::process::Command::new(BIN)
+        .args(["snapshot", "--within-secs", &within.to_string(), "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
 /// The line in which `run` says which later snapshot it reads.
 fn chosen_line(run: &mut Runner) -> String {
     const SAID: &str = "reading a later snapshot of the capture";
@@ -95,7 +111,7 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     let _serial = serial();
     let name = &format!("snaps-{}", stamp() % 1_000_000);
     let (_source, f, mut capture, mut bench) =
-        streaming_capture(name, "snapshot_interval_ms = 2000\n", 12);
+        streaming_capture(name, "snapshot_interval_ms = 2000\nsnapshot_keep = 2\n", 12);
     // Two snapshots taken while pgbench writes.
     capture.wait_for_count("snapshot of the running capture published", 2, MIN);
     let snaps = published(&f);
@@ -144,9 +160,18 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
         "{line}"
     );
     again.wait_for("to=\"streaming\"", MIN);
+    capture.wait_for("snapshot retired (no job reads it)", MIN);
     again.signal("TERM");
     assert!(again.wait_exit(MIN).success());
     stop_capture(&mut capture);
+    // Older snapshots were retired (each publication is followed by the retirement), keeping two
+    // and the one the job reads (its mark).
+    let left = published(&f);
+    assert!(
+        left.iter().any(|(e, _)| *e == epoch),
+        "the read one is kept: {left:?}"
+    );
+    assert!(left.len() <= 3, "two kept and the read one: {left:?}");
     // The capture's state record lists every published snapshot with its offsets.
     let props = BTreeMap::from([("bootstrap.servers".to_string(), f.bootstrap.clone())]);
     let record = kafka_backfill::capture::log::read_state(&props, &f.topic, &f.name)
@@ -181,17 +206,7 @@ fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     let _serial = serial();
     let name = &format!("snapreq-{}", stamp() % 1_000_000);
     let (_source, f, mut capture, mut bench) = streaming_capture(name, "", 6);
-    let out = std::process::Command::new(BIN)
-        .args(["snapshot", "--within-secs", "60", "--config"])
-        .arg(&f.config)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = snapshot_command(&f, 60);
     let snaps = published(&f);
     assert_eq!(snaps.len(), 1, "one snapshot, the one asked for: {snaps:?}");
     assert!(
@@ -231,4 +246,51 @@ fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no [jobs.capture] section"), "{err}");
+}
+
+/// A kill -9 of the capture while it copies a requested snapshot: nothing of that copy is visible
+/// (no published folder; its hidden one is removed at the restart), the request outlives the
+/// process (the restarted capture answers it), and a job created then reads that snapshot and
+/// equals the source, written before, during and after.
+#[test]
+fn a_kill_9_during_a_snapshot_copy_leaves_nothing_visible_and_the_request_is_answered() {
+    let _serial = serial();
+    let (source, f, rows) = big_table_capture("snapkill", "");
+    let mut capture = spawn_capture(&f, "capture");
+    capture.wait_for("capture checkpoint committed", MIN);
+    psql(&source.url, "UPDATE big SET g = g + 1 WHERE id % 100 = 0");
+    snapshot_command(&f, 0);
+    capture.wait_for("snapshot of the running capture started", MIN);
+    // The first copy logged it once; the second is under way.
+    capture.wait_for_count("copying in ctid ranges", 2, MIN);
+    capture.signal("KILL");
+    capture.wait_exit(MIN);
+    assert!(published(&f).is_empty(), "{:?}", published(&f));
+    psql(&source.url, "UPDATE big SET g = g + 1 WHERE id % 100 = 1");
+    let mut capture = spawn_capture(&f, "capture-again");
+    capture.wait_for("a snapshot was requested", MIN);
+    capture.wait_for("snapshot of the running capture published", MIN);
+    let snaps = published(&f);
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    let hidden: Vec<String> = std::fs::read_dir(f.dir.join("out/snapshot/snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(
+        hidden.is_empty(),
+        "the killed copy's folder is gone: {hidden:?}"
+    );
+    psql(&source.url, "UPDATE big SET g = g + 1 WHERE id % 100 = 2");
+    let (late, mut run) = start_late_job(&f, "snapkill");
+    let line = chosen_line(&mut run);
+    assert!(line.contains(&format!("epoch={}", snaps[0].0)), "{line}");
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(
+        report.contains(&format!("{rows} rows compared")),
+        "{report}"
+    );
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    stop_capture(&mut capture);
 }
