@@ -337,8 +337,87 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
         .unwrap();
     let mut client = kafka_backfill::capture::pg::connect(&url).unwrap();
     let sink = rusqlite::Connection::open(d.join("replica.sqlite")).unwrap();
+    let lat = probe(&mut client, &sink, sizes.latency_samples);
+    // The same probes while the capture takes snapshots of itself, one after another on request
+    // (`kafka-backfill snapshot`, each timed from the request to its publication).
+    eprintln!("capture: latency during snapshots of the running capture…");
+    let stop_snapshots = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let snapshots = {
+        let (bin, cfg, stop) = (bin.to_path_buf(), cfg.clone(), stop_snapshots.clone());
+        std::thread::spawn(move || {
+            let mut took = Vec::new();
+            while took.is_empty() || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                let out = Command::new(&bin)
+                    .args(["snapshot", "--within-secs", "600", "--config"])
+                    .arg(&cfg)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "snapshot: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                took.push(t.elapsed().as_secs_f64());
+            }
+            took
+        })
+    };
+    let mut during = probe(&mut client, &sink, sizes.latency_samples);
+    stop_snapshots.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut took = snapshots.join().unwrap();
+    took.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let snap_secs = took[took.len() / 2];
+    let copy_secs = rows as f64 / copy;
+    let quantile = |v: &[f64], q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+    let mut before = lat.clone();
+    before.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    during.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let (before_p99, during_p99) = (quantile(&before, 0.99), quantile(&during, 0.99));
+    r.figure(
+        "capture_snapshot_while_streaming",
+        &format!("a snapshot of the running capture on request ({rows} rows, pgbench at 100 transactions/s alongside; `kafka-backfill snapshot` from the request to the published manifest, median of {}), against COPY (SELECT …) TO STDOUT of the same table by psql ({copy_secs:.2} s, the same run); and source commit → replica p99 while snapshots were taken against before ({} samples each)", took.len(), during.len()),
+        format!("{snap_secs:.2} s ({:.2}× COPY); lag p99 {during_p99:.0} ms vs {before_p99:.0} ms before ({:.2}×)", snap_secs / copy_secs, during_p99 / before_p99),
+        json!({"rows": rows, "snapshot_s": snap_secs, "copy_s": copy_secs, "snapshots": took.len(), "lag_p99_before_ms": before_p99, "lag_p99_during_ms": during_p99}),
+    );
+    r.target(
+        "lag p99 while snapshots are taken ≤ 2× before",
+        format!("{:.2}×", during_p99 / before_p99),
+        Some(during_p99 <= 2.0 * before_p99),
+    );
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    stop(run);
+    stop(c);
+    let mut lat = lat;
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    let (p50, p99) = (p(0.5), p(0.99));
+    r.figure(
+        "capture_latency",
+        &format!("source commit → visible in the SQLite replica ({} samples: an UPDATE of account 1 committed at a random moment, then the replica polled every 2 ms), pgbench at 100 transactions/s alongside, capture checkpoint_interval_ms 1000, the runner's default checkpointing", lat.len()),
+        format!("p50 {p50:.0} ms, p99 {p99:.0} ms"),
+        json!({"samples": lat.len(), "p50_ms": p50, "p99_ms": p99}),
+    );
+    r.target(
+        "capture latency p99 ≤ 2 × checkpoint interval + 1 s (3,000 ms)",
+        format!("{p99:.0} ms"),
+        Some(p99 <= 3000.0),
+    );
+    psql(
+        pg,
+        &format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            url.rsplit('/').next().unwrap()
+        ),
+    );
+}
+
+/// `n` probes: an UPDATE of account 1 committed at a random moment, then the SQLite replica polled
+/// every 2 ms until it shows it; the milliseconds each took.
+fn probe(client: &mut postgres::Client, sink: &rusqlite::Connection, n: usize) -> Vec<f64> {
     let mut lat = Vec::new();
-    for i in 0..sizes.latency_samples {
+    for i in 0..n {
         let mark = format!("probe-{i}-{}", rand_suffix());
         let t = Instant::now();
         client
@@ -367,29 +446,5 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
         // A random gap, so the probes do not lock onto the checkpoint cadence.
         std::thread::sleep(Duration::from_millis(50 + rand_suffix() % 700));
     }
-    bench.kill().unwrap();
-    bench.wait().unwrap();
-    stop(run);
-    stop(c);
-    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-    let (p50, p99) = (p(0.5), p(0.99));
-    r.figure(
-        "capture_latency",
-        &format!("source commit → visible in the SQLite replica ({} samples: an UPDATE of account 1 committed at a random moment, then the replica polled every 2 ms), pgbench at 100 transactions/s alongside, capture checkpoint_interval_ms 1000, the runner's default checkpointing", lat.len()),
-        format!("p50 {p50:.0} ms, p99 {p99:.0} ms"),
-        json!({"samples": lat.len(), "p50_ms": p50, "p99_ms": p99}),
-    );
-    r.target(
-        "capture latency p99 ≤ 2 × checkpoint interval + 1 s (3,000 ms)",
-        format!("{p99:.0} ms"),
-        Some(p99 <= 3000.0),
-    );
-    psql(
-        pg,
-        &format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            url.rsplit('/').next().unwrap()
-        ),
-    );
+    lat
 }
