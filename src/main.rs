@@ -737,12 +737,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         Err(code) => return Ok(code),
                     };
                     let j = pick_job(&config, job.as_deref())?;
-                    let props = j
-                        .kafka
-                        .iter()
-                        .filter(|(k, _)| !kafka_backfill::kafka::is_consumer_only(k))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
+                    let props = kafka_backfill::kafka::producer_properties(&j.kafka);
                     (
                         j.kafka["bootstrap.servers"].clone(),
                         j.topic.clone(),

@@ -230,12 +230,7 @@ fn run_telling(
         .table_names()
         .map_err(|(key, m)| anyhow::anyhow!("job {}: capture.{key}: {m}", job.name))?;
     let url = c.source_url.expose().to_string();
-    let props: BTreeMap<String, String> = job
-        .kafka
-        .iter()
-        .filter(|(k, _)| !crate::kafka::is_consumer_only(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let props = crate::kafka::producer_properties(&job.kafka);
     // The preconditions, once: each failure names its fix.
     let mut client = pg::connect(&url)?;
     let mut tables = Vec::new();
@@ -288,9 +283,7 @@ fn run_telling(
         &c.publication_name(&job.name),
         dir,
         c.snapshot_interval_ms.map(Duration::from_millis),
-        Some(super::snapshots::Requests::new(
-            &props, &job.topic, &job.name,
-        )?),
+        super::snapshots::Requests::new(&props, &job.topic, &job.name)?,
         c.snapshot_keep,
     )?;
     let setup = Setup {

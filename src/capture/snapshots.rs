@@ -228,12 +228,7 @@ pub fn request_and_wait(
     job: &crate::config::JobConfig,
     within: Duration,
 ) -> Result<Option<SnapshotRecord>> {
-    let props: std::collections::BTreeMap<String, String> = job
-        .kafka
-        .iter()
-        .filter(|(k, _)| !crate::kafka::is_consumer_only(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let props = crate::kafka::producer_properties(&job.kafka);
     let offset = request(&props, &job.topic, &job.name)?;
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
@@ -336,14 +331,13 @@ pub struct OnDemand {
     spec: CopySpec,
     slot: String,
     publication: String,
-    root: PathBuf,
     interval: Option<Duration>,
     last: Instant,
     copying: Option<Copying>,
     placed_tx: mpsc::Sender<SnapshotPlaced>,
     placed_rx: mpsc::Receiver<SnapshotPlaced>,
     /// Requests for a snapshot, and the newest one a published snapshot answered.
-    requests: Option<Requests>,
+    requests: Requests,
     answered: Option<i64>,
     /// The snapshots published and not retired, oldest first (the log lists them at its next
     /// commit: [`super::log::KafkaLog::published`]).
@@ -363,11 +357,10 @@ impl OnDemand {
         publication: &str,
         dir: &Path,
         interval: Option<Duration>,
-        requests: Option<Requests>,
+        requests: Requests,
         keep: usize,
     ) -> Result<OnDemand> {
-        let root = dir.join(crate::snapshot::published::SNAPSHOTS);
-        if let Ok(entries) = std::fs::read_dir(&root) {
+        if let Ok(entries) = std::fs::read_dir(dir.join(crate::snapshot::published::SNAPSHOTS)) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
                 if name.starts_with(".pending-") || name.starts_with(".retired-") {
@@ -382,7 +375,6 @@ impl OnDemand {
             spec,
             slot: slot.to_string(),
             publication: publication.to_string(),
-            root,
             interval,
             last: Instant::now(),
             copying: None,
@@ -394,6 +386,11 @@ impl OnDemand {
             dir: dir.to_path_buf(),
             keep,
         })
+    }
+
+    /// `<snapshot.dir>/snapshots`.
+    fn root(&self) -> PathBuf {
+        self.dir.join(crate::snapshot::published::SNAPSHOTS)
     }
 
     /// Where the log reports a snapshot barrier's commit.
@@ -484,10 +481,8 @@ impl OnDemand {
             }
             self.last = Instant::now();
         }
-        if let Some(r) = &mut self.requests {
-            r.poll();
-        }
-        let requested = self.requests.as_ref().and_then(|r| r.newest);
+        self.requests.poll();
+        let requested = self.requests.newest;
         let asked = requested > self.answered;
         let due = self.copying.is_none()
             && (asked || self.interval.is_some_and(|i| self.last.elapsed() >= i));
@@ -510,7 +505,7 @@ impl OnDemand {
         let (side, name, consistent) =
             PgReplication::export_snapshot(&self.spec.url, &slot, &self.publication, &mut client)?;
         a.snapshot_at(consistent)?;
-        let folder = self.root.join(format!(
+        let folder = self.root().join(format!(
             ".pending-{}",
             pg::format_lsn(consistent).replace('/', "-")
         ));
@@ -541,7 +536,7 @@ impl OnDemand {
     /// sight first (a reader never sees one half-deleted), then removed, and left out of the next
     /// state record. A failure is logged; the folder is tried again after the next snapshot.
     fn retire(&self) {
-        let root = self.dir.join(crate::snapshot::published::SNAPSHOTS);
+        let root = self.root();
         for (epoch, folder) in crate::snapshot::published::retirable(&self.dir, self.keep) {
             let hidden = root.join(format!(".retired-{}", epoch.0));
             let gone =
@@ -576,12 +571,13 @@ impl OnDemand {
             start_after(&placed.start_offsets, placed.next_epoch),
         );
         manifest.write(folder)?;
-        let target = self.root.join(placed.snapshot_epoch.0.to_string());
+        let root = self.root();
+        let target = root.join(placed.snapshot_epoch.0.to_string());
         std::fs::rename(folder, &target)
             .with_context(|| format!("renaming {} to {}", folder.display(), target.display()))?;
-        if let Ok(d) = std::fs::File::open(&self.root) {
+        if let Ok(d) = std::fs::File::open(&root) {
             d.sync_all()
-                .with_context(|| format!("syncing {}", self.root.display()))?;
+                .with_context(|| format!("syncing {}", root.display()))?;
         }
         tracing::info!(epoch = %placed.snapshot_epoch, rows, dir = %target.display(), "snapshot of the running capture published");
         self.published.lock().unwrap().push(SnapshotRecord {

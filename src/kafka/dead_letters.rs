@@ -68,11 +68,7 @@ impl KafkaDeadLetters {
         source_topic: &str,
         job: &str,
     ) -> Result<Self> {
-        let producer_props: BTreeMap<String, String> = props
-            .iter()
-            .filter(|(k, _)| !super::is_consumer_only(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let producer_props = super::producer_properties(props);
         if super::admin::partition_count(&producer_props, topic)?.is_none() {
             super::admin::ensure_topic(&producer_props, topic, 1)
                 .with_context(|| format!("creating the dead-letter topic {topic}"))?;

@@ -12,6 +12,17 @@ pub mod consumer;
 pub mod dead_letters;
 pub mod fetch;
 
+/// The job's `kafka` properties a producer takes: all but the consumer's alone.
+pub fn producer_properties(
+    props: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    props
+        .iter()
+        .filter(|(k, _)| !is_consumer_only(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// Whether a librdkafka property is the consumer's alone (the job's `kafka` table serves the
 /// consumers; the producers of the capture and of the dead-letter topic take the rest: brokers,
 /// security, client id).

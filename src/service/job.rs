@@ -287,7 +287,13 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
     // A capture's later snapshots (docs/CAPTURE.md "Snapshots of a running capture"): a new job
     // starts from the newest, one that started before goes on with the one its store recorded.
-    if let SnapshotConfig::Files { dir, table } = &job.snapshot {
+    let later = match &job.snapshot {
+        SnapshotConfig::Files { dir, .. } => {
+            !crate::snapshot::published::later_snapshots(dir).is_empty()
+        }
+        SnapshotConfig::Postgres { .. } => false,
+    };
+    if let (true, SnapshotConfig::Files { dir, table }) = (later, &job.snapshot) {
         let recorded = store
             .job(&job.name)
             .with_context(|| format!("job {}: reading its job row", job.name))?
