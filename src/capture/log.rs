@@ -493,3 +493,33 @@ pub fn read_state(
     }
     Ok(last)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state record as the last release wrote it (no `snapshots`) reads, and one without
+    /// snapshots is written as before (the key left out); one with a snapshot keeps it.
+    #[test]
+    fn a_state_record_of_the_last_release_reads_and_round_trips() {
+        let before = r#"{"version":1,"job":"j","table":"public.t","slot":"kb_j","system_id":"7","timeline":1,"snapshot_epoch":65536,"initial_epoch":131072,"start_offsets":[1,1],"columns":["id","v"],"state":{"lsn":4096,"epoch":196608,"checkpoints":3}}"#;
+        let record: StateRecord = serde_json::from_str(before).unwrap();
+        assert!(record.snapshots.is_empty() && record.other_tables.is_empty());
+        let again = serde_json::to_string(&record).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&again).unwrap(),
+            serde_json::from_str::<serde_json::Value>(before).unwrap()
+        );
+        let mut with = record.clone();
+        with.snapshots.push(SnapshotRecord {
+            snapshot_epoch: Epoch(262144),
+            next_epoch: Epoch(327680),
+            start_offsets: vec![9, 9],
+            dir: "/s/snapshots/262144".into(),
+            request: None,
+        });
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(!text.contains("request"), "{text}");
+        assert_eq!(serde_json::from_str::<StateRecord>(&text).unwrap(), with);
+    }
+}
