@@ -298,6 +298,24 @@ pub struct CaptureSection {
     /// job reads them (its mark in the snapshot's `readers/`). The first snapshot is never deleted.
     #[serde(default = "default_snapshot_keep")]
     pub snapshot_keep: usize,
+    /// Where the capture's snapshots are kept for the runners: `"files"` (the default: in
+    /// `snapshot.dir`, which every runner reads, so several machines need a shared volume) or
+    /// `"kafka"` (each snapshot also stored in a topic of its own, `<topic>.snapshot.<epoch>`,
+    /// which a runner restores into its own `snapshot.dir`: no shared volume; docs/CAPTURE.md
+    /// "Where snapshots are stored").
+    #[serde(default)]
+    pub snapshot_storage: SnapshotStorage,
+}
+
+/// `[jobs.capture] snapshot_storage`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotStorage {
+    /// The snapshot folders in `snapshot.dir` only.
+    #[default]
+    Files,
+    /// Each snapshot folder also stored in a Kafka topic of its own.
+    Kafka,
 }
 
 fn default_snapshot_keep() -> usize {
@@ -1774,6 +1792,22 @@ store = { kind = "sqlite", path = "state.sqlite", tables = { pgbench_accounts = 
             "jobs[0].capture.snapshot_interval_ms: must be at least 1000 (a snapshot copies every captured table)"
         );
         assert!(capture("snapshot_interval_ms = 60000").is_ok());
+        assert_eq!(section.snapshot_storage, SnapshotStorage::Files);
+        assert_eq!(
+            capture("snapshot_storage = \"kafka\"").unwrap().jobs[0]
+                .capture
+                .as_ref()
+                .unwrap()
+                .snapshot_storage,
+            SnapshotStorage::Kafka
+        );
+        let e = capture("snapshot_storage = \"s3\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("jobs[0].capture.snapshot_storage") && e.contains("kafka"),
+            "{e}"
+        );
         assert_eq!(
             capture("snapshot_keep = 0").unwrap_err().to_string(),
             "jobs[0].capture.snapshot_keep: must be at least 1 (a job that starts reads the newest snapshot)"

@@ -285,6 +285,7 @@ fn run_telling(
         c.snapshot_interval_ms.map(Duration::from_millis),
         super::snapshots::Requests::new(&props, &job.topic, &job.name)?,
         c.snapshot_keep,
+        (c.snapshot_storage == crate::config::SnapshotStorage::Kafka).then(|| props.clone()),
     )?;
     let setup = Setup {
         job,
@@ -395,6 +396,7 @@ fn session(
         start_offsets: Vec::new(),
         columns: s.tables[0].columns.clone(),
         snapshots: Vec::new(),
+        snapshot_topic: None,
         other_tables: s.tables[1..]
             .iter()
             .map(|t| StateTable {
@@ -504,8 +506,19 @@ fn session(
                 }
             }
             if !s.dir.join("manifest.json").exists() {
-                finish_manifest(&s.dir, &record)
-                    .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+                match &record.snapshot_topic {
+                    // Kafka storage, and this capture's disk is not the one it wrote to: the
+                    // first snapshot comes back from its topic (its schema is what the stream
+                    // resumes with; a job of this process may read it).
+                    Some(topic) if !s.dir.join(PENDING_MANIFEST).exists() => {
+                        let moved =
+                            crate::snapshot::kafka::restore(&s.props, topic, &s.dir, &|_| true)
+                                .map_err(transient("restoring the first snapshot from Kafka"))?;
+                        tracing::info!(job = %job.name, %topic, bytes = moved.bytes, seconds = moved.seconds, "the first snapshot restored from Kafka (its folder was not on this disk)");
+                    }
+                    _ => finish_manifest(&s.dir, &record)
+                        .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?,
+                }
             }
             if let Some(p) = &progress.published {
                 p.tell();

@@ -51,7 +51,20 @@ pub struct StateRecord {
     /// written), oldest first. Empty, and left out, when there are none (as every record before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotRecord>,
+    /// `snapshot_storage = "kafka"`: the topic holding the first snapshot, once stored whole
+    /// (`crate::snapshot::kafka`). Absent, and left out, until then (and with files only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_topic: Option<String>,
     pub state: CaptureState,
+}
+
+/// The snapshots the next state record lists, as the capture knows them between commits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listed {
+    /// The first snapshot's topic, once stored ([`StateRecord::snapshot_topic`]).
+    pub first_topic: Option<String>,
+    /// The later snapshots published and not retired, oldest first.
+    pub later: Vec<SnapshotRecord>,
 }
 
 /// A snapshot of the running capture (docs/CAPTURE.md "Snapshots of a running capture").
@@ -72,6 +85,10 @@ pub struct SnapshotRecord {
     /// earlier one. Absent for a snapshot of the interval that no request preceded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<i64>,
+    /// `snapshot_storage = "kafka"`: the topic holding it, once stored whole. Absent until then
+    /// (and with files only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
 }
 
 /// A snapshot's checkpoint barrier, committed: what its manifest needs of the log.
@@ -148,9 +165,9 @@ pub struct KafkaLog {
     snapshot_point: Option<(Epoch, Epoch, Lsn)>,
     /// Told each snapshot barrier once its transaction committed.
     pub on_snapshot_placed: Option<std::sync::mpsc::Sender<SnapshotPlaced>>,
-    /// The snapshots published and not retired (the committed record's, and those published since
-    /// it was read): the record lists them from the next commit on.
-    pub published: Option<std::sync::Arc<Mutex<Vec<SnapshotRecord>>>>,
+    /// The snapshots published and not retired (the committed record's, and those published or
+    /// stored since it was read): the record lists them from the next commit on.
+    pub published: Option<std::sync::Arc<Mutex<Listed>>>,
 }
 
 /// A producer error as the loop sees it. Permanent once librdkafka has put the producer in its
@@ -375,7 +392,11 @@ impl LogPort for KafkaLog {
             None => None,
         };
         if let Some(published) = &self.published {
-            self.record.snapshots = published.lock().unwrap().clone();
+            let listed = published.lock().unwrap();
+            self.record.snapshots = listed.later.clone();
+            if listed.first_topic.is_some() {
+                self.record.snapshot_topic = listed.first_topic.clone();
+            }
         }
         self.record.state = *state;
         let value = serde_json::to_vec(&self.record).expect("a state record serialises");
@@ -441,6 +462,25 @@ pub fn read_state(
     topic: &str,
     job: &str,
 ) -> Result<Option<StateRecord>> {
+    read_state_keyed(props, topic, job, &|key| key == job.as_bytes())
+}
+
+/// The last committed state record of the capture writing `topic`, whatever its job's name (a job
+/// reading a log another job captures): the newest record keyed by a job name (requests and
+/// marks have a `/` in their keys; a job name has none).
+pub fn read_capture_state(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+) -> Result<Option<StateRecord>> {
+    read_state_keyed(props, topic, "snapshot-reader", &|key| !key.contains(&b'/'))
+}
+
+fn read_state_keyed(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    job: &str,
+    wanted: &dyn Fn(&[u8]) -> bool,
+) -> Result<Option<StateRecord>> {
     let state_topic = ensure_state_topic(props, topic)?;
     let consumer: BaseConsumer = crate::kafka::admin::client_config(props)
         .set("group.id", format!("kafka-backfill-capture-state-{job}"))
@@ -477,7 +517,7 @@ pub fn read_state(
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Err(e)) => return Err(e).with_context(|| format!("reading {state_topic}")),
-            Some(Ok(m)) if m.key() == Some(job.as_bytes()) => {
+            Some(Ok(m)) if m.key().is_some_and(wanted) => {
                 let payload = m.payload().unwrap_or_default();
                 let record: StateRecord = serde_json::from_slice(payload).with_context(|| {
                     format!(
@@ -517,9 +557,13 @@ mod tests {
             start_offsets: vec![9, 9],
             dir: "/s/snapshots/262144".into(),
             request: None,
+            topic: None,
         });
         let text = serde_json::to_string(&with).unwrap();
-        assert!(!text.contains("request"), "{text}");
+        assert!(
+            !text.contains("request") && !text.contains("topic"),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<StateRecord>(&text).unwrap(), with);
     }
 }

@@ -9,13 +9,14 @@
 //! place, so a snapshot is visible whole or not at all. Owns the snapshot folders; must not
 //! decide where a barrier goes (the core does) nor write the log (the loop does).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::log::{SnapshotPlaced, SnapshotRecord};
+use super::log::{Listed, SnapshotPlaced, SnapshotRecord};
 use super::pg::{self, unix_ms, PgReplication, TableName};
 use super::types::PgColumn;
 use crate::codec::TableSchema;
@@ -191,19 +192,52 @@ pub fn request_key(job: &str) -> String {
 /// Asks the capture of `job` (writing `topic`) for a snapshot of the running capture: a record on
 /// its state topic, which the capture reads between transactions. Returns the record's offset: a
 /// snapshot listed with a `request` at or past it answers it.
-pub fn request(
-    props: &std::collections::BTreeMap<String, String>,
+pub fn request(props: &BTreeMap<String, String>, topic: &str, job: &str) -> Result<i64> {
+    let value = serde_json::json!({ "job": job, "requested_unix_ms": unix_ms() }).to_string();
+    to_state_topic(
+        props,
+        topic,
+        &request_key(job),
+        &value,
+        "a snapshot request",
+    )
+}
+
+/// The state topic's keys naming the snapshot each job reads of the capture of `capture_job`
+/// ([`mark_reading`]): this prefix, then the reading job's name.
+pub fn reading_prefix(capture_job: &str) -> String {
+    format!("{capture_job}/snapshot-reader/")
+}
+
+/// Records on the state topic of `topic`, whose capture is `capture_job`'s, that `job` reads the
+/// snapshot at `epoch` (its store names that epoch, and a recreation reads it again): the capture
+/// of `snapshot_storage = "kafka"` does not retire a snapshot a job's newest mark names.
+pub fn mark_reading(
+    props: &BTreeMap<String, String>,
     topic: &str,
+    capture_job: &str,
     job: &str,
+    epoch: Epoch,
+) -> Result<i64> {
+    let value = serde_json::json!({ "job": job, "snapshot_epoch": epoch.0 }).to_string();
+    let key = format!("{}{job}", reading_prefix(capture_job));
+    to_state_topic(props, topic, &key, &value, "a snapshot reader's mark")
+}
+
+/// Writes one record to the state topic of `topic`; returns its offset.
+fn to_state_topic(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    key: &str,
+    value: &str,
+    what: &str,
 ) -> Result<i64> {
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let state_topic = super::log::state_topic(topic);
     let producer: FutureProducer = crate::kafka::admin::client_config(props)
         .set("enable.idempotence", "true")
         .create()
-        .context("creating the request's producer")?;
-    let key = request_key(job);
-    let value = serde_json::json!({ "job": job, "requested_unix_ms": unix_ms() }).to_string();
+        .with_context(|| format!("creating the producer of {what}"))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -212,13 +246,13 @@ pub fn request(
             producer.send(
                 FutureRecord::to(&state_topic)
                     .partition(0)
-                    .key(&key)
-                    .payload(&value),
+                    .key(key)
+                    .payload(value),
                 Duration::from_secs(30),
             ),
         )
         .map_err(|(e, _)| e)
-        .with_context(|| format!("writing a snapshot request to {state_topic}"))?;
+        .with_context(|| format!("writing {what} to {state_topic}"))?;
     Ok(delivered.offset)
 }
 
@@ -252,9 +286,16 @@ pub struct Requests {
     consumer: rdkafka::consumer::BaseConsumer,
     state_topic: String,
     key: String,
+    reading_prefix: String,
     last_poll: Option<Instant>,
     /// The offset of the newest request read.
     pub newest: Option<i64>,
+    /// Per reading job, the snapshot it last said it reads ([`mark_reading`]).
+    pub reading: BTreeMap<String, Epoch>,
+    /// The state topic's end when the capture started: until the reader has passed it, a job's
+    /// mark may be unread, and nothing is retired.
+    start_end: i64,
+    pub caught_up: bool,
 }
 
 impl Requests {
@@ -271,15 +312,22 @@ impl Requests {
             .set("isolation.level", "read_committed")
             .create()
             .context("creating the snapshot requests' reader")?;
+        let (_, start_end) = consumer
+            .fetch_watermarks(&state_topic, 0, Duration::from_secs(30))
+            .with_context(|| format!("reading the watermarks of {state_topic}"))?;
         let mut tpl = rdkafka::TopicPartitionList::new();
         tpl.add_partition_offset(&state_topic, 0, rdkafka::Offset::Beginning)?;
         consumer.assign(&tpl)?;
         Ok(Requests {
+            start_end,
+            caught_up: start_end <= 0,
             consumer,
             state_topic,
             key: request_key(job),
+            reading_prefix: reading_prefix(job),
             last_poll: None,
             newest: None,
+            reading: BTreeMap::new(),
         })
     }
 
@@ -298,6 +346,28 @@ impl Requests {
                 Ok(m) if m.key() == Some(self.key.as_bytes()) => {
                     self.newest = self.newest.max(Some(m.offset()));
                 }
+                Ok(m)
+                    if m.key()
+                        .is_some_and(|k| k.starts_with(self.reading_prefix.as_bytes())) =>
+                {
+                    let reader = String::from_utf8_lossy(
+                        &m.key().unwrap_or_default()[self.reading_prefix.len()..],
+                    )
+                    .to_string();
+                    let epoch = serde_json::from_slice::<serde_json::Value>(
+                        m.payload().unwrap_or_default(),
+                    )
+                    .ok()
+                    .and_then(|v| v["snapshot_epoch"].as_u64());
+                    match epoch {
+                        Some(e) => {
+                            self.reading.insert(reader, Epoch(e));
+                        }
+                        None => {
+                            tracing::warn!(topic = %self.state_topic, offset = m.offset(), "a snapshot reader's mark without a snapshot_epoch: ignored")
+                        }
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => {
                     // A broker outage: the capture's own commits report it; read again later.
@@ -305,6 +375,20 @@ impl Requests {
                     return;
                 }
             }
+        }
+        if !self.caught_up {
+            use rdkafka::consumer::Consumer;
+            // The position passes commit markers too.
+            let position = self
+                .consumer
+                .position()
+                .ok()
+                .and_then(|p| {
+                    p.find_partition(&self.state_topic, 0)
+                        .and_then(|e| e.offset().to_raw())
+                })
+                .unwrap_or(-1);
+            self.caught_up = position >= self.start_end;
         }
     }
 }
@@ -339,18 +423,37 @@ pub struct OnDemand {
     /// Requests for a snapshot, and the newest one a published snapshot answered.
     requests: Requests,
     answered: Option<i64>,
-    /// The snapshots published and not retired, oldest first (the log lists them at its next
-    /// commit: [`super::log::KafkaLog::published`]).
-    pub published: Arc<Mutex<Vec<SnapshotRecord>>>,
+    /// The snapshots published and not retired, and where they are stored (the log lists them at
+    /// its next commit: [`super::log::KafkaLog::published`]).
+    pub published: Arc<Mutex<Listed>>,
     /// The job's `snapshot.dir`, and how many later snapshots are kept (more when jobs read them).
     dir: PathBuf,
     keep: usize,
+    /// `snapshot_storage = "kafka"`: the job's producer properties; each snapshot is stored in a
+    /// topic of its own ([`crate::snapshot::kafka`]) on a thread, one at a time.
+    kafka: Option<BTreeMap<String, String>>,
+    storing: Option<Storing>,
+    /// When the last store failed (the next is tried [`STORE_RETRY`] later).
+    store_failed: Option<Instant>,
 }
+
+/// A snapshot being stored in Kafka.
+struct Storing {
+    /// `None`: the first snapshot.
+    later: Option<Epoch>,
+    topic: String,
+    thread: std::thread::JoinHandle<Result<crate::snapshot::kafka::Moved>>,
+}
+
+/// How long after a failed store the next is tried.
+const STORE_RETRY: Duration = Duration::from_secs(10);
 
 impl OnDemand {
     /// Snapshots of the capture of `spec` through `slot`'s publication into `<dir>/snapshots`,
-    /// one every `interval` (none without) and one for each request read by `requests`. Folders of
-    /// copies a crash left are removed.
+    /// one every `interval` (none without) and one for each request read by `requests`, each
+    /// stored in Kafka too with `kafka` (the job's producer properties). Folders of copies a crash
+    /// left are removed.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         spec: CopySpec,
         slot: &str,
@@ -359,6 +462,7 @@ impl OnDemand {
         interval: Option<Duration>,
         requests: Requests,
         keep: usize,
+        kafka: Option<BTreeMap<String, String>>,
     ) -> Result<OnDemand> {
         if let Ok(entries) = std::fs::read_dir(dir.join(crate::snapshot::published::SNAPSHOTS)) {
             for e in entries.flatten() {
@@ -382,9 +486,12 @@ impl OnDemand {
             placed_rx,
             requests,
             answered: None,
-            published: Arc::new(Mutex::new(Vec::new())),
+            published: Arc::new(Mutex::new(Listed::default())),
             dir: dir.to_path_buf(),
             keep,
+            kafka,
+            storing: None,
+            store_failed: None,
         })
     }
 
@@ -407,15 +514,31 @@ impl OnDemand {
                 .answered
                 .max(r.snapshots.iter().filter_map(|s| s.request).max());
             // The committed list, with those published since (a session that failed before
-            // committing them), less those retired: each one whose manifest is there.
-            let mut list = self.published.lock().unwrap();
+            // committing them), less those retired: each one whose manifest is there, or (Kafka
+            // storage: a capture whose disk was replaced) whose topic is.
+            let mut listed = self.published.lock().unwrap();
+            if listed.first_topic.is_none() {
+                listed.first_topic = r.snapshot_topic.clone();
+            }
             for s in &r.snapshots {
-                if !list.iter().any(|l| l.snapshot_epoch == s.snapshot_epoch) {
-                    list.push(s.clone());
+                match listed
+                    .later
+                    .iter_mut()
+                    .find(|l| l.snapshot_epoch == s.snapshot_epoch)
+                {
+                    Some(l) => {
+                        if l.topic.is_none() {
+                            l.topic = s.topic.clone();
+                        }
+                    }
+                    None => listed.later.push(s.clone()),
                 }
             }
-            list.retain(|s| Path::new(&s.dir).join("manifest.json").exists());
-            list.sort_by_key(|s| s.snapshot_epoch);
+            let stored = self.kafka.is_some();
+            listed.later.retain(|s| {
+                Path::new(&s.dir).join("manifest.json").exists() || (stored && s.topic.is_some())
+            });
+            listed.later.sort_by_key(|s| s.snapshot_epoch);
         }
         self.take_placed();
         if let Some(c) = self.copying.as_ref().filter(|c| c.placed.is_none()) {
@@ -481,6 +604,7 @@ impl OnDemand {
             }
             self.last = Instant::now();
         }
+        self.store_next();
         self.requests.poll();
         let requested = self.requests.newest;
         let asked = requested > self.answered;
@@ -536,6 +660,9 @@ impl OnDemand {
     /// sight first (a reader never sees one half-deleted), then removed, and left out of the next
     /// state record. A failure is logged; the folder is tried again after the next snapshot.
     fn retire(&self) {
+        if let Some(props) = &self.kafka {
+            return self.retire_stored(props);
+        }
         let root = self.root();
         for (epoch, folder) in crate::snapshot::published::retirable(&self.dir, self.keep) {
             let hidden = root.join(format!(".retired-{}", epoch.0));
@@ -546,12 +673,162 @@ impl OnDemand {
                     self.published
                         .lock()
                         .unwrap()
+                        .later
                         .retain(|s| s.snapshot_epoch != epoch);
                     tracing::info!(%epoch, dir = %folder.display(), keep = self.keep, "snapshot retired (no job reads it)");
                 }
                 Err(e) => {
                     tracing::warn!(%epoch, dir = %folder.display(), error = %e, "retiring a snapshot")
                 }
+            }
+        }
+    }
+
+    /// [`retire`](Self::retire) with Kafka storage: the later snapshots beyond the newest `keep`
+    /// stored,
+    /// except those a job's newest mark names ([`mark_reading`]) and any with a reader mark in its
+    /// folder, each dropped from the list first (a runner restores only what a record lists),
+    /// then its topic deleted and its folder removed. A failure is logged; the topic is left.
+    fn retire_stored(&self, props: &BTreeMap<String, String>) {
+        if !self.requests.caught_up {
+            return; // a job's mark may be unread yet: retired after the next snapshot
+        }
+        let gone = {
+            let mut listed = self.published.lock().unwrap();
+            // What a runner can read is what is stored: the newest `keep` stored are kept, and
+            // those not stored yet that are newer (their store is to come); one not stored that
+            // is older than a stored one would never be read.
+            let stored: Vec<Epoch> = listed
+                .later
+                .iter()
+                .filter(|s| s.topic.is_some())
+                .map(|s| s.snapshot_epoch)
+                .collect();
+            let oldest_kept = stored
+                .len()
+                .checked_sub(self.keep)
+                .map_or(Epoch(0), |i| stored[i]);
+            let reading = &self.requests.reading;
+            let (mut gone, mut kept) = (Vec::new(), Vec::new());
+            for s in std::mem::take(&mut listed.later) {
+                let read = reading.values().any(|e| *e == s.snapshot_epoch)
+                    || crate::snapshot::published::has_readers(Path::new(&s.dir));
+                let old = if s.topic.is_some() {
+                    s.snapshot_epoch < oldest_kept
+                } else {
+                    stored
+                        .last()
+                        .is_some_and(|newest| s.snapshot_epoch < *newest)
+                };
+                if old && !read {
+                    gone.push(s);
+                } else {
+                    kept.push(s);
+                }
+            }
+            listed.later = kept;
+            gone
+        };
+        for s in gone {
+            if let Some(topic) = &s.topic {
+                if let Err(e) = crate::kafka::admin::delete_topic(props, topic) {
+                    tracing::warn!(epoch = %s.snapshot_epoch, %topic, error = %format!("{e:#}"), "deleting a retired snapshot's topic");
+                }
+            }
+            let folder = Path::new(&s.dir);
+            if folder.exists() {
+                let hidden = self.root().join(format!(".retired-{}", s.snapshot_epoch.0));
+                if let Err(e) =
+                    std::fs::rename(folder, &hidden).and_then(|()| std::fs::remove_dir_all(&hidden))
+                {
+                    tracing::warn!(epoch = %s.snapshot_epoch, dir = %folder.display(), error = %e, "removing a retired snapshot's folder");
+                }
+            }
+            tracing::info!(epoch = %s.snapshot_epoch, topic = s.topic.as_deref().unwrap_or("-"), keep = self.keep, "snapshot retired (no job reads it)");
+        }
+    }
+
+    /// Kafka storage: collects a finished store (its topic listed from the next commit on), and
+    /// starts the next: the first snapshot when it is published and not stored, else the newest
+    /// later one not stored (an older one left is retired once a newer is stored). One at a time, on a thread: the stream goes on meanwhile.
+    fn store_next(&mut self) {
+        let Some(props) = self.kafka.clone() else {
+            return;
+        };
+        if let Some(st) = &self.storing {
+            if !st.thread.is_finished() {
+                return;
+            }
+            let st = self.storing.take().expect("storing");
+            let done = st
+                .thread
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the store panicked")));
+            match done {
+                Ok(moved) => {
+                    let mut listed = self.published.lock().unwrap();
+                    match st.later {
+                        None => listed.first_topic = Some(st.topic.clone()),
+                        Some(e) => {
+                            if let Some(l) = listed.later.iter_mut().find(|l| l.snapshot_epoch == e)
+                            {
+                                l.topic = Some(st.topic.clone());
+                            }
+                        }
+                    }
+                    drop(listed);
+                    tracing::info!(topic = %st.topic, files = moved.files, bytes = moved.bytes, seconds = moved.seconds, "snapshot stored in Kafka");
+                    self.retire();
+                }
+                Err(e) => {
+                    self.store_failed = Some(Instant::now());
+                    tracing::warn!(topic = %st.topic, error = %format!("{e:#}"), "storing a snapshot in Kafka failed; tried again in {} s", STORE_RETRY.as_secs());
+                }
+            }
+        }
+        if self.store_failed.is_some_and(|t| t.elapsed() < STORE_RETRY) {
+            return;
+        }
+        let next = {
+            let listed = self.published.lock().unwrap();
+            let first = self.dir.join("manifest.json");
+            if listed.first_topic.is_none() && first.exists() {
+                first_epoch(&first).map(|e| (None, e, self.dir.clone()))
+            } else {
+                listed
+                    .later
+                    .iter()
+                    .rev()
+                    .find(|l| l.topic.is_none() && Path::new(&l.dir).join("manifest.json").exists())
+                    .map(|l| {
+                        (
+                            Some(l.snapshot_epoch),
+                            l.snapshot_epoch,
+                            PathBuf::from(&l.dir),
+                        )
+                    })
+            }
+        };
+        let Some((later, epoch, folder)) = next else {
+            return;
+        };
+        let topic = crate::snapshot::kafka::topic_of(&self.spec.topic, epoch);
+        let t = topic.clone();
+        let spawned = std::thread::Builder::new()
+            .name("capture-snapshot-store".into())
+            .spawn(move || crate::snapshot::kafka::store(&props, &folder, &t));
+        match spawned {
+            Ok(thread) => {
+                tracing::info!(%topic, %epoch, "storing a snapshot in Kafka");
+                self.storing = Some(Storing {
+                    later,
+                    topic,
+                    thread,
+                });
+            }
+            Err(e) => {
+                self.store_failed = Some(Instant::now());
+                tracing::warn!(%topic, error = %e, "starting a snapshot's store");
             }
         }
     }
@@ -580,13 +857,21 @@ impl OnDemand {
                 .with_context(|| format!("syncing {}", root.display()))?;
         }
         tracing::info!(epoch = %placed.snapshot_epoch, rows, dir = %target.display(), "snapshot of the running capture published");
-        self.published.lock().unwrap().push(SnapshotRecord {
+        self.published.lock().unwrap().later.push(SnapshotRecord {
             snapshot_epoch: placed.snapshot_epoch,
             next_epoch: placed.next_epoch,
             start_offsets: placed.start_offsets,
             dir: target.display().to_string(),
             request,
+            topic: None,
         });
         Ok(())
     }
+}
+
+/// The snapshot epoch a manifest names (`None`: unreadable; the caller tries again later).
+fn first_epoch(manifest: &Path) -> Option<Epoch> {
+    let text = std::fs::read(manifest).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    v["snapshot_epoch"].as_u64().map(Epoch)
 }

@@ -132,20 +132,12 @@ pub fn ensure_topic_with(
         }
         return Ok(());
     }
-    let admin: AdminClient<ErrorCapture> = client_config(props)
-        .create_with_context(ErrorCapture::default())
-        .context("creating an admin client")?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let mut new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(1));
     for (k, v) in configs {
         new = new.set(k, v);
     }
-    let results = rt.block_on(admin.create_topics(
-        &[new],
-        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-    ))?;
+    let (admin, rt, options) = admin(props)?;
+    let results = rt.block_on(admin.create_topics(&[new], &options))?;
     for r in results {
         if let Err((t, e)) = r {
             if e != RDKafkaErrorCode::TopicAlreadyExists {
@@ -153,19 +145,72 @@ pub fn ensure_topic_with(
             }
         }
     }
-    // Metadata propagates asynchronously: wait (bounded) until the topic is visible.
+    wait_for_metadata(
+        props,
+        topic,
+        |n| n == Some(partitions),
+        "did not appear after its creation",
+    )
+}
+
+/// Deletes `topic` if it exists and waits (bounded) until it is gone from the metadata.
+pub fn delete_topic(props: &BTreeMap<String, String>, topic: &str) -> Result<()> {
+    if partition_count(props, topic)?.is_none() {
+        return Ok(());
+    }
+    let (admin, rt, options) = admin(props)?;
+    let results = rt.block_on(admin.delete_topics(&[topic], &options))?;
+    for r in results {
+        if let Err((t, e)) = r {
+            if e != RDKafkaErrorCode::UnknownTopicOrPartition {
+                bail!("deleting topic {t}: {e}");
+            }
+        }
+    }
+    wait_for_metadata(
+        props,
+        topic,
+        |n| n.is_none(),
+        "is still listed after its deletion",
+    )
+}
+
+/// An admin client, a runtime to wait on its requests, and their options (30 s operation timeout).
+fn admin(
+    props: &BTreeMap<String, String>,
+) -> Result<(
+    AdminClient<ErrorCapture>,
+    tokio::runtime::Runtime,
+    AdminOptions,
+)> {
+    let admin: AdminClient<ErrorCapture> = client_config(props)
+        .create_with_context(ErrorCapture::default())
+        .context("creating an admin client")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    Ok((admin, rt, options))
+}
+
+/// Metadata propagates asynchronously: waits (bounded) until `topic`'s partition count satisfies
+/// `done`; else fails saying the topic `not`.
+fn wait_for_metadata(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    done: impl Fn(Option<u32>) -> bool,
+    not: &str,
+) -> Result<()> {
     crate::retry::retry_sleeping(
         crate::core::retry::Backoff::METADATA,
         || match partition_count(props, topic) {
-            Ok(Some(n)) if n == partitions => Ok(()),
+            Ok(n) if done(n) => Ok(()),
             Ok(_) => Err(None),
             Err(e) => Err(Some(e)),
         },
         Option::is_none,
     )
-    .map_err(|e| {
-        e.unwrap_or_else(|| anyhow::anyhow!("topic {topic} did not appear after its creation"))
-    })
+    .map_err(|e| e.unwrap_or_else(|| anyhow::anyhow!("topic {topic} {not}")))
 }
 
 /// The high watermark librdkafka cached from the partition's last fetch response (no network call),

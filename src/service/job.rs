@@ -85,37 +85,64 @@ const SNAPSHOT_WAIT_SAID_EVERY: Duration = Duration::from_secs(60);
 /// A job with a capture whose snapshot folder has no `manifest.json` yet (`capture` started beside
 /// this `run`, still copying): waits until the capture publishes it, saying so in the log and in
 /// `/readyz`. The manifest is renamed into place whole (`snapshot::files::write_manifest`), so its
-/// existence is the publication. False when the process is told to stop first. A job without a
-/// capture does not wait: a missing snapshot is an error `prepare` names.
-fn wait_for_snapshot(job: &JobConfig, shutdown: &CancellationToken, runtimes: &Runtimes) -> bool {
-    let (Some(_), SnapshotConfig::Files { dir, .. }) = (&job.capture, &job.snapshot) else {
-        return true;
+/// existence is the publication; with `snapshot_storage = "kafka"`, the publication is the state
+/// record naming the snapshot's topic. False when the process is told to stop first. A job
+/// without a capture does not wait: a missing snapshot is an error `prepare` names.
+fn wait_for_snapshot(
+    job: &JobConfig,
+    shutdown: &CancellationToken,
+    runtimes: &Runtimes,
+) -> Result<bool> {
+    let (Some(c), SnapshotConfig::Files { dir, .. }) = (&job.capture, &job.snapshot) else {
+        return Ok(true);
     };
     let manifest = dir.join("manifest.json");
-    if manifest.exists() {
-        return true;
+    let in_kafka = c.snapshot_storage == crate::config::SnapshotStorage::Kafka;
+    let published = || -> Result<bool> {
+        Ok(if in_kafka {
+            kafka_stored(job)?.is_some_and(|s| !s.list.is_empty())
+        } else {
+            manifest.exists()
+        })
+    };
+    if published()? {
+        return Ok(true);
     }
-    let what = format!(
-        "its snapshot {} (its capture publishes it: kafka-backfill capture --job {})",
-        manifest.display(),
-        job.name
-    );
-    info!(job = %job.name, manifest = %manifest.display(), "waiting for the capture to publish the snapshot (kafka-backfill capture --job {})", job.name);
+    let (what, look_every) = if in_kafka {
+        (
+            format!(
+                "its snapshot, stored in Kafka by its capture (kafka-backfill capture --job {}; the topic {} lists it)",
+                job.name,
+                crate::capture::log::state_topic(&job.topic)
+            ),
+            SNAPSHOT_LOOK_EVERY * 4,
+        )
+    } else {
+        (
+            format!(
+                "its snapshot {} (its capture publishes it: kafka-backfill capture --job {})",
+                manifest.display(),
+                job.name
+            ),
+            SNAPSHOT_LOOK_EVERY,
+        )
+    };
+    info!(job = %job.name, "waiting for {what}");
     runtimes.set_waiting(&job.name, what);
     let started = std::time::Instant::now();
     let mut said = started;
-    while !manifest.exists() {
-        if crate::shutdown::wait_blocking(shutdown, SNAPSHOT_LOOK_EVERY) {
-            return false;
+    while !published()? {
+        if crate::shutdown::wait_blocking(shutdown, look_every) {
+            return Ok(false);
         }
         if said.elapsed() >= SNAPSHOT_WAIT_SAID_EVERY {
             said = std::time::Instant::now();
-            info!(job = %job.name, manifest = %manifest.display(), waited_secs = started.elapsed().as_secs(), "still waiting for the capture to publish the snapshot");
+            info!(job = %job.name, waited_secs = started.elapsed().as_secs(), "still waiting for the capture to publish the snapshot");
         }
     }
     runtimes.clear_waiting(&job.name);
     info!(job = %job.name, waited_ms = started.elapsed().as_millis() as u64, "the snapshot is published; starting the job");
-    true
+    Ok(true)
 }
 
 /// A job's snapshot, opened and checked against the job's configuration (what `run` and
@@ -232,7 +259,220 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
 }
 
 /// Opens the snapshot, checks it against the configuration and the topic, and prepares the store.
+/// A job with a capture reads the snapshot its store recorded, or (a new job) the newest one: from
+/// `snapshot.dir` and its later snapshots, or (`snapshot_storage = "kafka"`) restored from the
+/// topics the capture's state record lists.
 pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
+    if let Some(stored) = kafka_stored(job)? {
+        return prepare_stored(job, check_topic, stored);
+    }
+    // A capture's later snapshots (docs/CAPTURE.md "Snapshots of a running capture"): a new job
+    // starts from the newest, one that started before goes on with the one its store recorded.
+    let later = match &job.snapshot {
+        SnapshotConfig::Files { dir, .. } => {
+            !crate::snapshot::published::later_snapshots(dir).is_empty()
+        }
+        SnapshotConfig::Postgres { .. } => false,
+    };
+    match (later, &job.snapshot) {
+        (true, SnapshotConfig::Files { dir, .. }) => {
+            let first = dir.clone();
+            let name = job.name.clone();
+            prepare_at(
+                job,
+                check_topic,
+                Some(&move |recorded| {
+                    let Some((epoch, later)) = crate::snapshot::published::choose(&first, recorded)
+                    else {
+                        return Ok(None);
+                    };
+                    if let Err(e) = crate::snapshot::published::mark_reader(&later, &name) {
+                        warn!(job = %name, dir = %later.display(), error = %e, "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
+                    }
+                    Ok(Some((epoch, later)))
+                }),
+            )
+        }
+        _ => prepare_at(job, check_topic, None),
+    }
+}
+
+/// A snapshot the capture stored in Kafka: its epoch, its topic, and the folder under the job's
+/// `snapshot.dir` it is restored into (the first: `snapshot.dir` itself; a later one:
+/// `snapshots/<epoch>`).
+#[derive(Clone, Debug)]
+struct Stored {
+    epoch: crate::core::Epoch,
+    topic: String,
+    folder: std::path::PathBuf,
+}
+
+/// The snapshots a capture stored in Kafka, oldest first, and the capture's job name.
+#[derive(Clone, Debug, Default)]
+struct StoredSnapshots {
+    capture_job: String,
+    list: Vec<Stored>,
+}
+
+/// `snapshot_storage = "kafka"`: the snapshots the state record of the capture writing the job's
+/// topic lists as stored (`None` with files only, or without a capture).
+fn kafka_stored(job: &JobConfig) -> Result<Option<StoredSnapshots>> {
+    let (Some(c), SnapshotConfig::Files { dir, .. }) = (&job.capture, &job.snapshot) else {
+        return Ok(None);
+    };
+    if c.snapshot_storage != crate::config::SnapshotStorage::Kafka {
+        return Ok(None);
+    }
+    let props = crate::kafka::producer_properties(&job.kafka);
+    let record = crate::capture::log::read_capture_state(&props, &job.topic)
+        .with_context(|| format!("job {}: reading its capture's state record", job.name))?;
+    let mut stored = StoredSnapshots::default();
+    if let Some(r) = record {
+        stored.capture_job = r.job.clone();
+        if let Some(topic) = &r.snapshot_topic {
+            stored.list.push(Stored {
+                epoch: r.snapshot_epoch,
+                topic: topic.clone(),
+                folder: dir.clone(),
+            });
+        }
+        for l in &r.snapshots {
+            if let Some(topic) = &l.topic {
+                stored.list.push(Stored {
+                    epoch: l.snapshot_epoch,
+                    topic: topic.clone(),
+                    folder: dir
+                        .join(crate::snapshot::published::SNAPSHOTS)
+                        .join(l.snapshot_epoch.0.to_string()),
+                });
+            }
+        }
+    }
+    Ok(Some(stored))
+}
+
+/// The folder of `stored`, restored from its topic unless this machine has it already (a
+/// manifest of that epoch there); a manifest of another epoch there is refused.
+fn restored(job: &JobConfig, stored: &Stored) -> Result<std::path::PathBuf> {
+    let manifest = stored.folder.join("manifest.json");
+    if let Ok(text) = std::fs::read(&manifest) {
+        let epoch = serde_json::from_slice::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["snapshot_epoch"].as_u64());
+        if epoch == Some(stored.epoch.0) {
+            return Ok(stored.folder.clone());
+        }
+        bail!(
+            "job {}: {} is the snapshot at epoch {}, but the capture stored the one at epoch {} there (topic {}): snapshot.dir holds another log's snapshot; empty it or choose another folder",
+            job.name,
+            manifest.display(),
+            epoch.map_or("?".to_string(), |e| e.to_string()),
+            stored.epoch,
+            stored.topic
+        );
+    }
+    let props = crate::kafka::producer_properties(&job.kafka);
+    info!(job = %job.name, topic = %stored.topic, epoch = %stored.epoch, dir = %stored.folder.display(), "restoring the snapshot from Kafka");
+    let moved = crate::snapshot::kafka::restore(&props, &stored.topic, &stored.folder, &|_| true)
+        .with_context(|| format!("job {}: restoring its snapshot", job.name))?;
+    info!(job = %job.name, topic = %stored.topic, files = moved.files, bytes = moved.bytes, seconds = moved.seconds, "snapshot restored from Kafka");
+    Ok(stored.folder.clone())
+}
+
+/// `job` reading the snapshot folder `dir`.
+fn job_at(job: &JobConfig, dir: std::path::PathBuf) -> JobConfig {
+    let mut at = job.clone();
+    if let SnapshotConfig::Files { dir: d, .. } = &mut at.snapshot {
+        *d = dir;
+    }
+    at
+}
+
+/// [`prepare`] with `snapshot_storage = "kafka"`: the newest stored snapshot is restored and opened
+/// (a new job reads it); a job whose store recorded another reads that one, restored in turn. The
+/// job's choice is marked on the state topic so that the capture keeps it. A snapshot retired
+/// between the state record's read and its restore (the capture had not seen the mark yet) is
+/// given up for the then newest, a bounded number of times.
+fn prepare_stored(
+    job: &JobConfig,
+    check_topic: bool,
+    mut stored: StoredSnapshots,
+) -> Result<PreparedJob> {
+    const ATTEMPTS: u32 = 3;
+    let mut attempt = 1;
+    loop {
+        match prepare_stored_once(job, check_topic, &stored) {
+            Err(e) if attempt < ATTEMPTS && format!("{e:#}").contains(RETIRED) => {
+                warn!(job = %job.name, error = %format!("{e:#}"), attempt, "the snapshot was retired before it was restored; reading the capture's list again");
+                attempt += 1;
+                stored = kafka_stored(job)?.unwrap_or_default();
+            }
+            done => return done,
+        }
+    }
+}
+
+/// What [`crate::snapshot::kafka::restore`] says of a topic that is gone.
+const RETIRED: &str = crate::snapshot::kafka::GONE;
+
+fn prepare_stored_once(
+    job: &JobConfig,
+    check_topic: bool,
+    stored: &StoredSnapshots,
+) -> Result<PreparedJob> {
+    let Some(newest) = stored.list.last().cloned() else {
+        bail!(
+            "job {}: its capture has stored no snapshot in Kafka yet (snapshot_storage = \"kafka\"): start kafka-backfill capture --job {}",
+            job.name,
+            job.name
+        );
+    };
+    let mark = |epoch| {
+        let props = crate::kafka::producer_properties(&job.kafka);
+        let marked = crate::capture::snapshots::mark_reading(
+            &props,
+            &job.topic,
+            &stored.capture_job,
+            &job.name,
+            epoch,
+        );
+        if let Err(e) = marked {
+            warn!(job = %job.name, %epoch, error = %format!("{e:#}"), "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
+        }
+    };
+    let at = job_at(job, restored(job, &newest)?);
+    // The job's choice is marked once known (the capture keeps it from the mark on): a mark of
+    // the newest first would stand, a moment, in place of a started job's own.
+    let redirect = |recorded: Option<crate::core::Epoch>| -> Result<Option<(crate::core::Epoch, std::path::PathBuf)>> {
+        let Some(e) = recorded.filter(|e| *e != newest.epoch) else {
+            mark(newest.epoch);
+            return Ok(None);
+        };
+        let Some(chosen) = stored.list.iter().find(|s| s.epoch == e) else {
+            bail!(
+                "job {}: it started from the snapshot at epoch {e}, which its capture no longer stores (stored: {}); a new job name starts from the newest",
+                job.name,
+                stored.list.iter().map(|s| s.epoch.to_string()).collect::<Vec<_>>().join(", ")
+            );
+        };
+        mark(chosen.epoch);
+        Ok(Some((chosen.epoch, restored(job, chosen)?)))
+    };
+    prepare_at(&at, check_topic, Some(&redirect))
+}
+
+/// Where a job with later snapshots reads: given the snapshot epoch its store recorded (`None`: a
+/// new job), the epoch and folder of another snapshot to read instead (`None`: the one opened).
+type Redirect<'a> = &'a dyn Fn(
+    Option<crate::core::Epoch>,
+) -> Result<Option<(crate::core::Epoch, std::path::PathBuf)>>;
+
+/// [`prepare`] of the snapshot `job.snapshot` names, or of the one `redirect` says.
+fn prepare_at(
+    job: &JobConfig,
+    check_topic: bool,
+    redirect: Option<Redirect<'_>>,
+) -> Result<PreparedJob> {
     let OpenedSnapshot {
         snapshot,
         table,
@@ -285,31 +525,15 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     )?;
     // Fail fast on a store that disagrees with the snapshot (e.g. a changed partition count).
     let mut store = open_store().with_context(|| format!("job {}: opening the store", job.name))?;
-    // A capture's later snapshots (docs/CAPTURE.md "Snapshots of a running capture"): a new job
-    // starts from the newest, one that started before goes on with the one its store recorded.
-    let later = match &job.snapshot {
-        SnapshotConfig::Files { dir, .. } => {
-            !crate::snapshot::published::later_snapshots(dir).is_empty()
-        }
-        SnapshotConfig::Postgres { .. } => false,
-    };
-    if let (true, SnapshotConfig::Files { dir, table }) = (later, &job.snapshot) {
+    if let Some(redirect) = redirect {
         let recorded = store
             .job(&job.name)
             .with_context(|| format!("job {}: reading its job row", job.name))?
             .map(|r| r.snapshot_epoch);
-        if let Some((epoch, later)) = crate::snapshot::published::choose(dir, recorded) {
+        if let Some((epoch, folder)) = redirect(recorded)? {
             drop(store);
-            if let Err(e) = crate::snapshot::published::mark_reader(&later, &job.name) {
-                warn!(job = %job.name, dir = %later.display(), error = %e, "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
-            }
-            info!(job = %job.name, %epoch, dir = %later.display(), first = %info.snapshot_epoch, "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
-            let mut at = job.clone();
-            at.snapshot = SnapshotConfig::Files {
-                dir: later,
-                table: table.clone(),
-            };
-            return prepare(&at, check_topic);
+            info!(job = %job.name, %epoch, dir = %folder.display(), opened = %info.snapshot_epoch, "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
+            return prepare_at(&job_at(job, folder), check_topic, None);
         }
     }
     store
@@ -498,7 +722,7 @@ pub fn run(
     let mut expected = 0usize;
     let mut jobs: Vec<Arc<JobRuntime>> = Vec::new();
     for job in &config.jobs {
-        if !wait_for_snapshot(job, &shutdown, &runtimes) {
+        if !wait_for_snapshot(job, &shutdown, &runtimes)? {
             info!(job = %job.name, "stopped while waiting for the snapshot");
             return Ok(());
         }

@@ -63,21 +63,26 @@ fn streaming_capture(
 /// A second job of `f`'s table, topic, snapshot folder and capture section, with a store of its
 /// own, created now and started.
 fn start_late_job(f: &Fixture, name: &str) -> (Fixture, Runner) {
+    start_job_of(f, name, true)
+}
+
+/// [`start_late_job`]; with `share_folder` false, the job's `snapshot.dir` is its own (empty): a
+/// runner on another machine.
+fn start_job_of(f: &Fixture, name: &str, share_folder: bool) -> (Fixture, Runner) {
     let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
-    let own = std::fs::read_to_string(&late.config).unwrap();
+    let mut own = std::fs::read_to_string(&late.config).unwrap().replace(
+        &format!("topic = \"{}\"", late.topic),
+        &format!("topic = \"{}\"", f.topic),
+    );
+    if share_folder {
+        own = own.replace(
+            &late.dir.join("out/snapshot").display().to_string(),
+            &f.dir.join("out/snapshot").display().to_string(),
+        );
+    }
     let text = std::fs::read_to_string(&f.config).unwrap();
     let capture_section = &text[text.find("[jobs.capture]").unwrap()..];
-    std::fs::write(
-        &late.config,
-        format!(
-            "{}{capture_section}",
-            own.replace(&late.topic, &f.topic).replace(
-                &late.dir.join("out/snapshot").display().to_string(),
-                &f.dir.join("out/snapshot").display().to_string()
-            )
-        ),
-    )
-    .unwrap();
+    std::fs::write(&late.config, format!("{own}{capture_section}")).unwrap();
     let run = late.spawn_run("late", &[]);
     (late, run)
 }
@@ -292,5 +297,144 @@ fn a_kill_9_during_a_snapshot_copy_leaves_nothing_visible_and_the_request_is_ans
     );
     run.signal("TERM");
     run.wait_exit(MIN);
+    stop_capture(&mut capture);
+}
+
+/// Snapshots stored in Kafka (`snapshot_storage = "kafka"`): the capture stores each snapshot in a
+/// topic of its own; a job on "another machine" (its own, empty `snapshot.dir`) created after
+/// retention deleted the log up to the newest one's start restores that one from Kafka and equals
+/// the source; snapshots no job reads are retired with their topics, the one it reads kept; and a
+/// capture whose disk was replaced (its folder removed) restores its first snapshot and goes on.
+#[test]
+fn snapshots_stored_in_kafka_reach_a_runner_without_a_shared_folder() {
+    let _serial = serial();
+    let name = &format!("snapkafka-{}", stamp() % 1_000_000);
+    let (source, f, mut capture, mut bench) = streaming_capture(
+        name,
+        "snapshot_interval_ms = 2000\nsnapshot_keep = 1\nsnapshot_storage = \"kafka\"\n",
+        14,
+    );
+    // The first snapshot and two later ones stored.
+    capture.wait_for_count("snapshot stored in Kafka", 3, MIN);
+    let props = BTreeMap::from([("bootstrap.servers".to_string(), f.bootstrap.clone())]);
+    let exists = |topic: &str| {
+        kafka_backfill::kafka::admin::partition_count(&props, topic)
+            .unwrap()
+            .is_some()
+    };
+    let record = || {
+        kafka_backfill::capture::log::read_state(&props, &f.topic, &f.name)
+            .unwrap()
+            .expect("a state record")
+    };
+    let deadline = Instant::now() + MIN;
+    let (first_topic, newest) = loop {
+        let r = record();
+        if let (Some(t), Some(s)) = (
+            r.snapshot_topic.clone(),
+            r.snapshots
+                .iter()
+                .rev()
+                .find(|s| s.topic.is_some())
+                .cloned(),
+        ) {
+            break (t, s);
+        }
+        assert!(Instant::now() < deadline, "nothing stored: {r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(exists(&first_topic), "{first_topic}");
+    // Retention deletes the log up to the newest stored snapshot's start.
+    let below: Vec<(u32, u64)> = (0..).zip(newest.start_offsets.iter().copied()).collect();
+    f.delete_records(&below);
+    // A job whose snapshot.dir is its own and empty.
+    let (late, mut run) = start_job_of(&f, name, false);
+    run.wait_for("snapshot restored from Kafka", MIN);
+    run.wait_for("to=\"streaming\"", MIN);
+    let log = run.log_text();
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("restoring the snapshot from Kafka"))
+        .unwrap()
+        .to_string();
+    let epoch: u64 = line
+        .split("epoch=")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(epoch >= newest.snapshot_epoch.0, "the newest: {line}");
+    let restored = late
+        .dir
+        .join("out/snapshot/snapshots")
+        .join(epoch.to_string());
+    assert!(
+        restored.join("manifest.json").exists(),
+        "{} after {line}",
+        restored.display()
+    );
+    assert!(
+        !late.dir.join("out/snapshot/manifest.json").exists(),
+        "the first snapshot is not restored for a job that does not read it"
+    );
+    wait_child(&mut bench, MIN);
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    // Newer snapshots retire the older ones no job reads, topic and all; the job's is kept.
+    capture.wait_for("snapshot retired (no job reads it)", MIN);
+    let deadline = Instant::now() + MIN;
+    loop {
+        let r = record();
+        let listed: Vec<u64> = r.snapshots.iter().map(|s| s.snapshot_epoch.0).collect();
+        if r.snapshots.len() >= 2 {
+            assert!(listed.contains(&epoch), "the read one is kept: {listed:?}");
+            for s in &r.snapshots {
+                assert!(s.topic.as_deref().is_none_or(exists), "{s:?}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "no newer snapshot: {listed:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let retired = kafka_backfill::snapshot::kafka::topic_of(&f.topic, newest.snapshot_epoch);
+    if newest.snapshot_epoch.0 != epoch {
+        let deadline = Instant::now() + MIN;
+        while exists(&retired) {
+            assert!(Instant::now() < deadline, "{retired} was not retired");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success());
+    // The capture's disk replaced: its folder gone, the restarted capture restores its first
+    // snapshot from Kafka and streams on; the job, restarted, goes on with its own snapshot.
+    stop_capture(&mut capture);
+    std::fs::remove_dir_all(f.dir.join("out/snapshot")).unwrap();
+    let mut capture = spawn_capture(&f, "capture-again");
+    capture.wait_for("the first snapshot restored from Kafka", MIN);
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET abalance = abalance + 7 WHERE aid % 10 = 3",
+    );
+    // Once a newer snapshot is stored, the restarted job still reads its own.
+    let deadline = Instant::now() + MIN;
+    while !record()
+        .snapshots
+        .iter()
+        .any(|s| s.snapshot_epoch.0 > epoch && s.topic.is_some())
+    {
+        assert!(Instant::now() < deadline, "no newer stored snapshot");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let mut again = late.spawn_run("again", &[]);
+    let line = chosen_line(&mut again);
+    assert!(
+        line.contains(&format!("epoch={epoch}")) && line.contains("the one the job started from"),
+        "{line}"
+    );
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    again.signal("TERM");
+    assert!(again.wait_exit(MIN).success());
     stop_capture(&mut capture);
 }
