@@ -89,6 +89,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
                         tables.clone(),
                         s.tables.iter().map(|t| Some(t.name.clone())).collect(),
                         s.info().snapshot_epoch,
+                        None,
                     ) {
                         Ok(ev) => {
                             let vs = ev.current();

@@ -430,6 +430,13 @@ fn session(
     let slot_state = pg::slot_state(&mut client, &s.slot)
         .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
     log.snapshot_dir = Some(s.dir.clone());
+    let in_kafka = job
+        .capture
+        .as_ref()
+        .is_some_and(|c| c.snapshot_storage == crate::config::SnapshotStorage::Kafka);
+    if in_kafka {
+        log.versions_to_kafka = Some(s.props.clone());
+    }
     let connect = |create: bool, tables: Vec<StreamTable>| {
         PgReplication::connect(&s.url, &s.slot, &s.publication, tables, create, &s.dir)
             .map_err(transient("opening the replication connection"))
@@ -525,6 +532,13 @@ fn session(
             }
             if slot_state.is_none() {
                 return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
+            }
+            if in_kafka {
+                // Versions announced since the first snapshot was stored (a disk that is not the
+                // one the capture wrote to has none of them).
+                crate::snapshot::kafka::VersionsMirror::new(&s.props, &job.topic, &s.dir)
+                    .and_then(|mut m| m.sync())
+                    .map_err(transient("reading the schema versions from Kafka"))?;
             }
             let streams = if s.several() {
                 s.catalog_streams()

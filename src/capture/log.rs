@@ -161,6 +161,10 @@ pub struct KafkaLog {
     pub on_commit: Option<Box<dyn FnMut(Duration) + Send>>,
     /// The snapshot folder, beside whose manifest schema versions are announced.
     pub snapshot_dir: Option<std::path::PathBuf>,
+    /// `snapshot_storage = "kafka"`: the job's producer properties; each schema version is also
+    /// written to the log's versions topic, before its file
+    /// ([`crate::snapshot::kafka::versions_topic`]).
+    pub versions_to_kafka: Option<BTreeMap<String, String>>,
     /// A snapshot barrier in the open transaction ([`LogPort::snapshot_point`]).
     snapshot_point: Option<(Epoch, Epoch, Lsn)>,
     /// Told each snapshot barrier once its transaction committed.
@@ -224,6 +228,7 @@ impl KafkaLog {
             on_initial_commit: None,
             on_commit: None,
             snapshot_dir: None,
+            versions_to_kafka: None,
             snapshot_point: None,
             on_snapshot_placed: None,
             published: None,
@@ -317,6 +322,17 @@ impl LogPort for KafkaLog {
             from_epoch,
             row_schema: table.json.clone(),
         };
+        if let Some(props) = &self.versions_to_kafka {
+            crate::snapshot::kafka::store_version(
+                props,
+                &self.topic,
+                &codec.fingerprint_hex(),
+                &file,
+            )
+            .map_err(|e| {
+                CaptureFailure::Transient(format!("writing the schema version to Kafka: {e:#}"))
+            })?;
+        }
         crate::snapshot::versions::write(&dir, &codec.fingerprint_hex(), &file).map_err(|e| {
             CaptureFailure::Transient(format!("writing the schema version file: {e}"))
         })?;

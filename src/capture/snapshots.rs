@@ -209,18 +209,19 @@ pub fn reading_prefix(capture_job: &str) -> String {
     format!("{capture_job}/snapshot-reader/")
 }
 
-/// Records on the state topic of `topic`, whose capture is `capture_job`'s, that `job` reads the
-/// snapshot at `epoch` (its store names that epoch, and a recreation reads it again): the capture
-/// of `snapshot_storage = "kafka"` does not retire a snapshot a job's newest mark names.
+/// Records on the state topic of `topic`, whose capture is `capture_job`'s, that `reader` (a job,
+/// or a job starting) reads the snapshot at `epoch` (`None`: no longer): the capture of
+/// `snapshot_storage = "kafka"` does not retire a snapshot a reader's newest mark names.
 pub fn mark_reading(
     props: &BTreeMap<String, String>,
     topic: &str,
     capture_job: &str,
-    job: &str,
-    epoch: Epoch,
+    reader: &str,
+    epoch: Option<Epoch>,
 ) -> Result<i64> {
-    let value = serde_json::json!({ "job": job, "snapshot_epoch": epoch.0 }).to_string();
-    let key = format!("{}{job}", reading_prefix(capture_job));
+    let value =
+        serde_json::json!({ "job": reader, "snapshot_epoch": epoch.map(|e| e.0) }).to_string();
+    let key = format!("{}{reader}", reading_prefix(capture_job));
     to_state_topic(props, topic, &key, &value, "a snapshot reader's mark")
 }
 
@@ -354,16 +355,19 @@ impl Requests {
                         &m.key().unwrap_or_default()[self.reading_prefix.len()..],
                     )
                     .to_string();
-                    let epoch = serde_json::from_slice::<serde_json::Value>(
+                    let mark = serde_json::from_slice::<serde_json::Value>(
                         m.payload().unwrap_or_default(),
                     )
                     .ok()
-                    .and_then(|v| v["snapshot_epoch"].as_u64());
-                    match epoch {
-                        Some(e) => {
-                            self.reading.insert(reader, Epoch(e));
+                    .and_then(|v| v.get("snapshot_epoch").cloned());
+                    match mark {
+                        Some(serde_json::Value::Null) => {
+                            self.reading.remove(&reader);
                         }
-                        None => {
+                        Some(e) if e.is_u64() => {
+                            self.reading.insert(reader, Epoch(e.as_u64().expect("u64")));
+                        }
+                        _ => {
                             tracing::warn!(topic = %self.state_topic, offset = m.offset(), "a snapshot reader's mark without a snapshot_epoch: ignored")
                         }
                     }

@@ -145,6 +145,33 @@ fn wait_for_snapshot(
     Ok(true)
 }
 
+/// `snapshot_storage = "kafka"`: the schema versions of the job's log come from the state topic
+/// into the snapshot folder `dir` before each look at them (the capture's folder is elsewhere).
+fn versions_sync(
+    job: &JobConfig,
+    dir: &std::path::Path,
+) -> Result<Option<crate::snapshot::versions::SyncVersions>> {
+    let in_kafka = job
+        .capture
+        .as_ref()
+        .is_some_and(|c| c.snapshot_storage == crate::config::SnapshotStorage::Kafka);
+    if !in_kafka {
+        return Ok(None);
+    }
+    let props = crate::kafka::producer_properties(&job.kafka);
+    let mirror = crate::snapshot::kafka::VersionsMirror::new(&props, &job.topic, dir)
+        .with_context(|| format!("job {}: reading the schema versions from Kafka", job.name))?;
+    let mirror = Mutex::new(mirror);
+    Ok(Some(Arc::new(move || {
+        mirror
+            .lock()
+            .unwrap()
+            .sync()
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+    })))
+}
+
 /// A job's snapshot, opened and checked against the job's configuration (what `run` and
 /// `check-config` both read, so the two refuse the same snapshots).
 struct OpenedSnapshot {
@@ -197,6 +224,7 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
                 log_tables.clone(),
                 log_tables.iter().map(|t| Some(t.name.clone())).collect(),
                 parts[0].1.info().snapshot_epoch,
+                versions_sync(job, dir)?,
             )
             .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
             for t in &store_tables {
@@ -217,6 +245,7 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
                 log_tables.clone(),
                 s.tables.iter().map(|t| Some(t.name.clone())).collect(),
                 s.info().snapshot_epoch,
+                versions_sync(job, dir)?,
             )
             .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
             check_versions_allowed(job, &ev.current(), table_index)?;
@@ -427,25 +456,31 @@ fn prepare_stored_once(
             job.name
         );
     };
-    let mark = |epoch| {
+    // Two marks keep what the job needs from retirement: `<job>.starting` the newest while the
+    // job looks (it reads it unless its store recorded another), then `<job>` its choice.
+    let starting = format!("{}.starting", job.name);
+    let mark = |reader: &str, epoch: Option<crate::core::Epoch>| {
         let props = crate::kafka::producer_properties(&job.kafka);
         let marked = crate::capture::snapshots::mark_reading(
             &props,
             &job.topic,
             &stored.capture_job,
-            &job.name,
+            reader,
             epoch,
         );
         if let Err(e) = marked {
-            warn!(job = %job.name, %epoch, error = %format!("{e:#}"), "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
+            warn!(job = %job.name, error = %format!("{e:#}"), "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
         }
     };
+    mark(&starting, Some(newest.epoch));
     let at = job_at(job, restored(job, &newest)?);
-    // The job's choice is marked once known (the capture keeps it from the mark on): a mark of
-    // the newest first would stand, a moment, in place of a started job's own.
+    let chose = |epoch| {
+        mark(&job.name, Some(epoch));
+        mark(&starting, None);
+    };
     let redirect = |recorded: Option<crate::core::Epoch>| -> Result<Option<(crate::core::Epoch, std::path::PathBuf)>> {
         let Some(e) = recorded.filter(|e| *e != newest.epoch) else {
-            mark(newest.epoch);
+            chose(newest.epoch);
             return Ok(None);
         };
         let Some(chosen) = stored.list.iter().find(|s| s.epoch == e) else {
@@ -455,8 +490,9 @@ fn prepare_stored_once(
                 stored.list.iter().map(|s| s.epoch.to_string()).collect::<Vec<_>>().join(", ")
             );
         };
-        mark(chosen.epoch);
-        Ok(Some((chosen.epoch, restored(job, chosen)?)))
+        let folder = restored(job, chosen)?;
+        chose(chosen.epoch);
+        Ok(Some((chosen.epoch, folder)))
     };
     prepare_at(&at, check_topic, Some(&redirect))
 }

@@ -369,6 +369,151 @@ pub fn restore(
     })
 }
 
+/// The topic of the schema versions of the log `log_topic` (docs/WIRE.md "Schema changes"): with
+/// Kafka storage, each version file the capture writes beside its snapshot is first written there
+/// too, keyed by its fingerprint (one partition, compacted), so that a runner without the
+/// capture's folder reads it ([`VersionsMirror`]). A topic of its own: it grows only when a
+/// version is announced, so a look at it is one watermark request.
+pub fn versions_topic(log_topic: &str) -> String {
+    format!("{log_topic}.schema-versions")
+}
+
+/// Creates the versions topic of `log_topic` when absent; returns its name.
+pub fn ensure_versions_topic(props: &BTreeMap<String, String>, log_topic: &str) -> Result<String> {
+    let topic = versions_topic(log_topic);
+    crate::kafka::admin::ensure_topic_with(props, &topic, 1, &[("cleanup.policy", "compact")])?;
+    Ok(topic)
+}
+
+/// Writes the version file `file` with fingerprint `fingerprint_hex` to the versions topic of
+/// `log_topic`, waiting for its acknowledgement.
+pub fn store_version(
+    props: &BTreeMap<String, String>,
+    log_topic: &str,
+    fingerprint_hex: &str,
+    file: &crate::snapshot::versions::VersionFile,
+) -> Result<()> {
+    let topic = ensure_versions_topic(props, log_topic)?;
+    let producer: BaseProducer<Deliveries> = crate::kafka::admin::client_config(props)
+        .set("enable.idempotence", "true")
+        .create_with_context(Deliveries::default())
+        .context("creating the schema versions' producer")?;
+    let value = serde_json::to_vec(file)?;
+    crate::kafka::send_waiting(&producer, &topic, 0, fingerprint_hex.as_bytes(), &value)
+        .with_context(|| format!("writing a schema version to {topic}"))?;
+    producer
+        .flush(STALL)
+        .with_context(|| format!("waiting for {topic}'s acknowledgement"))?;
+    if let Some(e) = producer.context().first_error.lock().unwrap().clone() {
+        bail!("writing a schema version to {topic}: {e}");
+    }
+    Ok(())
+}
+
+/// The versions topic of a log, copied into a snapshot folder's `schema_versions/`
+/// (`crate::snapshot::versions::write`, whole files by rename) as versions come: read from the
+/// start once, then only what was added since (one watermark request when nothing was).
+pub struct VersionsMirror {
+    consumer: BaseConsumer,
+    topic: String,
+    dir: PathBuf,
+    /// The offset read up to.
+    position: i64,
+}
+
+impl VersionsMirror {
+    /// A mirror of the versions of the log `log_topic` into `dir/schema_versions/` (the topic is
+    /// created when absent: a log without versions yet).
+    pub fn new(
+        props: &BTreeMap<String, String>,
+        log_topic: &str,
+        dir: &Path,
+    ) -> Result<VersionsMirror> {
+        let topic = ensure_versions_topic(props, log_topic)?;
+        let consumer: BaseConsumer = crate::kafka::admin::client_config(props)
+            .set("group.id", "kafka-backfill-schema-versions")
+            .set("enable.auto.commit", "false")
+            .create()
+            .context("creating the schema versions' reader")?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
+        consumer.assign(&tpl)?;
+        // Paused between syncs: a fetch waiting on the broker would hold the connection, and the
+        // watermark request behind it, for `fetch.wait.max.ms`.
+        consumer.pause(&tpl)?;
+        Ok(VersionsMirror {
+            consumer,
+            topic,
+            dir: dir.to_path_buf(),
+            position: 0,
+        })
+    }
+
+    /// Reads the versions topic to its present end, writing each version not in the folder yet.
+    /// Returns how many were written.
+    pub fn sync(&mut self) -> Result<usize> {
+        let (_, high) = self
+            .consumer
+            .fetch_watermarks(&self.topic, 0, Duration::from_secs(30))
+            .with_context(|| format!("reading the watermarks of {}", self.topic))?;
+        let mut written = 0;
+        if self.position >= high {
+            return Ok(0);
+        }
+        let tpl = self.consumer.assignment()?;
+        self.consumer.resume(&tpl)?;
+        let read = self.read_to(high, &mut written);
+        self.consumer.pause(&tpl)?;
+        read.map(|()| written)
+    }
+
+    fn read_to(&mut self, high: i64, written: &mut usize) -> Result<()> {
+        let started = Instant::now();
+        while self.position < high {
+            if started.elapsed() > STALL {
+                bail!(
+                    "reading {} to its end ({high}) took over {} s (at {})",
+                    self.topic,
+                    STALL.as_secs(),
+                    self.position
+                );
+            }
+            let Some(m) = self.consumer.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            let m = m.with_context(|| format!("reading {}", self.topic))?;
+            self.position = m.offset() + 1;
+            let fingerprint = String::from_utf8_lossy(m.key().unwrap_or_default()).to_string();
+            if fingerprint.is_empty() || !fingerprint.chars().all(|c| c.is_ascii_hexdigit()) {
+                bail!(
+                    "{} partition 0 offset {}: the key {fingerprint:?} is not a fingerprint",
+                    self.topic,
+                    m.offset()
+                );
+            }
+            let path = self
+                .dir
+                .join(crate::snapshot::versions::VERSIONS_DIR)
+                .join(format!("{fingerprint}.json"));
+            if path.exists() {
+                continue;
+            }
+            let file: crate::snapshot::versions::VersionFile =
+                serde_json::from_slice(m.payload().unwrap_or_default()).with_context(|| {
+                    format!(
+                        "{} partition 0 offset {}: not a schema version file",
+                        self.topic,
+                        m.offset()
+                    )
+                })?;
+            crate::snapshot::versions::write(&self.dir, &fingerprint, &file)
+                .with_context(|| format!("writing {}", path.display()))?;
+            *written += 1;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

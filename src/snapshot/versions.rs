@@ -94,22 +94,43 @@ pub fn write(dir: &Path, fingerprint_hex: &str, file: &VersionFile) -> std::io::
     Ok(path)
 }
 
+/// Brings a versions folder up to date from elsewhere (`crate::snapshot::kafka::VersionsMirror`)
+/// before it is read; the error says why it could not.
+pub type SyncVersions = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// The schema versions of the log whose snapshot is in `dir` (its tables `tables`, named `names`),
-/// re-read from the folder whenever the codec or a store needs a version it does not know.
+/// re-read from the folder whenever the codec or a store needs a version it does not know; with
+/// `sync`, the folder is brought up to date first (when it cannot be at a checkpoint's look, the
+/// look says so in a warning and reads what the folder has).
 pub fn evolution(
     dir: &Path,
     tables: Vec<TableSchema>,
     names: Vec<Option<String>>,
     snapshot_epoch: Epoch,
+    sync: Option<SyncVersions>,
 ) -> Result<Arc<Evolution>, SchemaChangeError> {
     let folder = dir.join(VERSIONS_DIR);
     let dir = dir.to_path_buf();
+    let (load_sync, probe_sync) = (sync.clone(), sync);
     Ok(Arc::new(Evolution::new(
         tables,
         names,
         snapshot_epoch,
-        Box::new(move || read(&dir)),
         Box::new(move || {
+            if let Some(sync) = &load_sync {
+                sync().map_err(|why| SchemaChangeError::Bad {
+                    place: dir.join(VERSIONS_DIR).display().to_string(),
+                    why,
+                })?;
+            }
+            read(&dir)
+        }),
+        Box::new(move || {
+            if let Some(sync) = &probe_sync {
+                if let Err(e) = sync() {
+                    tracing::warn!(folder = %folder.display(), error = %e, "bringing the schema versions up to date");
+                }
+            }
             std::fs::read_dir(&folder).map_or(0, |entries| {
                 entries
                     .filter_map(Result::ok)

@@ -438,3 +438,68 @@ fn snapshots_stored_in_kafka_reach_a_runner_without_a_shared_folder() {
     assert!(again.wait_exit(MIN).success());
     stop_capture(&mut capture);
 }
+
+/// Schema versions with snapshots stored in Kafka: a column added upstream is announced on the
+/// state topic too, so a runner without the capture's folder follows it; the capture, killed and
+/// restarted on an empty disk, gets its first snapshot and the versions back from Kafka and
+/// follows a second column. The replica equals the source with both columns.
+#[test]
+fn schema_versions_reach_a_runner_without_the_capture_folder() {
+    let _serial = serial();
+    let name = &format!("snapver-{}", stamp() % 1_000_000);
+    let (source, f, mut capture, mut bench) =
+        streaming_capture(name, "snapshot_storage = \"kafka\"\n", 12);
+    capture.wait_for("snapshot stored in Kafka", MIN);
+    let (late, mut run) = start_job_of(&f, name, false);
+    run.wait_for("snapshot restored from Kafka", MIN);
+    run.wait_for("partitions assigned", MIN);
+    psql(
+        &source.url,
+        "ALTER TABLE pgbench_accounts ADD COLUMN note text",
+    );
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    capture.signal("KILL");
+    capture.wait_exit(MIN);
+    std::fs::remove_dir_all(f.dir.join("out/snapshot")).unwrap();
+    let mut capture = spawn_capture(&f, "capture-again");
+    capture.wait_for("the first snapshot restored from Kafka", MIN);
+    capture.wait_for("capture checkpoint committed", MIN);
+    assert!(
+        f.dir.join("out/snapshot/schema_versions").is_dir(),
+        "the version announced before the kill is back"
+    );
+    psql(
+        &source.url,
+        "ALTER TABLE pgbench_accounts ADD COLUMN tier bigint",
+    );
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET tier = aid * 3 WHERE aid % 5 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    wait_child(&mut bench, MIN);
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    let columns: Vec<Vec<String>> =
+        late.sql("SELECT name FROM pragma_table_info('accounts') ORDER BY cid");
+    let columns: Vec<&str> = columns.iter().map(|c| c[0].as_str()).collect();
+    assert!(
+        columns.contains(&"note") && columns.contains(&"tier"),
+        "{columns:?}"
+    );
+    let versions = std::fs::read_dir(late.dir.join("out/snapshot/schema_versions"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        })
+        .count();
+    assert_eq!(versions, 2, "both versions reached the runner's folder");
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success());
+    stop_capture(&mut capture);
+}
