@@ -73,8 +73,15 @@ for dep in (d for d in docs if d["kind"] == "Deployment"):
     assert any(labels.get(k) != v for k, v in sts_sel.items()), "capture pods match the StatefulSet's selector"
     mount = [m for m in dc["volumeMounts"] if m["name"] == "capture-snapshots"]
     smount = [m for m in c["volumeMounts"] if m["name"] == "capture-snapshots"]
-    assert mount and smount and mount[0]["mountPath"] == smount[0]["mountPath"], "snapshot volume not shared"
-    assert smount[0].get("readOnly") is True
+    cfg = cm["data"]["config.toml"]
+    if 'snapshot_storage = "kafka"' in cfg:
+        # Snapshots stored in Kafka: nothing shared; the capture writes under its own data dir.
+        assert mount and mount[0]["mountPath"] == "/var/lib/kafka-backfill", mount
+        assert not smount, "a shared snapshot volume with snapshots stored in Kafka"
+        assert not any(v["name"] == "capture-snapshots" for v in pod["volumes"]), pod["volumes"]
+    else:
+        assert mount and smount and mount[0]["mountPath"] == smount[0]["mountPath"], "snapshot volume not shared"
+        assert smount[0].get("readOnly") is True
     print("   capture pod:", " ".join(dc["args"]))
 if "--capture" in c["args"]:
     print("   in-process capture:", " ".join(c["args"]))

@@ -99,9 +99,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail (printf "job %s: capture writes snapshot files: snapshot.kind must be \"files\"" $job.name) -}}
 {{- end -}}
 {{- $dir := toString $job.snapshot.dir -}}
-{{- if eq $mode "inProcess" -}}
+{{- $inKafka := eq (toString (index $job.capture "snapshot_storage" | default "files")) "kafka" -}}
+{{- if or (eq $mode "inProcess") $inKafka -}}
 {{- if not (hasPrefix "/var/lib/kafka-backfill/" $dir) -}}
-{{- fail (printf "job %s: with capture.mode inProcess, snapshot.dir (%s) must be under the data directory /var/lib/kafka-backfill/ (the root filesystem is read-only)" $job.name $dir) -}}
+{{- fail (printf "job %s: with capture.mode %s%s, snapshot.dir (%s) must be under the data directory /var/lib/kafka-backfill/ (the root filesystem is read-only)" $job.name $mode (ternary " and snapshot_storage kafka" "" $inKafka) $dir) -}}
 {{- end -}}
 {{- else -}}
 {{- $mount := trimSuffix "/" $.Values.capture.snapshotMountPath -}}
@@ -118,8 +119,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if and (eq $mode "inProcess") (gt (int .Values.replicas) 1) -}}
 {{- fail "capture.mode inProcess runs the capture in every pod: each would fence the others; use replicas: 1 or capture.mode separate" -}}
 {{- end -}}
-{{- if and (eq $mode "separate") (not .Values.capture.snapshotVolume) -}}
-{{- fail "capture.mode separate needs capture.snapshotVolume: a volume (ReadWriteMany) the capture writes the snapshot files to and the StatefulSet's pods read" -}}
+{{- if and (eq $mode "separate") (include "kb.captureShared" .) (not .Values.capture.snapshotVolume) -}}
+{{- fail "capture.mode separate needs capture.snapshotVolume: a volume (ReadWriteMany) the capture writes the snapshot files to and the StatefulSet's pods read; or set snapshot_storage = \"kafka\" in every job's capture section (no shared volume)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when capture.mode is separate and a captured job keeps its snapshots as files only
+(snapshot_storage not "kafka"): the capture and the StatefulSet then share capture.snapshotVolume. */}}
+{{- define "kb.captureShared" -}}
+{{- if eq .Values.capture.mode "separate" -}}
+{{- $shared := false -}}
+{{- range $job := .Values.jobs -}}
+{{- if and (hasKey $job "capture") (ne (toString (index $job.capture "snapshot_storage" | default "files")) "kafka") -}}
+{{- $shared = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $shared -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
 
