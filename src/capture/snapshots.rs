@@ -361,6 +361,10 @@ impl Requests {
                     .ok()
                     .and_then(|v| v.get("snapshot_epoch").cloned());
                     match mark {
+                        // A tombstone (a dropped job's mark deleted by hand) or a cleared mark.
+                        _ if m.payload().is_none() => {
+                            self.reading.remove(&reader);
+                        }
                         Some(serde_json::Value::Null) => {
                             self.reading.remove(&reader);
                         }
