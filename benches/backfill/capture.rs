@@ -389,6 +389,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
     bench.wait().unwrap();
     stop(run);
     stop(c);
+    snapshot_storage(bootstrap, &url, &d.join("snapshot/snapshots"), r);
     let mut lat = lat;
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
@@ -415,6 +416,68 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
 
 /// `n` probes: an UPDATE of account 1 committed at a random moment, then the SQLite replica polled
 /// every 2 ms until it shows it; the milliseconds each took.
+/// Where snapshots are kept for runners on other machines (docs/CAPTURE.md "Where snapshots are
+/// stored"): the newest snapshot under `root`, stored in Kafka (`snapshot_storage = "kafka"`) against
+/// written into PostgreSQL as a snapshot source (`export-snapshot`, durable), and a runner's read of
+/// it — restored from Kafka, then every vnode scanned from the files — against every vnode scanned
+/// from PostgreSQL.
+fn snapshot_storage(bootstrap: &str, url: &str, root: &Path, r: &mut Report) {
+    use kafka_backfill::ports::SnapshotSource;
+    let newest = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("manifest.json").exists())
+        .map(|e| e.path())
+        .max()
+        .expect("a published snapshot");
+    let files = kafka_backfill::snapshot::files::SnapshotFiles::open(&newest).unwrap();
+    let scan_all = |s: &dyn SnapshotSource| -> u64 {
+        let mut n = 0;
+        for v in 0..s.info().vnode_count {
+            for row in s.scan(v as _, None).unwrap() {
+                row.unwrap();
+                n += 1;
+            }
+        }
+        n
+    };
+    let props = std::collections::BTreeMap::from([(
+        "bootstrap.servers".to_string(),
+        bootstrap.to_string(),
+    )]);
+    let topic = format!("capbench-snapshot-{}", rand_suffix());
+    let t = Instant::now();
+    let stored = kafka_backfill::snapshot::kafka::store(&props, &newest, &topic).unwrap();
+    let kafka_store = t.elapsed().as_secs_f64();
+    let into = root.parent().unwrap().join("restored");
+    let t = Instant::now();
+    kafka_backfill::snapshot::kafka::restore(&props, &topic, &into, &|_| true).unwrap();
+    let restored = kafka_backfill::snapshot::files::SnapshotFiles::open(&into).unwrap();
+    let rows = scan_all(&restored);
+    let kafka_read = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let exported = kafka_backfill::snapshot::postgres::PostgresSnapshot::export(
+        &files,
+        url,
+        "capbench",
+        "kb_capbench_snapshot",
+    )
+    .unwrap();
+    let pg_store = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let pg = kafka_backfill::snapshot::postgres::PostgresSnapshot::open(url, "capbench").unwrap();
+    let pg_rows = scan_all(&pg);
+    let pg_read = t.elapsed().as_secs_f64();
+    assert_eq!((rows, pg_rows), (exported, exported), "every row read back");
+    kafka_backfill::kafka::admin::delete_topic(&props, &topic).unwrap();
+    r.figure(
+        "capture_snapshot_storage",
+        &format!("a snapshot of the running capture ({rows} rows, {} MiB of files) kept for runners on other machines: stored in a Kafka topic (snapshot_storage = \"kafka\", until acknowledged) against written into durable PostgreSQL as a snapshot source (export-snapshot, committed); a runner's read of it: restored from Kafka and every vnode scanned from the files, against every vnode scanned from PostgreSQL", stored.bytes >> 20),
+        format!("store: Kafka {kafka_store:.2} s vs PostgreSQL {pg_store:.2} s ({:.1}×); read: Kafka {kafka_read:.2} s vs PostgreSQL {pg_read:.2} s ({:.1}×)", pg_store / kafka_store, pg_read / kafka_read),
+        json!({"rows": rows, "bytes": stored.bytes, "kafka_store_s": kafka_store, "pg_store_s": pg_store, "kafka_read_s": kafka_read, "pg_read_s": pg_read}),
+    );
+}
+
 fn probe(client: &mut postgres::Client, sink: &rusqlite::Connection, n: usize) -> Vec<f64> {
     let mut lat = Vec::new();
     for i in 0..n {

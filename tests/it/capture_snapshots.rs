@@ -241,6 +241,18 @@ fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     run.signal("TERM");
     run.wait_exit(MIN);
     stop_capture(&mut capture);
+    // With the capture stopped, nothing answers: exit 3, saying so.
+    let out = std::process::Command::new(BIN)
+        .args(["snapshot", "--within-secs", "1", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("no snapshot answered the request within 1 s"),
+        "{err}"
+    );
     // Only a capture takes snapshots.
     let plain = Fixture::new(&format!("{name}-plain"), 1, "");
     let out = std::process::Command::new(BIN)
