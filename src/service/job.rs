@@ -408,6 +408,15 @@ fn restored(job: &JobConfig, stored: &Stored) -> Result<std::path::PathBuf> {
     Ok(stored.folder.clone())
 }
 
+/// The snapshot epoch the manifest in `folder` names, if it can be read.
+fn manifest_epoch(folder: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read(folder.join("manifest.json")).ok()?;
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()?
+        .get("snapshot_epoch")?
+        .as_u64()
+}
+
 /// `job` reading the snapshot folder `dir`.
 fn job_at(job: &JobConfig, dir: std::path::PathBuf) -> JobConfig {
     let mut at = job.clone();
@@ -484,6 +493,18 @@ fn prepare_stored_once(
             return Ok(None);
         };
         let Some(chosen) = stored.list.iter().find(|s| s.epoch == e) else {
+            // Retired in Kafka (its mark came too late), but restored here before: read it here.
+            let local = match &job.snapshot {
+                SnapshotConfig::Files { dir, .. } => Some(
+                    dir.join(crate::snapshot::published::SNAPSHOTS)
+                        .join(e.0.to_string()),
+                ),
+                SnapshotConfig::Postgres { .. } => None,
+            };
+            if let Some(folder) = local.filter(|f| manifest_epoch(f) == Some(e.0)) {
+                chose(e);
+                return Ok(Some((e, folder)));
+            }
             bail!(
                 "job {}: it started from the snapshot at epoch {e}, which its capture no longer stores (stored: {}); a new job name starts from the newest",
                 job.name,

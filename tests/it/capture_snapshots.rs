@@ -323,7 +323,7 @@ fn snapshots_stored_in_kafka_reach_a_runner_without_a_shared_folder() {
     let name = &format!("snapkafka-{}", stamp() % 1_000_000);
     let (source, f, mut capture, mut bench) = streaming_capture(
         name,
-        "snapshot_interval_ms = 2000\nsnapshot_keep = 1\nsnapshot_storage = \"kafka\"\n",
+        "snapshot_interval_ms = 2000\nsnapshot_keep = 2\nsnapshot_storage = \"kafka\"\n",
         14,
     );
     // The first snapshot and two later ones stored.
