@@ -209,7 +209,8 @@ pub(crate) fn verify_job_eventually(f: &Fixture, job: Option<&str>, within: Dura
         }
         assert!(
             Instant::now() < deadline,
-            "verify --against-source never became clean: {text}"
+            "verify --against-source never became clean: {text}\n{}",
+            support::log_tails(&f.dir)
         );
         std::thread::sleep(Duration::from_millis(500));
     }

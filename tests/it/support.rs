@@ -431,6 +431,27 @@ pub fn tail(s: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// The last 25 lines above DEBUG of every process log (`*.log`) in `dir`: what a failing end
+/// assertion prints, so a failure on CI can be read without the files.
+pub fn log_tails(dir: &Path) -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    let mut out = String::new();
+    for p in logs {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.contains(" DEBUG ")).collect();
+        out.push_str(&format!("== {}\n", p.display()));
+        for l in &lines[lines.len().saturating_sub(25)..] {
+            out.push_str(&l.chars().take(300).collect::<String>());
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
