@@ -443,6 +443,10 @@ pub struct OnDemand {
     storing: Option<Storing>,
     /// When the last store failed (the next is tried [`STORE_RETRY`] later).
     store_failed: Option<Instant>,
+    /// Kafka storage: when each later snapshot was first found retirable ([`retire_after_grace`]).
+    superseded: BTreeMap<Epoch, Instant>,
+    /// When retirement was last looked at outside a store (at most every 5 s).
+    retire_looked: Instant,
 }
 
 /// A snapshot being stored in Kafka.
@@ -455,6 +459,56 @@ struct Storing {
 
 /// How long after a failed store the next is tried.
 const STORE_RETRY: Duration = Duration::from_secs(10);
+
+/// How long a stored snapshot outlives the moment it became retirable (a newer one stored): a
+/// runner that read the capture's list just before marks the snapshot it restores within this
+/// (`<job>.starting`, written right after the read), and the capture reads the mark before it
+/// retires anything.
+pub const RETIRE_GRACE: Duration = Duration::from_secs(30);
+
+/// The retirement of later snapshots with Kafka storage, decided without I/O: splits `later`
+/// (oldest first) into those to retire now and those kept. Kept: the newest `keep` stored, those
+/// not stored yet that are newer than the newest stored (their store is to come), those `read`
+/// says a job reads, and a retirable one until [`RETIRE_GRACE`] after `superseded` first saw it
+/// retirable (`now` is recorded then). `superseded` forgets what is no longer listed.
+pub fn retire_after_grace(
+    later: Vec<SnapshotRecord>,
+    keep: usize,
+    read: impl Fn(&SnapshotRecord) -> bool,
+    superseded: &mut BTreeMap<Epoch, Instant>,
+    now: Instant,
+) -> (Vec<SnapshotRecord>, Vec<SnapshotRecord>) {
+    let stored: Vec<Epoch> = later
+        .iter()
+        .filter(|s| s.topic.is_some())
+        .map(|s| s.snapshot_epoch)
+        .collect();
+    let oldest_kept = stored
+        .len()
+        .checked_sub(keep)
+        .map_or(Epoch(0), |i| stored[i]);
+    let (mut gone, mut kept) = (Vec::new(), Vec::new());
+    for s in later {
+        // One not stored that is older than a stored one would never be read.
+        let old = if s.topic.is_some() {
+            s.snapshot_epoch < oldest_kept
+        } else {
+            stored
+                .last()
+                .is_some_and(|newest| s.snapshot_epoch < *newest)
+        };
+        let since = old.then(|| *superseded.entry(s.snapshot_epoch).or_insert(now));
+        let graced = since.is_some_and(|t| now.duration_since(t) >= RETIRE_GRACE);
+        if graced && !read(&s) {
+            superseded.remove(&s.snapshot_epoch);
+            gone.push(s);
+        } else {
+            kept.push(s);
+        }
+    }
+    superseded.retain(|e, _| kept.iter().any(|s| s.snapshot_epoch == *e));
+    (gone, kept)
+}
 
 impl OnDemand {
     /// Snapshots of the capture of `spec` through `slot`'s publication into `<dir>/snapshots`,
@@ -500,6 +554,8 @@ impl OnDemand {
             kafka,
             storing: None,
             store_failed: None,
+            superseded: BTreeMap::new(),
+            retire_looked: Instant::now(),
         })
     }
 
@@ -667,9 +723,9 @@ impl OnDemand {
     /// Retires the later snapshots beyond the newest `keep` that no job reads: each renamed out of
     /// sight first (a reader never sees one half-deleted), then removed, and left out of the next
     /// state record. A failure is logged; the folder is tried again after the next snapshot.
-    fn retire(&self) {
-        if let Some(props) = &self.kafka {
-            return self.retire_stored(props);
+    fn retire(&mut self) {
+        if let Some(props) = self.kafka.clone() {
+            return self.retire_stored(&props);
         }
         let root = self.root();
         for (epoch, folder) in crate::snapshot::published::retirable(&self.dir, self.keep) {
@@ -692,48 +748,28 @@ impl OnDemand {
         }
     }
 
-    /// [`retire`](Self::retire) with Kafka storage: the later snapshots beyond the newest `keep`
-    /// stored,
-    /// except those a job's newest mark names ([`mark_reading`]) and any with a reader mark in its
-    /// folder, each dropped from the list first (a runner restores only what a record lists),
-    /// then its topic deleted and its folder removed. A failure is logged; the topic is left.
-    fn retire_stored(&self, props: &BTreeMap<String, String>) {
+    /// [`retire`](Self::retire) with Kafka storage: what [`retire_after_grace`] retires (a job's
+    /// newest mark, [`mark_reading`], or a reader mark in its folder keeps a snapshot), each
+    /// dropped from the list first (a runner restores only what a record lists), then its topic
+    /// deleted and its folder removed. A failure is logged; the topic is left.
+    fn retire_stored(&mut self, props: &BTreeMap<String, String>) {
         if !self.requests.caught_up {
             return; // a job's mark may be unread yet: retired after the next snapshot
         }
         let gone = {
             let mut listed = self.published.lock().unwrap();
-            // What a runner can read is what is stored: the newest `keep` stored are kept, and
-            // those not stored yet that are newer (their store is to come); one not stored that
-            // is older than a stored one would never be read.
-            let stored: Vec<Epoch> = listed
-                .later
-                .iter()
-                .filter(|s| s.topic.is_some())
-                .map(|s| s.snapshot_epoch)
-                .collect();
-            let oldest_kept = stored
-                .len()
-                .checked_sub(self.keep)
-                .map_or(Epoch(0), |i| stored[i]);
             let reading = &self.requests.reading;
-            let (mut gone, mut kept) = (Vec::new(), Vec::new());
-            for s in std::mem::take(&mut listed.later) {
-                let read = reading.values().any(|e| *e == s.snapshot_epoch)
-                    || crate::snapshot::published::has_readers(Path::new(&s.dir));
-                let old = if s.topic.is_some() {
-                    s.snapshot_epoch < oldest_kept
-                } else {
-                    stored
-                        .last()
-                        .is_some_and(|newest| s.snapshot_epoch < *newest)
-                };
-                if old && !read {
-                    gone.push(s);
-                } else {
-                    kept.push(s);
-                }
-            }
+            let read = |s: &SnapshotRecord| {
+                reading.values().any(|e| *e == s.snapshot_epoch)
+                    || crate::snapshot::published::has_readers(Path::new(&s.dir))
+            };
+            let (gone, kept) = retire_after_grace(
+                std::mem::take(&mut listed.later),
+                self.keep,
+                read,
+                &mut self.superseded,
+                Instant::now(),
+            );
             listed.later = kept;
             gone
         };
@@ -793,6 +829,15 @@ impl OnDemand {
                     tracing::warn!(topic = %st.topic, error = %format!("{e:#}"), "storing a snapshot in Kafka failed; tried again in {} s", STORE_RETRY.as_secs());
                 }
             }
+        }
+        if self.retire_looked.elapsed() >= Duration::from_secs(5)
+            && self
+                .superseded
+                .values()
+                .any(|t| t.elapsed() >= RETIRE_GRACE)
+        {
+            self.retire_looked = Instant::now();
+            self.retire(); // what a store found retirable, once its grace is over
         }
         if self.store_failed.is_some_and(|t| t.elapsed() < STORE_RETRY) {
             return;
@@ -882,4 +927,81 @@ fn first_epoch(manifest: &Path) -> Option<Epoch> {
     let text = std::fs::read(manifest).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
     v["snapshot_epoch"].as_u64().map(Epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn later(epoch: u64, stored: bool) -> SnapshotRecord {
+        SnapshotRecord {
+            snapshot_epoch: Epoch(epoch),
+            next_epoch: Epoch(epoch + 1),
+            start_offsets: vec![0],
+            dir: format!("/nowhere/{epoch}"),
+            request: None,
+            topic: stored.then(|| format!("t.snapshot.{epoch}")),
+        }
+    }
+
+    fn epochs(v: &[SnapshotRecord]) -> Vec<u64> {
+        v.iter().map(|s| s.snapshot_epoch.0).collect()
+    }
+
+    /// The race a clean CI run met: a runner reads the list (newest: 1), a store of 2 finishes
+    /// before its mark arrives. With keep = 1, 1 is kept for the grace, then retired unless read.
+    #[test]
+    fn a_superseded_snapshot_outlives_the_store_of_a_newer_one_by_the_grace() {
+        let mut superseded = BTreeMap::new();
+        let t0 = Instant::now();
+        let list = vec![later(1, true), later(2, true)];
+        let (gone, kept) = retire_after_grace(list, 1, |_| false, &mut superseded, t0);
+        assert!(gone.is_empty());
+        assert_eq!(epochs(&kept), [1, 2]);
+        // Within the grace the runner's mark arrives: kept while it reads.
+        let half = t0 + RETIRE_GRACE / 2;
+        let (gone, kept) = retire_after_grace(
+            kept,
+            1,
+            |s| s.snapshot_epoch == Epoch(1),
+            &mut superseded,
+            half,
+        );
+        assert!(gone.is_empty());
+        let after = t0 + RETIRE_GRACE;
+        let (gone, kept) = retire_after_grace(
+            kept,
+            1,
+            |s| s.snapshot_epoch == Epoch(1),
+            &mut superseded,
+            after,
+        );
+        assert!(gone.is_empty(), "read: kept");
+        // The mark cleared: retired at once (its grace is long over), and forgotten.
+        let (gone, kept) = retire_after_grace(kept, 1, |_| false, &mut superseded, after);
+        assert_eq!(epochs(&gone), [1]);
+        assert_eq!(epochs(&kept), [2]);
+        assert!(superseded.is_empty());
+    }
+
+    #[test]
+    fn the_newest_stored_and_newer_unstored_ones_are_never_retired() {
+        let mut superseded = BTreeMap::new();
+        let t0 = Instant::now();
+        let list = vec![
+            later(1, false),
+            later(2, true),
+            later(3, true),
+            later(4, false),
+        ];
+        let (gone, kept) = retire_after_grace(list, 2, |_| false, &mut superseded, t0);
+        assert!(gone.is_empty());
+        let (gone, kept) =
+            retire_after_grace(kept, 2, |_| false, &mut superseded, t0 + RETIRE_GRACE);
+        // 1: not stored and older than a stored one, never to be read; 2 and 3 the newest two
+        // stored; 4 is to be stored.
+        assert_eq!(epochs(&gone), [1]);
+        assert_eq!(epochs(&kept), [2, 3, 4]);
+        assert!(superseded.is_empty());
+    }
 }
