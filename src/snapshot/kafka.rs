@@ -218,6 +218,31 @@ fn safe_path(topic: &str, offset: i64, key: &str) -> Result<PathBuf> {
     Ok(p.to_path_buf())
 }
 
+/// Removes the hidden folders `<prefix><pid>` in `parent` that restores of processes no longer
+/// running left (a `kill -9` during a restore): their pid has no `/proc/<pid>`. A restore of a
+/// live process is left alone.
+fn remove_abandoned(parent: &Path, prefix: &str) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            std::fs::remove_dir_all(e.path()).with_context(|| {
+                format!(
+                    "removing {}, a restore a stopped process left",
+                    e.path().display()
+                )
+            })?;
+            tracing::info!(dir = %e.path().display(), "removed a restore a stopped process left");
+        }
+    }
+    Ok(())
+}
+
 /// Restores the snapshot stored in `topic` into the folder `into` (created; entries already there
 /// are kept, and a file of the snapshot already there is replaced), restoring only the files whose
 /// path `wanted` accepts. `manifest.json` is moved into place last: once it is there, the folder
@@ -236,12 +261,13 @@ pub fn restore(
     }
     let parent = into.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let hidden = parent.join(format!(
-        ".restoring-{}-{}",
+    let prefix = format!(
+        ".restoring-{}-",
         into.file_name()
-            .map_or("snapshot".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
+            .map_or("snapshot".into(), |n| n.to_string_lossy())
+    );
+    remove_abandoned(parent, &prefix)?;
+    let hidden = parent.join(format!("{prefix}{}", std::process::id()));
     if hidden.exists() {
         std::fs::remove_dir_all(&hidden)
             .with_context(|| format!("removing {}", hidden.display()))?;
@@ -547,6 +573,27 @@ mod tests {
         );
         std::fs::remove_file(dir.join("manifest.json")).unwrap();
         assert!(files_of(&dir).is_err(), "a folder without a manifest");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A `kill -9` during a restore leaves `.restoring-<name>-<pid>`: the next restore removes it,
+    /// and leaves alone that of a live process and any other folder.
+    #[test]
+    fn a_restore_a_stopped_process_left_is_removed_and_a_live_ones_kept() {
+        let dir = std::env::temp_dir().join(format!("kb-abandoned-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // A pid above Linux's pid_max (2^22): no process has it.
+        let dead = dir.join(".restoring-snapshot-4194305");
+        let live = dir.join(format!(".restoring-snapshot-{}", std::process::id()));
+        let other = dir.join(".restoring-other-4194305");
+        for d in [&dead, &live, &other] {
+            std::fs::create_dir_all(d.join("accounts")).unwrap();
+            std::fs::write(d.join("accounts/vnode-0.avro"), "x").unwrap();
+        }
+        remove_abandoned(&dir, ".restoring-snapshot-").unwrap();
+        assert!(!dead.exists(), "the stopped process's restore is removed");
+        assert!(live.exists(), "a live process's restore is kept");
+        assert!(other.exists(), "another folder's restore is not this one's");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
