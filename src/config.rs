@@ -339,6 +339,12 @@ fn default_capture_checkpoint_ms() -> u64 {
 }
 
 impl CaptureSection {
+    /// `snapshot_storage = "kafka"`: each snapshot is stored in a topic of its own
+    /// ([`crate::snapshot::kafka`]), the schema versions in the versions topic.
+    pub fn stores_in_kafka(&self) -> bool {
+        self.snapshot_storage == SnapshotStorage::Kafka
+    }
+
     /// The captured tables, in the log's order (one for `table`), checked: `table` or `tables`, not
     /// both; each a `schema.table`; no two with one name (the manifest's names). The error names
     /// the key under `[jobs.capture]`.

@@ -906,24 +906,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
                             .context("verify needs --expected DIR or --against-source")?,
                     )
                 };
-                // As below: compared again every second while it differs, up to --within-secs.
-                let deadline =
-                    std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
-                let reports = loop {
-                    let reports = kafka_backfill::verify::verify_several(
-                        store.as_mut(),
-                        j,
-                        &config.jobs,
-                        &prepared.store_tables,
-                        expected,
-                    )?;
-                    if reports.iter().all(|(_, r)| r.clean())
-                        || std::time::Instant::now() >= deadline
-                    {
-                        break reports;
-                    }
-                    std::thread::sleep(std::time::Duration::from_secs(1));
-                };
+                let reports = compared_within(
+                    within_secs,
+                    || {
+                        kafka_backfill::verify::verify_several(
+                            store.as_mut(),
+                            j,
+                            &config.jobs,
+                            &prepared.store_tables,
+                            expected,
+                        )
+                    },
+                    |reports| reports.iter().all(|(_, r)| r.clean()),
+                )?;
                 let published = store.published_epoch(&j.name)?;
                 if json {
                     let tables: serde_json::Map<String, serde_json::Value> = reports
@@ -956,16 +951,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ExitCode::FAILURE
                 });
             }
-            // Compared again every second while it differs, up to --within-secs (a replica still
-            // catching up after its source stopped).
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
-            let report = loop {
-                let report = match (&expected, against_source) {
+            let report = compared_within(
+                within_secs,
+                || match (&expected, against_source) {
                     (_, true) => kafka_backfill::verify::verify_against_source(
                         store.as_mut(),
                         j,
                         &config.jobs,
-                    )?,
+                    ),
                     (Some(expected), false) => {
                         let table = match &j.snapshot {
                             SnapshotConfig::Files { table, .. } => table.as_deref(),
@@ -976,17 +969,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                             &j.name,
                             expected,
                             table,
-                        )?
+                        )
                     }
                     (None, false) => {
                         anyhow::bail!("verify needs --expected DIR or --against-source")
                     }
-                };
-                if report.clean() || std::time::Instant::now() >= deadline {
-                    break report;
-                }
-                std::thread::sleep(std::time::Duration::from_secs(1));
-            };
+                },
+                |r| r.clean(),
+            )?;
             let letters = store.dead_letters(&j.name)?;
             if json {
                 println!(
@@ -1043,6 +1033,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+    }
+}
+
+/// `verify`'s comparison, run again every second while `clean` says it differs, up to
+/// `within_secs` (a replica still catching up after its source stopped): the last result.
+fn compared_within<T>(
+    within_secs: u64,
+    mut compare: impl FnMut() -> Result<T>,
+    clean: impl Fn(&T) -> bool,
+) -> Result<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
+    loop {
+        let result = compare()?;
+        if clean(&result) || std::time::Instant::now() >= deadline {
+            return Ok(result);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
 

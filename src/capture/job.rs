@@ -285,7 +285,7 @@ fn run_telling(
         c.snapshot_interval_ms.map(Duration::from_millis),
         super::snapshots::Requests::new(&props, &job.topic, &job.name)?,
         c.snapshot_keep,
-        (c.snapshot_storage == crate::config::SnapshotStorage::Kafka).then(|| props.clone()),
+        c.stores_in_kafka().then(|| props.clone()),
     )?;
     let setup = Setup {
         job,
@@ -433,7 +433,7 @@ fn session(
     let in_kafka = job
         .capture
         .as_ref()
-        .is_some_and(|c| c.snapshot_storage == crate::config::SnapshotStorage::Kafka);
+        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
     if in_kafka {
         log.versions_to_kafka = Some(s.props.clone());
     }

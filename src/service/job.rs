@@ -97,7 +97,7 @@ fn wait_for_snapshot(
         return Ok(true);
     };
     let manifest = dir.join("manifest.json");
-    let in_kafka = c.snapshot_storage == crate::config::SnapshotStorage::Kafka;
+    let in_kafka = c.stores_in_kafka();
     let published = || -> Result<bool> {
         Ok(if in_kafka {
             kafka_stored(job)?.is_some_and(|s| !s.list.is_empty())
@@ -145,17 +145,18 @@ fn wait_for_snapshot(
     Ok(true)
 }
 
-/// `snapshot_storage = "kafka"`: the schema versions of the job's log come from the state topic
-/// into the snapshot folder `dir` before each look at them (the capture's folder is elsewhere).
+/// `snapshot_storage = "kafka"`: the schema versions of the job's log come from the versions topic
+/// (`<topic>.schema-versions`, [`crate::snapshot::kafka::versions_topic`]) into the snapshot folder
+/// `dir` before each look at them (the capture's folder is elsewhere).
 fn versions_sync(
     job: &JobConfig,
     dir: &std::path::Path,
 ) -> Result<Option<crate::snapshot::versions::SyncVersions>> {
-    let in_kafka = job
+    if !job
         .capture
         .as_ref()
-        .is_some_and(|c| c.snapshot_storage == crate::config::SnapshotStorage::Kafka);
-    if !in_kafka {
+        .is_some_and(crate::config::CaptureSection::stores_in_kafka)
+    {
         return Ok(None);
     }
     let props = crate::kafka::producer_properties(&job.kafka);
@@ -349,7 +350,7 @@ fn kafka_stored(job: &JobConfig) -> Result<Option<StoredSnapshots>> {
     let (Some(c), SnapshotConfig::Files { dir, .. }) = (&job.capture, &job.snapshot) else {
         return Ok(None);
     };
-    if c.snapshot_storage != crate::config::SnapshotStorage::Kafka {
+    if !c.stores_in_kafka() {
         return Ok(None);
     }
     let props = crate::kafka::producer_properties(&job.kafka);
