@@ -844,9 +844,13 @@ impl OnDemand {
         }
         let next = {
             let listed = self.published.lock().unwrap();
-            let first = self.dir.join("manifest.json");
-            if listed.first_topic.is_none() && first.exists() {
-                first_epoch(&first).map(|e| (None, e, self.dir.clone()))
+            let first = listed
+                .first_topic
+                .is_none()
+                .then(|| crate::snapshot::files::manifest_epoch(&self.dir))
+                .flatten();
+            if let Some(e) = first {
+                Some((None, e, self.dir.clone()))
             } else {
                 listed
                     .later
@@ -923,12 +927,6 @@ impl OnDemand {
 }
 
 /// The snapshot epoch a manifest names (`None`: unreadable; the caller tries again later).
-fn first_epoch(manifest: &Path) -> Option<Epoch> {
-    let text = std::fs::read(manifest).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    v["snapshot_epoch"].as_u64().map(Epoch)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

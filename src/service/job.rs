@@ -410,14 +410,6 @@ fn restored(job: &JobConfig, stored: &Stored) -> Result<std::path::PathBuf> {
 }
 
 /// The snapshot epoch the manifest in `folder` names, if it can be read.
-fn manifest_epoch(folder: &std::path::Path) -> Option<u64> {
-    let text = std::fs::read(folder.join("manifest.json")).ok()?;
-    serde_json::from_slice::<serde_json::Value>(&text)
-        .ok()?
-        .get("snapshot_epoch")?
-        .as_u64()
-}
-
 /// `job` reading the snapshot folder `dir`.
 fn job_at(job: &JobConfig, dir: std::path::PathBuf) -> JobConfig {
     let mut at = job.clone();
@@ -502,7 +494,9 @@ fn prepare_stored_once(
                 ),
                 SnapshotConfig::Postgres { .. } => None,
             };
-            if let Some(folder) = local.filter(|f| manifest_epoch(f) == Some(e.0)) {
+            if let Some(folder) =
+                local.filter(|f| crate::snapshot::files::manifest_epoch(f) == Some(e))
+            {
                 chose(e);
                 return Ok(Some((e, folder)));
             }

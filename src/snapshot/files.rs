@@ -677,6 +677,17 @@ fn next_owned_record(r: &mut impl std::io::BufRead) -> std::io::Result<Option<Ow
 
 /// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
 /// (a reader sees the old manifest or the whole new one, never part of one).
+/// The `snapshot_epoch` of the manifest in `folder`, without opening the snapshot; `None` when
+/// there is no manifest or it does not say (a folder being written, or not a snapshot's).
+pub fn manifest_epoch(folder: &Path) -> Option<crate::core::Epoch> {
+    let text = std::fs::read(folder.join("manifest.json")).ok()?;
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()?
+        .get("snapshot_epoch")?
+        .as_u64()
+        .map(crate::core::Epoch)
+}
+
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, SourceError> {
     write_manifest_json(dir, manifest)
 }
