@@ -531,28 +531,32 @@ fn a_kill_9_of_a_runner_restoring_from_kafka_leaves_nothing_visible_and_the_rest
     capture.wait_for("snapshot stored in Kafka", 2 * MIN);
     let (late, mut run) = start_job_of(&f, name, false);
     run.wait_for("restoring the snapshot from Kafka", MIN);
-    run.signal("KILL");
-    run.wait_exit(MIN);
     let out = late.dir.join("out");
+    // `out` does not exist yet when the kill lands before the restore wrote anything.
     let hidden = || -> Vec<String> {
         std::fs::read_dir(&out)
-            .unwrap()
+            .into_iter()
+            .flatten()
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
             .filter(|n| n.starts_with(".restoring-"))
             .collect()
     };
+    // Killed once the restore's hidden folder exists (or it is over): mid-copy, as a rule.
+    let deadline = Instant::now() + MIN;
+    while hidden().is_empty() && !run.log_text().contains("snapshot restored from Kafka") {
+        assert!(Instant::now() < deadline, "the restore never began");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    run.signal("KILL");
+    run.wait_exit(MIN);
     let interrupted = !run.log_text().contains("snapshot restored from Kafka");
+    let cut = hidden();
     if interrupted {
         assert!(
             !out.join("snapshot/manifest.json").exists(),
             "a restore cut short is not visible"
         );
-        assert_eq!(
-            hidden().len(),
-            1,
-            "the cut restore's pieces: {:?}",
-            hidden()
-        );
+        assert_eq!(cut.len(), 1, "the cut restore's pieces: {cut:?}");
     }
     let mut run = late.spawn_run("late-again", &[]);
     run.wait_for("snapshot restored from Kafka", MIN);
@@ -563,7 +567,7 @@ fn a_kill_9_of_a_runner_restoring_from_kafka_leaves_nothing_visible_and_the_rest
         report.contains(&format!("{rows} rows compared")),
         "{report}"
     );
-    eprintln!("restore interrupted by the kill: {interrupted}");
+    eprintln!("restore interrupted by the kill: {interrupted}; its pieces left: {cut:?}");
     run.signal("TERM");
     assert!(run.wait_exit(MIN).success());
     stop_capture(&mut capture);
