@@ -65,6 +65,36 @@ pub struct Listed {
     pub first_topic: Option<String>,
     /// The later snapshots published and not retired, oldest first.
     pub later: Vec<SnapshotRecord>,
+    /// Retired (dropped from `later`), but a committed record may still list them: a runner
+    /// may be about to restore one. Kept until a commit whose record left them out.
+    pub retired: Vec<SnapshotRecord>,
+    /// Retired and left out of a committed record: their topics and folders may go now.
+    pub unlisted: Vec<SnapshotRecord>,
+}
+
+impl Listed {
+    /// Drops `s` from the next record; its topic and folder go once that record is committed
+    /// ([`Listed::unlisted`]).
+    pub fn retire(&mut self, s: SnapshotRecord) {
+        self.later.retain(|l| l.snapshot_epoch != s.snapshot_epoch);
+        self.retired.push(s);
+    }
+
+    /// What the next record lists, and the retired snapshots it leaves out (to hand to
+    /// [`Listed::committed`] once it is committed).
+    pub fn for_record(&self) -> (Vec<SnapshotRecord>, Vec<Epoch>) {
+        let leaving = self.retired.iter().map(|s| s.snapshot_epoch).collect();
+        (self.later.clone(), leaving)
+    }
+
+    /// A record that left out `leaving` is committed: those are unlisted.
+    pub fn committed(&mut self, leaving: &[Epoch]) {
+        let (gone, still): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|s| leaving.contains(&s.snapshot_epoch));
+        self.retired = still;
+        self.unlisted.extend(gone);
+    }
 }
 
 /// A snapshot of the running capture (docs/CAPTURE.md "Snapshots of a running capture").
@@ -407,9 +437,10 @@ impl LogPort for KafkaLog {
             }),
             None => None,
         };
+        let mut leaving = Vec::new();
         if let Some(published) = &self.published {
             let listed = published.lock().unwrap();
-            self.record.snapshots = listed.later.clone();
+            (self.record.snapshots, leaving) = listed.for_record();
             if listed.first_topic.is_some() {
                 self.record.snapshot_topic = listed.first_topic.clone();
             }
@@ -424,6 +455,9 @@ impl LogPort for KafkaLog {
             .map_err(|e| txn_failure(&self.producer, "committing the Kafka transaction", e))?;
         if let Some(f) = self.on_commit.as_mut() {
             f(started.elapsed());
+        }
+        if let Some(published) = &self.published {
+            published.lock().unwrap().committed(&leaving);
         }
         self.open = false;
         if let Some(failed) = self.producer.context().failed.lock().unwrap().take() {
@@ -581,5 +615,41 @@ mod tests {
             "{text}"
         );
         assert_eq!(serde_json::from_str::<StateRecord>(&text).unwrap(), with);
+    }
+
+    fn later(epoch: u64) -> SnapshotRecord {
+        SnapshotRecord {
+            snapshot_epoch: Epoch(epoch),
+            next_epoch: Epoch(epoch + 1),
+            start_offsets: vec![0],
+            dir: format!("/s/snapshots/{epoch}"),
+            request: None,
+            topic: Some(format!("t.snapshot.{epoch}")),
+        }
+    }
+
+    /// A clean CI run read a committed record listing a snapshot whose topic was already deleted:
+    /// retirement deleted it before a record left it out. A retired snapshot is unlisted (its
+    /// topic may go) only once a record written without it is committed; one retired while that
+    /// record was being committed waits for the next.
+    #[test]
+    fn a_retired_snapshot_is_unlisted_only_after_a_record_without_it_commits() {
+        let mut listed = Listed {
+            later: vec![later(1), later(2), later(3)],
+            ..Listed::default()
+        };
+        listed.retire(later(1));
+        assert!(listed.unlisted.is_empty(), "no record has left it out yet");
+        let (records, leaving) = listed.for_record();
+        assert_eq!(records, vec![later(2), later(3)]);
+        listed.retire(later(2)); // while the record is being committed: it still lists 2
+        listed.committed(&leaving);
+        assert_eq!(listed.unlisted, vec![later(1)]);
+        assert_eq!(listed.retired, vec![later(2)]);
+        let (records, leaving) = listed.for_record();
+        assert_eq!(records, vec![later(3)]);
+        listed.committed(&leaving);
+        assert_eq!(listed.unlisted, vec![later(1), later(2)]);
+        assert!(listed.retired.is_empty());
     }
 }

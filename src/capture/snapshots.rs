@@ -585,6 +585,14 @@ impl OnDemand {
                 listed.first_topic = r.snapshot_topic.clone();
             }
             for s in &r.snapshots {
+                // One retired since is not listed again (its record is to come).
+                if listed
+                    .retired
+                    .iter()
+                    .any(|l| l.snapshot_epoch == s.snapshot_epoch)
+                {
+                    continue;
+                }
                 match listed
                     .later
                     .iter_mut()
@@ -724,8 +732,8 @@ impl OnDemand {
     /// sight first (a reader never sees one half-deleted), then removed, and left out of the next
     /// state record. A failure is logged; the folder is tried again after the next snapshot.
     fn retire(&mut self) {
-        if let Some(props) = self.kafka.clone() {
-            return self.retire_stored(&props);
+        if self.kafka.is_some() {
+            return self.retire_stored();
         }
         let root = self.root();
         for (epoch, folder) in crate::snapshot::published::retirable(&self.dir, self.keep) {
@@ -749,30 +757,35 @@ impl OnDemand {
     }
 
     /// [`retire`](Self::retire) with Kafka storage: what [`retire_after_grace`] retires (a job's
-    /// newest mark, [`mark_reading`], or a reader mark in its folder keeps a snapshot), each
-    /// dropped from the list first (a runner restores only what a record lists), then its topic
-    /// deleted and its folder removed. A failure is logged; the topic is left.
-    fn retire_stored(&mut self, props: &BTreeMap<String, String>) {
+    /// newest mark, [`mark_reading`], or a reader mark in its folder keeps a snapshot) is dropped
+    /// from the next record ([`Listed::retire`]: a runner restores only what a record lists); its
+    /// topic is deleted and its folder removed once a committed record left it out
+    /// ([`Self::delete_unlisted`]).
+    fn retire_stored(&mut self) {
         if !self.requests.caught_up {
             return; // a job's mark may be unread yet: retired after the next snapshot
         }
-        let gone = {
-            let mut listed = self.published.lock().unwrap();
-            let reading = &self.requests.reading;
-            let read = |s: &SnapshotRecord| {
-                reading.values().any(|e| *e == s.snapshot_epoch)
-                    || crate::snapshot::published::has_readers(Path::new(&s.dir))
-            };
-            let (gone, kept) = retire_after_grace(
-                std::mem::take(&mut listed.later),
-                self.keep,
-                read,
-                &mut self.superseded,
-                Instant::now(),
-            );
-            listed.later = kept;
-            gone
+        let mut listed = self.published.lock().unwrap();
+        let reading = &self.requests.reading;
+        let read = |s: &SnapshotRecord| {
+            reading.values().any(|e| *e == s.snapshot_epoch)
+                || crate::snapshot::published::has_readers(Path::new(&s.dir))
         };
+        let (gone, kept) = retire_after_grace(
+            listed.later.clone(),
+            self.keep,
+            read,
+            &mut self.superseded,
+            Instant::now(),
+        );
+        listed.later = kept;
+        listed.retired.extend(gone);
+    }
+
+    /// Deletes the topics and folders of the snapshots a committed record no longer lists
+    /// ([`Listed::unlisted`]). A failure is logged; the topic is left.
+    fn delete_unlisted(&mut self, props: &BTreeMap<String, String>) {
+        let gone = std::mem::take(&mut self.published.lock().unwrap().unlisted);
         for s in gone {
             if let Some(topic) = &s.topic {
                 if let Err(e) = crate::kafka::admin::delete_topic(props, topic) {
@@ -799,6 +812,7 @@ impl OnDemand {
         let Some(props) = self.kafka.clone() else {
             return;
         };
+        self.delete_unlisted(&props);
         if let Some(st) = &self.storing {
             if !st.thread.is_finished() {
                 return;
@@ -926,7 +940,6 @@ impl OnDemand {
     }
 }
 
-/// The snapshot epoch a manifest names (`None`: unreadable; the caller tries again later).
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -675,8 +675,6 @@ fn next_owned_record(r: &mut impl std::io::BufRead) -> std::io::Result<Option<Ow
     Ok(Some((vnode as Vnode, key, datum)))
 }
 
-/// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
-/// (a reader sees the old manifest or the whole new one, never part of one).
 /// The `snapshot_epoch` of the manifest in `folder`, without opening the snapshot; `None` when
 /// there is no manifest or it does not say (a folder being written, or not a snapshot's).
 pub fn manifest_epoch(folder: &Path) -> Option<crate::core::Epoch> {
@@ -688,6 +686,8 @@ pub fn manifest_epoch(folder: &Path) -> Option<crate::core::Epoch> {
         .map(crate::core::Epoch)
 }
 
+/// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced
+/// (a reader sees the old manifest or the whole new one, never part of one).
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, SourceError> {
     write_manifest_json(dir, manifest)
 }
