@@ -264,7 +264,18 @@ pub trait StateStore: Send {
     }
     /// Compare-and-set `generation` from `from_generation` to the next, discarding rows and progress,
     /// in one transaction. Returns the job row after (also when another worker already recreated).
-    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError>;
+    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+        self.recreate_onto(job, from_generation, None)
+    }
+    /// [`recreate`](Self::recreate), the next generation starting from the snapshot at `onto`
+    /// when given (the job row records that snapshot epoch): the move of a job whose log was
+    /// deleted to a newer snapshot of its capture (`crate::core::retention`).
+    fn recreate_onto(
+        &mut self,
+        job: &str,
+        from_generation: u64,
+        onto: Option<Epoch>,
+    ) -> Result<JobRow, StoreError>;
     /// The materialised rows: key bytes → row datum bytes (rebuilt from the typed columns when the
     /// table keeps no datum: [`datumless_table`](Self::datumless_table)).
     fn rows(&mut self, job: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError>;

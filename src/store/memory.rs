@@ -353,7 +353,12 @@ impl StateStore for MemoryStore {
         Ok(())
     }
 
-    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+    fn recreate_onto(
+        &mut self,
+        job: &str,
+        from_generation: u64,
+        onto: Option<Epoch>,
+    ) -> Result<JobRow, StoreError> {
         let mut jobs = self.jobs.lock().unwrap();
         let state = jobs
             .get_mut(job)
@@ -362,6 +367,9 @@ impl StateStore for MemoryStore {
             state.row.generation += 1;
             state.row.recreations += 1;
             state.row.phase = "snapshot".into();
+            if let Some(e) = onto {
+                state.row.snapshot_epoch = e;
+            }
             if let Some((at, _)) = state.visible() {
                 // The replica readers see stays until the new generation reaches it.
                 let rows = if state.applied.is_some_and(|a| a >= at) {

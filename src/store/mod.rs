@@ -176,7 +176,12 @@ mod tests {
                 Ok(())
             }
         }
-        fn recreate(&mut self, _: &str, _: u64) -> Result<JobRow, StoreError> {
+        fn recreate_onto(
+            &mut self,
+            _: &str,
+            _: u64,
+            _: Option<crate::core::Epoch>,
+        ) -> Result<JobRow, StoreError> {
             unreachable!()
         }
         fn rows(&mut self, _: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {

@@ -622,7 +622,12 @@ impl StateStore for PostgresStore {
         })
     }
 
-    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+    fn recreate_onto(
+        &mut self,
+        job: &str,
+        from_generation: u64,
+        onto: Option<Epoch>,
+    ) -> Result<JobRow, StoreError> {
         let publication = self.publication;
         let several = Arc::clone(&self.several);
         self.with_tx(|tx, _, table_name| {
@@ -631,6 +636,10 @@ impl StateStore for PostgresStore {
             if protocol::recreation_applies(&row, from_generation) {
                 tx.execute(sql::postgres::JOB_RECREATE, &[&job])
                     .map_err(classify)?;
+                if let Some(e) = onto {
+                    tx.execute(sql::postgres::JOB_SNAPSHOT_MOVE, &[&job, &(e.0 as i64)])
+                        .map_err(classify)?;
+                }
                 for delete in [
                     sql::postgres::VNODE_PROGRESS_DELETE_JOB,
                     sql::postgres::PARTITION_PROGRESS_DELETE_JOB,

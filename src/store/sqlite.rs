@@ -1411,7 +1411,12 @@ impl StateStore for SqliteStore {
         Ok(())
     }
 
-    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+    fn recreate_onto(
+        &mut self,
+        job: &str,
+        from_generation: u64,
+        onto: Option<Epoch>,
+    ) -> Result<JobRow, StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -1420,6 +1425,10 @@ impl StateStore for SqliteStore {
         if protocol::recreation_applies(&row, from_generation) {
             tx.execute(sql::sqlite::JOB_RECREATE, [job])
                 .map_err(classify)?;
+            if let Some(e) = onto {
+                tx.execute(sql::sqlite::JOB_SNAPSHOT_MOVE, params![job, e.0 as i64])
+                    .map_err(classify)?;
+            }
             for delete in [
                 sql::sqlite::VNODE_PROGRESS_DELETE_JOB,
                 sql::sqlite::PARTITION_PROGRESS_DELETE_JOB,

@@ -202,6 +202,7 @@ scenarios!(
     dead_letters_are_recorded_once_and_capped,
     rate_limits_and_pause_are_shared_by_every_handle,
     recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters,
+    a_recreation_onto_a_newer_snapshot_records_its_epoch,
     a_bulk_snapshot_checkpoint_replayed_holds_each_row_once,
 );
 
@@ -646,6 +647,51 @@ fn recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters(open:
         "read again after a recreation, recorded once"
     );
     assert_eq!(kept[0].generation, 0, "its first generation is kept");
+}
+
+/// A job whose log was deleted moves to a newer snapshot (`core::retention`): one recreation,
+/// fenced and compare-and-set like any other, that also records the new snapshot epoch; the job
+/// row then matches that snapshot (and no longer the old one), and claims start at its offsets.
+fn a_recreation_onto_a_newer_snapshot_records_its_epoch(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
+    let mut cp = first_row_copied(la);
+    cp.leases.push((1, lb));
+    a.commit(job, &cp).unwrap();
+    let newer = SnapshotInfo {
+        snapshot_epoch: Epoch(ES.0 * 4),
+        start: info()
+            .start
+            .iter()
+            .map(|s| PartitionProgress {
+                next_offset: s.next_offset + 100,
+                ..s.clone()
+            })
+            .collect(),
+        ..info()
+    };
+    let row = a.recreate_onto(job, 0, Some(newer.snapshot_epoch)).unwrap();
+    assert_eq!(
+        (row.generation, row.snapshot_epoch),
+        (1, newer.snapshot_epoch)
+    );
+    let again = b.recreate_onto(job, 0, Some(Epoch(ES.0 * 8))).unwrap();
+    assert_eq!(
+        (again.generation, again.snapshot_epoch),
+        (1, newer.snapshot_epoch),
+        "a second mover of the same generation changes nothing"
+    );
+    assert!(a.rows(job).unwrap().is_empty());
+    assert!(a.committed_partitions(job).unwrap().is_empty());
+    a.ensure_job(job, &newer).unwrap();
+    assert!(
+        a.ensure_job(job, &info()).is_err(),
+        "the old snapshot no longer matches the job"
+    );
+    let fresh = a.claim(job, 1, "a", &[0, 1], &newer).unwrap();
+    assert_eq!(
+        fresh[0].progress, newer.start[0],
+        "progress starts at the newer snapshot"
+    );
 }
 
 /// PostgreSQL copies a snapshot checkpoint of many rows straight into the table; its replay, meeting

@@ -17,6 +17,7 @@ pub mod faults;
 pub mod phase;
 pub mod progress;
 pub mod publication;
+pub mod retention;
 pub mod retry;
 pub mod staging;
 pub mod supervisor;

@@ -49,6 +49,7 @@ dialects! {
         JOB_INSERT = "job_insert",
         JOB_RECREATE = "job_recreate",
         JOB_ROW = "job_row",
+        JOB_SNAPSHOT_MOVE = "job_snapshot_move",
         JOB_TABLE_INSERT = "job_table_insert",
         JOB_TABLE_NAME = "job_table_name",
         JOB_TABLES = "job_tables",

@@ -1,0 +1,1 @@
+UPDATE kb_jobs SET snapshot_epoch = $2 WHERE job = $1
