@@ -94,6 +94,29 @@ pub fn partition_count(props: &BTreeMap<String, String>, topic: &str) -> Result<
     Ok(Some(t.partitions().len() as u32))
 }
 
+/// The earliest offset (low watermark) of each partition `0..partitions` of `topic`, by index:
+/// where the log now starts after retention or `DeleteRecords`.
+pub fn earliest_offsets(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    partitions: u32,
+) -> Result<Vec<u64>> {
+    let consumer: BaseConsumer<ErrorCapture> = client_config(props)
+        .create_with_context(ErrorCapture::default())
+        .context("creating a metadata client")?;
+    (0..partitions)
+        .map(|p| {
+            let (low, _) =
+                while_broker_away(&consumer, crate::core::retry::Backoff::METADATA, || {
+                    consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))
+                })
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("the earliest offset of topic {topic} partition {p}"))?;
+            Ok(low.max(0) as u64)
+        })
+        .collect()
+}
+
 /// Runs a client request until it succeeds, retrying within `backoff` while the broker is away
 /// (restarting, a connection dropped); an error waiting cannot cure (credentials, TLS) ends it at
 /// once. The error is the most telling one the client reported ([`ErrorCapture::last`]).

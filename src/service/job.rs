@@ -307,23 +307,46 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
     match (later, &job.snapshot) {
         (true, SnapshotConfig::Files { dir, .. }) => {
             let first = dir.clone();
-            let name = job.name.clone();
+            let mark = |folder: &std::path::Path| {
+                if let Err(e) = crate::snapshot::published::mark_reader(folder, &job.name) {
+                    warn!(job = %job.name, dir = %folder.display(), error = %e, "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
+                }
+            };
+            let newer = |current, earliest: &[u64]| {
+                let candidates: Vec<_> = crate::snapshot::published::later_snapshots(&first)
+                    .into_iter()
+                    .filter_map(|(_, f)| {
+                        crate::snapshot::files::manifest_starts(&f).map(|(e, s)| (e, s, f))
+                    })
+                    .collect();
+                let listed: Vec<_> = candidates.iter().map(|(e, s, _)| (*e, s.clone())).collect();
+                let Some(e) = crate::core::retention::newest_within(&listed, current, earliest)
+                else {
+                    return Ok(None);
+                };
+                let folder = candidates
+                    .into_iter()
+                    .find(|(c, _, _)| *c == e)
+                    .expect("listed")
+                    .2;
+                mark(&folder);
+                Ok(Some((e, folder)))
+            };
             prepare_at(
                 job,
                 check_topic,
-                Some(&move |recorded| {
+                Some(&|recorded| {
                     let Some((epoch, later)) = crate::snapshot::published::choose(&first, recorded)
                     else {
                         return Ok(None);
                     };
-                    if let Err(e) = crate::snapshot::published::mark_reader(&later, &name) {
-                        warn!(job = %name, dir = %later.display(), error = %e, "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
-                    }
+                    mark(&later);
                     Ok(Some((epoch, later)))
                 }),
+                Some(&newer),
             )
         }
-        _ => prepare_at(job, check_topic, None),
+        _ => prepare_at(job, check_topic, None, None),
     }
 }
 
@@ -333,6 +356,8 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
 #[derive(Clone, Debug)]
 struct Stored {
     epoch: crate::core::Epoch,
+    /// Its start offsets, by partition.
+    start_offsets: Vec<u64>,
     topic: String,
     folder: std::path::PathBuf,
 }
@@ -362,6 +387,7 @@ fn kafka_stored(job: &JobConfig) -> Result<Option<StoredSnapshots>> {
         if let Some(topic) = &r.snapshot_topic {
             stored.list.push(Stored {
                 epoch: r.snapshot_epoch,
+                start_offsets: r.start_offsets.clone(),
                 topic: topic.clone(),
                 folder: dir.clone(),
             });
@@ -370,6 +396,7 @@ fn kafka_stored(job: &JobConfig) -> Result<Option<StoredSnapshots>> {
             if let Some(topic) = &l.topic {
                 stored.list.push(Stored {
                     epoch: l.snapshot_epoch,
+                    start_offsets: l.start_offsets.clone(),
                     topic: topic.clone(),
                     folder: dir
                         .join(crate::snapshot::published::SNAPSHOTS)
@@ -409,7 +436,6 @@ fn restored(job: &JobConfig, stored: &Stored) -> Result<std::path::PathBuf> {
     Ok(stored.folder.clone())
 }
 
-/// The snapshot epoch the manifest in `folder` names, if it can be read.
 /// `job` reading the snapshot folder `dir`.
 fn job_at(job: &JobConfig, dir: std::path::PathBuf) -> JobConfig {
     let mut at = job.clone();
@@ -510,7 +536,89 @@ fn prepare_stored_once(
         chose(chosen.epoch);
         Ok(Some((chosen.epoch, folder)))
     };
-    prepare_at(&at, check_topic, Some(&redirect))
+    let newer = |current, earliest: &[u64]| {
+        let listed: Vec<_> = stored
+            .list
+            .iter()
+            .map(|s| (s.epoch, s.start_offsets.clone()))
+            .collect();
+        let Some(e) = crate::core::retention::newest_within(&listed, current, earliest) else {
+            return Ok(None);
+        };
+        let chosen = stored.list.iter().find(|s| s.epoch == e).expect("listed");
+        let folder = restored(job, chosen)?;
+        chose(e);
+        Ok(Some((e, folder)))
+    };
+    prepare_at(&at, check_topic, Some(&redirect), Some(&newer))
+}
+
+/// Where a job whose log was deleted goes (`crate::core::retention`): given the snapshot epoch it
+/// reads and the log's earliest offsets, the epoch and folder of the newest snapshot of its
+/// capture newer than that whose start offsets all still exist, ready to open (restored, marked
+/// as read), or `None`.
+type Newer<'a> = &'a dyn Fn(
+    crate::core::Epoch,
+    &[u64],
+) -> Result<Option<(crate::core::Epoch, std::path::PathBuf)>>;
+
+/// Before a job reads anything: if a partition's needed offset (its committed offset, else the
+/// snapshot's start) was deleted from the log, the folder of the snapshot it moves to instead
+/// (`newer`; a started job is recreated onto it, a new generation), or the error that names the
+/// gap when there is none. `None`: the log holds what the job needs.
+fn move_if_log_gone(
+    job: &JobConfig,
+    info: &crate::ports::SnapshotInfo,
+    store: &mut dyn StateStore,
+    newer: Option<Newer<'_>>,
+) -> Result<Option<std::path::PathBuf>> {
+    let earliest =
+        crate::kafka::admin::earliest_offsets(&job.kafka, &job.topic, info.partition_count)
+            .with_context(|| format!("job {}", job.name))?;
+    let row = store
+        .job(&job.name)
+        .with_context(|| format!("job {}: reading its job row", job.name))?;
+    let committed = match &row {
+        Some(r) if r.snapshot_epoch == info.snapshot_epoch => store
+            .committed_partitions(&job.name)
+            .with_context(|| format!("job {}: reading its progress", job.name))?,
+        _ => BTreeMap::new(),
+    };
+    let needed: Vec<_> = info
+        .start
+        .iter()
+        .map(|s| {
+            let at = committed.get(&s.partition).unwrap_or(s);
+            (s.partition, at.next_offset)
+        })
+        .collect();
+    let Err(gone) = crate::core::retention::first_gone(&job.topic, &needed, &earliest) else {
+        return Ok(None);
+    };
+    let Some(newer) = newer else {
+        return Err(anyhow::Error::new(gone).context(format!("job {}", job.name)));
+    };
+    let Some((epoch, folder)) = newer(info.snapshot_epoch, &earliest)? else {
+        bail!(
+            "job {}: {gone} — and its capture has no snapshot newer than epoch {} whose start offsets are all still in the log (earliest offsets {earliest:?}): take one with `kafka-backfill snapshot --job <the capture's job>`, then start the job again",
+            job.name,
+            info.snapshot_epoch
+        );
+    };
+    match row {
+        Some(r) => {
+            let moved = store
+                .recreate_onto(&job.name, r.generation, Some(epoch))
+                .with_context(|| {
+                    format!("job {}: moving to the snapshot at epoch {epoch}", job.name)
+                })?;
+            warn!(job = %job.name, cause = %gone, from = %info.snapshot_epoch, to = %epoch, generation = moved.generation, dir = %folder.display(), "the log the job needs was deleted: it moves to a newer snapshot of its capture (a new generation; its rows are loaded again from that snapshot)");
+        }
+        None => {
+            warn!(job = %job.name, cause = %gone, from = %info.snapshot_epoch, to = %epoch, dir = %folder.display(), "the log after the snapshot was deleted: the new job starts from a newer snapshot of its capture");
+        }
+    }
+    Ok(Some(folder))
 }
 
 /// Where a job with later snapshots reads: given the snapshot epoch its store recorded (`None`: a
@@ -524,6 +632,7 @@ fn prepare_at(
     job: &JobConfig,
     check_topic: bool,
     redirect: Option<Redirect<'_>>,
+    newer: Option<Newer<'_>>,
 ) -> Result<PreparedJob> {
     let OpenedSnapshot {
         snapshot,
@@ -585,7 +694,13 @@ fn prepare_at(
         if let Some((epoch, folder)) = redirect(recorded)? {
             drop(store);
             info!(job = %job.name, %epoch, dir = %folder.display(), opened = %info.snapshot_epoch, "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
-            return prepare_at(&job_at(job, folder), check_topic, None);
+            return prepare_at(&job_at(job, folder), check_topic, None, newer);
+        }
+    }
+    if check_topic {
+        if let Some(folder) = move_if_log_gone(job, &info, &mut *store, newer)? {
+            drop(store);
+            return prepare_at(&job_at(job, folder), check_topic, None, newer);
         }
     }
     store

@@ -678,12 +678,29 @@ fn next_owned_record(r: &mut impl std::io::BufRead) -> std::io::Result<Option<Ow
 /// The `snapshot_epoch` of the manifest in `folder`, without opening the snapshot; `None` when
 /// there is no manifest or it does not say (a folder being written, or not a snapshot's).
 pub fn manifest_epoch(folder: &Path) -> Option<crate::core::Epoch> {
+    manifest_head(folder).map(|h| h.snapshot_epoch)
+}
+
+/// What a manifest says of where its snapshot stands, read without the rest.
+#[derive(serde::Deserialize)]
+struct ManifestHead {
+    snapshot_epoch: Epoch,
+    #[serde(default)]
+    start: Vec<ManifestStart>,
+}
+
+fn manifest_head(folder: &Path) -> Option<ManifestHead> {
     let text = std::fs::read(folder.join("manifest.json")).ok()?;
-    serde_json::from_slice::<serde_json::Value>(&text)
-        .ok()?
-        .get("snapshot_epoch")?
-        .as_u64()
-        .map(crate::core::Epoch)
+    serde_json::from_slice(&text).ok()
+}
+
+/// The snapshot epoch of the manifest in `folder` and its start offsets by partition (index =
+/// partition), without opening the snapshot; `None` as for [`manifest_epoch`].
+pub fn manifest_starts(folder: &Path) -> Option<(Epoch, Vec<u64>)> {
+    let mut head = manifest_head(folder)?;
+    head.start.sort_by_key(|s| s.partition);
+    let offsets = head.start.iter().map(|s| s.next_offset).collect();
+    Some((head.snapshot_epoch, offsets))
 }
 
 /// Atomically: written to a temporary file, synced, renamed over `manifest.json`, the folder synced

@@ -115,7 +115,7 @@ fn chosen_line(run: &mut Runner) -> String {
 fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_the_source() {
     let _serial = serial();
     let name = &format!("snaps-{}", stamp() % 1_000_000);
-    let (_source, f, mut capture, mut bench) =
+    let (source, f, mut capture, mut bench) =
         streaming_capture(name, "snapshot_interval_ms = 2000\nsnapshot_keep = 2\n", 12);
     // Two snapshots taken while pgbench writes.
     capture.wait_for_count("snapshot of the running capture published", 2, MIN);
@@ -168,15 +168,60 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     capture.wait_for("snapshot retired (no job reads it)", MIN);
     again.signal("TERM");
     assert!(again.wait_exit(MIN).success());
+    // The job stopped; the source changes, the capture publishes newer snapshots, and retention
+    // deletes the log up to the newest one's start: past what the job committed. Restarted, the
+    // job moves to that snapshot (a new generation, its rows loaded again) and equals the source.
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET abalance = abalance + 11 WHERE aid % 7 = 2",
+    );
+    let stopped_at = published(&f).last().unwrap().0;
+    capture.wait_for_count("snapshot of the running capture published", 2, MIN);
+    let deadline = Instant::now() + MIN;
+    let (moved_to, moved_dir) = loop {
+        let newer: Vec<_> = published(&f)
+            .into_iter()
+            .filter(|(e, _)| *e > stopped_at)
+            .collect();
+        if newer.len() >= 2 {
+            break newer.last().cloned().unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no two newer snapshots: {newer:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let below: Vec<(u32, u64)> = (0..).zip(start_offsets(&moved_dir)).collect();
+    f.delete_records(&below);
+    let mut moved = late.spawn_run("moved", &[]);
+    moved.wait_for("it moves to a newer snapshot", MIN);
+    let line = moved
+        .log_text()
+        .lines()
+        .find(|l| l.contains("it moves to a newer snapshot"))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains(&format!("from={epoch}"))
+            && line.contains(&format!("to={moved_to}"))
+            && line.contains("generation=1")
+            && line.contains("the job needs offset"),
+        "{line}"
+    );
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    moved.signal("TERM");
+    assert!(moved.wait_exit(MIN).success());
     stop_capture(&mut capture);
     // Older snapshots were retired (each publication is followed by the retirement), keeping two
-    // and the one the job reads (its mark).
+    // and the ones the job read (its marks).
     let left = published(&f);
     assert!(
-        left.iter().any(|(e, _)| *e == epoch),
-        "the read one is kept: {left:?}"
+        left.iter().any(|(e, _)| *e == epoch) && left.iter().any(|(e, _)| *e == moved_to),
+        "the read ones are kept: {left:?}"
     );
-    assert!(left.len() <= 3, "two kept and the read one: {left:?}");
+    assert!(left.len() <= 4, "two kept and the two read: {left:?}");
     // The capture's state record lists every published snapshot with its offsets.
     let props = BTreeMap::from([("bootstrap.servers".to_string(), f.bootstrap.clone())]);
     let record = kafka_backfill::capture::log::read_state(&props, &f.topic, &f.name)

@@ -1023,7 +1023,9 @@ fn a_job_whose_start_offsets_were_deleted_stops_before_reading_and_says_why() {
     assert!(!status.success(), "{}", support::tail(&log));
     assert!(log.contains(&named), "{}", support::tail(&log));
     assert!(
-        log.contains("with `capture`, set `[jobs.capture] snapshot_interval_ms` and start the job under a new name"),
+        log.contains(
+            "with `capture`, the job moves at its start to the newest such snapshot of its capture"
+        ),
         "{}",
         support::tail(&log)
     );
