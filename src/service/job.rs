@@ -562,6 +562,73 @@ type Newer<'a> = &'a dyn Fn(
     &[u64],
 ) -> Result<Option<(crate::core::Epoch, std::path::PathBuf)>>;
 
+/// A job whose log is gone, and no snapshot of its capture starts within the log: `run` asks the
+/// capture for one ([`ask_for_a_snapshot`]) and prepares the job again.
+#[derive(Debug, thiserror::Error)]
+#[error("job {job}: {gone} — and its capture has no snapshot newer than epoch {current} whose start offsets are all still in the log (earliest offsets {earliest:?})")]
+pub struct NoSnapshotWithinLog {
+    job: String,
+    gone: crate::core::LogStartGone,
+    current: crate::core::Epoch,
+    earliest: Vec<u64>,
+}
+
+/// How long a job whose log is gone waits for the snapshot it asked its capture for.
+const ASKED_SNAPSHOT_WITHIN: Duration = Duration::from_secs(600);
+
+/// A job whose log is gone asks its capture for a snapshot ([`crate::capture::snapshots::request`],
+/// as `kafka-backfill snapshot` does) and waits, saying so in the log and in `/readyz`, until the
+/// capture's state record lists one that answers the request (stored, with Kafka storage). False
+/// when the process is told to stop first; an error when none answers within
+/// [`ASKED_SNAPSHOT_WITHIN`].
+fn ask_for_a_snapshot(
+    job: &JobConfig,
+    why: &NoSnapshotWithinLog,
+    shutdown: &CancellationToken,
+    runtimes: &Runtimes,
+) -> Result<bool> {
+    let props = crate::kafka::producer_properties(&job.kafka);
+    let in_kafka = job
+        .capture
+        .as_ref()
+        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
+    let capture_job = crate::capture::log::read_capture_state(&props, &job.topic)
+        .with_context(|| format!("job {}: reading its capture's state record", job.name))?
+        .map_or_else(|| job.name.clone(), |r| r.job);
+    let offset = crate::capture::snapshots::request(&props, &job.topic, &capture_job)
+        .with_context(|| format!("job {}: asking its capture for a snapshot", job.name))?;
+    let what = format!(
+        "a snapshot it asked its capture (job {capture_job}) for: its log is gone and no snapshot starts within it"
+    );
+    warn!(job = %job.name, cause = %why, request = offset, "the job asks its capture for a snapshot that starts within the log, and waits for it");
+    runtimes.set_waiting(&job.name, what);
+    let started = std::time::Instant::now();
+    loop {
+        let record = crate::capture::log::read_state(&props, &job.topic, &capture_job)
+            .with_context(|| format!("job {}: reading its capture's state record", job.name))?;
+        let answered = record.is_some_and(|r| {
+            r.snapshots
+                .iter()
+                .any(|s| s.request.is_some_and(|q| q >= offset) && (!in_kafka || s.topic.is_some()))
+        });
+        if answered {
+            break;
+        }
+        if started.elapsed() >= ASKED_SNAPSHOT_WITHIN {
+            bail!(
+                "{why}; the snapshot it asked its capture (job {capture_job}) for was not published within {} s: is `kafka-backfill capture --job {capture_job}` running? Its log says why a snapshot failed",
+                ASKED_SNAPSHOT_WITHIN.as_secs()
+            );
+        }
+        if crate::shutdown::wait_blocking(shutdown, SNAPSHOT_LOOK_EVERY * 4) {
+            return Ok(false);
+        }
+    }
+    runtimes.clear_waiting(&job.name);
+    info!(job = %job.name, waited_ms = started.elapsed().as_millis() as u64, "the capture published the snapshot the job asked for");
+    Ok(true)
+}
+
 /// Before a job reads anything: if a partition's needed offset (its committed offset, else the
 /// snapshot's start) was deleted from the log, the folder of the snapshot it moves to instead
 /// (`newer`; a started job is recreated onto it, a new generation), or the error that names the
@@ -599,11 +666,13 @@ fn move_if_log_gone(
         return Err(anyhow::Error::new(gone).context(format!("job {}", job.name)));
     };
     let Some((epoch, folder)) = newer(info.snapshot_epoch, &earliest)? else {
-        bail!(
-            "job {}: {gone} — and its capture has no snapshot newer than epoch {} whose start offsets are all still in the log (earliest offsets {earliest:?}): take one with `kafka-backfill snapshot --job <the capture's job>`, then start the job again",
-            job.name,
-            info.snapshot_epoch
-        );
+        return Err(NoSnapshotWithinLog {
+            job: job.name.clone(),
+            gone,
+            current: info.snapshot_epoch,
+            earliest,
+        }
+        .into());
     };
     match row {
         Some(r) => {
@@ -893,7 +962,19 @@ pub fn run(
             info!(job = %job.name, "stopped while waiting for the snapshot");
             return Ok(());
         }
-        let prepared = prepare(job, true)?;
+        let prepared = match prepare(job, true) {
+            Err(e)
+                if job.capture.is_some() && e.downcast_ref::<NoSnapshotWithinLog>().is_some() =>
+            {
+                let why = e.downcast_ref::<NoSnapshotWithinLog>().expect("checked");
+                if !ask_for_a_snapshot(job, why, &shutdown, &runtimes)? {
+                    info!(job = %job.name, "stopped while waiting for the snapshot it asked for");
+                    return Ok(());
+                }
+                prepare(job, true)?
+            }
+            prepared => prepared?,
+        };
         let info = prepared.snapshot.info();
         let map = PartitionMap::new(info.vnode_count, info.partition_count)?;
         let r = &job.recreation;

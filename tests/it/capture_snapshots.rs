@@ -255,7 +255,7 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
 fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     let _serial = serial();
     let name = &format!("snapreq-{}", stamp() % 1_000_000);
-    let (_source, f, mut capture, mut bench) = streaming_capture(name, "", 6);
+    let (source, f, mut capture, mut bench) = streaming_capture(name, "", 6);
     let said = snapshot_command(&f, 60);
     let snaps = published(&f);
     assert_eq!(snaps.len(), 1, "one snapshot, the one asked for: {snaps:?}");
@@ -285,6 +285,23 @@ fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     assert!(report.contains("10000 rows compared"), "{report}");
     run.signal("TERM");
     run.wait_exit(MIN);
+    // The job stopped; the source changes and retention deletes the whole log, so no snapshot
+    // starts within it. Restarted, the job asks the capture for one, waits for it, moves to it
+    // and equals the source.
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET abalance = abalance - 5 WHERE aid % 9 = 4",
+    );
+    let partitions = start_offsets(&f.dir.join("out/snapshot")).len() as u32;
+    let ends: Vec<(u32, u64)> = (0..).zip(end_offsets(&f, partitions)).collect();
+    f.delete_records(&ends);
+    let mut asked = late.spawn_run("asked", &[]);
+    asked.wait_for("the job asks its capture for a snapshot", MIN);
+    asked.wait_for("it moves to a newer snapshot", MIN);
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    asked.signal("TERM");
+    assert!(asked.wait_exit(MIN).success());
     stop_capture(&mut capture);
     // With the capture stopped, nothing answers: exit 3, saying so.
     let out = std::process::Command::new(BIN)

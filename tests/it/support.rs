@@ -476,6 +476,11 @@ impl Fixture {
 /// The sum of the fixture topic's high watermarks: records written, committed or not (a
 /// read_committed client, librdkafka's default, would be answered with the last stable offset).
 pub fn high_watermarks(f: &Fixture, partitions: u32) -> i64 {
+    end_offsets(f, partitions).iter().sum::<u64>() as i64
+}
+
+/// Each partition's high watermark (read_uncommitted), by index.
+pub fn end_offsets(f: &Fixture, partitions: u32) -> Vec<u64> {
     let c: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &f.bootstrap)
         .set("isolation.level", "read_uncommitted")
@@ -485,9 +490,9 @@ pub fn high_watermarks(f: &Fixture, partitions: u32) -> i64 {
         .map(|i| {
             rdkafka::consumer::Consumer::fetch_watermarks(&c, &f.topic, i, Duration::from_secs(10))
                 .unwrap()
-                .1
+                .1 as u64
         })
-        .sum()
+        .collect()
 }
 
 /// The test PostgreSQL's URL (`scripts/postgres.sh start`, idempotent).

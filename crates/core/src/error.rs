@@ -154,7 +154,7 @@ impl CoreError {
 /// `DeleteRecords`) before it read them. The job reads nothing of that partition: no offset reset,
 /// ever (a reset would skip the gap and leave the replica wrong).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("topic {topic} partition {partition}: the job needs offset {needed} but the log now starts at offset {earliest}; records {needed}..{earliest} were deleted (the topic's retention.ms / retention.bytes, or DeleteRecords) before the job read them, and nothing past that gap is read. The way out is a snapshot whose start offsets are still in the log: with `capture`, the job moves at its start to the newest such snapshot of its capture, a new generation (set `[jobs.capture] snapshot_interval_ms`, or take one with `kafka-backfill snapshot`; docs/CAPTURE.md, \"Snapshots of a running capture\"); with your own producer, write a new snapshot and start a new job from it; raise the topic's retention for the jobs to come")]
+#[error("topic {topic} partition {partition}: the job needs offset {needed} but the log now starts at offset {earliest}; records {needed}..{earliest} were deleted (the topic's retention.ms / retention.bytes, or DeleteRecords) before the job read them, and nothing past that gap is read. The way out is a snapshot whose start offsets are still in the log: with `capture`, the job moves at its start to the newest such snapshot of its capture, a new generation, and asks the capture for one when none is (docs/CAPTURE.md, \"Snapshots of a running capture\"); with your own producer, write a new snapshot and start a new job from it; raise the topic's retention for the jobs to come")]
 pub struct LogStartGone {
     pub topic: String,
     pub partition: PartitionId,
