@@ -574,7 +574,7 @@ fn run_started_before_its_capture_waits_for_the_snapshot_then_equals_the_source(
         "{out}"
     );
     let mut run = f.spawn_run_serving("a", &[], &http);
-    run.wait_for("waiting for the capture to publish the snapshot", MIN);
+    run.wait_for("waiting for its snapshot", MIN);
     let (code, body) = http_get(&format!("http://{http}/readyz"));
     assert_eq!(code, 503, "{body}");
     assert!(
@@ -609,7 +609,7 @@ fn a_run_waiting_for_its_snapshot_stops_at_sigterm() {
         "{out}"
     );
     let mut run = f.spawn_run("a", &[]);
-    run.wait_for("waiting for the capture to publish the snapshot", MIN);
+    run.wait_for("waiting for its snapshot", MIN);
     run.signal("TERM");
     let status = run.wait_exit(MIN);
     assert!(status.success(), "{}", tail(&run.log_text()));
