@@ -2276,18 +2276,21 @@ fn main() {
                 large_scale: 100,
                 backlog_txns: 100_000,
                 latency_samples: 200,
+                stream_tps: 200,
             },
             "quick" => capture::Sizes {
                 small_scale: 1,
                 large_scale: 10,
                 backlog_txns: 20_000,
                 latency_samples: 200,
+                stream_tps: 100,
             },
             _ => capture::Sizes {
                 small_scale: 1,
                 large_scale: 1,
                 backlog_txns: 2_000,
                 latency_samples: 20,
+                stream_tps: 100,
             },
         };
         capture::run(&a.bin, &bootstrap, &pg, &sizes, &mut r);

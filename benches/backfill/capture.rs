@@ -13,12 +13,14 @@ use serde_json::json;
 use super::{dir, fmt_rate, rand_suffix, vm_hwm_kib, Report};
 
 /// Sizes: pgbench scale factors of the small and large table (100,000 accounts per unit), the
-/// streamed backlog in transactions, and the latency samples.
+/// streamed backlog in transactions, the latency samples, and pgbench's rate (transactions/s) while
+/// they are taken (on the small table).
 pub struct Sizes {
     pub small_scale: u32,
     pub large_scale: u32,
     pub backlog_txns: u32,
     pub latency_samples: usize,
+    pub stream_tps: u32,
 }
 
 /// `sql` run by psql on `url` (stopping at the first error), its output trimmed.
@@ -318,7 +320,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
         Some(rate / raw_rate >= 0.5),
     );
 
-    // Latency: pgbench at 100 transactions/s, a probe writing the time into account 1's filler
+    // Latency: pgbench at `stream_tps` transactions/s, a probe writing the time into account 1's filler
     // every 100 ms, the replica (SQLite, `run`) polled until it shows it.
     eprintln!("capture: latency, {} samples…", sizes.latency_samples);
     let run_log = d.join("run.log");
@@ -330,7 +332,16 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
         Duration::from_secs(1800),
     );
     let mut bench = Command::new("pgbench")
-        .args(["-n", "-c", "2", "-R", "100", "-T", "3600", &url])
+        .args([
+            "-n",
+            "-c",
+            "2",
+            "-R",
+            &sizes.stream_tps.to_string(),
+            "-T",
+            "3600",
+            &url,
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -376,7 +387,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
     let (before_p99, during_p99) = (quantile(&before, 0.99), quantile(&during, 0.99));
     r.figure(
         "capture_snapshot_while_streaming",
-        &format!("a snapshot of the running capture on request ({rows} rows, pgbench at 100 transactions/s alongside; `kafka-backfill snapshot` from the request to the published manifest, median of {}), against COPY (SELECT …) TO STDOUT of the same table by psql ({copy_secs:.2} s, the same run); and source commit → replica p99 while snapshots were taken against before ({} samples each)", took.len(), during.len()),
+        &format!("a snapshot of the running capture on request ({rows} rows, pgbench at {} transactions/s alongside; `kafka-backfill snapshot` from the request to the published manifest, median of {}), against COPY (SELECT …) TO STDOUT of the same table by psql ({copy_secs:.2} s, the same run); and source commit → replica p99 while snapshots were taken against before ({} samples each)", sizes.stream_tps, took.len(), during.len()),
         format!("{snap_secs:.2} s ({:.2}× COPY); lag p99 {during_p99:.0} ms vs {before_p99:.0} ms before ({:.2}×)", snap_secs / copy_secs, during_p99 / before_p99),
         json!({"rows": rows, "snapshot_s": snap_secs, "copy_s": copy_secs, "snapshots": took.len(), "lag_p99_before_ms": before_p99, "lag_p99_during_ms": during_p99}),
     );
@@ -396,7 +407,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
     let (p50, p99) = (p(0.5), p(0.99));
     r.figure(
         "capture_latency",
-        &format!("source commit → visible in the SQLite replica ({} samples: an UPDATE of account 1 committed at a random moment, then the replica polled every 2 ms), pgbench at 100 transactions/s alongside, capture checkpoint_interval_ms 1000, the runner's default checkpointing", lat.len()),
+        &format!("source commit → visible in the SQLite replica ({} samples: an UPDATE of account 1 committed at a random moment, then the replica polled every 2 ms), pgbench at {} transactions/s alongside, capture checkpoint_interval_ms 1000, the runner's default checkpointing", lat.len(), sizes.stream_tps),
         format!("p50 {p50:.0} ms, p99 {p99:.0} ms"),
         json!({"samples": lat.len(), "p50_ms": p50, "p99_ms": p99}),
     );

@@ -431,12 +431,7 @@ fn snapshots_stored_in_kafka_reach_a_runner_without_a_shared_folder() {
         .rfind(|l| l.contains("restoring the snapshot from Kafka"))
         .unwrap()
         .to_string();
-    let epoch: u64 = line
-        .split("epoch=")
-        .nth(1)
-        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("{line}"));
+    let epoch = epoch_in(&line);
     assert!(epoch >= newest.snapshot_epoch.0, "the newest: {line}");
     let restored = late
         .dir

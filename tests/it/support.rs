@@ -717,3 +717,12 @@ pub fn doctor_line<'a>(out: &'a str, mark: &str, what: &str) -> &'a str {
         .filter(|l| l.starts_with(mark))
         .unwrap_or_else(|| panic!("no {mark} line for {what:?} in:\n{out}"))
 }
+
+/// The number after `epoch=` in a log line (the first such field).
+pub fn epoch_in(line: &str) -> u64 {
+    line.split("epoch=")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no epoch= in {line}"))
+}
