@@ -73,6 +73,11 @@ struct Args {
     adaptive_target_ms: u64,
     /// The adaptive figure's competing application, transactions per second in all.
     load_tps: f64,
+    /// Section `capture`: the small and large pgbench scale and pgbench's rate while streaming,
+    /// when given (`--capture-small-scale`, `--capture-large-scale`, `--stream-tps`).
+    capture_small_scale: Option<u32>,
+    capture_large_scale: Option<u32>,
+    stream_tps: Option<u32>,
 }
 
 fn args() -> Args {
@@ -117,6 +122,9 @@ fn args() -> Args {
         only: get("--only"),
         adaptive_target_ms: num("--adaptive-target-ms", 100),
         load_tps: num("--load-tps", 150) as f64,
+        capture_small_scale: get("--capture-small-scale").and_then(|v| v.parse().ok()),
+        capture_large_scale: get("--capture-large-scale").and_then(|v| v.parse().ok()),
+        stream_tps: get("--stream-tps").and_then(|v| v.parse().ok()),
         bin: PathBuf::from(std::env::var("KB_BIN").unwrap_or_else(|_| {
             format!(
                 "target/{}/kafka-backfill",
@@ -2292,6 +2300,12 @@ fn main() {
                 latency_samples: 20,
                 stream_tps: 100,
             },
+        };
+        let sizes = capture::Sizes {
+            small_scale: a.capture_small_scale.unwrap_or(sizes.small_scale),
+            large_scale: a.capture_large_scale.unwrap_or(sizes.large_scale),
+            stream_tps: a.stream_tps.unwrap_or(sizes.stream_tps),
+            ..sizes
         };
         capture::run(&a.bin, &bootstrap, &pg, &sizes, &mut r);
     }

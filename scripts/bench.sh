@@ -13,6 +13,8 @@
 #              --log-changes N --snapshot-rows N --memory-small N --memory-large N
 #              --single-file-small N --single-file-large N --commit-samples N --json FILE
 #              --adaptive-target-ms N (100) --load-tps N (150: the competing application)
+#              --capture-small-scale N --capture-large-scale N --stream-tps N (section capture:
+#              pgbench scales of its two tables, and pgbench's rate while it streams)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/kafka.sh start >/dev/null
