@@ -645,29 +645,13 @@ type OwnedRecord = (Vnode, Vec<u8>, Vec<u8>);
 
 /// The next spill record of a stream, owned; `None` at its end.
 fn next_owned_record(r: &mut impl std::io::BufRead) -> std::io::Result<Option<OwnedRecord>> {
-    fn varint(r: &mut impl std::io::BufRead) -> std::io::Result<Option<i64>> {
-        let mut z: u64 = 0;
-        for i in 0..10 {
-            let mut b = [0u8; 1];
-            if r.read(&mut b)? == 0 {
-                if i == 0 {
-                    return Ok(None);
-                }
-                return Err(std::io::Error::other("truncated spill record"));
-            }
-            z |= ((b[0] & 0x7f) as u64) << (7 * i);
-            if b[0] & 0x80 == 0 {
-                return Ok(Some(((z >> 1) as i64) ^ -((z & 1) as i64)));
-            }
-        }
-        Err(std::io::Error::other("bad varint in a spill record"))
-    }
-    let Some(vnode) = varint(r)? else {
+    // The codec's varint reader: bits beyond the 64th are refused, never dropped.
+    let Some(vnode) = read_long(r)? else {
         return Ok(None);
     };
     let truncated = || std::io::Error::other("truncated spill record");
-    let klen = varint(r)?.ok_or_else(truncated)? as usize;
-    let dlen = varint(r)?.ok_or_else(truncated)? as usize;
+    let klen = read_long(r)?.ok_or_else(truncated)? as usize;
+    let dlen = read_long(r)?.ok_or_else(truncated)? as usize;
     let mut key = vec![0u8; klen];
     r.read_exact(&mut key)?;
     let mut datum = vec![0u8; dlen];
@@ -1361,6 +1345,23 @@ impl SnapshotSource for SnapshotFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spill record whose varint has bits beyond the 64th is refused (its reader once dropped
+    /// them and read another number); one that ends inside a varint is an error, not an end.
+    #[test]
+    fn a_spill_record_with_an_overlong_or_cut_varint_is_refused() {
+        let overlong = [0xffu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+        let e = next_owned_record(&mut &overlong[..]).unwrap_err();
+        assert!(e.to_string().contains("longer than 64 bits"), "{e}");
+        assert!(next_owned_record(&mut &[0x80u8][..]).is_err());
+        assert!(next_owned_record(&mut &[][..]).unwrap().is_none());
+        let mut good = Vec::new();
+        put_spill_record(&mut good, 7, b"k", b"datum");
+        assert_eq!(
+            next_owned_record(&mut &good[..]).unwrap(),
+            Some((7, b"k".to_vec(), b"datum".to_vec()))
+        );
+    }
     use apache_avro::types::Value;
 
     fn table() -> TableSchema {
