@@ -286,7 +286,8 @@ fn run_telling(
         super::snapshots::Requests::new(&props, &job.topic, &job.name)?,
         c.snapshot_keep,
         c.stores_in_kafka().then(|| props.clone()),
-    )?;
+    )?
+    .with_meter(&job.name, meter.clone());
     let setup = Setup {
         job,
         dir: dir.clone(),

@@ -51,4 +51,44 @@ pub trait CaptureMeter: Send + Sync {
     fn commit_took(&self, job: &str, d: Duration);
     /// The capture of `job` starts: every series it will count exists from now, at 0.
     fn started(&self, job: &str);
+    /// A snapshot of the running capture came to `outcome`; `took`: from its start to its
+    /// publication (published ones only).
+    fn snapshot(&self, job: &str, outcome: SnapshotOutcome, took: Option<Duration>);
+}
+
+/// What became of a snapshot of the running capture (the `outcome` label of
+/// `kafka_backfill_capture_snapshots_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotOutcome {
+    /// Copied, its barrier committed, its manifest written.
+    Published,
+    /// Its copy, publication or start failed, or its barrier did not commit: the next is taken
+    /// at the next interval.
+    Failed,
+    /// Stored whole in its Kafka topic (`snapshot_storage = "kafka"`).
+    Stored,
+    /// Storing it in Kafka failed (tried again later).
+    StoreFailed,
+    /// Retired: no job reads it and newer ones are kept.
+    Retired,
+}
+
+impl SnapshotOutcome {
+    pub const ALL: [SnapshotOutcome; 5] = [
+        SnapshotOutcome::Published,
+        SnapshotOutcome::Failed,
+        SnapshotOutcome::Stored,
+        SnapshotOutcome::StoreFailed,
+        SnapshotOutcome::Retired,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SnapshotOutcome::Published => "published",
+            SnapshotOutcome::Failed => "failed",
+            SnapshotOutcome::Stored => "stored",
+            SnapshotOutcome::StoreFailed => "store_failed",
+            SnapshotOutcome::Retired => "retired",
+        }
+    }
 }

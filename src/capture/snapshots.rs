@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use super::log::{Listed, SnapshotPlaced, SnapshotRecord};
 use super::pg::{self, unix_ms, PgReplication, TableName};
+use super::report::{CaptureMeter, SnapshotOutcome};
 use super::types::PgColumn;
 use crate::codec::TableSchema;
 use crate::core::capture::{Assembler, Lsn};
@@ -447,6 +448,8 @@ pub struct OnDemand {
     superseded: BTreeMap<Epoch, Instant>,
     /// When retirement was last looked at outside a store (at most every 5 s).
     retire_looked: Instant,
+    /// Told what becomes of each snapshot ([`OnDemand::with_meter`]).
+    meter: Option<(String, Arc<dyn CaptureMeter>)>,
 }
 
 /// A snapshot being stored in Kafka.
@@ -556,7 +559,20 @@ impl OnDemand {
             store_failed: None,
             superseded: BTreeMap::new(),
             retire_looked: Instant::now(),
+            meter: None,
         })
+    }
+
+    /// Tells `meter` what becomes of each snapshot of `job`'s capture (one log line, one count).
+    pub fn with_meter(mut self, job: &str, meter: Arc<dyn CaptureMeter>) -> OnDemand {
+        self.meter = Some((job.to_string(), meter));
+        self
+    }
+
+    fn tell(&self, outcome: SnapshotOutcome, took: Option<Duration>) {
+        if let Some((job, meter)) = &self.meter {
+            meter.snapshot(job, outcome, took);
+        }
     }
 
     /// `<snapshot.dir>/snapshots`.
@@ -615,6 +631,7 @@ impl OnDemand {
         self.take_placed();
         if let Some(c) = self.copying.as_ref().filter(|c| c.placed.is_none()) {
             tracing::warn!(lsn = %pg::format_lsn(c.consistent), "a snapshot whose barrier did not commit is abandoned; the next one is taken at the next interval");
+            self.tell(SnapshotOutcome::Failed, None);
             self.copying = None;
             self.last = Instant::now();
         }
@@ -647,11 +664,13 @@ impl OnDemand {
                     Ok(Ok(copied)) => c.copied = Some(copied),
                     Ok(Err(e)) => {
                         tracing::warn!(error = %format!("{e:#}"), "a snapshot's copy failed; the next one is taken at the next interval");
+                        self.tell(SnapshotOutcome::Failed, None);
                         self.copying = None;
                         self.last = Instant::now();
                     }
                     Err(_) => {
                         tracing::warn!("a snapshot's copy panicked; the next one is taken at the next interval");
+                        self.tell(SnapshotOutcome::Failed, None);
                         self.copying = None;
                         self.last = Instant::now();
                     }
@@ -667,11 +686,13 @@ impl OnDemand {
             let (copied, placed) = (c.copied.expect("copied"), c.placed.expect("placed"));
             match self.publish(&c.folder, copied, placed, c.request) {
                 Ok(()) => {
+                    self.tell(SnapshotOutcome::Published, Some(self.last.elapsed()));
                     self.answered = self.answered.max(c.request);
                     self.retire();
                 }
                 Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval")
+                    tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval");
+                    self.tell(SnapshotOutcome::Failed, None);
                 }
             }
             self.last = Instant::now();
@@ -686,6 +707,7 @@ impl OnDemand {
             self.last = Instant::now();
             if let Err(e) = self.start(a, requested) {
                 tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be started; the next one is taken at the next interval");
+                self.tell(SnapshotOutcome::Failed, None);
             }
         }
     }
@@ -748,6 +770,7 @@ impl OnDemand {
                         .later
                         .retain(|s| s.snapshot_epoch != epoch);
                     tracing::info!(%epoch, dir = %folder.display(), keep = self.keep, "snapshot retired (no job reads it)");
+                    self.tell(SnapshotOutcome::Retired, None);
                 }
                 Err(e) => {
                     tracing::warn!(%epoch, dir = %folder.display(), error = %e, "retiring a snapshot")
@@ -802,6 +825,7 @@ impl OnDemand {
                 }
             }
             tracing::info!(epoch = %s.snapshot_epoch, topic = s.topic.as_deref().unwrap_or("-"), keep = self.keep, "snapshot retired (no job reads it)");
+            self.tell(SnapshotOutcome::Retired, None);
         }
     }
 
@@ -836,11 +860,13 @@ impl OnDemand {
                     }
                     drop(listed);
                     tracing::info!(topic = %st.topic, files = moved.files, bytes = moved.bytes, seconds = moved.seconds, "snapshot stored in Kafka");
+                    self.tell(SnapshotOutcome::Stored, None);
                     self.retire();
                 }
                 Err(e) => {
                     self.store_failed = Some(Instant::now());
                     tracing::warn!(topic = %st.topic, error = %format!("{e:#}"), "storing a snapshot in Kafka failed; tried again in {} s", STORE_RETRY.as_secs());
+                    self.tell(SnapshotOutcome::StoreFailed, None);
                 }
             }
         }

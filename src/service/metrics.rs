@@ -55,6 +55,8 @@ pub struct Metrics {
     pub capture_lag_bytes: IntGaugeVec,
     pub capture_last_source_commit: GaugeVec,
     pub capture_commit_seconds: HistogramVec,
+    pub capture_snapshots: IntCounterVec,
+    pub capture_snapshot_seconds: HistogramVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -179,6 +181,17 @@ impl Metrics {
                 g
             },
             capture_commit_seconds: histogram(&r, "kafka_backfill_capture_kafka_commit_seconds", "Duration of the capture's Kafka transaction commits (state record included).", &["job_name"]),
+            capture_snapshots: counter(&r, "kafka_backfill_capture_snapshots_total", "Snapshots of the running capture, by outcome (published, failed, stored, store_failed, retired).", &["job_name", "outcome"]),
+            capture_snapshot_seconds: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new("kafka_backfill_capture_snapshot_seconds", "Duration of a snapshot of the running capture, from its start to its publication.")
+                        .buckets(exponential_buckets(0.25, 2.0, 14).expect("buckets")),
+                    &["job_name"],
+                )
+                .expect("metric");
+                r.register(Box::new(h.clone())).expect("register");
+                h
+            },
             registry: {
                 build_info(&r);
                 // `process_*`: CPU seconds, resident memory, open descriptors, start time (Linux).
@@ -299,5 +312,25 @@ impl crate::capture::report::CaptureMeter for CaptureMetrics {
             g.with_label_values(&[job]);
         }
         m.capture_commit_seconds.with_label_values(&[job]);
+        for o in crate::capture::report::SnapshotOutcome::ALL {
+            m.capture_snapshots.with_label_values(&[job, o.label()]);
+        }
+        m.capture_snapshot_seconds.with_label_values(&[job]);
+    }
+    fn snapshot(
+        &self,
+        job: &str,
+        outcome: crate::capture::report::SnapshotOutcome,
+        took: Option<std::time::Duration>,
+    ) {
+        let m = metrics();
+        m.capture_snapshots
+            .with_label_values(&[job, outcome.label()])
+            .inc();
+        if let Some(d) = took {
+            m.capture_snapshot_seconds
+                .with_label_values(&[job])
+                .observe(d.as_secs_f64());
+        }
     }
 }

@@ -158,7 +158,7 @@ pub(crate) fn spawn_capture(f: &Fixture, prefix: &str) -> Runner {
 }
 
 /// A capture serving `/metrics` on `http` (an override of `http.listen`; "" = none).
-fn spawn_capture_serving(f: &Fixture, prefix: &str, http: &str) -> Runner {
+pub(crate) fn spawn_capture_serving(f: &Fixture, prefix: &str, http: &str) -> Runner {
     let log = f.dir.join(format!("{prefix}.log"));
     let child = Command::new(BIN)
         .args(["capture", "--config"])

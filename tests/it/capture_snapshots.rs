@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::capture_e2e::{
     big_table_capture, capture_fixture, database, pgbench_init, pgbench_run, psql, spawn_capture,
-    stop_capture, verify_job_eventually, wait_child, SourceDb, MIN,
+    spawn_capture_serving, stop_capture, verify_job_eventually, wait_child, SourceDb, MIN,
 };
 use crate::contract_e2e::check_log;
 use crate::support::*;
@@ -49,12 +49,22 @@ fn streaming_capture(
     capture_extra: &str,
     secs: u32,
 ) -> (SourceDb, Fixture, Runner, std::process::Child) {
+    streaming_capture_serving(name, capture_extra, secs, "")
+}
+
+/// [`streaming_capture`] whose capture serves HTTP (`/metrics`) on `http` (none when empty).
+fn streaming_capture_serving(
+    name: &str,
+    capture_extra: &str,
+    secs: u32,
+    http: &str,
+) -> (SourceDb, Fixture, Runner, std::process::Child) {
     let source = database(name);
     pgbench_init(&source.url);
     let f = capture_fixture(name, &source.url, "public.pgbench_accounts");
     let text = std::fs::read_to_string(&f.config).unwrap();
     std::fs::write(&f.config, format!("{text}{capture_extra}")).unwrap();
-    let mut capture = spawn_capture(&f, "capture");
+    let mut capture = spawn_capture_serving(&f, "capture", http);
     capture.wait_for("snapshot copied", MIN);
     let bench = pgbench_run(&f, &source.url, 100, secs);
     (source, f, capture, bench)
@@ -255,8 +265,29 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
 fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     let _serial = serial();
     let name = &format!("snapreq-{}", stamp() % 1_000_000);
-    let (source, f, mut capture, mut bench) = streaming_capture(name, "", 6);
+    let http = format!("127.0.0.1:{}", free_port());
+    let (source, f, mut capture, mut bench) = streaming_capture_serving(name, "", 6, &http);
     let said = snapshot_command(&f, 60);
+    // One snapshot published, counted by outcome and timed; the other outcomes there at 0.
+    let (_, metrics) = http_get(&format!("http://{http}/metrics"));
+    let series = |needle: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {needle} in /metrics:\n{metrics}"))
+    };
+    let counted = |outcome: &str| {
+        series(&format!(
+            "kafka_backfill_capture_snapshots_total{{job_name=\"{}\",outcome=\"{outcome}\"}}",
+            f.name
+        ))
+    };
+    assert_eq!(counted("published"), 1.0);
+    assert_eq!(counted("failed"), 0.0);
+    assert_eq!(counted("retired"), 0.0);
+    assert_eq!(series("kafka_backfill_capture_snapshot_seconds_count"), 1.0);
     let snaps = published(&f);
     assert_eq!(snaps.len(), 1, "one snapshot, the one asked for: {snaps:?}");
     assert!(
