@@ -156,11 +156,29 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
         later.iter().zip(&first).all(|(l, f)| l > f),
         "the snapshot's log starts after the first snapshot's: {later:?} vs {first:?}"
     );
+    // A second job, created once a newer snapshot is published, reads that one: two jobs stream
+    // from two different snapshots while pgbench writes and the capture takes more; both exact.
+    let deadline = Instant::now() + MIN;
+    while published(&f).last().unwrap().0 <= epoch {
+        assert!(Instant::now() < deadline, "no newer snapshot");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (second, mut run2) = start_late_job(&f, &format!("{name}b"));
+    let line2 = chosen_line(&mut run2);
+    let epoch2 = epoch_in(&line2);
+    assert!(
+        epoch2 > epoch,
+        "the second job reads a newer snapshot: {line2}"
+    );
     wait_child(&mut bench, MIN);
-    let report = verify_job_eventually(&late, None, MIN);
-    assert!(report.contains("10000 rows compared"), "{report}");
-    run.signal("TERM");
-    run.wait_exit(MIN);
+    for job in [&late, &second] {
+        let report = verify_job_eventually(job, None, MIN);
+        assert!(report.contains("10000 rows compared"), "{report}");
+    }
+    for r in [&mut run, &mut run2] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
+    }
     // Restarted after a newer snapshot was published, the job goes on with the one it started
     // from (its store recorded that epoch).
     let deadline = Instant::now() + MIN;
@@ -225,13 +243,17 @@ fn a_job_created_later_starts_from_a_snapshot_of_the_running_capture_and_equals_
     assert!(moved.wait_exit(MIN).success());
     stop_capture(&mut capture);
     // Older snapshots were retired (each publication is followed by the retirement), keeping two
-    // and the ones the job read (its marks).
+    // and the ones the jobs read (their marks).
     let left = published(&f);
     assert!(
         left.iter().any(|(e, _)| *e == epoch) && left.iter().any(|(e, _)| *e == moved_to),
         "the read ones are kept: {left:?}"
     );
-    assert!(left.len() <= 4, "two kept and the two read: {left:?}");
+    assert!(
+        left.iter().any(|(e, _)| *e == epoch2),
+        "the second job's is kept: {left:?}"
+    );
+    assert!(left.len() <= 5, "two kept and the three read: {left:?}");
     // The capture's state record lists every published snapshot with its offsets.
     let props = BTreeMap::from([("bootstrap.servers".to_string(), f.bootstrap.clone())]);
     let record = kafka_backfill::capture::log::read_state(&props, &f.topic, &f.name)
