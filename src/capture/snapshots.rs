@@ -268,18 +268,29 @@ pub fn request_and_wait(
     let offset = request(&props, &job.topic, &job.name)?;
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        let record = super::log::read_state(&props, &job.topic, &job.name)?;
-        let answer = record.and_then(|r| {
-            r.snapshots
-                .into_iter()
-                .find(|s| s.request.is_some_and(|q| q >= offset))
-        });
-        if answer.is_some() {
-            return Ok(answer);
+        if let Some(s) = answer(&props, &job.topic, &job.name, offset, false)? {
+            return Ok(Some(s));
         }
         std::thread::sleep(Duration::from_millis(500));
     }
     Ok(None)
+}
+
+/// The snapshot the state record of `capture_job` (writing `topic`) lists as the answer to the
+/// request at `offset` ([`request`]), if any yet; with `stored`, only once stored in Kafka.
+pub fn answer(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    capture_job: &str,
+    offset: i64,
+    stored: bool,
+) -> Result<Option<SnapshotRecord>> {
+    let record = super::log::read_state(props, topic, capture_job)?;
+    Ok(record.and_then(|r| {
+        r.snapshots
+            .into_iter()
+            .find(|s| s.request.is_some_and(|q| q >= offset) && (!stored || s.topic.is_some()))
+    }))
 }
 
 /// The requests on a capture's state topic, read from its start (the topic is compacted: a job's
@@ -795,7 +806,7 @@ impl OnDemand {
                 || crate::snapshot::published::has_readers(Path::new(&s.dir))
         };
         let (gone, kept) = retire_after_grace(
-            listed.later.clone(),
+            std::mem::take(&mut listed.later),
             self.keep,
             read,
             &mut self.superseded,

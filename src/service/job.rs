@@ -604,14 +604,10 @@ fn ask_for_a_snapshot(
     runtimes.set_waiting(&job.name, what);
     let started = std::time::Instant::now();
     loop {
-        let record = crate::capture::log::read_state(&props, &job.topic, &capture_job)
-            .with_context(|| format!("job {}: reading its capture's state record", job.name))?;
-        let answered = record.is_some_and(|r| {
-            r.snapshots
-                .iter()
-                .any(|s| s.request.is_some_and(|q| q >= offset) && (!in_kafka || s.topic.is_some()))
-        });
-        if answered {
+        let answer =
+            crate::capture::snapshots::answer(&props, &job.topic, &capture_job, offset, in_kafka)
+                .with_context(|| format!("job {}: reading its capture's state record", job.name))?;
+        if answer.is_some() {
             break;
         }
         if started.elapsed() >= ASKED_SNAPSHOT_WITHIN {
