@@ -310,6 +310,17 @@ fn a_snapshot_on_request_is_published_and_a_new_job_reads_it() {
     assert_eq!(counted("failed"), 0.0);
     assert_eq!(counted("retired"), 0.0);
     assert_eq!(series("kafka_backfill_capture_snapshot_seconds_count"), 1.0);
+    // Every capture family docs/OPERATIONS.md documents is there.
+    let missing: Vec<String> = documented_metric_families()
+        .into_iter()
+        .filter(|m| {
+            m.starts_with("kafka_backfill_capture_") && !metrics.contains(&format!("# TYPE {m} "))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "documented in docs/OPERATIONS.md, absent from a capture's /metrics: {missing:?}"
+    );
     let snaps = published(&f);
     assert_eq!(snaps.len(), 1, "one snapshot, the one asked for: {snaps:?}");
     assert!(

@@ -3,11 +3,14 @@
 
 use crate::support;
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{doctor, doctor_line, free_port, http_get, serial, Fixture, BIN};
+use support::{
+    doctor, doctor_line, documented_metric_families, free_port, http_get, serial, Fixture, BIN,
+};
 
 #[test]
 fn config_errors_exit_2_naming_the_key() {
@@ -274,6 +277,28 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
     assert!(
         metrics.contains(&format!("version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))),
         "{metrics}"
+    );
+    // Every family docs/OPERATIONS.md's reference lists is in a healthy run of one table, but a
+    // capture's (another process) and those only a job of several tables or of `consistency =
+    // "epoch"` has: an alert or a dashboard panel never reads "no data" where the docs promise a
+    // series.
+    let exposed: BTreeSet<&str> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let missing: Vec<String> = documented_metric_families()
+        .into_iter()
+        .filter(|m| {
+            !m.starts_with("kafka_backfill_capture_")
+                && !m.starts_with("kafka_backfill_table_")
+                && m != "kafka_backfill_publication_lag_seconds"
+                && !exposed.contains(m.as_str())
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "documented in docs/OPERATIONS.md, absent from a healthy run: {missing:?}"
     );
 
     // A real Prometheus server scrapes it.

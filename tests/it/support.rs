@@ -726,3 +726,31 @@ pub fn epoch_in(line: &str) -> u64 {
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no epoch= in {line}"))
 }
+
+/// The metric families docs/OPERATIONS.md's reference table names (its first column; a row naming
+/// several, as "`kafka_backfill_capture_checkpoints_total`, `_transactions_total`", spelt out).
+pub fn documented_metric_families() -> Vec<String> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
+        .expect("docs/OPERATIONS.md");
+    let mut families = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("| `kafka_backfill_")) {
+        let cell = line.split('|').nth(1).unwrap_or_default();
+        let names: Vec<&str> = cell.split('`').skip(1).step_by(2).collect();
+        let first = names[0];
+        for n in &names {
+            families.push(match n.strip_prefix('_') {
+                // "`_transactions_total`" after "`kafka_backfill_capture_checkpoints_total`".
+                Some(tail) => {
+                    let stem = first.rsplitn(3, '_').nth(2).expect("a family name's stem");
+                    format!("{stem}_{tail}")
+                }
+                None => n.to_string(),
+            });
+        }
+    }
+    assert!(
+        families.len() > 30,
+        "the reference table read: {families:?}"
+    );
+    families
+}
