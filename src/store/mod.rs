@@ -13,6 +13,7 @@ pub mod protocol;
 mod sql;
 pub mod sqlite;
 mod sqlite_static;
+pub mod transactions;
 
 use crate::codec::TableSchema;
 use crate::core::{Checkpoint, RowMutation};

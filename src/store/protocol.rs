@@ -5,7 +5,7 @@
 //! transaction ([`TxRead`]), the pending units and the table swap of publication ([`TxPublish`]),
 //! and writing what the protocol allowed — so the rules cannot drift between SQLite and PostgreSQL
 //! (the in-memory store models publication on its own, and the conformance suite holds all three to
-//! one scenario).
+//! one scenario). The job's whole transactions built from these checks are `store::transactions`.
 //! `tests/it/store_conformance.rs` runs one suite unchanged against all three.
 
 use std::collections::BTreeMap;

@@ -19,8 +19,8 @@ use crate::codec::versions::{Evolution, RowVersion, SchemaVersions};
 use crate::codec::{ColumnType, ColumnValue, TableSchema};
 use crate::core::retry::Backoff;
 use crate::core::{
-    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
-    RowMutation, Vnode, VnodeProgress,
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionProgress, RateLimits, RowMutation,
+    Vnode, VnodeProgress,
 };
 use crate::pg_tls::redact_url;
 use crate::ports::{
@@ -28,6 +28,7 @@ use crate::ports::{
 };
 use crate::store::protocol::{self, next_table, Publication, TxRead};
 use crate::store::sql;
+use crate::store::transactions;
 use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
 const SCHEMA: &str = sql::postgres::SCHEMA;
@@ -81,6 +82,7 @@ impl Several {
 }
 
 mod copy;
+mod jobs;
 mod publication;
 mod schema;
 mod values;
@@ -227,6 +229,25 @@ impl PostgresStore {
         self.with_tx_under(Backoff::STORE, f)
     }
 
+    /// Runs one of the job's transactions (`store::transactions`) under [`Self::with_tx`]: replayed
+    /// whole after a lost connection.
+    fn in_tx<T>(
+        &mut self,
+        mut f: impl FnMut(&mut InTx<'_, '_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let layout = self.layout;
+        let several = Arc::clone(&self.several);
+        self.with_tx(|tx, table, table_name| {
+            f(&mut InTx {
+                tx,
+                table,
+                table_name,
+                layout,
+                several: &several,
+            })
+        })
+    }
+
     fn with_tx_under<T>(
         &mut self,
         policy: Backoff,
@@ -341,114 +362,10 @@ fn vnode_rows(
         .collect())
 }
 
-/// The protocol's reads inside a PostgreSQL transaction (the job row locked `FOR UPDATE`).
-struct Tx<'a, 'b>(&'a mut postgres::Transaction<'b>);
-
-impl TxRead for Tx<'_, '_> {
-    fn job_row(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
-        job_row(self.0, job, true)
-    }
-
-    fn leases(
-        &mut self,
-        job: &str,
-        partitions: &[PartitionId],
-    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
-        let ps: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
-        Ok(self
-            .0
-            .query(sql::postgres::LEASES_READ, &[&job, &ps])
-            .map_err(classify)?
-            .into_iter()
-            .map(|r| {
-                (
-                    r.get::<_, i32>(0) as PartitionId,
-                    (r.get(1), r.get::<_, i64>(2) as u64),
-                )
-            })
-            .collect())
-    }
-
-    fn vnodes(
-        &mut self,
-        job: &str,
-        vnodes: &[Vnode],
-    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
-        let vs: Vec<i32> = vnodes.iter().map(|v| *v as i32).collect();
-        vnode_rows(self.0, job, Some(&vs))
-    }
-}
-
 impl StateStore for PostgresStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
-        let table_name = self.table_name.clone();
         let publication = self.publication;
-        let several = Arc::clone(&self.several);
-        let row = self.with_tx(|tx, _, _| {
-            // Serialises job creation on this table: two jobs starting at once cannot both find it free.
-            tx.execute(sql::postgres::JOBS_LOCK, &[])
-                .map_err(classify)?;
-            // A table belongs to one job: the table a job is recorded with, or one of a
-            // several-table job's (`kb_job_tables`).
-            for name in several.names(&table_name) {
-                let owners: Vec<String> = tx
-                    .query(sql::postgres::TABLE_OWNERS, &[&name])
-                    .map_err(classify)?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                protocol::check_table_owner(job, name, &owners, None)?;
-            }
-            let recorded: Option<String> = tx
-                .query_opt(sql::postgres::JOB_TABLE_NAME, &[&job])
-                .map_err(classify)?
-                .map(|r| r.get(0));
-            protocol::check_table_owner(job, &table_name, &[], recorded.as_deref())?;
-            let job_tables: Vec<(String, u16)> = tx
-                .query(sql::postgres::JOB_TABLES, &[&job])
-                .map_err(classify)?
-                .iter()
-                .map(|r| (r.get(0), r.get::<_, i32>(1) as u16))
-                .collect();
-            let configured: Vec<(String, u16)> = several
-                .tables
-                .iter()
-                .map(|t| (t.name.clone(), t.index))
-                .collect();
-            protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
-            for t in &several.tables {
-                tx.execute(
-                    sql::postgres::JOB_TABLE_INSERT,
-                    &[&t.name, &job, &(t.index as i32)],
-                )
-                .map_err(classify)?;
-            }
-            tx.execute(
-                sql::postgres::JOB_INSERT,
-                &[
-                    &job,
-                    &(info.snapshot_epoch.0 as i64),
-                    &(info.vnode_count as i32),
-                    &(info.partition_count as i32),
-                    &table_name,
-                ],
-            )
-            .map_err(classify)?;
-            let row =
-                job_row(tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-            protocol::check_job_matches(&row, info)?;
-            if !publication {
-                // Leaving publication with work in flight would lose it (see the SQLite store).
-                let pending: i64 = tx
-                    .query_one(sql::postgres::PENDING_UNIT_COUNT, &[&job])
-                    .map_err(classify)?
-                    .get(0);
-                let building = read_publication(tx, job)?.building();
-                protocol::check_leaving_publication(job, &table_name, pending, building)?;
-            }
-            Ok(row)
-        })?;
-        Ok(row)
+        self.in_tx(|tx| transactions::ensure_job(tx, job, info, publication))
     }
 
     /// One attempt, no retry: the worker's once-a-second look (generation, reachability) must
@@ -465,43 +382,7 @@ impl StateStore for PostgresStore {
         partitions: &[PartitionId],
         info: &SnapshotInfo,
     ) -> Result<Vec<ClaimedPartition>, StoreError> {
-        let map = PartitionMap::new(info.vnode_count, info.partition_count)
-            .map_err(|e| StoreError::Rejected(e.to_string()))?;
-        self.with_tx(|tx, _, _| {
-            protocol::check_claim(&mut Tx(tx), job, generation)?;
-            let mut out = Vec::new();
-            for &p in partitions {
-                let lease: i64 = tx
-                    .query_one(sql::postgres::NEXT_LEASE, &[&job])
-                    .map_err(classify)?
-                    .get(0);
-                tx.execute(
-                    sql::postgres::LEASE_WRITE,
-                    &[&job, &(p as i32), &worker, &lease],
-                )
-                .map_err(classify)?;
-                let progress = tx
-                    .query_opt(sql::postgres::PARTITION_PROGRESS_READ, &[&job, &(p as i32)])
-                    .map_err(classify)?
-                    .map(|r| PartitionProgress {
-                        partition: p,
-                        next_offset: r.get::<_, i64>(0) as u64,
-                        epoch: Epoch(r.get::<_, i64>(1) as u64),
-                        streaming: r.get(2),
-                    });
-                let vs: Vec<i32> = map.vnodes_of(p).map(|v| v as i32).collect();
-                let stored = vnode_rows(tx, job, Some(&vs))?;
-                out.push(protocol::claimed_partition(
-                    p,
-                    lease as u64,
-                    progress,
-                    &stored,
-                    &map,
-                    info,
-                )?);
-            }
-            Ok(out)
-        })
+        self.in_tx(|tx| transactions::claim(tx, job, generation, worker, partitions, info))
     }
 
     fn commit_group(&mut self, job: &str, cps: &[Checkpoint]) -> Result<(), StoreError> {
@@ -555,56 +436,7 @@ impl StateStore for PostgresStore {
         onto: Option<Epoch>,
     ) -> Result<JobRow, StoreError> {
         let publication = self.publication;
-        let several = Arc::clone(&self.several);
-        self.with_tx(|tx, _, table_name| {
-            let row =
-                job_row(tx, job, true)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-            if protocol::recreation_applies(&row, from_generation) {
-                tx.execute(sql::postgres::JOB_RECREATE, &[&job])
-                    .map_err(classify)?;
-                if let Some(e) = onto {
-                    tx.execute(sql::postgres::JOB_SNAPSHOT_MOVE, &[&job, &(e.0 as i64)])
-                        .map_err(classify)?;
-                }
-                for delete in [
-                    sql::postgres::VNODE_PROGRESS_DELETE_JOB,
-                    sql::postgres::PARTITION_PROGRESS_DELETE_JOB,
-                    sql::postgres::LEASES_DELETE_JOB,
-                ] {
-                    tx.execute(delete, &[&job]).map_err(classify)?;
-                }
-                tx.execute(sql::postgres::PENDING_ROWS_DELETE_JOB, &[&job])
-                    .map_err(classify)?;
-                tx.execute(sql::postgres::PENDING_UNITS_DELETE_JOB, &[&job])
-                    .map_err(classify)?;
-                let mut state = read_publication(tx, job)?;
-                if publication && state.visible.is_some() {
-                    // The replica readers see stays until the new generation, building in its own
-                    // table, reaches its epoch.
-                    for table_name in several.names(table_name) {
-                        let next = next_table(table_name);
-                        tx.batch_execute(&sql::render(
-                            sql::postgres::TABLE_NEXT_CREATE,
-                            &[("next", &next), ("table", table_name)],
-                        ))
-                        .map_err(classify)?;
-                    }
-                    state.recreated();
-                    write_publication(tx, job, &state)?;
-                } else {
-                    for table_name in several.names(table_name) {
-                        tx.execute(
-                            &sql::render(sql::postgres::TABLE_CLEAR, &[("table", table_name)]),
-                            &[],
-                        )
-                        .map_err(classify)?;
-                    }
-                    tx.execute(sql::postgres::PUBLICATION_DELETE, &[&job])
-                        .map_err(classify)?;
-                }
-            }
-            job_row(tx, job, false).map(|r| r.expect("job row"))
-        })
+        self.in_tx(|tx| transactions::recreate(tx, job, from_generation, onto, publication))
     }
 
     fn published_epoch(&mut self, job: &str) -> Result<Option<Epoch>, StoreError> {
@@ -787,7 +619,14 @@ fn apply_checkpoint(
     versions: Option<(&SchemaVersions, usize)>,
 ) -> Result<(), StoreError> {
     {
-        let row = protocol::check_commit(&mut Tx(tx), job, cp, &several.tables)?;
+        let mut in_tx = InTx {
+            tx: &mut *tx,
+            table,
+            table_name,
+            layout,
+            several,
+        };
+        let row = protocol::check_commit(&mut in_tx, job, cp, &several.tables)?;
         let evolved = match versions {
             Some((vs, t)) => {
                 let mut schema = PgSchema { tx, table_name };
@@ -824,7 +663,7 @@ fn apply_checkpoint(
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                let mut p = Publishing {
+                let mut p = InTx {
                     tx,
                     table,
                     table_name,

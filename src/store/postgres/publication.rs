@@ -37,7 +37,7 @@ pub(super) fn write_publication(
 }
 
 /// Publication's primitives inside a PostgreSQL transaction (`protocol::publish` is the rule).
-pub(super) struct Publishing<'a, 'b> {
+pub(super) struct InTx<'a, 'b> {
     pub(super) tx: &'a mut Transaction<'b>,
     pub(super) table: &'a TableSchema,
     pub(super) table_name: &'a str,
@@ -89,7 +89,7 @@ impl Target<'_> {
     }
 }
 
-impl protocol::TxPublish for Publishing<'_, '_> {
+impl protocol::TxPublish for InTx<'_, '_> {
     /// Commits of several workers run concurrently here, and each must see every unit committed
     /// before it, or two commits completing the same epoch would each miss the other's unit and
     /// leave it unpublished: the job's `kb_publication` row is taken first (`FOR UPDATE`), and

@@ -20,8 +20,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use crate::codec::versions::{Evolution, RowVersion};
 use crate::codec::{ColumnValue, DirectValue, TableSchema};
 use crate::core::{
-    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RateLimits,
-    RowMutation, Vnode, VnodeProgress,
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionProgress, RateLimits, RowMutation,
+    Vnode, VnodeProgress,
 };
 use crate::ports::{
     row_columns, DeadLetterRow, DecodedRows, JobRow, SnapshotInfo, StateStore, StoreError,
@@ -29,6 +29,7 @@ use crate::ports::{
 use crate::store::protocol::{self, next_table, Publication, TxRead};
 use crate::store::sql;
 use crate::store::sqlite_static::{Param, StaticStatement};
+use crate::store::transactions;
 use crate::store::{in_table, row_refs, split_rows, RowRef, StoreTable};
 
 const SCHEMA: &str = sql::sqlite::SCHEMA;
@@ -57,6 +58,7 @@ fn classify(e: rusqlite::Error) -> StoreError {
 }
 
 mod checkpointer;
+mod jobs;
 mod publication;
 mod schema;
 mod values;
@@ -291,15 +293,6 @@ impl SqliteStore {
         Ok(store)
     }
 
-    /// The names of the job's tables (one, or each of several).
-    fn table_names(&self) -> Vec<String> {
-        if self.several.is_empty() {
-            vec![self.table_name.clone()]
-        } else {
-            self.several.iter().map(|t| t.name.clone()).collect()
-        }
-    }
-
     /// Writes rows into the job's table, or routes a several-table job's rows to theirs (`next`:
     /// into each one's [`next_table`]).
     #[allow(clippy::too_many_arguments)]
@@ -331,6 +324,27 @@ impl SqliteStore {
             }
         }
         Ok(())
+    }
+
+    /// Runs one of the job's transactions (`store::transactions`) in an `IMMEDIATE` transaction,
+    /// committed when it returns `Ok`.
+    fn in_tx<T>(
+        &mut self,
+        f: impl FnOnce(&mut InTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(classify)?;
+        let out = f(&mut InTx {
+            tx: &tx,
+            table: &self.table,
+            table_name: &self.table_name,
+            several: &self.several,
+            datum: self.datum,
+        })?;
+        tx.commit().map_err(classify)?;
+        Ok(out)
     }
 
     /// This store, following the log's schema versions (`table`: its table's index in the log):
@@ -468,7 +482,14 @@ impl SqliteStore {
         decoded: DecodedRows,
         versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
     ) -> Result<(), StoreError> {
-        let row = protocol::check_commit(&mut Tx(tx), job, cp, several)?;
+        let mut in_tx = InTx {
+            tx,
+            table,
+            table_name,
+            several,
+            datum,
+        };
+        let row = protocol::check_commit(&mut in_tx, job, cp, several)?;
         let evolved = match versions {
             Some((vs, t)) => {
                 let mut schema = SqliteSchema {
@@ -504,7 +525,7 @@ impl SqliteStore {
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                let mut p = Publishing {
+                let mut p = InTx {
                     tx,
                     table,
                     table_name,
@@ -635,110 +656,10 @@ impl SqliteStore {
     }
 }
 
-/// The protocol's reads inside a SQLite transaction.
-struct Tx<'a>(&'a Connection);
-
-impl TxRead for Tx<'_> {
-    fn job_row(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
-        SqliteStore::job_row(self.0, job)
-    }
-
-    fn leases(
-        &mut self,
-        job: &str,
-        partitions: &[PartitionId],
-    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
-        let mut q = self
-            .0
-            .prepare_cached(sql::sqlite::LEASE_READ)
-            .map_err(classify)?;
-        let mut out = BTreeMap::new();
-        for &p in partitions {
-            let found: Option<(String, i64)> = q
-                .query_row(params![job, p], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-                .map_err(classify)?;
-            if let Some((owner, lease)) = found {
-                out.insert(p, (owner, lease as u64));
-            }
-        }
-        Ok(out)
-    }
-
-    fn vnodes(
-        &mut self,
-        job: &str,
-        vnodes: &[Vnode],
-    ) -> Result<BTreeMap<Vnode, VnodeProgress>, StoreError> {
-        SqliteStore::vnode_rows(self.0, job, vnodes.iter().copied())
-    }
-}
-
 impl StateStore for SqliteStore {
     fn ensure_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
-        let names = self.table_names();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(classify)?;
-        let recorded: Option<String> = tx
-            .query_row(sql::sqlite::JOB_TABLE_NAME, [job], |r| r.get(0))
-            .optional()
-            .map_err(classify)?;
-        // A table belongs to one job: the table a job is recorded with, or one of a several-table
-        // job's (`kb_job_tables`).
-        for name in &names {
-            let owners = tx
-                .prepare(sql::sqlite::TABLE_OWNERS)
-                .and_then(|mut q| {
-                    q.query_map([name.as_str()], |r| r.get::<_, String>(0))?
-                        .collect::<Result<Vec<String>, _>>()
-                })
-                .map_err(classify)?;
-            protocol::check_table_owner(job, name, &owners, None)?;
-        }
-        protocol::check_table_owner(job, &self.table_name, &[], recorded.as_deref())?;
-        let job_tables = tx
-            .prepare(sql::sqlite::JOB_TABLES)
-            .and_then(|mut q| {
-                q.query_map([job], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u16>(1)?)))?
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(classify)?;
-        let configured: Vec<(String, u16)> = self
-            .several
-            .iter()
-            .map(|t| (t.name.clone(), t.index))
-            .collect();
-        protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
-        for t in &self.several {
-            tx.execute(sql::sqlite::JOB_TABLE_INSERT, params![t.name, job, t.index])
-                .map_err(classify)?;
-        }
-        tx.execute(
-            sql::sqlite::JOB_INSERT,
-            params![
-                job,
-                info.snapshot_epoch.0 as i64,
-                info.vnode_count,
-                info.partition_count,
-                self.table_name
-            ],
-        )
-        .map_err(classify)?;
-        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        protocol::check_job_matches(&row, info)?;
-        if !self.publication {
-            // Leaving publication with work in flight would lose it: the pending checkpoints (and a
-            // generation building beside the visible table) are applied only under publication.
-            let pending: i64 = tx
-                .query_row(sql::sqlite::PENDING_UNIT_COUNT, [job], |r| r.get(0))
-                .map_err(classify)?;
-            let building = read_publication(&tx, job)?.building();
-            protocol::check_leaving_publication(job, &self.table_name, pending, building)?;
-        }
-        tx.commit().map_err(classify)?;
-        Ok(row)
+        let publication = self.publication;
+        self.in_tx(|tx| transactions::ensure_job(tx, job, info, publication))
     }
 
     fn job(&mut self, job: &str) -> Result<Option<JobRow>, StoreError> {
@@ -753,43 +674,7 @@ impl StateStore for SqliteStore {
         partitions: &[PartitionId],
         info: &SnapshotInfo,
     ) -> Result<Vec<ClaimedPartition>, StoreError> {
-        let map = PartitionMap::new(info.vnode_count, info.partition_count)
-            .map_err(|e| StoreError::Rejected(e.to_string()))?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(classify)?;
-        protocol::check_claim(&mut Tx(&tx), job, generation)?;
-        let mut out = Vec::new();
-        for &p in partitions {
-            let lease: i64 = tx
-                .query_row(sql::sqlite::NEXT_LEASE, [job], |r| r.get(0))
-                .map_err(classify)?;
-            tx.execute(sql::sqlite::LEASE_WRITE, params![job, p, worker, lease])
-                .map_err(classify)?;
-            let progress = tx
-                .query_row(sql::sqlite::PARTITION_PROGRESS_READ, params![job, p], |r| {
-                    Ok(PartitionProgress {
-                        partition: p,
-                        next_offset: r.get::<_, i64>(0)? as u64,
-                        epoch: Epoch(r.get::<_, i64>(1)? as u64),
-                        streaming: r.get::<_, i64>(2)? != 0,
-                    })
-                })
-                .optional()
-                .map_err(classify)?;
-            let stored = Self::vnode_rows(&tx, job, map.vnodes_of(p))?;
-            out.push(protocol::claimed_partition(
-                p,
-                lease as u64,
-                progress,
-                &stored,
-                &map,
-                info,
-            )?);
-        }
-        tx.commit().map_err(classify)?;
-        Ok(out)
+        self.in_tx(|tx| transactions::claim(tx, job, generation, worker, partitions, info))
     }
 
     fn commit_group(&mut self, job: &str, cps: &[Checkpoint]) -> Result<(), StoreError> {
@@ -841,67 +726,8 @@ impl StateStore for SqliteStore {
         from_generation: u64,
         onto: Option<Epoch>,
     ) -> Result<JobRow, StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(classify)?;
-        let row = Self::job_row(&tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })?;
-        if protocol::recreation_applies(&row, from_generation) {
-            tx.execute(sql::sqlite::JOB_RECREATE, [job])
-                .map_err(classify)?;
-            if let Some(e) = onto {
-                tx.execute(sql::sqlite::JOB_SNAPSHOT_MOVE, params![job, e.0 as i64])
-                    .map_err(classify)?;
-            }
-            for delete in [
-                sql::sqlite::VNODE_PROGRESS_DELETE_JOB,
-                sql::sqlite::PARTITION_PROGRESS_DELETE_JOB,
-                sql::sqlite::LEASES_DELETE_JOB,
-            ] {
-                tx.execute(delete, [job]).map_err(classify)?;
-            }
-            tx.execute(sql::sqlite::PENDING_ROWS_DELETE_JOB, [job])
-                .map_err(classify)?;
-            tx.execute(sql::sqlite::PENDING_UNITS_DELETE_JOB, [job])
-                .map_err(classify)?;
-            let mut state = read_publication(&tx, job)?;
-            let tables: Vec<(&str, &TableSchema)> = if self.several.is_empty() {
-                vec![(self.table_name.as_str(), &self.table)]
-            } else {
-                self.several
-                    .iter()
-                    .map(|t| (t.name.as_str(), &t.schema))
-                    .collect()
-            };
-            if self.publication && state.visible.is_some() {
-                // Under publication the replica readers see stays in the table until the new
-                // generation, building in its own table, reaches its epoch.
-                for (name, schema) in tables {
-                    let next = next_table(name);
-                    tx.execute_batch(&format!(
-                        "{} {}",
-                        sql::render(sql::sqlite::TABLE_DROP, &[("table", &next)]),
-                        table_ddl(&next, schema, self.datum)
-                    ))
-                    .map_err(classify)?;
-                }
-                state.recreated();
-                write_publication(&tx, job, &state)?;
-            } else {
-                for (name, _) in tables {
-                    tx.execute(
-                        &sql::render(sql::sqlite::TABLE_CLEAR, &[("table", name)]),
-                        [],
-                    )
-                    .map_err(classify)?;
-                }
-                tx.execute(sql::sqlite::PUBLICATION_DELETE, [job])
-                    .map_err(classify)?;
-            }
-        }
-        let row = Self::job_row(&tx, job)?.expect("job row");
-        tx.commit().map_err(classify)?;
-        Ok(row)
+        let publication = self.publication;
+        self.in_tx(|tx| transactions::recreate(tx, job, from_generation, onto, publication))
     }
 
     fn committed_vnodes(

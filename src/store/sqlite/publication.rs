@@ -36,7 +36,7 @@ pub(super) fn write_publication(
 }
 
 /// Publication's primitives inside a SQLite transaction (`protocol::publish` is the rule).
-pub(super) struct Publishing<'a> {
+pub(super) struct InTx<'a> {
     pub(super) tx: &'a Connection,
     pub(super) table: &'a TableSchema,
     pub(super) table_name: &'a str,
@@ -44,7 +44,7 @@ pub(super) struct Publishing<'a> {
     pub(super) datum: bool,
 }
 
-impl protocol::TxPublish for Publishing<'_> {
+impl protocol::TxPublish for InTx<'_> {
     fn lock_publication(&mut self, _job: &str) -> Result<(), StoreError> {
         // A commit's transaction is `IMMEDIATE`: the file's one writer already.
         Ok(())
