@@ -603,24 +603,6 @@ pub fn evolve(
     }))
 }
 
-/// What a checkpoint's rows are written as: after a schema change (`evolved`), its table and rows
-/// with nothing decoded ahead (decoded with the manifest's schema); else as they came.
-pub fn rows_to_write<'a>(
-    evolved: &'a Option<Evolved>,
-    table: &'a crate::codec::TableSchema,
-    cp: &'a Checkpoint,
-    decoded: crate::ports::DecodedRows,
-) -> (
-    &'a crate::codec::TableSchema,
-    &'a [crate::core::RowMutation],
-    crate::ports::DecodedRows,
-) {
-    match evolved {
-        Some(e) => (&e.table, e.rows.as_deref().unwrap_or(&cp.rows), Vec::new()),
-        None => (table, &cp.rows, decoded),
-    }
-}
-
 /// The columns a schema change adds and drops, by name.
 pub fn column_changes(
     from: &crate::codec::TableSchema,

@@ -3,13 +3,18 @@
 //! runs inside the backend's transaction against [`TxJob`], the statements it needs, so the order of
 //! the checks and writes — and what a failed check leaves unwritten — is one text for SQLite and
 //! PostgreSQL. A backend owns the transaction (begin, commit, PostgreSQL's retry of a lost
-//! connection) and one statement per method; it must not decide anything here. The checkpoint's
-//! own transaction (`commit_group`) stays in the backends: its rows take each backend's fast path
-//! (SQLite's in-place binds, PostgreSQL's COPY), while its rules are [`protocol`]'s.
+//! connection) and one statement per method; it must not decide anything here. The checkpoints'
+//! transaction ([`commit_group`]) is written here too, against [`TxCommit`]; only how its rows are
+//! written is each backend's (SQLite's in-place binds, PostgreSQL's COPY).
 
-use crate::core::{ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress};
-use crate::ports::{JobRow, SnapshotInfo, StoreError};
-use crate::store::protocol::{self, TxPublish, TxRead};
+use crate::codec::versions::SchemaVersions;
+use crate::codec::TableSchema;
+use crate::core::{
+    Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
+};
+use crate::ports::{DecodedRows, JobRow, SnapshotInfo, StoreError};
+use crate::store::protocol::{self, TxPublish, TxRead, TxSchema};
+use crate::store::StoreTable;
 
 /// The statements of a job's transactions, each one statement of the backend's dialect
 /// (`src/store/sql/<dialect>/<name>.sql`), run inside the transaction the backend opened.
@@ -163,4 +168,76 @@ pub fn recreate(
         }
     }
     protocol::job_row(tx, job)
+}
+
+/// The statements of the checkpoints' transaction beside the protocol's reads, publication's and a
+/// schema change's primitives.
+pub trait TxCommit: TxRead + TxPublish + TxSchema {
+    /// Records the checkpoint's dead letters (a record recorded already, by this or an earlier
+    /// generation, counts once) and returns how many the job now holds. PostgreSQL takes the job
+    /// row first, so that the cap is exact across workers.
+    fn record_dead_letters(&mut self, job: &str, cp: &Checkpoint) -> Result<u64, StoreError>;
+    /// Writes rows into the job's tables (`next`: each one's
+    /// [`next_table`](protocol::next_table)); `table`: the schema they are in when a schema change
+    /// resolved them to another than the store was opened with; `snapshot`: snapshot rows (no
+    /// deletes, so PostgreSQL may copy them).
+    fn write(
+        &mut self,
+        table: Option<&TableSchema>,
+        next: bool,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+        snapshot: bool,
+    ) -> Result<(), StoreError>;
+    /// The checkpoint's vnode and partition progress, and the job's phase once a partition streams.
+    fn write_progress(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError>;
+}
+
+/// The checkpoints of one group, in order, in one transaction: each one checked against what is
+/// committed (and the group's earlier ones), its table brought to the schema version in force at
+/// its epoch, its dead letters recorded under the cap, its rows written — or held for publication
+/// under `consistency = "epoch"` — then its progress. `decoded`: each checkpoint's rows decoded
+/// ahead (may be shorter than `cps`); `versions`: the log's schema versions and the table's index
+/// in the log, when the store follows them; `several`: a several-table job's tables.
+pub fn commit_group(
+    tx: &mut impl TxCommit,
+    job: &str,
+    cps: &[Checkpoint],
+    decoded: Vec<DecodedRows>,
+    versions: Option<(&SchemaVersions, usize)>,
+    publication: bool,
+    several: &[StoreTable],
+) -> Result<(), StoreError> {
+    let mut decoded = decoded.into_iter();
+    for cp in cps {
+        let decoded = decoded.next().unwrap_or_default();
+        let row = protocol::check_commit(tx, job, cp, several)?;
+        let evolved = match versions {
+            Some((vs, t)) => protocol::evolve(tx, job, vs, t, cp, publication)?,
+            None => None,
+        };
+        let (table, rows, decoded) = match &evolved {
+            Some(e) => (
+                Some(&e.table),
+                e.rows.as_deref().unwrap_or(&cp.rows),
+                Vec::new(),
+            ),
+            None => (None, cp.rows.as_slice(), decoded),
+        };
+        if !cp.dead_letters.is_empty() {
+            let recorded = tx.record_dead_letters(job, cp)?;
+            protocol::check_dead_letter_cap(job, cp, recorded)?;
+        }
+        match cp.epoch {
+            Some(epoch) if publication => protocol::publish(tx, &row, cp, epoch, decoded)?,
+            // Snapshot rows under publication go where the generation builds.
+            None if publication => {
+                let next = tx.publication(job)?.building();
+                tx.write(None, next, &cp.rows, decoded, true)?
+            }
+            _ => tx.write(table, false, rows, decoded, cp.epoch.is_none())?,
+        }
+        tx.write_progress(job, cp)?;
+    }
+    Ok(())
 }

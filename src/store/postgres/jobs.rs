@@ -3,7 +3,7 @@
 //! [`PostgresStore::with_tx`] opens (and replays whole after a lost connection).
 
 use super::*;
-use crate::store::transactions::TxJob;
+use crate::store::transactions::{TxCommit, TxJob};
 
 /// The protocol's reads inside a PostgreSQL transaction (the job row locked `FOR UPDATE`).
 impl TxRead for InTx<'_, '_> {
@@ -231,6 +231,93 @@ impl TxJob for InTx<'_, '_> {
         self.tx
             .execute(sql::postgres::PUBLICATION_DELETE, &[&job])
             .map_err(classify)?;
+        Ok(())
+    }
+}
+
+impl TxCommit for InTx<'_, '_> {
+    fn record_dead_letters(&mut self, job: &str, cp: &Checkpoint) -> Result<u64, StoreError> {
+        // Commits that record dead letters take the job row in turn, so the cap is exact
+        // across workers; a record read again after a recreation is recorded once.
+        self.tx
+            .execute(sql::postgres::JOB_LOCK, &[&job])
+            .map_err(classify)?;
+        let generation = cp.generation as i64;
+        for d in &cp.dead_letters {
+            self.tx
+                .execute(
+                    sql::postgres::DEAD_LETTER_INSERT,
+                    &[
+                        &job,
+                        &(d.partition as i32),
+                        &(d.offset as i64),
+                        &(d.epoch.0 as i64),
+                        &generation,
+                        &d.reason,
+                    ],
+                )
+                .map_err(classify)?;
+        }
+        let recorded: i64 = self
+            .tx
+            .query_one(sql::postgres::DEAD_LETTER_COUNT, &[&job])
+            .map_err(classify)?
+            .get(0);
+        Ok(recorded as u64)
+    }
+
+    fn write(
+        &mut self,
+        table: Option<&TableSchema>,
+        next: bool,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+        snapshot: bool,
+    ) -> Result<(), StoreError> {
+        let to = Target {
+            table: table.unwrap_or(self.table),
+            table_name: self.table_name,
+            layout: self.layout,
+            several: self.several,
+            next,
+        };
+        to.write(self.tx, rows, decoded, snapshot)
+    }
+
+    fn write_progress(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+        if !cp.vnodes.is_empty() {
+            let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
+            let epochs: Vec<i64> = cp.vnodes.iter().map(|v| v.epoch.0 as i64).collect();
+            let counts: Vec<i64> = cp.vnodes.iter().map(|v| v.row_count as i64).collect();
+            let finished: Vec<bool> = cp.vnodes.iter().map(|v| v.finished).collect();
+            let cursors: Vec<Option<Vec<u8>>> =
+                cp.vnodes.iter().map(|v| v.cursor.clone()).collect();
+            self.tx
+                .execute(
+                    sql::postgres::VNODE_PROGRESS_WRITE,
+                    &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
+                )
+                .map_err(classify)?;
+        }
+        for p in &cp.partitions {
+            self.tx
+                .execute(
+                    sql::postgres::PARTITION_PROGRESS_WRITE,
+                    &[
+                        &job,
+                        &(p.partition as i32),
+                        &(p.next_offset as i64),
+                        &(p.epoch.0 as i64),
+                        &p.streaming,
+                    ],
+                )
+                .map_err(classify)?;
+        }
+        if !cp.partitions.is_empty() {
+            self.tx
+                .execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job])
+                .map_err(classify)?;
+        }
         Ok(())
     }
 }

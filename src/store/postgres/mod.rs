@@ -15,7 +15,7 @@ use std::sync::Arc;
 use postgres::types::ToSql;
 use postgres::{Client, Transaction};
 
-use crate::codec::versions::{Evolution, RowVersion, SchemaVersions};
+use crate::codec::versions::{Evolution, RowVersion};
 use crate::codec::{ColumnType, ColumnValue, TableSchema};
 use crate::core::retry::Backoff;
 use crate::core::{
@@ -89,7 +89,7 @@ mod values;
 
 use copy::*;
 use publication::*;
-use schema::*;
+
 pub use values::KeyLayout;
 use values::*;
 
@@ -410,22 +410,22 @@ impl StateStore for PostgresStore {
             None => None,
         };
         self.with_tx(|tx, table, table_name| {
-            let mut pre = decoded.take().unwrap_or_default().into_iter();
-            for cp in cps {
-                apply_checkpoint(
-                    tx,
-                    table,
-                    table_name,
-                    layout,
-                    &several,
-                    publication,
-                    job,
-                    cp,
-                    pre.next().unwrap_or_default(),
-                    versions.as_ref().map(|(v, t)| (&**v, *t)),
-                )?;
-            }
-            Ok(())
+            let mut in_tx = InTx {
+                tx,
+                table,
+                table_name,
+                layout,
+                several: &several,
+            };
+            transactions::commit_group(
+                &mut in_tx,
+                job,
+                cps,
+                decoded.take().unwrap_or_default(),
+                versions.as_ref().map(|(v, t)| (&**v, *t)),
+                publication,
+                &several.tables,
+            )
         })
     }
 
@@ -601,131 +601,6 @@ fn key_layout(client: &mut Client, table_name: &str) -> Result<KeyLayout, StoreE
     } else {
         KeyLayout::VnodeKey
     })
-}
-
-/// One checkpoint inside a transaction: the protocol's checks (which see the earlier checkpoints of
-/// the same group), then rows, vnode and partition progress, the job phase.
-#[allow(clippy::too_many_arguments)]
-fn apply_checkpoint(
-    tx: &mut Transaction<'_>,
-    table: &TableSchema,
-    table_name: &str,
-    layout: KeyLayout,
-    several: &Several,
-    publication: bool,
-    job: &str,
-    cp: &Checkpoint,
-    decoded: DecodedRows,
-    versions: Option<(&SchemaVersions, usize)>,
-) -> Result<(), StoreError> {
-    {
-        let mut in_tx = InTx {
-            tx: &mut *tx,
-            table,
-            table_name,
-            layout,
-            several,
-        };
-        let row = protocol::check_commit(&mut in_tx, job, cp, &several.tables)?;
-        let evolved = match versions {
-            Some((vs, t)) => {
-                let mut schema = PgSchema { tx, table_name };
-                protocol::evolve(&mut schema, job, vs, t, cp, publication)?
-            }
-            None => None,
-        };
-        let (table, rows, decoded) = protocol::rows_to_write(&evolved, table, cp, decoded);
-        if !cp.dead_letters.is_empty() {
-            // Commits that record dead letters take the job row in turn, so the cap is exact
-            // across workers; a record read again after a recreation is recorded once.
-            tx.execute(sql::postgres::JOB_LOCK, &[&job])
-                .map_err(classify)?;
-            let generation = cp.generation as i64;
-            for d in &cp.dead_letters {
-                tx.execute(
-                    sql::postgres::DEAD_LETTER_INSERT,
-                    &[
-                        &job,
-                        &(d.partition as i32),
-                        &(d.offset as i64),
-                        &(d.epoch.0 as i64),
-                        &generation,
-                        &d.reason,
-                    ],
-                )
-                .map_err(classify)?;
-            }
-            let recorded: i64 = tx
-                .query_one(sql::postgres::DEAD_LETTER_COUNT, &[&job])
-                .map_err(classify)?
-                .get(0);
-            protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
-        }
-        match cp.epoch {
-            Some(epoch) if publication => {
-                let mut p = InTx {
-                    tx,
-                    table,
-                    table_name,
-                    layout,
-                    several,
-                };
-                protocol::publish(&mut p, &row, cp, epoch, decoded)?
-            }
-            None if publication => {
-                let next = read_publication(tx, job)?.building();
-                let to = Target {
-                    table,
-                    table_name,
-                    layout,
-                    several,
-                    next,
-                };
-                to.write(tx, &cp.rows, decoded, true)?
-            }
-            _ => {
-                let to = Target {
-                    table,
-                    table_name,
-                    layout,
-                    several,
-                    next: false,
-                };
-                to.write(tx, rows, decoded, cp.epoch.is_none())?
-            }
-        }
-        if !cp.vnodes.is_empty() {
-            let vnodes: Vec<i32> = cp.vnodes.iter().map(|v| v.vnode as i32).collect();
-            let epochs: Vec<i64> = cp.vnodes.iter().map(|v| v.epoch.0 as i64).collect();
-            let counts: Vec<i64> = cp.vnodes.iter().map(|v| v.row_count as i64).collect();
-            let finished: Vec<bool> = cp.vnodes.iter().map(|v| v.finished).collect();
-            let cursors: Vec<Option<Vec<u8>>> =
-                cp.vnodes.iter().map(|v| v.cursor.clone()).collect();
-            tx.execute(
-                sql::postgres::VNODE_PROGRESS_WRITE,
-                &[&job, &vnodes, &epochs, &counts, &finished, &cursors],
-            )
-            .map_err(classify)?;
-        }
-        for p in &cp.partitions {
-            tx.execute(
-                sql::postgres::PARTITION_PROGRESS_WRITE,
-                &[
-                    &job,
-                    &(p.partition as i32),
-                    &(p.next_offset as i64),
-                    &(p.epoch.0 as i64),
-                    &p.streaming,
-                ],
-            )
-            .map_err(classify)?;
-        }
-        if !cp.partitions.is_empty() {
-            tx.execute(&crate::ports::job_phase_sql("streaming", "$1"), &[&job])
-                .map_err(classify)?;
-        }
-        Ok(())
-    }
 }
 
 /// Upserts and deletes `rows` in `table_name`: multi-row statements, or `COPY` for many.

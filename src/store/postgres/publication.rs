@@ -2,6 +2,7 @@
 //! readers see moves by whole epochs; `protocol::publish` is the rule).
 
 use super::*;
+use crate::store::transactions::TxCommit;
 
 /// `kb_publication`'s row of a job.
 pub(super) fn read_publication(
@@ -201,14 +202,7 @@ impl protocol::TxPublish for InTx<'_, '_> {
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        let to = Target {
-            table: self.table,
-            table_name: self.table_name,
-            layout: self.layout,
-            several: self.several,
-            next,
-        };
-        to.write(self.tx, rows, decoded, false)
+        TxCommit::write(self, None, next, rows, decoded, false)
     }
 
     fn replace_tables(&mut self) -> Result<(), StoreError> {

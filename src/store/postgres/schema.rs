@@ -2,13 +2,7 @@
 
 use super::*;
 
-/// A schema change's primitives inside a PostgreSQL commit (`protocol::evolve` is the rule).
-pub(super) struct PgSchema<'a, 'b> {
-    pub(super) tx: &'a mut Transaction<'b>,
-    pub(super) table_name: &'a str,
-}
-
-impl protocol::TxSchema for PgSchema<'_, '_> {
+impl protocol::TxSchema for InTx<'_, '_> {
     fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
         Ok(self
             .tx

@@ -2,7 +2,7 @@
 //! statement of `src/store/sql/sqlite/` per method, inside the store's `IMMEDIATE` transaction.
 
 use super::*;
-use crate::store::transactions::TxJob;
+use crate::store::transactions::{TxCommit, TxJob};
 
 /// The protocol's reads inside a SQLite transaction.
 impl TxRead for InTx<'_> {
@@ -232,6 +232,91 @@ impl TxJob for InTx<'_> {
         self.tx
             .execute(sql::sqlite::PUBLICATION_DELETE, [job])
             .map_err(classify)?;
+        Ok(())
+    }
+}
+
+impl TxCommit for InTx<'_> {
+    fn record_dead_letters(&mut self, job: &str, cp: &Checkpoint) -> Result<u64, StoreError> {
+        let mut dq = self
+            .tx
+            .prepare_cached(sql::sqlite::DEAD_LETTER_INSERT)
+            .map_err(classify)?;
+        for d in &cp.dead_letters {
+            dq.execute(params![
+                job,
+                d.partition,
+                d.offset as i64,
+                d.epoch.0 as i64,
+                cp.generation as i64,
+                d.reason
+            ])
+            .map_err(classify)?;
+        }
+        let recorded: i64 = self
+            .tx
+            .query_row(sql::sqlite::DEAD_LETTER_COUNT, [job], |r| r.get(0))
+            .map_err(classify)?;
+        Ok(recorded as u64)
+    }
+
+    fn write(
+        &mut self,
+        table: Option<&TableSchema>,
+        next: bool,
+        rows: &[RowMutation],
+        decoded: DecodedRows,
+        _snapshot: bool,
+    ) -> Result<(), StoreError> {
+        SqliteStore::write_to(
+            self.tx,
+            table.unwrap_or(self.table),
+            self.table_name,
+            self.several,
+            self.datum,
+            next,
+            rows,
+            decoded,
+        )
+    }
+
+    fn write_progress(&mut self, job: &str, cp: &Checkpoint) -> Result<(), StoreError> {
+        {
+            let mut vq = self
+                .tx
+                .prepare_cached(sql::sqlite::VNODE_PROGRESS_WRITE)
+                .map_err(classify)?;
+            for v in &cp.vnodes {
+                vq.execute(params![
+                    job,
+                    v.vnode,
+                    v.epoch.0 as i64,
+                    v.row_count as i64,
+                    v.finished as i64,
+                    v.cursor
+                ])
+                .map_err(classify)?;
+            }
+            let mut pq = self
+                .tx
+                .prepare_cached(sql::sqlite::PARTITION_PROGRESS_WRITE)
+                .map_err(classify)?;
+            for p in &cp.partitions {
+                pq.execute(params![
+                    job,
+                    p.partition,
+                    p.next_offset as i64,
+                    p.epoch.0 as i64,
+                    p.streaming as i64
+                ])
+                .map_err(classify)?;
+            }
+        }
+        if !cp.partitions.is_empty() {
+            self.tx
+                .execute(&crate::ports::job_phase_sql("streaming = 1", "?1"), [job])
+                .map_err(classify)?;
+        }
         Ok(())
     }
 }

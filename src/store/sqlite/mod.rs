@@ -65,7 +65,7 @@ mod values;
 
 use checkpointer::*;
 use publication::*;
-use schema::*;
+
 use values::*;
 
 /// The page cache of a store connection, in KiB (SQLite's `cache_size` takes a negative number for
@@ -467,117 +467,6 @@ impl SqliteStore {
         Ok(out)
     }
 
-    /// One checkpoint inside a transaction: the protocol's checks (which see the earlier
-    /// checkpoints of the same group), then rows, vnode and partition progress, the job phase.
-    #[allow(clippy::too_many_arguments)]
-    fn apply_checkpoint(
-        tx: &Connection,
-        table: &TableSchema,
-        table_name: &str,
-        several: &[StoreTable],
-        datum: bool,
-        publication: bool,
-        job: &str,
-        cp: &Checkpoint,
-        decoded: DecodedRows,
-        versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
-    ) -> Result<(), StoreError> {
-        let mut in_tx = InTx {
-            tx,
-            table,
-            table_name,
-            several,
-            datum,
-        };
-        let row = protocol::check_commit(&mut in_tx, job, cp, several)?;
-        let evolved = match versions {
-            Some((vs, t)) => {
-                let mut schema = SqliteSchema {
-                    tx,
-                    table_name,
-                    datum,
-                };
-                protocol::evolve(&mut schema, job, vs, t, cp, publication)?
-            }
-            None => None,
-        };
-        let (table, rows, decoded) = protocol::rows_to_write(&evolved, table, cp, decoded);
-        if !cp.dead_letters.is_empty() {
-            // A record read again after a recreation is recorded once (its first generation kept).
-            let mut dq = tx
-                .prepare_cached(sql::sqlite::DEAD_LETTER_INSERT)
-                .map_err(classify)?;
-            for d in &cp.dead_letters {
-                dq.execute(params![
-                    job,
-                    d.partition,
-                    d.offset as i64,
-                    d.epoch.0 as i64,
-                    cp.generation as i64,
-                    d.reason
-                ])
-                .map_err(classify)?;
-            }
-            let recorded: i64 = tx
-                .query_row(sql::sqlite::DEAD_LETTER_COUNT, [job], |r| r.get(0))
-                .map_err(classify)?;
-            protocol::check_dead_letter_cap(job, cp, recorded as u64)?;
-        }
-        match cp.epoch {
-            Some(epoch) if publication => {
-                let mut p = InTx {
-                    tx,
-                    table,
-                    table_name,
-                    several,
-                    datum,
-                };
-                protocol::publish(&mut p, &row, cp, epoch, decoded)?
-            }
-            // Snapshot rows under publication go where the generation builds.
-            None if publication => {
-                let next = read_publication(tx, job)?.building();
-                Self::write_to(
-                    tx, table, table_name, several, datum, next, &cp.rows, decoded,
-                )?
-            }
-            _ => Self::write_to(tx, table, table_name, several, datum, false, rows, decoded)?,
-        }
-        {
-            let mut vq = tx
-                .prepare_cached(sql::sqlite::VNODE_PROGRESS_WRITE)
-                .map_err(classify)?;
-            for v in &cp.vnodes {
-                vq.execute(params![
-                    job,
-                    v.vnode,
-                    v.epoch.0 as i64,
-                    v.row_count as i64,
-                    v.finished as i64,
-                    v.cursor
-                ])
-                .map_err(classify)?;
-            }
-            let mut pq = tx
-                .prepare_cached(sql::sqlite::PARTITION_PROGRESS_WRITE)
-                .map_err(classify)?;
-            for p in &cp.partitions {
-                pq.execute(params![
-                    job,
-                    p.partition,
-                    p.next_offset as i64,
-                    p.epoch.0 as i64,
-                    p.streaming as i64
-                ])
-                .map_err(classify)?;
-            }
-        }
-        if !cp.partitions.is_empty() {
-            tx.execute(&crate::ports::job_phase_sql("streaming = 1", "?1"), [job])
-                .map_err(classify)?;
-        }
-        Ok(())
-    }
     /// Upserts and deletes `rows` in the table (`decoded`: their column values, decoded off the
     /// committer's thread; missing ones are decoded here).
     fn write_rows<'r>(
@@ -700,21 +589,22 @@ impl StateStore for SqliteStore {
             )),
             None => None,
         };
-        let mut decoded = decoded.into_iter();
-        for cp in cps {
-            Self::apply_checkpoint(
-                &tx,
-                &self.table,
-                &self.table_name,
-                &self.several,
-                self.datum,
-                self.publication,
-                job,
-                cp,
-                decoded.next().unwrap_or_default(),
-                versions.as_ref().map(|(v, t)| (&**v, *t)),
-            )?;
-        }
+        let mut in_tx = InTx {
+            tx: &tx,
+            table: &self.table,
+            table_name: &self.table_name,
+            several: &self.several,
+            datum: self.datum,
+        };
+        transactions::commit_group(
+            &mut in_tx,
+            job,
+            cps,
+            decoded,
+            versions.as_ref().map(|(v, t)| (&**v, *t)),
+            self.publication,
+            &self.several,
+        )?;
         tx.commit().map_err(classify)?;
         self.checkpointer.committed();
         Ok(())

@@ -2,6 +2,7 @@
 //! see moves by whole epochs; `protocol::publish` is the rule).
 
 use super::*;
+use crate::store::transactions::TxCommit;
 
 /// `kb_publication`'s row of a job.
 pub(super) fn read_publication(tx: &Connection, job: &str) -> Result<Publication, StoreError> {
@@ -155,16 +156,7 @@ impl protocol::TxPublish for InTx<'_> {
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        SqliteStore::write_to(
-            self.tx,
-            self.table,
-            self.table_name,
-            self.several,
-            self.datum,
-            next,
-            rows,
-            decoded,
-        )
+        TxCommit::write(self, None, next, rows, decoded, false)
     }
 
     fn replace_tables(&mut self) -> Result<(), StoreError> {

@@ -3,13 +3,7 @@
 use super::*;
 
 /// A schema change's primitives inside a SQLite commit (`protocol::evolve` is the rule).
-pub(super) struct SqliteSchema<'a> {
-    pub(super) tx: &'a Connection,
-    pub(super) table_name: &'a str,
-    pub(super) datum: bool,
-}
-
-impl protocol::TxSchema for SqliteSchema<'_> {
+impl protocol::TxSchema for InTx<'_> {
     fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
         self.tx
             .query_row(sql::sqlite::SCHEMA_VERSION_LATEST, [job], |r| {
