@@ -993,6 +993,7 @@ pub fn run(
             .with_tables(prepared.tables.clone(), &prepared.store_tables),
         );
         runtimes.insert(runtime.clone());
+        let table_counts = runtime.table_counts();
         jobs.push(runtime);
         let policy = job.policy(prepared.tables.clone());
         let mut kafka = job.kafka.clone();
@@ -1029,11 +1030,7 @@ pub fn run(
                 max_rows_per_second: job.max_rows_per_second,
                 adaptive: job.rate_limit.core(),
                 dead_letter_topic: job.dead_letters().map(|(topic, _)| topic),
-                table_names: prepared
-                    .store_tables
-                    .iter()
-                    .map(|t| (t.index, t.name.clone()))
-                    .collect(),
+                tables: table_counts.clone(),
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

@@ -3,11 +3,14 @@
 //! never touches either; this module is the only place where what a worker did turns into what
 //! operators see, so the simulation (`sim::observe`) can stand in for it and check the counts.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::core::{CheckpointCause, Op, Phase};
 use crate::ports::{BitmapOutcome, Observer, WorkerEvent};
 use crate::service::metrics::metrics;
+use crate::service::runtime::TableCounts;
 use crate::service::status::{Reported, StatusBoard};
 
 /// The one reason a job is recreated (the `reason` label of `kafka_backfill_recreations_total`).
@@ -20,15 +23,17 @@ pub struct ServiceObserver {
     board: StatusBoard,
     changes: Vec<prometheus::IntCounter>,
     snapshot_rows: prometheus::IntCounter,
-    /// A job of several tables: (log table, its changes' and its snapshot rows' counters); empty
-    /// for a job of one table.
-    tables: Vec<(u16, prometheus::IntCounter, prometheus::IntCounter)>,
+    /// A job of several tables: each table's changes' and snapshot rows' series, in the order of
+    /// `counts` (the runtime's, for `/status`); both empty for a job of one table.
+    tables: Vec<(prometheus::IntCounter, prometheus::IntCounter)>,
+    counts: Arc<[TableCounts]>,
     checkpoints: Vec<prometheus::IntCounter>,
 }
 
 impl ServiceObserver {
-    /// `tables`: a job of several tables' store tables by log table index (empty for one table).
-    pub fn new(job: &str, worker: &str, board: StatusBoard, tables: &[(u16, String)]) -> Self {
+    /// `counts`: a job of several tables' per-table counts, shared with its runtime (empty for one
+    /// table).
+    pub fn new(job: &str, worker: &str, board: StatusBoard, counts: Arc<[TableCounts]>) -> Self {
         let m = metrics();
         // Every series an alert reads exists from the start, at 0: `increase()` over a counter that
         // appears only when it first fires sees no data (docs/OPERATIONS.md "Metrics reference").
@@ -62,21 +67,26 @@ impl ServiceObserver {
                 .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
                 .collect(),
             snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
-            tables: tables
+            tables: counts
                 .iter()
-                .map(|(index, name)| {
+                .map(|t| {
                     (
-                        *index,
-                        m.table_changes.with_label_values(&[job, name]),
-                        m.table_snapshot_rows.with_label_values(&[job, name]),
+                        m.table_changes.with_label_values(&[job, &t.name]),
+                        m.table_snapshot_rows.with_label_values(&[job, &t.name]),
                     )
                 })
                 .collect(),
+            counts,
             checkpoints: CheckpointCause::ALL
                 .iter()
                 .map(|c| m.checkpoints.with_label_values(&[job, c.as_str()]))
                 .collect(),
         }
+    }
+
+    /// The position of log table `index` among the job's tables (none for a job of one table).
+    fn table(&self, index: u16) -> Option<usize> {
+        self.counts.iter().position(|t| t.index == index)
     }
 
     fn label(&self) -> [&str; 2] {
@@ -90,14 +100,16 @@ impl Observer for ServiceObserver {
         match event {
             WorkerEvent::Change { op, table } => {
                 self.changes[op as usize].inc();
-                if let Some((_, changes, _)) = self.tables.iter().find(|(t, ..)| *t == table) {
-                    changes.inc();
+                if let Some(i) = self.table(table) {
+                    self.tables[i].0.inc();
+                    self.counts[i].changes.fetch_add(1, Ordering::Relaxed);
                 }
             }
             WorkerEvent::SnapshotRow { table } => {
                 self.snapshot_rows.inc();
-                if let Some((.., rows)) = self.tables.iter().find(|(t, ..)| *t == table) {
-                    rows.inc();
+                if let Some(i) = self.table(table) {
+                    self.tables[i].1.inc();
+                    self.counts[i].snapshot_rows.fetch_add(1, Ordering::Relaxed);
                 }
             }
             WorkerEvent::DecodeError => m.decode_errors.with_label_values(&[&self.job]).inc(),

@@ -112,6 +112,22 @@ pub struct JobRuntime {
     /// vnodes whose snapshot of each is done, as last read (in the tables' order).
     tables: Option<(crate::core::JobTables, Vec<crate::store::StoreTable>)>,
     table_vnodes_done: Mutex<Vec<u32>>,
+    /// A job of several tables: what its workers applied to each table, in the tables' order
+    /// (empty for one table).
+    table_counts: Arc<[TableCounts]>,
+}
+
+/// One table of a job of several tables: the snapshot rows and log-store changes this process's
+/// workers applied to it, counted by each worker's observer (`service::observe`) beside its
+/// Prometheus series, and read by `/status`.
+#[derive(Debug)]
+pub struct TableCounts {
+    /// The table's index in the log.
+    pub index: u16,
+    /// The store table.
+    pub name: String,
+    pub snapshot_rows: std::sync::atomic::AtomicU64,
+    pub changes: std::sync::atomic::AtomicU64,
 }
 
 /// One table of a job of several tables, for `/status`.
@@ -153,6 +169,7 @@ impl JobRuntime {
             held_back: Mutex::new(None),
             tables: None,
             table_vnodes_done: Mutex::new(Vec::new()),
+            table_counts: Arc::new([]),
         }
     }
 
@@ -165,33 +182,42 @@ impl JobRuntime {
     ) -> Self {
         if tables.several() {
             self.tables = Some((tables, store_tables.to_vec()));
+            self.table_counts = store_tables
+                .iter()
+                .map(|t| TableCounts {
+                    index: t.index,
+                    name: t.name.clone(),
+                    snapshot_rows: Default::default(),
+                    changes: Default::default(),
+                })
+                .collect();
         }
         self
+    }
+
+    /// What the job's workers count per table (empty for a job of one table).
+    pub fn table_counts(&self) -> Arc<[TableCounts]> {
+        Arc::clone(&self.table_counts)
     }
 
     /// A job of several tables: each table's figures, as last read (`None` for one table).
     pub fn tables_status(&self) -> Option<Vec<TableStatus>> {
         let (_, tables) = self.tables.as_ref()?;
         let done = self.table_vnodes_done.lock().unwrap().clone();
-        let m = crate::service::metrics::metrics();
+        let read = std::sync::atomic::Ordering::Relaxed;
         Some(
             tables
                 .iter()
+                .zip(self.table_counts.iter())
                 .enumerate()
-                .map(|(i, t)| TableStatus {
+                .map(|(i, (t, counts))| TableStatus {
                     table: t.name.clone(),
                     source: t.source.clone(),
                     log_table: t.index,
                     snapshot_vnodes_done: done.get(i).copied().unwrap_or(0),
                     vnodes: self.map.vnode_count(),
-                    snapshot_rows: m
-                        .table_snapshot_rows
-                        .with_label_values(&[&self.name, &t.name])
-                        .get(),
-                    log_store_changes: m
-                        .table_changes
-                        .with_label_values(&[&self.name, &t.name])
-                        .get(),
+                    snapshot_rows: counts.snapshot_rows.load(read),
+                    log_store_changes: counts.changes.load(read),
                 })
                 .collect(),
         )
@@ -521,6 +547,38 @@ mod tests {
             .map(|t| (t.table.as_str(), t.snapshot_vnodes_done, t.vnodes))
             .collect();
         assert_eq!(done, [("accounts", 2, 4), ("tellers", 1, 4)]);
+        // Rows and changes per table are what the job's workers counted, kept by the runtime
+        // (not read back from Prometheus): log table 1 is `tellers`, log table 0 `accounts`.
+        {
+            use crate::ports::{Observer, WorkerEvent};
+            let mut observer = crate::service::observe::ServiceObserver::new(
+                "several-j",
+                "w",
+                Default::default(),
+                runtime.table_counts(),
+            );
+            for event in [
+                WorkerEvent::SnapshotRow { table: 1 },
+                WorkerEvent::SnapshotRow { table: 1 },
+                WorkerEvent::SnapshotRow { table: 0 },
+                WorkerEvent::Change {
+                    op: crate::core::Op::Delete,
+                    table: 1,
+                },
+            ] {
+                observer.observe(event);
+            }
+        }
+        let counted: Vec<(String, u64, u64)> = runtime
+            .tables_status()
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.table, t.snapshot_rows, t.log_store_changes))
+            .collect();
+        assert_eq!(
+            counted,
+            [("accounts".into(), 1, 0), ("tellers".into(), 2, 1)]
+        );
         let gauge = crate::service::metrics::metrics()
             .table_snapshot_vnodes_done
             .with_label_values(&["several-j", "accounts"])

@@ -45,8 +45,8 @@ pub struct WorkerSetup {
     pub adaptive: crate::core::AdaptiveConfig,
     /// `on_bad_record = "dead-letter"`: the dead-letter topic (the cap is the policy's).
     pub dead_letter_topic: Option<String>,
-    /// A job of several tables: each store table's name by its log table index (empty for one).
-    pub table_names: Vec<(u16, String)>,
+    /// A job of several tables: each table's counts, which `/status` reads (empty for one).
+    pub tables: std::sync::Arc<[crate::service::runtime::TableCounts]>,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -115,7 +115,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
             &setup.job,
             &setup.worker,
             setup.board.clone(),
-            &setup.table_names,
+            setup.tables.clone(),
         )),
     )
     .map_err(|f| anyhow!("{f}"))?;
