@@ -39,7 +39,8 @@ use kafka_backfill::core::{
 };
 use kafka_backfill::ports::{SnapshotSource, StateStore};
 use kafka_backfill::service::job::{self, RunOptions};
-use kafka_backfill::service::metrics::metrics;
+use kafka_backfill::service::metrics::Metrics;
+use kafka_backfill::service::runtime::Runtimes;
 use kafka_backfill::service::status::StatusBoard;
 use kafka_backfill::snapshot::files::SnapshotFiles;
 use kafka_backfill::store::sqlite::SqliteStore;
@@ -428,8 +429,7 @@ fn postgres(url: &str, table: &str) -> StoreConfig {
 }
 
 /// The phase a worker is in, as its `kafka_backfill_phase` gauge says (set at the moment it changes).
-fn gauge_phase(job: &str, worker: &str) -> Option<Phase> {
-    let m = metrics();
+fn gauge_phase(m: &Metrics, job: &str, worker: &str) -> Option<Phase> {
     Phase::ALL
         .into_iter()
         .find(|p| m.phase.with_label_values(&[job, worker, p.as_str()]).get() == 1)
@@ -461,6 +461,8 @@ fn timed_run_cpu(config: &Config) -> Timed {
     let poller = cpu::current_tid();
     let board = job::new_board();
     let stop = CancellationToken::new();
+    let runtimes = Runtimes::default();
+    let m = runtimes.metrics().clone();
     let (c, b, s) = (config.clone(), board.clone(), stop.clone());
     let h = std::thread::spawn(move || {
         job::run(
@@ -472,22 +474,17 @@ fn timed_run_cpu(config: &Config) -> Timed {
             },
             s,
             b,
-            Default::default(),
+            runtimes,
         )
     });
     let (mut t_snap, mut t_log, mut t_stream) = (None, None, None);
     let (mut c_snap, mut c_log, mut c_stream) = (None, None, None);
     let job = config.jobs[0].name.clone();
-    let committed = |cause: &str| {
-        metrics()
-            .checkpoints
-            .with_label_values(&[&job, cause])
-            .get()
-            > 0
-    };
+    let committed = |cause: &str| m.checkpoints.with_label_values(&[&job, cause]).get() > 0;
     while !h.is_finished() {
         let now = Instant::now();
-        if t_snap.is_none() && gauge_phase(&job, "bench-0").is_some_and(|p| p != Phase::Unassigned)
+        if t_snap.is_none()
+            && gauge_phase(&m, &job, "bench-0").is_some_and(|p| p != Phase::Unassigned)
         {
             t_snap = Some(now);
             c_snap = Some(cpu::read());
@@ -911,7 +908,9 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     config.jobs[0].max_rows_per_second = 40_000;
     let (board_a, board_b) = (job::new_board(), job::new_board());
     let stop = CancellationToken::new();
-    let spawn = |prefix: &str, board: StatusBoard| {
+    // Each of the two "processes" has its own metrics, as two processes would.
+    let (runtimes_a, runtimes_b) = (Runtimes::default(), Runtimes::default());
+    let spawn = |prefix: &str, board: StatusBoard, runtimes: Runtimes| {
         let (c, s, p) = (config.clone(), stop.clone(), prefix.to_string());
         std::thread::spawn(move || {
             job::run(
@@ -923,25 +922,30 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
                 },
                 s,
                 board,
-                Default::default(),
+                runtimes,
             )
         })
     };
-    let a = spawn("a", board_a.clone());
+    let a = spawn("a", board_a.clone(), runtimes_a.clone());
     let deadline = Instant::now() + Duration::from_secs(120);
     while phase_of(&board_a).map(|p| p.0) != Some(Phase::LogStore) {
         assert!(Instant::now() < deadline, "never reached the log store");
         std::thread::sleep(Duration::from_millis(5));
     }
     let errors = || {
-        metrics()
-            .invariant_errors
-            .with_label_values(&[&job_name])
-            .get()
+        [&runtimes_a, &runtimes_b]
+            .iter()
+            .map(|r| {
+                r.metrics()
+                    .invariant_errors
+                    .with_label_values(&[&job_name])
+                    .get()
+            })
+            .sum::<u64>()
     };
     let before = errors();
     let t_join = Instant::now();
-    let b = spawn("b", board_b.clone());
+    let b = spawn("b", board_b.clone(), runtimes_b.clone());
     while errors() == before {
         assert!(
             Instant::now() < deadline,

@@ -22,7 +22,6 @@ use tokio::sync::Semaphore;
 
 use crate::shutdown::CancellationToken;
 
-use crate::service::metrics::metrics;
 use crate::service::runtime::{JobRuntime, RateLimitChange, Runtimes};
 use crate::service::status::{live, ready, status_json, StatusBoard};
 
@@ -52,6 +51,7 @@ impl Limits {
 pub const STATUS_PAGE: &str = include_str!("status_page.html");
 
 pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
+    let metrics = jobs.metrics().clone();
     Router::new()
         .route(
             "/",
@@ -64,10 +64,10 @@ pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
         )
         .route(
             "/metrics",
-            route_get(|| async {
+            route_get(move || async move {
                 (
                     [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    metrics().render(),
+                    metrics.render(),
                 )
             }),
         )
@@ -214,6 +214,7 @@ pub fn admin_router(jobs: Runtimes, token: Option<crate::config::Secret>) -> Rou
     };
     let pause_route: MethodRouter<Runtimes> = route_get(pause(None)).post(pause(Some(true)));
     let resume_route: MethodRouter<Runtimes> = axum::routing::post(pause(Some(false)));
+    let unauthorized = jobs.metrics().http_unauthorized.clone();
     Router::new()
         .route("/admin/jobs/{name}/rate-limit", route)
         .route("/admin/jobs/{name}/pause", pause_route)
@@ -223,6 +224,7 @@ pub fn admin_router(jobs: Runtimes, token: Option<crate::config::Secret>) -> Rou
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let token = token.clone();
+                let unauthorized = unauthorized.clone();
                 async move {
                     if let Some(t) = &token {
                         let given = req
@@ -232,7 +234,7 @@ pub fn admin_router(jobs: Runtimes, token: Option<crate::config::Secret>) -> Rou
                             .and_then(|v| v.strip_prefix("Bearer "));
                         if !given.is_some_and(|g| same_secret(g.as_bytes(), t.expose().as_bytes()))
                         {
-                            metrics().http_unauthorized.inc();
+                            unauthorized.inc();
                             return axum::response::IntoResponse::into_response((
                                 StatusCode::UNAUTHORIZED,
                                 [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -258,11 +260,13 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 /// arrive, so the accept loop never stalls and descriptors stay bounded), the whole request head
 /// within `header_timeout` (a client trickling bytes is cut off), each connection done within
 /// `connection_timeout` (a client that never reads the response too), one request per connection,
-/// request heads of at most 16 KiB, bodies never read.
+/// request heads of at most 16 KiB, bodies never read. `rejected` counts the connections closed
+/// over the cap.
 pub fn spawn(
     listen: &str,
     router: Router,
     limits: Limits,
+    rejected: prometheus::IntCounter,
     shutdown: CancellationToken,
 ) -> Result<SocketAddr> {
     let std_listener =
@@ -283,7 +287,7 @@ pub fn spawn(
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(serve(std_listener, router, limits, shutdown));
+            rt.block_on(serve(std_listener, router, limits, rejected, shutdown));
         })?;
     Ok(addr)
 }
@@ -292,6 +296,7 @@ async fn serve(
     std_listener: std::net::TcpListener,
     app: Router,
     limits: Limits,
+    rejected: prometheus::IntCounter,
     shutdown: CancellationToken,
 ) {
     let listener = TcpListener::from_std(std_listener).expect("listener");
@@ -312,7 +317,7 @@ async fn serve(
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            crate::service::metrics::metrics().http_rejected.inc();
+            rejected.inc();
             drop(sock); // over the cap: closed at once
             continue;
         };

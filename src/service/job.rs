@@ -989,6 +989,7 @@ pub fn run(
                 prepared.open_store.clone(),
                 crate::core::RateLimits::both(job.max_rows_per_second),
                 job.consistency == crate::config::Consistency::Epoch,
+                runtimes.metrics().clone(),
             )
             .with_tables(prepared.tables.clone(), &prepared.store_tables),
         );
@@ -1031,6 +1032,7 @@ pub fn run(
                 adaptive: job.rate_limit.core(),
                 dead_letter_topic: job.dead_letters().map(|(topic, _)| topic),
                 tables: table_counts.clone(),
+                metrics: runtimes.metrics().clone(),
             };
             let name = format!("{}/{}", job.name, setup.worker);
             let h = std::thread::Builder::new()

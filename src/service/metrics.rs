@@ -3,7 +3,7 @@
 //! `phase`, `op`, `cause`, `outcome` and `reason` from closed enums, `partition` from the topic's
 //! fixed partition count).
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use prometheus::{
     exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
@@ -82,8 +82,16 @@ fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Histogram
     h
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
 impl Metrics {
-    fn new() -> Self {
+    /// Every family registered in a registry of its own (one per process: `service::process`
+    /// makes it and hands it to the runner, the captures and the HTTP endpoints).
+    pub fn new() -> Self {
         let r = Registry::new();
         let epoch_lag = GaugeVec::new(
             Opts::new(
@@ -228,60 +236,11 @@ fn build_info(r: &Registry) {
         .set(1);
 }
 
-/// The process's metrics.
-pub fn metrics() -> &'static Metrics {
-    static M: OnceLock<Metrics> = OnceLock::new();
-    M.get_or_init(Metrics::new)
-}
-
-/// A capture checkpoint committed, with the source transactions and changes since the last one.
-pub fn capture_committed(
-    job: &str,
-    state: &crate::core::capture::CaptureState,
-    stats: &crate::capture::SessionStats,
-    transactions: u64,
-    changes: u64,
-) {
-    let m = metrics();
-    m.capture_lsn
-        .with_label_values(&[job])
-        .set(state.lsn as i64);
-    let source = stats.source_lsn.max(state.lsn);
-    m.capture_source_lsn
-        .with_label_values(&[job])
-        .set(source as i64);
-    m.capture_lag_bytes
-        .with_label_values(&[job])
-        .set((source - state.lsn) as i64);
-    if stats.last_source_commit_ms > 0 {
-        m.capture_last_source_commit
-            .with_label_values(&[job])
-            .set(stats.last_source_commit_ms as f64 / 1000.0);
-    }
-    m.capture_checkpoints.with_label_values(&[job]).inc();
-    m.capture_transactions
-        .with_label_values(&[job])
-        .inc_by(transactions);
-    m.capture_changes.with_label_values(&[job]).inc_by(changes);
-}
-
-/// A capture session failed transiently and resumes.
-pub fn capture_restart(job: &str) {
-    metrics().capture_restarts.with_label_values(&[job]).inc();
-}
-
-/// One Kafka transaction commit of the capture took `d`.
-pub fn capture_commit_took(job: &str, d: std::time::Duration) {
-    metrics()
-        .capture_commit_seconds
-        .with_label_values(&[job])
-        .observe(d.as_secs_f64());
-}
-
-/// The captures' meter: each happening a capture tells becomes its metrics.
-pub struct CaptureMetrics;
+/// The captures' meter: each happening a capture tells becomes its metrics in this registry.
+pub struct CaptureMetrics(pub Arc<Metrics>);
 
 impl crate::capture::report::CaptureMeter for CaptureMetrics {
+    /// A capture checkpoint committed, with the source transactions and changes since the last one.
     fn committed(
         &self,
         job: &str,
@@ -290,16 +249,41 @@ impl crate::capture::report::CaptureMeter for CaptureMetrics {
         transactions: u64,
         changes: u64,
     ) {
-        capture_committed(job, state, stats, transactions, changes);
+        let m = &self.0;
+        m.capture_lsn
+            .with_label_values(&[job])
+            .set(state.lsn as i64);
+        let source = stats.source_lsn.max(state.lsn);
+        m.capture_source_lsn
+            .with_label_values(&[job])
+            .set(source as i64);
+        m.capture_lag_bytes
+            .with_label_values(&[job])
+            .set((source - state.lsn) as i64);
+        if stats.last_source_commit_ms > 0 {
+            m.capture_last_source_commit
+                .with_label_values(&[job])
+                .set(stats.last_source_commit_ms as f64 / 1000.0);
+        }
+        m.capture_checkpoints.with_label_values(&[job]).inc();
+        m.capture_transactions
+            .with_label_values(&[job])
+            .inc_by(transactions);
+        m.capture_changes.with_label_values(&[job]).inc_by(changes);
     }
+    /// A capture session failed transiently and resumes.
     fn restarted(&self, job: &str) {
-        capture_restart(job);
+        self.0.capture_restarts.with_label_values(&[job]).inc();
     }
+    /// One Kafka transaction commit of the capture took `d`.
     fn commit_took(&self, job: &str, d: std::time::Duration) {
-        capture_commit_took(job, d);
+        self.0
+            .capture_commit_seconds
+            .with_label_values(&[job])
+            .observe(d.as_secs_f64());
     }
     fn started(&self, job: &str) {
-        let m = metrics();
+        let m = &self.0;
         for c in [
             &m.capture_checkpoints,
             &m.capture_transactions,
@@ -323,7 +307,7 @@ impl crate::capture::report::CaptureMeter for CaptureMetrics {
         outcome: crate::capture::report::SnapshotOutcome,
         took: Option<std::time::Duration>,
     ) {
-        let m = metrics();
+        let m = &self.0;
         m.capture_snapshots
             .with_label_values(&[job, outcome.label()])
             .inc();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::core::{CheckpointCause, Op, Phase};
 use crate::ports::{BitmapOutcome, Observer, WorkerEvent};
-use crate::service::metrics::metrics;
+use crate::service::metrics::Metrics;
 use crate::service::runtime::TableCounts;
 use crate::service::status::{Reported, StatusBoard};
 
@@ -18,6 +18,7 @@ const RECREATION_REASON: &str = "vnode_bitmap_update_in_log_store";
 
 /// One worker's observer: its series resolved once (the per-record ones are hot), and the board.
 pub struct ServiceObserver {
+    metrics: Arc<Metrics>,
     job: String,
     worker: String,
     board: StatusBoard,
@@ -33,8 +34,14 @@ pub struct ServiceObserver {
 impl ServiceObserver {
     /// `counts`: a job of several tables' per-table counts, shared with its runtime (empty for one
     /// table).
-    pub fn new(job: &str, worker: &str, board: StatusBoard, counts: Arc<[TableCounts]>) -> Self {
-        let m = metrics();
+    pub fn new(
+        metrics: Arc<Metrics>,
+        job: &str,
+        worker: &str,
+        board: StatusBoard,
+        counts: Arc<[TableCounts]>,
+    ) -> Self {
+        let m = &*metrics;
         // Every series an alert reads exists from the start, at 0: `increase()` over a counter that
         // appears only when it first fires sees no data (docs/OPERATIONS.md "Metrics reference").
         for c in [
@@ -58,6 +65,7 @@ impl ServiceObserver {
         m.commit_seconds.with_label_values(&[job]);
         m.alignment_seconds.with_label_values(&[job]);
         ServiceObserver {
+            metrics: metrics.clone(),
             job: job.to_string(),
             worker: worker.to_string(),
             board,
@@ -96,7 +104,7 @@ impl ServiceObserver {
 
 impl Observer for ServiceObserver {
     fn observe(&mut self, event: WorkerEvent) {
-        let m = metrics();
+        let m = &*self.metrics;
         match event {
             WorkerEvent::Change { op, table } => {
                 self.changes[op as usize].inc();

@@ -133,6 +133,7 @@ pub fn run(config: &Config, flags: RunFlags, shutdown: CancellationToken) -> Res
             &config.http.listen,
             http::status_router(board.clone(), runtimes.clone()),
             http::Limits::of(&config.http),
+            runtimes.metrics().http_rejected.clone(),
             shutdown.clone(),
         )?;
         tracing::info!(%addr, "serving /metrics /livez /readyz /status");
@@ -142,6 +143,7 @@ pub fn run(config: &Config, flags: RunFlags, shutdown: CancellationToken) -> Res
             &config.http.admin_listen,
             http::admin_router(runtimes.clone(), config.http.admin_token.clone()),
             http::Limits::of(&config.http),
+            runtimes.metrics().http_rejected.clone(),
             shutdown.clone(),
         )
         .context("http.admin_listen")?;
@@ -153,7 +155,7 @@ pub fn run(config: &Config, flags: RunFlags, shutdown: CancellationToken) -> Res
             &config.jobs,
             shutdown.clone(),
             runtimes.captures().clone(),
-            Arc::new(metrics::CaptureMetrics),
+            Arc::new(metrics::CaptureMetrics(runtimes.metrics().clone())),
         )?)
     } else {
         None
@@ -180,6 +182,7 @@ pub fn capture(config: &Config, job: &JobConfig, shutdown: CancellationToken) ->
             &config.http.listen,
             http::status_router(job::new_board(), runtimes.clone()),
             http::Limits::of(&config.http),
+            runtimes.metrics().http_rejected.clone(),
             shutdown.clone(),
         )?;
         tracing::info!(%addr, "serving /metrics /livez /readyz /status");
@@ -188,7 +191,7 @@ pub fn capture(config: &Config, job: &JobConfig, shutdown: CancellationToken) ->
         job,
         shutdown,
         runtimes.captures().clone(),
-        Arc::new(metrics::CaptureMetrics),
+        Arc::new(metrics::CaptureMetrics(runtimes.metrics().clone())),
     )?;
     Ok(ExitCode::SUCCESS)
 }

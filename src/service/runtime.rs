@@ -115,6 +115,8 @@ pub struct JobRuntime {
     /// A job of several tables: what its workers applied to each table, in the tables' order
     /// (empty for one table).
     table_counts: Arc<[TableCounts]>,
+    /// The process's metrics.
+    metrics: Arc<crate::service::metrics::Metrics>,
 }
 
 /// One table of a job of several tables: the snapshot rows and log-store changes this process's
@@ -155,6 +157,7 @@ impl JobRuntime {
         open: StoreFactory,
         configured_limits: RateLimits,
         publication: bool,
+        metrics: Arc<crate::service::metrics::Metrics>,
     ) -> Self {
         JobRuntime {
             name: name.to_string(),
@@ -170,6 +173,7 @@ impl JobRuntime {
             tables: None,
             table_vnodes_done: Mutex::new(Vec::new()),
             table_counts: Arc::new([]),
+            metrics,
         }
     }
 
@@ -245,7 +249,7 @@ impl JobRuntime {
             .with_context(|| format!("job {name}: reading progress"))?;
         if publication {
             let held = crate::core::publication::held_back(partitions.values());
-            crate::service::metrics::metrics()
+            self.metrics
                 .publication_lag_seconds
                 .with_label_values(&[name])
                 .set(held.map_or(0.0, |h| h.seconds()));
@@ -257,7 +261,7 @@ impl JobRuntime {
                 .into_iter()
                 .map(|(_, n)| n)
                 .collect();
-            let m = crate::service::metrics::metrics();
+            let m = &self.metrics;
             for (t, n) in stores.iter().zip(&done) {
                 m.table_snapshot_vnodes_done
                     .with_label_values(&[name, &t.name])
@@ -377,6 +381,8 @@ pub struct Runtimes(
     crate::service::status::CaptureBoard,
     /// Jobs not started yet because what they need does not exist yet: job → what it waits for.
     Arc<Mutex<BTreeMap<String, String>>>,
+    /// The process's metrics (its own registry), which `/metrics` renders.
+    Arc<crate::service::metrics::Metrics>,
 );
 
 impl Runtimes {
@@ -393,6 +399,12 @@ impl Runtimes {
     /// What each waiting job waits for.
     pub fn waiting(&self) -> BTreeMap<String, String> {
         self.2.lock().unwrap().clone()
+    }
+
+    /// The process's metrics: the registry `/metrics` renders, which every job, capture and
+    /// endpoint of the process counts into.
+    pub fn metrics(&self) -> &Arc<crate::service::metrics::Metrics> {
+        &self.3
     }
 
     /// The captures' reports (`/status` `captures`).
@@ -531,6 +543,7 @@ mod tests {
                 },
             )
             .unwrap();
+        let metrics = Arc::new(crate::service::metrics::Metrics::new());
         let runtime = JobRuntime::new(
             "several-j",
             map,
@@ -538,6 +551,7 @@ mod tests {
             open,
             RateLimits::both(0),
             true,
+            metrics.clone(),
         )
         .with_tables(crate::core::JobTables::Several(vec![0, 1]), &stores);
         runtime.read_progress().unwrap();
@@ -552,6 +566,7 @@ mod tests {
         {
             use crate::ports::{Observer, WorkerEvent};
             let mut observer = crate::service::observe::ServiceObserver::new(
+                metrics.clone(),
                 "several-j",
                 "w",
                 Default::default(),
@@ -579,7 +594,7 @@ mod tests {
             counted,
             [("accounts".into(), 1, 0), ("tellers".into(), 2, 1)]
         );
-        let gauge = crate::service::metrics::metrics()
+        let gauge = metrics
             .table_snapshot_vnodes_done
             .with_label_values(&["several-j", "accounts"])
             .get();
@@ -688,6 +703,7 @@ mod tests {
                 )
                 .unwrap();
         }
+        let metrics = Arc::new(crate::service::metrics::Metrics::new());
         let runtime = JobRuntime::new(
             "j",
             map,
@@ -697,6 +713,7 @@ mod tests {
             open,
             RateLimits::both(0),
             true,
+            metrics.clone(),
         );
         runtime.read_progress().unwrap();
         let (h, owner) = runtime.held_back().unwrap();
@@ -706,7 +723,7 @@ mod tests {
         );
         assert_eq!(owner.as_deref(), Some("b-0"));
         assert_eq!(h.seconds(), 2.5);
-        let lag = crate::service::metrics::metrics()
+        let lag = metrics
             .publication_lag_seconds
             .with_label_values(&["j"])
             .get();

@@ -47,6 +47,8 @@ pub struct WorkerSetup {
     pub dead_letter_topic: Option<String>,
     /// A job of several tables: each table's counts, which `/status` reads (empty for one).
     pub tables: std::sync::Arc<[crate::service::runtime::TableCounts]>,
+    /// The process's metrics, which the worker's observer counts into.
+    pub metrics: std::sync::Arc<crate::service::metrics::Metrics>,
 }
 
 /// Wall-clock time; throttling sleeps the thread.
@@ -112,6 +114,7 @@ pub fn run_worker(setup: WorkerSetup) -> Result<()> {
         setup.snapshot.clone(),
         setup.supervisor.clone(),
         Box::new(ServiceObserver::new(
+            setup.metrics.clone(),
             &setup.job,
             &setup.worker,
             setup.board.clone(),

@@ -8,24 +8,31 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use kafka_backfill::service::http::{spawn, Limits};
+use kafka_backfill::service::runtime::Runtimes;
 
-fn server(max_connections: usize, header_timeout: Duration) -> (SocketAddr, CancellationToken) {
+/// A status listener with these limits: its address, its stop, its process's metrics.
+fn server(
+    max_connections: usize,
+    header_timeout: Duration,
+) -> (SocketAddr, CancellationToken, Runtimes) {
     let stop = CancellationToken::new();
+    let runtimes = Runtimes::default();
     let addr = spawn(
         "127.0.0.1:0",
         kafka_backfill::service::http::status_router(
             kafka_backfill::service::job::new_board(),
-            Default::default(),
+            runtimes.clone(),
         ),
         Limits {
             max_connections,
             header_timeout,
             connection_timeout: header_timeout + Duration::from_secs(5),
         },
+        runtimes.metrics().http_rejected.clone(),
         stop.clone(),
     )
     .unwrap();
-    (addr, stop)
+    (addr, stop, runtimes)
 }
 
 /// One request on a fresh connection: (status code, whole response).
@@ -52,7 +59,7 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 
 #[test]
 fn a_slow_drip_client_is_cut_off_within_the_header_timeout() {
-    let (addr, _stop) = server(64, Duration::from_secs(1));
+    let (addr, _stop, _) = server(64, Duration::from_secs(1));
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
@@ -93,7 +100,7 @@ fn a_slow_drip_client_is_cut_off_within_the_header_timeout() {
 
 #[test]
 fn two_thousand_idle_connections_do_not_stop_livez() {
-    let (addr, _stop) = server(4096, Duration::from_secs(5));
+    let (addr, _stop, _) = server(4096, Duration::from_secs(5));
     let idle: Vec<TcpStream> = (0..2000)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();
@@ -112,10 +119,8 @@ fn two_thousand_idle_connections_do_not_stop_livez() {
 
 #[test]
 fn connections_over_the_cap_are_closed_at_once() {
-    let (addr, _stop) = server(8, Duration::from_secs(5));
-    let before = kafka_backfill::service::metrics::metrics()
-        .http_rejected
-        .get();
+    let (addr, _stop, runtimes) = server(8, Duration::from_secs(5));
+    let before = runtimes.metrics().http_rejected.get();
     let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
     // Wait until the server has taken all eight (observed: the ninth is refused).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -133,12 +138,7 @@ fn connections_over_the_cap_are_closed_at_once() {
             "the ninth connection was never refused"
         );
     }
-    assert!(
-        kafka_backfill::service::metrics::metrics()
-            .http_rejected
-            .get()
-            > before
-    );
+    assert!(runtimes.metrics().http_rejected.get() > before);
     drop(held);
     // Once they are gone, requests are served again.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -150,7 +150,7 @@ fn connections_over_the_cap_are_closed_at_once() {
 
 #[test]
 fn only_get_and_head_are_served_and_shutdown_stops_accepting() {
-    let (addr, stop) = server(64, Duration::from_secs(5));
+    let (addr, stop, _) = server(64, Duration::from_secs(5));
     assert_eq!(get(addr, "/livez").0, 200);
     assert_eq!(get(addr, "/nope").0, 404);
     let (code, _) = request(

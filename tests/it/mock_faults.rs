@@ -13,7 +13,7 @@ use kafka_backfill::config::{
     SnapshotConfig, StoreConfig,
 };
 use kafka_backfill::service::job::{self, RunOptions};
-use kafka_backfill::service::metrics::metrics;
+use kafka_backfill::service::metrics::Metrics;
 use kafka_backfill::store::sqlite::SqliteStore;
 use kafka_backfill::workload::{self, Workload};
 use rdkafka::mocking::MockCluster;
@@ -124,9 +124,12 @@ fn verify(s: &Setup) -> kafka_backfill::verify::VerifyReport {
         .unwrap()
 }
 
-/// Runs the job in a thread until it has caught up, calling `during` once it is in the log store.
-fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
+/// Runs the job in a thread until it has caught up, calling `during` once it is in the log store
+/// (with the run's metrics).
+fn run_with(s: &Setup, during: impl FnOnce(&Setup, &Metrics)) {
     let board = job::new_board();
+    let runtimes = kafka_backfill::service::runtime::Runtimes::default();
+    let metrics = runtimes.metrics().clone();
     let stop = CancellationToken::new();
     let config = s.config.clone();
     let (b, st) = (board.clone(), stop.clone());
@@ -140,7 +143,7 @@ fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
             },
             st,
             b,
-            Default::default(),
+            runtimes,
         )
     });
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -161,7 +164,7 @@ fn run_with(s: &Setup, during: impl FnOnce(&Setup)) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    during(s);
+    during(s, &metrics);
     let deadline = Instant::now() + Duration::from_secs(90);
     while !h.is_finished() {
         if Instant::now() > deadline {
@@ -185,8 +188,8 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn broker_down_mid_log_store_then_up_loses_nothing() {
     let s = setup("down", 4_000);
-    let errors = || metrics().kafka_errors.with_label_values(&["down"]).get();
-    run_with(&s, |s| {
+    run_with(&s, |s, metrics| {
+        let errors = || metrics.kafka_errors.with_label_values(&["down"]).get();
         let before = errors();
         s.cluster.broker_down(1).unwrap();
         // The broker stays down until the worker's client has seen it gone.
@@ -204,7 +207,7 @@ fn broker_down_mid_log_store_then_up_loses_nothing() {
 #[test]
 fn failing_group_offset_commits_do_not_stop_the_job() {
     let s = setup("commitfail", 4_000);
-    run_with(&s, |s| {
+    run_with(&s, |s, _| {
         let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE; 100_000];
         s.cluster
             .request_errors(RDKafkaApiKey::OffsetCommit, &errors);
@@ -249,7 +252,7 @@ fn failing_group_offset_commits_do_not_stop_the_job() {
 #[test]
 fn a_lost_assignment_in_the_log_store_recreates_and_verifies() {
     let s = setup("lost", 3_000);
-    run_with(&s, |s| {
+    run_with(&s, |s, _| {
         // The coordinator forgets the member: its assignment is lost and it rejoins.
         s.cluster.request_errors(
             RDKafkaApiKey::Heartbeat,
