@@ -855,6 +855,17 @@ fn publication(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
         .unwrap();
     assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
     assert_eq!(a.rows(job).unwrap().len(), 2);
+    publication_across_a_recreation(&mut a, &mut b, job);
+}
+
+/// Publication, continued: a recreation keeps the replica readers see until the new generation
+/// reaches its epoch, and a stale generation publishes nothing.
+fn publication_across_a_recreation(
+    a: &mut Box<dyn StateStore>,
+    b: &mut Box<dyn StateStore>,
+    job: &str,
+) {
+    let info = info();
     // A recreation keeps the replica readers see until the new generation reaches its epoch: the
     // new one's snapshot rows and its publication at E1 do not show; at E3 it replaces the old.
     let old = a.rows(job).unwrap();
@@ -923,7 +934,7 @@ fn store_tables(tables: &[(&str, u16)]) -> Vec<kafka_backfill::store::StoreTable
 /// with nothing written; each table is owned by the job; the set of tables is fixed; a recreation
 /// keeps both tables' old rows visible until the new generation publishes, then replaces both.
 fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str; 3], job: &str) {
-    let [x, y, z] = names;
+    let [x, y, _] = names;
     let both = [(x, 0), (y, 1)];
     let (mut a, mut b) = (open(&both), open(&both));
     let info = info();
@@ -950,6 +961,22 @@ fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str;
         ]),
         "rows() reads every table, keyed by (table, key)"
     );
+    several_tables_refused(open, count, names, job, &mut a, la);
+    several_tables_across_a_recreation(count, [x, y], job, &mut a, &mut b);
+}
+
+/// Several tables, continued: a row of a table the job does not have, another job on one of its
+/// tables, and a changed set of tables are each refused, writing nothing.
+fn several_tables_refused(
+    open: OpenTables,
+    count: &dyn Fn(&str) -> usize,
+    names: [&str; 3],
+    job: &str,
+    a: &mut Box<dyn StateStore>,
+    la: u64,
+) {
+    let [x, y, z] = names;
+    let info = info();
     // A row of log table 5, which the job does not have: refused, nothing of the checkpoint written.
     let (_, _, stray) = upsert_in(5, 0, 2);
     let (_, _, ux2) = upsert_in(0, 0, 3);
@@ -984,6 +1011,18 @@ fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str;
         }
     }
     assert_eq!(count(z), 0, "the refused table got no rows");
+}
+
+/// Several tables, continued: a recreation keeps both tables' old rows visible until the new
+/// generation publishes.
+fn several_tables_across_a_recreation(
+    count: &dyn Fn(&str) -> usize,
+    [x, y]: [&str; 2],
+    job: &str,
+    a: &mut Box<dyn StateStore>,
+    b: &mut Box<dyn StateStore>,
+) {
+    let info = info();
     // A recreation: both tables' old rows stay visible until the new generation publishes.
     let old = a.rows(job).unwrap();
     assert_eq!(a.recreate(job, 0).unwrap().generation, 1);
