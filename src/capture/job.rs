@@ -330,14 +330,17 @@ fn run_telling(
                 tracing::info!(job = %job.name, "capture stopped at a checkpoint");
                 return Ok(());
             }
-            Err(CaptureFailure::Permanent(e)) => {
+            Err(e @ CaptureFailure::Permanent { .. }) => {
+                // One line, each cause said once (`describe`).
                 bail!(
-                    "capture of {} for job {} stopped: {e}",
+                    "capture of {} for job {} stopped: {}",
                     setup.names(),
-                    job.name
+                    job.name,
+                    e.describe()
                 )
             }
-            Err(CaptureFailure::Transient(e)) => {
+            Err(e @ CaptureFailure::Transient { .. }) => {
+                let e = e.describe();
                 if checkpoints.1 > checkpoints.0 {
                     failures = 0;
                     last_progress = std::time::Instant::now();
@@ -365,7 +368,7 @@ fn run_telling(
 }
 
 fn transient(what: &str) -> impl FnOnce(anyhow::Error) -> CaptureFailure + '_ {
-    move |e| CaptureFailure::Transient(format!("{what}: {e:#}"))
+    move |e| CaptureFailure::transient_from(what, e)
 }
 
 /// One session: fence every older capture and read what Kafka really committed (so a commit whose
@@ -384,7 +387,7 @@ fn session(
         .iter()
         .map(|t| LogCodec::new(t.table_schema.clone()))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CaptureFailure::Permanent(e.to_string()))?;
+        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
     let template = StateRecord {
         version: STATE_VERSION,
         job: job.name.clone(),
@@ -429,7 +432,7 @@ fn session(
     on_demand.session_started(committed.as_ref());
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
     let slot_state = pg::slot_state(&mut client, &s.slot)
-        .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+        .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
     log.snapshot_dir = Some(s.dir.clone());
     let in_kafka = job
         .capture
@@ -447,7 +450,7 @@ fn session(
             // A fresh capture: a slot left by an attempt that never committed is dropped.
             match slot_state {
                 Some((_, true)) => {
-                    return Err(CaptureFailure::Transient(format!(
+                    return Err(CaptureFailure::transient(format!(
                         "replication slot {} is in use by another connection (a capture of job {} that is being fenced?)",
                         s.slot, job.name
                     )))
@@ -456,14 +459,14 @@ fn session(
                     tracing::warn!(slot = %s.slot, "dropping the replication slot of a capture that never committed");
                     client
                         .execute("SELECT pg_drop_replication_slot($1)", &[&s.slot])
-                        .map_err(|e| CaptureFailure::Transient(format!("dropping slot {}: {e}", s.slot)))?;
+                        .map_err(|e| CaptureFailure::transient_from(format!("dropping slot {}", s.slot), e))?;
                 }
                 None => {}
             }
             let repl = connect(true, s.catalog_streams())?;
             progress.set(|r| r.state = "snapshot");
             let (es, consistent) = snapshot(s, &repl, &mut client)
-                .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+                .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
             let (sys, tli) = repl.identity();
             log.record.system_id = sys.to_string();
             log.record.timeline = tli;
@@ -481,7 +484,7 @@ fn session(
             (a, initial, repl)
         }
         Some(record) => {
-            let refuse = |m: String| Err(CaptureFailure::Permanent(m));
+            let refuse = |m: String| Err(CaptureFailure::permanent(m));
             let recorded: Vec<(&str, &[String])> =
                 std::iter::once((record.table.as_str(), record.columns.as_slice()))
                     .chain(
@@ -525,7 +528,7 @@ fn session(
                         tracing::info!(job = %job.name, %topic, bytes = moved.bytes, seconds = moved.seconds, "the first snapshot restored from Kafka (its folder was not on this disk)");
                     }
                     _ => finish_manifest(&s.dir, &record)
-                        .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?,
+                        .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?,
                 }
             }
             if let Some(p) = &progress.published {
@@ -546,7 +549,7 @@ fn session(
             } else {
                 let (encoder, table) = in_force(s, record.state.epoch)?;
                 log.use_table(table)
-                    .map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+                    .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
                 vec![s.tables[0].stream_table(encoder)]
             };
             let repl = connect(false, streams)?;
@@ -593,7 +596,7 @@ fn in_force(
     epoch: Epoch,
 ) -> Result<(super::types::RowEncoder, TableSchema), CaptureFailure> {
     let t = &s.tables[0];
-    let permanent = |e: String| CaptureFailure::Permanent(e);
+    let permanent = |e: String| CaptureFailure::permanent(e);
     let manifest = s.dir.join("manifest.json");
     let mut schema = match std::fs::read(&manifest) {
         Ok(text) => serde_json::from_slice::<serde_json::Value>(&text)

@@ -213,11 +213,11 @@ fn txn_failure(producer: &BaseProducer<Ctx>, what: &str, e: KafkaError) -> Captu
         || e.rdkafka_error_code() == Some(RDKafkaErrorCode::ProducerFenced)
         || producer.client().fatal_error().is_some();
     if fatal {
-        CaptureFailure::Permanent(format!(
+        CaptureFailure::permanent(format!(
             "{what}: {e} (a newer capture of this job fenced this one)"
         ))
     } else {
-        CaptureFailure::Transient(format!("{what}: {e}"))
+        CaptureFailure::transient_from(what, e)
     }
 }
 
@@ -279,7 +279,7 @@ impl KafkaLog {
                     .filter(|o| **o >= 0)
                     .map(|o| *o as u64 + 1)
                     .ok_or_else(|| {
-                        CaptureFailure::Transient(format!(
+                        CaptureFailure::transient(format!(
                             "no delivery report for {what} in partition {p}"
                         ))
                     })
@@ -329,7 +329,7 @@ impl LogPort for KafkaLog {
         from_epoch: Epoch,
         row_schema: &str,
     ) -> Result<(), CaptureFailure> {
-        let permanent = |e: String| CaptureFailure::Permanent(e);
+        let permanent = |e: String| CaptureFailure::permanent(e);
         let dir = self.snapshot_dir.clone().ok_or_else(|| {
             permanent("no snapshot folder to announce a schema version in".into())
         })?;
@@ -360,12 +360,11 @@ impl LogPort for KafkaLog {
                 &file,
             )
             .map_err(|e| {
-                CaptureFailure::Transient(format!("writing the schema version to Kafka: {e:#}"))
+                CaptureFailure::transient_from("writing the schema version to Kafka", e)
             })?;
         }
-        crate::snapshot::versions::write(&dir, &codec.fingerprint_hex(), &file).map_err(|e| {
-            CaptureFailure::Transient(format!("writing the schema version file: {e}"))
-        })?;
+        crate::snapshot::versions::write(&dir, &codec.fingerprint_hex(), &file)
+            .map_err(|e| CaptureFailure::transient_from("writing the schema version file", e))?;
         tracing::info!(table = %self.record.table, %from_epoch, fingerprint = %codec.fingerprint_hex(), "schema version announced");
         self.record.columns = table.columns.iter().map(|c| c.name.clone()).collect();
         self.codecs[0] = codec;
@@ -403,7 +402,7 @@ impl LogPort for KafkaLog {
         row: &[u8],
     ) -> Result<(), CaptureFailure> {
         let codec = self.codecs.get(table as usize).ok_or_else(|| {
-            CaptureFailure::Permanent(format!(
+            CaptureFailure::permanent(format!(
                 "a change of table {table}, which the capture does not have"
             ))
         })?;
@@ -462,13 +461,14 @@ impl LogPort for KafkaLog {
         self.open = false;
         if let Some(failed) = self.producer.context().failed.lock().unwrap().take() {
             // A committed transaction whose delivery failed would have aborted; guard anyway.
-            return Err(CaptureFailure::Permanent(format!(
-                "a record of a committed transaction failed: {failed}"
-            )));
+            return Err(CaptureFailure::permanent_from(
+                "a record of a committed transaction failed",
+                failed,
+            ));
         }
         if state.checkpoints == 0 {
             if let Some(hook) = self.on_initial_commit.take() {
-                hook(&self.record).map_err(|e| CaptureFailure::Permanent(format!("{e:#}")))?;
+                hook(&self.record).map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
             }
         }
         if let (Some(placed), Some(tx)) = (placed, &self.on_snapshot_placed) {

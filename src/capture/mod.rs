@@ -22,25 +22,93 @@ pub mod report;
 pub mod snapshots;
 pub mod types;
 
-/// Why a capture session ended.
+/// A cause kept beneath a [`CaptureFailure`].
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a capture session ended: what failed, and the error that made it fail (its `source`).
+/// `Display` is what failed; [`CaptureFailure::describe`] is the one line an operator reads, with
+/// every cause after it.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureFailure {
     /// The connection dropped, the source replayed, a Kafka transaction must be aborted: abort the
     /// open Kafka transaction and resume from the last committed state.
-    #[error("{0}")]
-    Transient(String),
+    #[error("{what}")]
+    Transient {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// Fenced by a newer capture, a refused table change, a lost slot: stop.
-    #[error("{0}")]
-    Permanent(String),
+    #[error("{what}")]
+    Permanent {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
+}
+
+impl CaptureFailure {
+    /// A transient failure with nothing beneath it.
+    pub fn transient(what: impl Into<String>) -> Self {
+        CaptureFailure::Transient {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    /// A permanent failure with nothing beneath it.
+    pub fn permanent(what: impl Into<String>) -> Self {
+        CaptureFailure::Permanent {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    /// `what` failed, transiently, because of `cause`.
+    pub fn transient_from(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        CaptureFailure::Transient {
+            what: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// `what` failed, for good, because of `cause`.
+    pub fn permanent_from(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        CaptureFailure::Permanent {
+            what: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        matches!(self, CaptureFailure::Transient { .. })
+    }
+
+    /// What failed and each cause beneath it, `: `-separated, on one line (a cause whose text
+    /// the line already ends with, as some clients' errors repeat their source, is said once).
+    pub fn describe(&self) -> String {
+        let mut line = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            let text = e.to_string();
+            if !line.ends_with(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            next = e.source();
+        }
+        line
+    }
 }
 
 impl From<CaptureError> for CaptureFailure {
     fn from(e: CaptureError) -> Self {
+        let what = e.to_string();
         match e {
             CaptureError::Replayed { .. } | CaptureError::NestedTransaction { .. } => {
-                CaptureFailure::Transient(e.to_string())
+                CaptureFailure::transient(what)
             }
-            _ => CaptureFailure::Permanent(e.to_string()),
+            _ => CaptureFailure::permanent(what),
         }
     }
 }
@@ -203,5 +271,37 @@ pub fn run_session(
         }
         a.on_event(event, &mut actions)?;
         carry_out(a, &mut actions, repl, log, &mut stats, observer)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error whose text repeats its source's, as some clients' errors do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("db error: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    /// A failure keeps its cause as its `source` (typed, reachable), and the operator's line says
+    /// what failed and every cause once.
+    #[test]
+    fn a_failure_keeps_its_cause_and_says_each_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let f = CaptureFailure::transient_from("reading the catalog", Repeats(io));
+        assert!(f.is_transient());
+        assert_eq!(f.to_string(), "reading the catalog");
+        let source = std::error::Error::source(&f).expect("the cause is kept");
+        assert!(source.downcast_ref::<Repeats>().is_some(), "{source:?}");
+        assert_eq!(
+            f.describe(),
+            "reading the catalog: db error: connection reset"
+        );
+        let p = CaptureFailure::permanent("a change of table t, which the capture does not have");
+        assert!(!p.is_transient());
+        assert_eq!(
+            p.describe(),
+            "a change of table t, which the capture does not have"
+        );
     }
 }

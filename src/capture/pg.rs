@@ -746,7 +746,7 @@ impl PgReplication {
             .map(|c| c.name.as_str())
             .collect();
         let refuse = |why: String| {
-            CaptureFailure::Permanent(format!(
+            CaptureFailure::permanent(format!(
                 "the columns of {} changed at LSN {} (now {names:?}, captured {ours:?}): {why} (nothing after the last checkpoint is committed)",
                 captured.name,
                 format_lsn(self.last_lsn)
@@ -763,7 +763,7 @@ impl PgReplication {
             ));
         }
         let mut client = connect(&self.source_url)
-            .map_err(|e| CaptureFailure::Transient(format!("reading the catalog: {e:#}")))?;
+            .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?;
         let info = table_info(&mut client, &captured.name).map_err(|e| refuse(format!("{e:#}")))?;
         let now: Vec<&str> = info
             .encoder
@@ -782,7 +782,7 @@ impl PgReplication {
                     "SELECT a.atthasdef FROM pg_attribute a WHERE a.attrelid = $1 AND a.attname = $2",
                     &[&info.oid, &c.name],
                 )
-                .map_err(|e| CaptureFailure::Transient(format!("reading the catalog: {e}")))?
+                .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?
                 .get(0);
             if has_default || !c.nullable {
                 return Err(refuse(format!(
@@ -838,7 +838,7 @@ impl PgReplication {
             .iter()
             .find(|t| t.name.schema == schema && t.name.table == table)
         {
-            Some(t) => Err(CaptureFailure::Permanent(format!(
+            Some(t) => Err(CaptureFailure::permanent(format!(
                 "{} at LSN {} is relation {oid}, captured as relation {}: the table was dropped and created again; capture it again into a new topic",
                 t.name,
                 format_lsn(self.last_lsn),
@@ -865,7 +865,7 @@ impl PgReplication {
             values.push(match v {
                 None | Some(ColumnValue::Null) => None,
                 Some(v) => Some(v.as_str().ok_or_else(|| {
-                    CaptureFailure::Permanent(format!(
+                    CaptureFailure::permanent(format!(
                         "{}: column {} is not text at {}",
                         captured.name,
                         c.name,
@@ -875,11 +875,10 @@ impl PgReplication {
             });
         }
         captured.encoder.encode(&values).map_err(|e| {
-            CaptureFailure::Permanent(format!(
-                "{} at LSN {}: {e:#}",
-                captured.name,
-                format_lsn(self.last_lsn)
-            ))
+            CaptureFailure::permanent_from(
+                format!("{} at LSN {}", captured.name, format_lsn(self.last_lsn)),
+                e,
+            )
         })
     }
 }
@@ -890,12 +889,15 @@ impl ReplicationPort for PgReplication {
             .rt
             .block_on(self.stream.slot_confirmed_flush_lsn())
             .map_err(|e| {
-                CaptureFailure::Transient(format!("reading the slot's confirmed position: {e}"))
+                CaptureFailure::transient_from("reading the slot's confirmed position", e)
             })?;
         self.rt
             .block_on(self.stream.start(Some(lsn)))
             .map_err(|e| {
-                CaptureFailure::Transient(format!("START_REPLICATION at {}: {e}", format_lsn(lsn)))
+                CaptureFailure::transient_from(
+                    format!("START_REPLICATION at {}", format_lsn(lsn)),
+                    e,
+                )
             })?;
         Ok(confirmed.map_or(0, |l| l.0))
     }
@@ -913,11 +915,7 @@ impl ReplicationPort for PgReplication {
                         now_ms: unix_ms(),
                     })
                 }
-                Ok(Err(e)) => {
-                    return Err(CaptureFailure::Transient(format!(
-                        "replication stream: {e}"
-                    )))
-                }
+                Ok(Err(e)) => return Err(CaptureFailure::transient_from("replication stream", e)),
                 Ok(Ok(event)) => event,
             };
             // A Relation message carries no position of its own: the transaction's is kept.
@@ -966,7 +964,7 @@ impl ReplicationPort for PgReplication {
                         continue;
                     };
                     let old = old_data.ok_or_else(|| {
-                        CaptureFailure::Permanent(format!("{}: an update at LSN {} came without its old row: the table's REPLICA IDENTITY is no longer FULL", self.tables[t].name, format_lsn(self.last_lsn)))
+                        CaptureFailure::permanent(format!("{}: an update at LSN {} came without its old row: the table's REPLICA IDENTITY is no longer FULL", self.tables[t].name, format_lsn(self.last_lsn)))
                     })?;
                     let (old_row, old_key) = self.row(t, &old, None)?;
                     let (new_row, new_key) = self.row(t, &new_data, Some(&old))?;
@@ -1005,7 +1003,7 @@ impl ReplicationPort for PgReplication {
                         .iter()
                         .find(|t| tables.iter().any(|n| **n == t.name.to_string()))
                     {
-                        return Err(CaptureFailure::Permanent(format!(
+                        return Err(CaptureFailure::permanent(format!(
                             "TRUNCATE of {} at LSN {}: a log store cannot carry it (nothing after the last checkpoint is committed); capture the table again into a new topic",
                             t.name,
                             format_lsn(self.last_lsn)
@@ -1042,7 +1040,7 @@ impl ReplicationPort for PgReplication {
         self.stream.shared_lsn_feedback.update_flushed_lsn(lsn);
         self.stream.shared_lsn_feedback.update_applied_lsn(lsn);
         self.rt.block_on(self.stream.send_feedback()).map_err(|e| {
-            CaptureFailure::Transient(format!("acknowledging {}: {e}", format_lsn(lsn)))
+            CaptureFailure::transient_from(format!("acknowledging {}", format_lsn(lsn)), e)
         })
     }
 }

@@ -262,9 +262,7 @@ impl ReplicationPort for SimRepl {
             let fp = w.fault_level * 3;
             if w.rng.below(1000) < fp {
                 w.drops += 1;
-                return Err(CaptureFailure::Transient(
-                    "replication connection dropped".into(),
-                ));
+                return Err(CaptureFailure::transient("replication connection dropped"));
             }
             if self.next_txn > 0 && w.rng.below(1000) < fp {
                 w.replays += 1;
@@ -312,8 +310,8 @@ impl ReplicationPort for SimRepl {
     fn ack(&mut self, lsn: Lsn) -> Result<(), CaptureFailure> {
         let mut w = self.w.borrow_mut();
         if w.crash_now(30) {
-            return Err(CaptureFailure::Permanent(
-                "crashed before the acknowledgement".into(),
+            return Err(CaptureFailure::permanent(
+                "crashed before the acknowledgement",
             ));
         }
         w.confirmed = w.confirmed.max(lsn);
@@ -334,7 +332,7 @@ struct SimLog {
 impl SimLog {
     fn fenced(&self) -> Result<(), CaptureFailure> {
         if self.w.borrow().producer_epoch != self.epoch {
-            return Err(CaptureFailure::Permanent("producer fenced".into()));
+            return Err(CaptureFailure::permanent("producer fenced"));
         }
         Ok(())
     }
@@ -342,11 +340,11 @@ impl SimLog {
     fn write(&mut self, p: PartitionId, rec: Rec) -> Result<(), CaptureFailure> {
         self.fenced()?;
         if self.w.borrow_mut().crash_now(1) {
-            return Err(CaptureFailure::Permanent("crashed mid-transaction".into()));
+            return Err(CaptureFailure::permanent("crashed mid-transaction"));
         }
         self.open
             .as_mut()
-            .ok_or_else(|| CaptureFailure::Permanent("write outside a transaction".into()))?
+            .ok_or_else(|| CaptureFailure::permanent("write outside a transaction"))?
             .push((p, rec));
         Ok(())
     }
@@ -355,7 +353,7 @@ impl SimLog {
 impl LogPort for SimLog {
     fn announce_schema(&mut self, from_epoch: Epoch, _: &str) -> Result<(), CaptureFailure> {
         // The model source never changes its table's columns.
-        Err(CaptureFailure::Permanent(format!(
+        Err(CaptureFailure::permanent(format!(
             "the simulated log has no schema versions (one announced from epoch {from_epoch})"
         )))
     }
@@ -405,9 +403,7 @@ impl LogPort for SimLog {
         self.fenced()?;
         let mut w = self.w.borrow_mut();
         if w.crash_now(20) {
-            return Err(CaptureFailure::Permanent(
-                "crashed before the Kafka commit".into(),
-            ));
+            return Err(CaptureFailure::permanent("crashed before the Kafka commit"));
         }
         let open = self.open.take().unwrap_or_default();
         for (p, rec) in open {
@@ -420,7 +416,7 @@ impl LogPort for SimLog {
                 .find(|r| r.0 == consistent)
                 .map(|r| r.1.clone())
                 .ok_or_else(|| {
-                    CaptureFailure::Permanent(format!("no snapshot was asked for at {consistent}"))
+                    CaptureFailure::permanent(format!("no snapshot was asked for at {consistent}"))
                 })?;
             let offsets = w.log.iter().map(Vec::len).collect();
             w.later.push(LaterSnapshot {
@@ -438,13 +434,13 @@ impl LogPort for SimLog {
         if w.fault_level > 0 && w.rng.below(1000) < 10 * w.fault_level {
             // The commit landed but its answer was lost: the next session must read the state
             // back rather than trust what it last knew.
-            return Err(CaptureFailure::Transient(
-                "the Kafka commit timed out (its outcome unknown)".into(),
+            return Err(CaptureFailure::transient(
+                "the Kafka commit timed out (its outcome unknown)",
             ));
         }
         if w.crash_now(20) {
-            return Err(CaptureFailure::Permanent(
-                "crashed after the Kafka commit, before the acknowledgement".into(),
+            return Err(CaptureFailure::permanent(
+                "crashed after the Kafka commit, before the acknowledgement",
             ));
         }
         Ok(())
@@ -600,12 +596,15 @@ pub fn run_capture_sim(seed: u64, txns: u64) -> Result<CaptureSimReport, String>
                 }
                 break;
             }
-            Err(CaptureFailure::Transient(_)) => {
-                log.abort().map_err(|e| e.to_string())?;
+            Err(CaptureFailure::Transient { .. }) => {
+                log.abort().map_err(|e| e.describe())?;
             }
-            Err(CaptureFailure::Permanent(e)) => {
+            Err(e @ CaptureFailure::Permanent { .. }) => {
                 if !w.borrow().crashed {
-                    return Err(format!("seed {seed}: the capture stopped: {e}"));
+                    return Err(format!(
+                        "seed {seed}: the capture stopped: {}",
+                        e.describe()
+                    ));
                 }
                 // A crash: sometimes the process was only frozen and lives on as a zombie.
                 if log.open.is_some() && w.borrow_mut().rng.chance(30) {
