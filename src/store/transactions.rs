@@ -38,8 +38,10 @@ pub trait TxJob: TxRead + TxPublish {
     fn job_tables(&mut self, job: &str) -> Result<Vec<(String, u16)>, StoreError>;
     /// Records `table` as `job`'s (idempotent).
     fn insert_job_table(&mut self, table: &str, job: &str, index: u16) -> Result<(), StoreError>;
-    /// Creates `job`'s row if absent (generation 1, phase snapshot), else leaves it.
-    fn insert_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<(), StoreError>;
+    /// Creates `job`'s row if absent (generation 1, phase snapshot), else leaves it; returns the
+    /// row as it stands, read without locking it (PostgreSQL: a start must not wait on the row
+    /// lock a running worker's commit holds while it holds `kb_jobs`' lock itself).
+    fn insert_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError>;
     /// The job's pending publication units.
     fn pending_unit_count(&mut self, job: &str) -> Result<i64, StoreError>;
     /// The next lease of the job (greater than every lease it gave).
@@ -96,8 +98,7 @@ pub fn ensure_job(
     for (name, index) in &configured {
         tx.insert_job_table(name, job, *index)?;
     }
-    tx.insert_job(job, info)?;
-    let row = protocol::job_row(tx, job)?;
+    let row = tx.insert_job(job, info)?;
     protocol::check_job_matches(&row, info)?;
     if !publication {
         // Leaving publication with work in flight would lose it: the pending checkpoints (and a

@@ -1286,6 +1286,40 @@ fn sqlite_table_ownership() {
     );
 }
 
+/// A worker starting while another's commit holds the job row (`FOR UPDATE`, as every commit's
+/// check takes it) is not held up by it: the start reads the row without locking it. Locking it
+/// there deadlocked against the commit, whose phase update needs the `kb_jobs` lock the start
+/// holds.
+#[test]
+fn postgres_a_start_does_not_wait_on_a_commit_holding_the_job_row() {
+    let url = support::pg_url();
+    let stamp = support::stamp();
+    let (t, job) = (format!("start_{stamp}"), format!("start-{stamp}"));
+    let info = info();
+    PostgresStore::open(&url, &t, table())
+        .unwrap()
+        .ensure_job(&job, &info)
+        .unwrap();
+    let mut commit = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut holding = commit.transaction().unwrap();
+    holding
+        .query("SELECT job FROM kb_jobs WHERE job = $1 FOR UPDATE", &[&job])
+        .unwrap();
+    let (done, started) = std::sync::mpsc::channel();
+    let (u, j, i) = (url.clone(), job.clone(), info.clone());
+    std::thread::spawn(move || {
+        let mut store = PostgresStore::open(&u, &t, table()).unwrap();
+        done.send(store.ensure_job(&j, &i).map(|r| r.generation))
+            .unwrap();
+    });
+    let started = started.recv_timeout(std::time::Duration::from_secs(20));
+    holding.rollback().unwrap();
+    assert_eq!(
+        started.expect("the start waited on the row lock a commit holds"),
+        Ok(0)
+    );
+}
+
 #[test]
 fn postgres_table_ownership() {
     let url = support::pg_url();

@@ -107,7 +107,7 @@ impl TxJob for InTx<'_, '_> {
         Ok(())
     }
 
-    fn insert_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<(), StoreError> {
+    fn insert_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         self.tx
             .execute(
                 sql::postgres::JOB_INSERT,
@@ -120,7 +120,7 @@ impl TxJob for InTx<'_, '_> {
                 ],
             )
             .map_err(classify)?;
-        Ok(())
+        job_row(self.tx, job, false)?.ok_or_else(|| StoreError::NoJob { job: job.into() })
     }
 
     fn pending_unit_count(&mut self, job: &str) -> Result<i64, StoreError> {

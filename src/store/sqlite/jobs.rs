@@ -100,7 +100,7 @@ impl TxJob for InTx<'_> {
         Ok(())
     }
 
-    fn insert_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<(), StoreError> {
+    fn insert_job(&mut self, job: &str, info: &SnapshotInfo) -> Result<JobRow, StoreError> {
         self.tx
             .execute(
                 sql::sqlite::JOB_INSERT,
@@ -113,7 +113,7 @@ impl TxJob for InTx<'_> {
                 ],
             )
             .map_err(classify)?;
-        Ok(())
+        SqliteStore::job_row(self.tx, job)?.ok_or_else(|| StoreError::NoJob { job: job.into() })
     }
 
     fn pending_unit_count(&mut self, job: &str) -> Result<i64, StoreError> {
