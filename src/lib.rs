@@ -24,6 +24,7 @@ pub mod config;
 pub use kafka_backfill_core as core;
 pub mod demo;
 pub mod driver;
+pub mod error;
 pub mod kafka;
 pub mod pg_tls;
 pub mod ports;

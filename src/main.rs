@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", kafka_backfill::error::line(&e));
             if unreachable(&e) {
                 Exit::Unreachable.into()
             } else {

@@ -49,12 +49,16 @@ pub fn split_tls_options(url: &str) -> (String, TlsOptions) {
 }
 
 /// Why a connection failed, and whether trying again can help.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct ConnectError {
+    /// The redacted URL and the whole cause chain, on one line.
     pub message: String,
     /// A bad URL, TLS set-up or certificate, or refused credentials: retrying cannot help.
     pub permanent: bool,
+    /// The client's error, when there was one (not for a URL refused before connecting).
+    #[source]
+    pub cause: Option<postgres::Error>,
 }
 
 /// The sslmode values [`connect`] knows.
@@ -88,12 +92,13 @@ pub fn connect(url: &str) -> Result<Client, ConnectError> {
     let fail = |what: String| ConnectError {
         message: format!("connecting to PostgreSQL at {}: {what}", redact_url(url)),
         permanent: true,
+        cause: None,
     };
     let mut config: postgres::Config = rest.parse().map_err(|e| fail(format!("{e}")))?;
     let (verify, hostname) = match opts.mode.as_str() {
         "disable" => {
             config.ssl_mode(SslMode::Disable);
-            return config.connect(NoTls).map_err(|e| connect_failed(url, &e));
+            return config.connect(NoTls).map_err(|e| connect_failed(url, e));
         }
         "prefer" => (opts.root_cert.is_some(), false),
         "require" => (opts.root_cert.is_some(), false),
@@ -142,15 +147,15 @@ pub fn connect(url: &str) -> Result<Client, ConnectError> {
     }
     config
         .connect(connector)
-        .map_err(|e| connect_failed(url, &e))
+        .map_err(|e| connect_failed(url, e))
 }
 
 /// A failed connection: the whole cause chain (the TLS cause, e.g. "certificate verify failed", is
 /// in its sources); refused credentials and TLS failures are permanent, the rest (server down,
 /// starting up, too many connections) transient.
-fn connect_failed(url: &str, e: &postgres::Error) -> ConnectError {
+fn connect_failed(url: &str, e: postgres::Error) -> ConnectError {
     let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
+    let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
         msg.push_str(&format!(": {s}"));
         src = s.source();
@@ -162,6 +167,7 @@ fn connect_failed(url: &str, e: &postgres::Error) -> ConnectError {
     ConnectError {
         message: format!("connecting to PostgreSQL at {}: {msg}", redact_url(url)),
         permanent: auth || tls,
+        cause: Some(e),
     }
 }
 

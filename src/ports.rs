@@ -68,7 +68,13 @@ pub struct JobRow {
     pub recreations: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A cause kept beneath an error of this crate (a store's, a capture's): any error, reachable by its
+/// type through `source`.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Display is the one line an operator reads and names the cause; the cause itself, where there
+/// is one, stays beneath as `source` ([`crate::error`] prints a chain without saying it twice).
+#[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("job {job}: commit from generation {attempted} rejected, the job is at generation {current}")]
     StaleGeneration {
@@ -104,12 +110,20 @@ pub enum StoreError {
     NoJob { job: String },
     /// Transient: the store is unreachable or busy (connection lost, locked, serialization
     /// failure). Retrying the same transaction can succeed.
-    #[error("state store unavailable: {0}")]
-    Backend(String),
+    #[error("state store unavailable: {what}")]
+    Backend {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// Permanent: the store refused the data or the statement (a constraint, a type, a value it
     /// cannot hold). Retrying cannot succeed; the job stops.
-    #[error("state store refused the checkpoint: {0}")]
-    Rejected(String),
+    #[error("state store refused the checkpoint: {what}")]
+    Rejected {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// `max_dead_letters` reached: the checkpoint would record more; nothing of it is applied.
     #[error("job {job}: the checkpoint would record {would_be} dead letters, over max_dead_letters = {max}; the job stops (the dead letters so far: `kafka-backfill verify` lists them, kb_dead_letters holds them); raise the cap or fix the producer, then run again")]
     DeadLetterCap {
@@ -127,6 +141,82 @@ pub enum StoreError {
     },
 }
 
+/// A copy for each checkpoint of a group that failed as a whole ([`crate::store::commit_in_order`]):
+/// the cause beneath `Backend` and `Rejected` is copied as its text (its type stays with the
+/// original).
+impl Clone for StoreError {
+    fn clone(&self) -> Self {
+        let kept = |c: &Option<Cause>| c.as_ref().map(|c| Cause::from(c.to_string()));
+        match self {
+            StoreError::StaleGeneration {
+                job,
+                attempted,
+                current,
+            } => StoreError::StaleGeneration {
+                job: job.clone(),
+                attempted: *attempted,
+                current: *current,
+            },
+            StoreError::NotOwner {
+                job,
+                partition,
+                attempted,
+                current,
+                owner,
+            } => StoreError::NotOwner {
+                job: job.clone(),
+                partition: *partition,
+                attempted: *attempted,
+                current: *current,
+                owner: owner.clone(),
+            },
+            StoreError::JobMismatch {
+                job,
+                what,
+                expected,
+                found,
+            } => StoreError::JobMismatch {
+                job: job.clone(),
+                what,
+                expected: expected.clone(),
+                found: found.clone(),
+            },
+            StoreError::TableOwned { table, owner, job } => StoreError::TableOwned {
+                table: table.clone(),
+                owner: owner.clone(),
+                job: job.clone(),
+            },
+            StoreError::Invariant { job, detail } => StoreError::Invariant {
+                job: job.clone(),
+                detail: detail.clone(),
+            },
+            StoreError::NoJob { job } => StoreError::NoJob { job: job.clone() },
+            StoreError::Backend { what, cause } => StoreError::Backend {
+                what: what.clone(),
+                cause: kept(cause),
+            },
+            StoreError::Rejected { what, cause } => StoreError::Rejected {
+                what: what.clone(),
+                cause: kept(cause),
+            },
+            StoreError::DeadLetterCap { job, max, would_be } => StoreError::DeadLetterCap {
+                job: job.clone(),
+                max: *max,
+                would_be: *would_be,
+            },
+            StoreError::Value {
+                column,
+                key,
+                reason,
+            } => StoreError::Value {
+                column: column.clone(),
+                key: key.clone(),
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
 impl StoreError {
     /// A fencing rejection: the worker is stale and must restart from the store.
     pub fn is_fenced(&self) -> bool {
@@ -138,7 +228,39 @@ impl StoreError {
 
     /// Whether retrying the same operation can succeed (the store was unavailable or busy).
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Backend(_))
+        matches!(self, StoreError::Backend { .. })
+    }
+
+    /// Transient: `what` (which names the cause) failed; nothing beneath it.
+    pub fn backend(what: impl Into<String>) -> Self {
+        StoreError::Backend {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    /// Transient: `what` (which names the cause) failed because of `cause`, kept beneath.
+    pub fn backend_from(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        StoreError::Backend {
+            what: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// Permanent: the store refused `what`; nothing beneath it.
+    pub fn rejected(what: impl Into<String>) -> Self {
+        StoreError::Rejected {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    /// Permanent: the store refused `what` because of `cause`, kept beneath.
+    pub fn rejected_from(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        StoreError::Rejected {
+            what: what.into(),
+            cause: Some(cause.into()),
+        }
     }
 }
 
@@ -215,7 +337,7 @@ pub fn row_columns(
 
 /// The refusal of an upserted row whose datum does not decode (`key`: as its table keeps it).
 pub fn undecodable_row(key: &[u8], error: &str) -> StoreError {
-    StoreError::Rejected(format!(
+    StoreError::rejected(format!(
         "row with key {} does not decode: {error}",
         key_hex(key)
     ))
@@ -327,12 +449,12 @@ pub type StoreFactory =
 /// A SQL table name the stores accept (it is quoted into statements): letters, digits and `_`.
 pub fn check_table_name(name: &str) -> Result<(), StoreError> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(StoreError::Rejected(format!(
+        return Err(StoreError::rejected(format!(
             "table name {name:?}: use letters, digits and _"
         )));
     }
     if name.ends_with("__kb_next") {
-        return Err(StoreError::Rejected(format!(
+        return Err(StoreError::rejected(format!(
             "table name {name:?}: names ending in __kb_next are the service's own (where a new generation builds under consistency = \"epoch\")"
         )));
     }

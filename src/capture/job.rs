@@ -432,7 +432,7 @@ fn session(
     on_demand.session_started(committed.as_ref());
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
     let slot_state = pg::slot_state(&mut client, &s.slot)
-        .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
+        .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
     log.snapshot_dir = Some(s.dir.clone());
     let in_kafka = job
         .capture
@@ -466,7 +466,7 @@ fn session(
             let repl = connect(true, s.catalog_streams())?;
             progress.set(|r| r.state = "snapshot");
             let (es, consistent) = snapshot(s, &repl, &mut client)
-                .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
+                .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
             let (sys, tli) = repl.identity();
             log.record.system_id = sys.to_string();
             log.record.timeline = tli;
@@ -528,7 +528,7 @@ fn session(
                         tracing::info!(job = %job.name, %topic, bytes = moved.bytes, seconds = moved.seconds, "the first snapshot restored from Kafka (its folder was not on this disk)");
                     }
                     _ => finish_manifest(&s.dir, &record)
-                        .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?,
+                        .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?,
                 }
             }
             if let Some(p) = &progress.published {
@@ -549,7 +549,7 @@ fn session(
             } else {
                 let (encoder, table) = in_force(s, record.state.epoch)?;
                 log.use_table(table)
-                    .map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
+                    .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
                 vec![s.tables[0].stream_table(encoder)]
             };
             let repl = connect(false, streams)?;
@@ -744,7 +744,7 @@ impl InProcess {
         for (_, t) in self.threads.drain(..) {
             // Each ends at its next source-transaction boundary; errors were logged by its session.
             if let Ok(Err(e)) = t.join() {
-                tracing::warn!(error = %format!("{e:#}"), "an in-process capture stopped with an error");
+                tracing::warn!(error = %crate::error::line(&e), "an in-process capture stopped with an error");
             }
         }
     }

@@ -468,7 +468,8 @@ impl LogPort for KafkaLog {
         }
         if state.checkpoints == 0 {
             if let Some(hook) = self.on_initial_commit.take() {
-                hook(&self.record).map_err(|e| CaptureFailure::permanent(format!("{e:#}")))?;
+                hook(&self.record)
+                    .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
             }
         }
         if let (Some(placed), Some(tx)) = (placed, &self.on_snapshot_placed) {

@@ -23,7 +23,7 @@ pub mod snapshots;
 pub mod types;
 
 /// A cause kept beneath a [`CaptureFailure`].
-pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub use crate::error::Cause;
 
 /// Why a capture session ended: what failed, and the error that made it fail (its `source`).
 /// `Display` is what failed; [`CaptureFailure::describe`] is the one line an operator reads, with
@@ -84,20 +84,10 @@ impl CaptureFailure {
         matches!(self, CaptureFailure::Transient { .. })
     }
 
-    /// What failed and each cause beneath it, `: `-separated, on one line (a cause whose text
-    /// the line already ends with, as some clients' errors repeat their source, is said once).
+    /// What failed and each cause beneath it, `: `-separated, on one line, each cause said once
+    /// ([`crate::error::chain_line`]).
     pub fn describe(&self) -> String {
-        let mut line = self.to_string();
-        let mut next = std::error::Error::source(self);
-        while let Some(e) = next {
-            let text = e.to_string();
-            if !line.ends_with(&text) {
-                line.push_str(": ");
-                line.push_str(&text);
-            }
-            next = e.source();
-        }
-        line
+        crate::error::chain_line(self)
     }
 }
 

@@ -764,7 +764,8 @@ impl PgReplication {
         }
         let mut client = connect(&self.source_url)
             .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?;
-        let info = table_info(&mut client, &captured.name).map_err(|e| refuse(format!("{e:#}")))?;
+        let info =
+            table_info(&mut client, &captured.name).map_err(|e| refuse(crate::error::line(&e)))?;
         let now: Vec<&str> = info
             .encoder
             .columns

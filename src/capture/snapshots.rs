@@ -674,7 +674,7 @@ impl OnDemand {
                 match done {
                     Ok(Ok(copied)) => c.copied = Some(copied),
                     Ok(Err(e)) => {
-                        tracing::warn!(error = %format!("{e:#}"), "a snapshot's copy failed; the next one is taken at the next interval");
+                        tracing::warn!(error = %crate::error::line(&e), "a snapshot's copy failed; the next one is taken at the next interval");
                         self.tell(SnapshotOutcome::Failed, None);
                         self.copying = None;
                         self.last = Instant::now();
@@ -702,7 +702,7 @@ impl OnDemand {
                     self.retire();
                 }
                 Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be published; the next one is taken at the next interval");
+                    tracing::warn!(error = %crate::error::line(&e), "a snapshot could not be published; the next one is taken at the next interval");
                     self.tell(SnapshotOutcome::Failed, None);
                 }
             }
@@ -717,7 +717,7 @@ impl OnDemand {
         if due {
             self.last = Instant::now();
             if let Err(e) = self.start(a, requested) {
-                tracing::warn!(error = %format!("{e:#}"), "a snapshot could not be started; the next one is taken at the next interval");
+                tracing::warn!(error = %crate::error::line(&e), "a snapshot could not be started; the next one is taken at the next interval");
                 self.tell(SnapshotOutcome::Failed, None);
             }
         }
@@ -823,7 +823,7 @@ impl OnDemand {
         for s in gone {
             if let Some(topic) = &s.topic {
                 if let Err(e) = crate::kafka::admin::delete_topic(props, topic) {
-                    tracing::warn!(epoch = %s.snapshot_epoch, %topic, error = %format!("{e:#}"), "deleting a retired snapshot's topic");
+                    tracing::warn!(epoch = %s.snapshot_epoch, %topic, error = %crate::error::line(&e), "deleting a retired snapshot's topic");
                 }
             }
             let folder = Path::new(&s.dir);
@@ -876,7 +876,7 @@ impl OnDemand {
                 }
                 Err(e) => {
                     self.store_failed = Some(Instant::now());
-                    tracing::warn!(topic = %st.topic, error = %format!("{e:#}"), "storing a snapshot in Kafka failed; tried again in {} s", STORE_RETRY.as_secs());
+                    tracing::warn!(topic = %st.topic, error = %crate::error::line(&e), "storing a snapshot in Kafka failed; tried again in {} s", STORE_RETRY.as_secs());
                     self.tell(SnapshotOutcome::StoreFailed, None);
                 }
             }

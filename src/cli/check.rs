@@ -38,7 +38,10 @@ pub fn check_config(args: CheckConfigArgs) -> Result<ExitCode> {
             Ok(None) => {}
             Ok(Some(why)) => println!("note: {why}"),
             Err(e) => {
-                eprintln!("error: invalid configuration: {e:#}");
+                eprintln!(
+                    "error: invalid configuration: {}",
+                    kafka_backfill::error::line(&e)
+                );
                 return Ok(Exit::Config.into());
             }
         }

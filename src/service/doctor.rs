@@ -52,7 +52,7 @@ pub fn run(config: &Config, mut each: impl FnMut(&Check)) -> Vec<Check> {
     for job in &config.jobs {
         let mut check = |what: String, f: &mut dyn FnMut() -> Result<String>| {
             let started = Instant::now();
-            let outcome = f().map_err(|e| format!("{e:#}"));
+            let outcome = f().map_err(|e| crate::error::line(&e));
             let c = Check {
                 job: job.name.clone(),
                 what,
@@ -128,7 +128,7 @@ pub fn wait_reachable(job: &JobConfig) -> Result<(), Unreachable> {
     let client = metadata_client(&job.kafka).map_err(|e| Unreachable {
         job: job.name.clone(),
         part: format!("kafka {bootstrap}"),
-        cause: format!("{e:#}"),
+        cause: crate::error::line(&e),
         permanent: true,
     })?;
     let mut parts: Vec<(String, Reach)> = vec![(

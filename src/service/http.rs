@@ -132,7 +132,7 @@ pub fn status_router(board: StatusBoard, jobs: Runtimes) -> Router {
                         Ok(Err(e)) => (
                             StatusCode::SERVICE_UNAVAILABLE,
                             [(header::CONTENT_TYPE, "text/plain")],
-                            format!("{e:#}\n"),
+                            format!("{}\n", crate::error::line(&e)),
                         ),
                         Err(e) => (
                             StatusCode::INTERNAL_SERVER_ERROR,
@@ -178,7 +178,7 @@ pub fn admin_router(jobs: Runtimes, token: Option<crate::config::Secret>) -> Rou
             Err(e) => (
                 StatusCode::BAD_REQUEST,
                 [(header::CONTENT_TYPE, "text/plain")],
-                format!("{e:#}\n"),
+                format!("{}\n", crate::error::line(&e)),
             ),
         }
     }

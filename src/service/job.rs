@@ -169,7 +169,7 @@ fn versions_sync(
             .unwrap()
             .sync()
             .map(|_| ())
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| crate::error::line(&e))
     })))
 }
 
@@ -459,8 +459,8 @@ fn prepare_stored(
     let mut attempt = 1;
     loop {
         match prepare_stored_once(job, check_topic, &stored) {
-            Err(e) if attempt < ATTEMPTS && format!("{e:#}").contains(RETIRED) => {
-                warn!(job = %job.name, error = %format!("{e:#}"), attempt, "the snapshot was retired before it was restored; reading the capture's list again");
+            Err(e) if attempt < ATTEMPTS && crate::error::line(&e).contains(RETIRED) => {
+                warn!(job = %job.name, error = %crate::error::line(&e), attempt, "the snapshot was retired before it was restored; reading the capture's list again");
                 attempt += 1;
                 stored = kafka_stored(job)?.unwrap_or_default();
             }
@@ -497,7 +497,7 @@ fn prepare_stored_once(
             epoch,
         );
         if let Err(e) = marked {
-            warn!(job = %job.name, error = %format!("{e:#}"), "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
+            warn!(job = %job.name, error = %crate::error::line(&e), "cannot mark the snapshot as read by this job: the capture's snapshot_keep may retire it while the job needs it (a recreation reads it again)");
         }
     };
     mark(&starting, Some(newest.epoch));
@@ -1052,7 +1052,7 @@ pub fn run(
             last_progress = std::time::Instant::now();
             if let Err(e) = read_progress(&jobs) {
                 // Shown in /status by the workers' own errors; the next read retries.
-                tracing::debug!(error = %format!("{e:#}"), "reading job progress");
+                tracing::debug!(error = %crate::error::line(&e), "reading job progress");
             }
         }
         if let Some(i) = handles.iter().position(|(_, h)| h.is_finished()) {
@@ -1062,7 +1062,7 @@ pub fn run(
                 .map_err(|_| anyhow::anyhow!("worker {name} panicked"))
                 .and_then(|r| r);
             if let Err(e) = r {
-                error!(worker = %name, error = %format!("{e:#}"), "worker failed; stopping");
+                error!(worker = %name, error = %crate::error::line(&e), "worker failed; stopping");
                 result = Err(e);
                 shutdown.cancel();
             }
@@ -1082,7 +1082,7 @@ pub fn run(
                     }
                     Ok(false) => {}
                     Err(e) => {
-                        error!(error = %format!("{e:#}"), "stopping");
+                        error!(error = %crate::error::line(&e), "stopping");
                         result = Err(e);
                         shutdown.cancel();
                     }

@@ -745,8 +745,7 @@ mod tests {
         assert_eq!(opened.load(Ordering::SeqCst), 1);
         assert_eq!(pool.idle(), 1);
         // A transient failure drops the handle; the next use opens a fresh one.
-        let r: Result<(), StoreError> =
-            pool.with(|_| Err(StoreError::Backend("connection reset".into())));
+        let r: Result<(), StoreError> = pool.with(|_| Err(StoreError::backend("connection reset")));
         assert!(r.is_err());
         assert_eq!(pool.idle(), 0);
         pool.with(|s| s.rate_limits("j")).unwrap();

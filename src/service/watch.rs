@@ -186,7 +186,7 @@ pub fn watch(url: &str, interval: Duration, until_caught_up: bool) -> Result<()>
                 Vec::new()
             }
             Err(e) => {
-                eprintln!("{url}: {e:#}; retrying");
+                eprintln!("{url}: {}; retrying", crate::error::line(&e));
                 Vec::new()
             }
         };

@@ -112,8 +112,8 @@ impl World {
             group
                 .iter()
                 .map(|_| {
-                    Err(StoreError::Backend(
-                        "an earlier checkpoint failed; later ones are not applied".into(),
+                    Err(StoreError::backend(
+                        "an earlier checkpoint failed; later ones are not applied",
                     ))
                 })
                 .collect()

@@ -129,9 +129,8 @@ impl Thread {
                         group
                             .iter()
                             .map(|_| {
-                                Err(StoreError::Backend(
-                                    "an earlier checkpoint failed; later ones are not applied"
-                                        .into(),
+                                Err(StoreError::backend(
+                                    "an earlier checkpoint failed; later ones are not applied",
                                 ))
                             })
                             .collect()

@@ -308,7 +308,7 @@ impl StateStore for MemoryStore {
         protocol::check_claim(&mut Tx(jobs.get(job)), job, generation)?;
         let state = jobs.get_mut(job).expect("checked");
         let map = PartitionMap::new(info.vnode_count, info.partition_count)
-            .map_err(|e| StoreError::Rejected(e.to_string()))?;
+            .map_err(|e| StoreError::rejected(e.to_string()))?;
         let mut out = Vec::new();
         for &p in partitions {
             let lease = state.next_lease;
@@ -514,7 +514,7 @@ fn apply_checkpoint(
             (true, Some(epoch)) if state.applied.is_some_and(|a| epoch <= a) => {}
             (true, Some(epoch)) => {
                 let map = PartitionMap::new(state.row.vnode_count, state.row.partition_count)
-                    .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;
+                    .map_err(|e| StoreError::rejected(format!("job {job}: {e}")))?;
                 state.pending.push(PendingUnit {
                     epoch,
                     partitions: crate::core::publication::partitions_at(map, epoch, cp),

@@ -34,7 +34,10 @@ pub struct StoreTable {
 /// A refusal of a row of table `table` (of several), saying which table.
 pub fn in_table(e: StoreError, table: &str) -> StoreError {
     match e {
-        StoreError::Rejected(reason) => StoreError::Rejected(format!("table {table}: {reason}")),
+        StoreError::Rejected { what, cause } => StoreError::Rejected {
+            what: format!("table {table}: {what}"),
+            cause,
+        },
         other => other,
     }
 }
@@ -43,7 +46,7 @@ pub fn in_table(e: StoreError, table: &str) -> StoreError {
 /// of no table of the job is refused, naming it.
 fn table_of<'k>(tables: &[StoreTable], key: &'k [u8]) -> Result<(usize, &'k [u8]), StoreError> {
     let (index, bare) = crate::core::split_table_key(key).ok_or_else(|| {
-        StoreError::Rejected(format!(
+        StoreError::rejected(format!(
             "row with key {} is not keyed by (table, key), as a job of several tables writes",
             crate::ports::key_hex(key)
         ))
@@ -52,7 +55,7 @@ fn table_of<'k>(tables: &[StoreTable], key: &'k [u8]) -> Result<(usize, &'k [u8]
         .iter()
         .position(|t| t.index == index)
         .ok_or_else(|| {
-            StoreError::Rejected(format!(
+            StoreError::rejected(format!(
             "row with key {} is of log table {index}, which is not one of this store's tables ({})",
             crate::ports::key_hex(key),
             tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
@@ -125,8 +128,8 @@ pub fn commit_in_order(
     let mut out = Vec::with_capacity(group.len());
     for cp in group {
         let r = match out.last() {
-            Some(Err(_)) => Err(StoreError::Backend(
-                "an earlier checkpoint failed; later ones are not applied".into(),
+            Some(Err(_)) => Err(StoreError::backend(
+                "an earlier checkpoint failed; later ones are not applied",
             )),
             _ => store.commit(job, cp),
         };
@@ -243,7 +246,7 @@ mod tests {
     #[test]
     fn a_transient_or_fencing_group_failure_is_the_whole_groups_in_one_transaction() {
         for error in [
-            StoreError::Backend("connection refused".into()),
+            StoreError::backend("connection refused"),
             StoreError::StaleGeneration {
                 job: "j".into(),
                 attempted: 0,
@@ -256,14 +259,16 @@ mod tests {
             };
             let results = commit_in_order(&mut store, "j", &group(4), Vec::new());
             assert_eq!(store.transactions, 1, "{error}: retried one by one");
-            assert!(results.iter().all(|r| r.as_ref() == Err(&error)));
+            assert!(results
+                .iter()
+                .all(|r| matches!(r, Err(e) if e.to_string() == error.to_string())));
         }
     }
 
     #[test]
     fn a_refused_group_is_split_to_find_the_culprit() {
         let mut store = Failing {
-            error: StoreError::Rejected("value too long".into()),
+            error: StoreError::rejected("value too long"),
             transactions: 0,
         };
         let results = commit_in_order(&mut store, "j", &group(3), Vec::new());

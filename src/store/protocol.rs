@@ -80,7 +80,7 @@ pub fn claimed_partition(
     let progress = match stored {
         Some(p) => p,
         None => info.start_of(partition).cloned().ok_or_else(|| {
-            StoreError::Rejected(format!(
+            StoreError::rejected(format!(
                 "the snapshot has no start offset for partition {partition}"
             ))
         })?,
@@ -130,7 +130,7 @@ pub fn check_commit(
         }
     }
     let map = PartitionMap::new(row.vnode_count, row.partition_count)
-        .map_err(|e| StoreError::Rejected(e.to_string()))?;
+        .map_err(|e| StoreError::rejected(e.to_string()))?;
     let vnodes: Vec<Vnode> = cp.vnodes.iter().map(|v| v.vnode).collect();
     let committed = tx.vnodes(job, &vnodes)?;
     check_checkpoint(job, &map, &committed, cp)?;
@@ -390,7 +390,7 @@ pub fn check_leaving_publication(
     if pending == 0 && !building {
         return Ok(());
     }
-    Err(StoreError::Rejected(format!(
+    Err(StoreError::rejected(format!(
         "job {job}: table {table_name} was run with consistency = \"epoch\" and holds {pending} checkpoint(s) waiting for publication{}; set consistency = \"epoch\" again (with \"vnode\" they would be lost), or recreate the job",
         if building {
             format!(" and a new generation building in {}", next_table(table_name))
@@ -458,7 +458,7 @@ pub fn publish(
     let job = row.job.as_str();
     tx.lock_publication(job)?;
     let map = PartitionMap::new(row.vnode_count, row.partition_count)
-        .map_err(|e| StoreError::Rejected(format!("job {job}: {e}")))?;
+        .map_err(|e| StoreError::rejected(format!("job {job}: {e}")))?;
     let parts = crate::core::publication::partitions_at(map, epoch, cp);
     let mut state = tx.publication(job)?;
     if state.published.is_some_and(|p| epoch <= p) {
@@ -544,7 +544,7 @@ pub fn evolve(
             match all.get(k) {
                 Some(v) if crate::codec::versions::hex(&v.fingerprint) == fp => {}
                 _ => {
-                    return Err(StoreError::Rejected(format!(
+                    return Err(StoreError::rejected(format!(
                         "the table of job {job} is at schema version {k} (fingerprint {fp}), which the log's schema versions do not have: the store was written from another log"
                     )))
                 }
@@ -555,7 +555,7 @@ pub fn evolve(
     let rows_version = cp.epoch.map_or(0, |e| versions.at(table, e));
     let target = stored.max(rows_version);
     if target > 0 && publication {
-        return Err(StoreError::Rejected(format!(
+        return Err(StoreError::rejected(format!(
             "job {job}: schema version {target} (from epoch {}) under consistency = \"epoch\": schema changes are applied under consistency = \"vnode\" only (the default)",
             all[target].from_epoch
         )));
@@ -578,7 +578,7 @@ pub fn evolve(
                     crate::core::RowMutation::Upsert { vnode, row, offset } => {
                         let value = crate::codec::versions::resolve(&row.value, from, to)
                             .map_err(|e| {
-                                StoreError::Rejected(format!(
+                                StoreError::rejected(format!(
                                     "row with key {} (schema version {rows_version}) does not resolve to version {target}: {e}",
                                     crate::ports::key_hex(&row.key)
                                 ))
@@ -637,7 +637,7 @@ pub fn resolve_stored_row(
     datum: &[u8],
 ) -> Result<(Vec<u8>, Vec<crate::codec::ColumnValue>), StoreError> {
     let next = crate::codec::versions::resolve(datum, from, to).map_err(|e| {
-        StoreError::Rejected(format!(
+        StoreError::rejected(format!(
             "row with key {} does not resolve to schema version {version}: {e}",
             crate::ports::key_hex(key)
         ))
@@ -647,7 +647,7 @@ pub fn resolve_stored_row(
     }
     let mut values = to
         .column_values(&next)
-        .map_err(|e| StoreError::Rejected(e.to_string()))?;
+        .map_err(|e| StoreError::rejected(e.to_string()))?;
     let added = added
         .iter()
         .map(|c| {

@@ -121,7 +121,7 @@ pub fn claim(
     info: &SnapshotInfo,
 ) -> Result<Vec<ClaimedPartition>, StoreError> {
     let map = PartitionMap::new(info.vnode_count, info.partition_count)
-        .map_err(|e| StoreError::Rejected(e.to_string()))?;
+        .map_err(|e| StoreError::rejected(e.to_string()))?;
     protocol::check_claim(tx, job, generation)?;
     let mut out = Vec::with_capacity(partitions.len());
     for &p in partitions {

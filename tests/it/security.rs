@@ -152,7 +152,7 @@ fn postgres_store_over_verify_full_tls_and_an_untrusted_server_is_refused() {
     let e = PostgresStore::open(&bad, &tname, table)
         .err()
         .expect("refused");
-    assert!(matches!(e, StoreError::Rejected(_)), "permanent: {e}");
+    assert!(matches!(e, StoreError::Rejected { .. }), "permanent: {e}");
     assert!(e.to_string().contains("certificate verify failed"), "{e}");
     assert!(!e.is_transient());
     assert!(started.elapsed() < Duration::from_secs(5), "not retried");

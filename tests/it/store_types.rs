@@ -237,7 +237,7 @@ fn a_table_the_store_cannot_write_is_a_permanent_error_in_both_stores() {
         .unwrap();
     let mut store = SqliteStore::open(&path, "typed", table.clone()).unwrap();
     let e = commit_rows(&mut store, &table, "perm", &rows(2)).unwrap_err();
-    assert!(matches!(e, StoreError::Rejected(_)), "{e}");
+    assert!(matches!(e, StoreError::Rejected { .. }), "{e}");
     assert!(!e.is_transient());
     // PostgreSQL
     let url = pg_url();
@@ -255,6 +255,6 @@ fn a_table_the_store_cannot_write_is_a_permanent_error_in_both_stores() {
         &rows(2),
     )
     .unwrap_err();
-    assert!(matches!(e, StoreError::Rejected(_)), "{e}");
+    assert!(matches!(e, StoreError::Rejected { .. }), "{e}");
     assert!(!e.is_transient());
 }

@@ -127,9 +127,9 @@ fn classify(e: postgres::Error) -> StoreError {
         }
     };
     if transient || e.is_closed() {
-        StoreError::Backend(message)
+        StoreError::backend_from(message, e)
     } else {
-        StoreError::Rejected(message)
+        StoreError::rejected_from(message, e)
     }
 }
 
@@ -199,7 +199,7 @@ impl PostgresStore {
         publication: bool,
     ) -> Result<Self, StoreError> {
         let Some(first) = tables.first() else {
-            return Err(StoreError::Rejected("a store of no table".into()));
+            return Err(StoreError::rejected("a store of no table"));
         };
         let mut store = Self::open_with(url, &first.name, first.schema.clone(), publication)?;
         let mut layouts = vec![store.layout];
@@ -310,9 +310,9 @@ fn connect(url: &str) -> Result<Client, StoreError> {
 
 fn connect_error(e: crate::pg_tls::ConnectError) -> StoreError {
     if e.permanent {
-        StoreError::Rejected(e.message)
+        StoreError::rejected_from(e.message.clone(), e)
     } else {
-        StoreError::Backend(e.message)
+        StoreError::backend_from(e.message.clone(), e)
     }
 }
 
@@ -404,7 +404,7 @@ impl StateStore for PostgresStore {
         let versions = match &self.evolution {
             Some((ev, t)) => Some((
                 ev.refresh_if_grown()
-                    .map_err(|e| StoreError::Rejected(e.to_string()))?,
+                    .map_err(|e| StoreError::rejected(e.to_string()))?,
                 *t,
             )),
             None => None,

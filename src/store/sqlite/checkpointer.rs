@@ -97,7 +97,7 @@ impl Checkpointer {
         pause: std::time::Duration,
     ) -> Result<Checkpointer, StoreError> {
         let conn = Connection::open(path)
-            .map_err(|e| StoreError::Rejected(format!("{}: {e}", path.display())))?;
+            .map_err(|e| StoreError::rejected(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(classify)?;
         let (nudge, nudged) = std::sync::mpsc::sync_channel::<()>(1);
@@ -134,7 +134,7 @@ impl Checkpointer {
                     }
                 }
             })
-            .map_err(|e| StoreError::Backend(format!("starting the SQLite checkpointer: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("starting the SQLite checkpointer: {e}")))?;
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
         Ok(Checkpointer {

@@ -51,9 +51,9 @@ fn classify(e: rusqlite::Error) -> StoreError {
                     | C::FileLockingProtocolFailed
             ) =>
         {
-            StoreError::Backend(e.to_string())
+            StoreError::backend_from(e.to_string(), e)
         }
-        _ => StoreError::Rejected(e.to_string()),
+        _ => StoreError::rejected_from(e.to_string(), e),
     }
 }
 
@@ -204,14 +204,14 @@ impl SqliteStore {
         crate::ports::check_table_name(table_name)?;
         if !store_datum {
             if let Some((field, ty)) = table.first_composite_field() {
-                return Err(StoreError::Rejected(format!(
+                return Err(StoreError::rejected(format!(
                     "store_datum = false needs a row schema of primitives and nullable primitives (each row is rebuilt from its typed columns); field {field} is {ty}: keep store_datum = true for this table"
                 )));
             }
         }
         // A file that cannot be opened is a configuration error, not an outage.
         let conn = Connection::open(path)
-            .map_err(|e| StoreError::Rejected(format!("{}: {e}", path.display())))?;
+            .map_err(|e| StoreError::rejected(format!("{}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(classify)?;
         // Before the file's first write; a file that exists keeps its page size.
@@ -238,7 +238,7 @@ impl SqliteStore {
             })
             .map_err(classify)?;
         if ours && has_datum != store_datum {
-            return Err(StoreError::Rejected(format!(
+            return Err(StoreError::rejected(format!(
                 "table {table_name} in {} was created {} _kb_row (the row datum), and [jobs.store] store_datum = {store_datum} asks for the other layout; a table keeps its layout: set store_datum = {has_datum}, or materialise into a new table (another table name or file) with the layout you want",
                 path.display(),
                 if has_datum { "with" } else { "without" }
@@ -274,11 +274,11 @@ impl SqliteStore {
         options: SqliteOptions,
     ) -> Result<Self, StoreError> {
         let Some(first) = tables.first() else {
-            return Err(StoreError::Rejected("a store of no table".into()));
+            return Err(StoreError::rejected("a store of no table"));
         };
         if !options.store_datum {
-            return Err(StoreError::Rejected(
-                "store_datum = false is not available to a job of several tables: keep store_datum = true".into(),
+            return Err(StoreError::rejected(
+                "store_datum = false is not available to a job of several tables: keep store_datum = true",
             ));
         }
         let mut store = Self::open_with(path, &first.name, first.schema.clone(), options)?;
@@ -460,7 +460,7 @@ impl SqliteStore {
                 .map(|(i, c)| column_from_sqlite(c, r.get_ref(i + 1).map_err(classify)?, &key))
                 .collect::<Result<Vec<_>, _>>()?;
             let datum = table.datum_of_columns(&values).map_err(|e| {
-                StoreError::Rejected(format!("row with key {}: {e}", crate::ports::key_hex(&key)))
+                StoreError::rejected(format!("row with key {}: {e}", crate::ports::key_hex(&key)))
             })?;
             out.insert(key, datum);
         }
@@ -584,7 +584,7 @@ impl StateStore for SqliteStore {
         let versions = match &self.evolution {
             Some((ev, t)) => Some((
                 ev.refresh_if_grown()
-                    .map_err(|e| StoreError::Rejected(e.to_string()))?,
+                    .map_err(|e| StoreError::rejected(e.to_string()))?,
                 *t,
             )),
             None => None,

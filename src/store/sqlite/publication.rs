@@ -74,7 +74,7 @@ impl protocol::TxPublish for InTx<'_> {
                 .map(|s| s.parse::<PartitionId>())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| {
-                    StoreError::Rejected(format!(
+                    StoreError::rejected(format!(
                         "kb_pending_units of job {job}: partitions {text:?}: {e}"
                     ))
                 })?;

@@ -23,7 +23,7 @@ impl protocol::TxSchema for InTx<'_> {
     ) -> Result<(), StoreError> {
         let t = self.table_name;
         if !self.datum {
-            return Err(StoreError::Rejected(format!(
+            return Err(StoreError::rejected(format!(
                 "job {job}: table {t} cannot take schema version {version} (from epoch {}): schema changes are applied with store_datum = true (each row's datum is resolved to the new version)",
                 to.from_epoch
             )));

@@ -179,8 +179,20 @@ fn busy_and_io_errors_are_transient_constraint_and_type_errors_are_permanent() {
         "NOT NULL constraint failed: t.amount",
     ));
     assert!(
-        !e.is_transient() && matches!(e, StoreError::Rejected(_)),
+        !e.is_transient() && matches!(e, StoreError::Rejected { .. }),
         "{e}"
+    );
+    // SQLite's own error stays beneath it, by type; the operator's line says it once.
+    let kept = std::error::Error::source(&e)
+        .and_then(|c| c.downcast_ref::<rusqlite::Error>())
+        .expect("the rusqlite error is the store error's source");
+    assert_eq!(
+        kept.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ConstraintViolation)
+    );
+    assert_eq!(
+        crate::error::chain_line(&e),
+        "state store refused the checkpoint: NOT NULL constraint failed: t.amount"
     );
     assert!(!classify(err(ffi::SQLITE_MISMATCH, "datatype mismatch")).is_transient());
     // A constraint on a row names the column.

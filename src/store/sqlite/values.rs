@@ -95,18 +95,18 @@ pub(super) fn column_from_sqlite(
 /// A failed row write: a constraint names its column where SQLite says which.
 pub(super) fn row_error(e: rusqlite::Error, table: &TableSchema, key: &[u8]) -> StoreError {
     match classify(e) {
-        StoreError::Rejected(reason) => {
+        StoreError::Rejected { what, cause } => {
             match table
                 .columns
                 .iter()
-                .find(|c| reason.contains(&format!(".{}", c.name)))
+                .find(|c| what.contains(&format!(".{}", c.name)))
             {
                 Some(c) => StoreError::Value {
                     column: c.name.clone(),
                     key: crate::ports::key_hex(key),
-                    reason,
+                    reason: what,
                 },
-                None => StoreError::Rejected(reason),
+                None => StoreError::Rejected { what, cause },
             }
         }
         other => other,
