@@ -8,6 +8,7 @@
 //! each backend carries them out.
 
 use crate::support;
+use kafka_backfill::codec::versions::resolve;
 
 use std::collections::BTreeMap;
 
@@ -1427,6 +1428,21 @@ fn evolution() -> std::sync::Arc<kafka_backfill::codec::versions::Evolution> {
     )
 }
 
+/// What the schema-change scenario's steps share: two workers' stores and leases, the three
+/// versions of the table, the bulk rows, and how the backend's columns and history are read.
+struct SchemaChange<'a> {
+    job: &'a str,
+    a: Box<dyn StateStore>,
+    b: Box<dyn StateStore>,
+    la: u64,
+    lb: u64,
+    /// The table at versions 0, 1 (columns added) and 2 (`payload` dropped).
+    v: [TableSchema; 3],
+    bulk: Vec<(Vec<u8>, Vec<u8>, Vnode)>,
+    columns: &'a dyn Fn() -> Vec<String>,
+    history: &'a dyn Fn() -> i64,
+}
+
 /// Schema changes (docs/WIRE.md "Schema changes"): the first checkpoint at or after a version's
 /// epoch alters the table in its own transaction — columns added, rows resolved, the version
 /// recorded — a worker's later commit of an older epoch has its rows resolved forward, and a
@@ -1437,102 +1453,142 @@ fn schema_change(
     columns: &dyn Fn() -> Vec<String>,
     history: &dyn Fn() -> i64,
 ) {
-    use kafka_backfill::codec::versions::resolve;
-    let ev = evolution();
-    let vs = ev.current();
-    let (v0, v1, v2) = (
-        vs.of(0)[0].table.clone(),
-        vs.of(0)[1].table.clone(),
-        vs.of(0)[2].table.clone(),
-    );
-    let mut a = open();
-    let mut b = open();
-    let info = info();
-    a.ensure_job(job, &info).unwrap();
-    let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
-    let (k0, d0, u0) = upsert(0, 0);
-    // Enough rows for PostgreSQL's COPY path (its session staging table has the row's shape).
-    let bulk = bulk_rows(1_100);
-    let mut first = vec![u0];
-    first.extend(bulk.iter().map(|(k, d, v)| RowMutation::Upsert {
-        vnode: *v,
-        row: Row {
-            key: k.clone(),
-            value: d.clone(),
-        },
-        offset: Some(1),
-    }));
-    a.commit(job, &log_checkpoint(0, la, E1, 10, first))
-        .unwrap();
-    assert_eq!(history(), 0);
-    // E2 is version 1: a row written with it, and the table altered in the same commit.
-    let (k2, d2_v0, _) = upsert(0, 1);
-    let d2 = resolve(&d2_v0, &v0, &v1).unwrap();
-    let vnode2 = row_in(0, 1).2;
-    let u2 = RowMutation::Upsert {
-        vnode: vnode2,
-        row: Row {
-            key: k2.clone(),
-            value: d2.clone(),
-        },
-        offset: Some(2),
-    };
-    a.commit(job, &log_checkpoint(0, la, E2, 20, vec![u2]))
-        .unwrap();
-    assert_eq!(history(), 1);
-    let cols = columns();
-    assert!(cols.contains(&"tier".to_string()) && cols.contains(&"note".to_string()));
-    // B still at E1 (version 0): its row is resolved to the table's version 1.
-    let (k1, d1, u1) = upsert(1, 0);
-    b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u1]))
-        .unwrap();
-    let mut want = BTreeMap::from([
-        (k0.clone(), resolve(&d0, &v0, &v1).unwrap()),
-        (k1, resolve(&d1, &v0, &v1).unwrap()),
-        (k2.clone(), d2.clone()),
-    ]);
-    for (k, d, _) in &bulk {
-        want.insert(k.clone(), resolve(d, &v0, &v1).unwrap());
-    }
-    assert_eq!(a.rows(job).unwrap(), want);
-    // E3 (version 2 drops payload) with a row that does not decode: refused, and the ALTER with it.
-    let bad = RowMutation::Upsert {
-        vnode: vnode2,
-        row: Row {
-            key: k2.clone(),
-            value: vec![0xff],
-        },
-        offset: Some(3),
-    };
-    assert!(a
-        .commit(job, &log_checkpoint(0, la, E3, 30, vec![bad]))
-        .is_err());
-    assert_eq!(history(), 1);
-    assert!(columns().contains(&"payload".to_string()));
-    a.commit(job, &log_checkpoint(0, la, E3, 30, vec![]))
-        .unwrap();
-    assert_eq!(history(), 2);
-    assert!(!columns().contains(&"payload".to_string()));
-    assert_eq!(a.rows(job).unwrap()[&k2], resolve(&d2, &v1, &v2).unwrap());
-    // The bulk rows again, written with version 2 in one checkpoint: COPY with the new shape in
-    // the session that copied the old one (its staging table was the old shape's: refused before).
-    let again: Vec<RowMutation> = bulk
-        .iter()
-        .map(|(k, d, v)| RowMutation::Upsert {
+    let mut s = SchemaChange::start(open, job, columns, history);
+    let (k2, d2) = s.a_version_alters_the_table_with_its_first_checkpoint();
+    s.a_refused_checkpoint_takes_its_alter_with_it(&k2, &d2);
+    s.copy_takes_the_new_shape_in_the_same_session();
+}
+
+impl<'a> SchemaChange<'a> {
+    /// Both workers claimed; A commits version 0's rows at E1, enough of them for PostgreSQL's
+    /// COPY path (its session staging table has the row's shape).
+    fn start(
+        open: &dyn Fn() -> Box<dyn StateStore>,
+        job: &'a str,
+        columns: &'a dyn Fn() -> Vec<String>,
+        history: &'a dyn Fn() -> i64,
+    ) -> Self {
+        let vs = evolution().current();
+        let v = [0, 1, 2].map(|i| vs.of(0)[i].table.clone());
+        let (mut a, mut b) = (open(), open());
+        let info = info();
+        a.ensure_job(job, &info).unwrap();
+        let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
+        let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+        let bulk = bulk_rows(1_100);
+        let mut first = vec![upsert(0, 0).2];
+        first.extend(bulk.iter().map(|(k, d, v)| RowMutation::Upsert {
             vnode: *v,
             row: Row {
                 key: k.clone(),
-                value: resolve(d, &v0, &v2).unwrap(),
+                value: d.clone(),
             },
-            offset: Some(4),
-        })
-        .collect();
-    a.commit(job, &log_checkpoint(0, la, E4, 40, again))
-        .unwrap();
-    let rows = a.rows(job).unwrap();
-    for (k, d, _) in &bulk {
-        assert_eq!(rows[k], resolve(d, &v0, &v2).unwrap());
+            offset: Some(1),
+        }));
+        a.commit(job, &log_checkpoint(0, la, E1, 10, first))
+            .unwrap();
+        assert_eq!(history(), 0);
+        SchemaChange {
+            job,
+            a,
+            b,
+            la,
+            lb,
+            v,
+            bulk,
+            columns,
+            history,
+        }
+    }
+
+    /// E2 is version 1: a row written with it, and the table altered in the same commit; B, still
+    /// at E1 (version 0), has its row resolved to the table's version 1. Returns E2's row.
+    fn a_version_alters_the_table_with_its_first_checkpoint(&mut self) -> (Vec<u8>, Vec<u8>) {
+        let [v0, v1, _] = &self.v;
+        let job = self.job;
+        let (k2, d2_v0, _) = upsert(0, 1);
+        let d2 = resolve(&d2_v0, v0, v1).unwrap();
+        let u2 = RowMutation::Upsert {
+            vnode: row_in(0, 1).2,
+            row: Row {
+                key: k2.clone(),
+                value: d2.clone(),
+            },
+            offset: Some(2),
+        };
+        self.a
+            .commit(job, &log_checkpoint(0, self.la, E2, 20, vec![u2]))
+            .unwrap();
+        assert_eq!((self.history)(), 1);
+        let cols = (self.columns)();
+        assert!(cols.contains(&"tier".to_string()) && cols.contains(&"note".to_string()));
+        let (k1, d1, u1) = upsert(1, 0);
+        self.b
+            .commit(job, &log_checkpoint(1, self.lb, E1, 11, vec![u1]))
+            .unwrap();
+        let (k0, d0, _) = upsert(0, 0);
+        let mut want = BTreeMap::from([
+            (k0, resolve(&d0, v0, v1).unwrap()),
+            (k1, resolve(&d1, v0, v1).unwrap()),
+            (k2.clone(), d2.clone()),
+        ]);
+        for (k, d, _) in &self.bulk {
+            want.insert(k.clone(), resolve(d, v0, v1).unwrap());
+        }
+        assert_eq!(self.a.rows(job).unwrap(), want);
+        (k2, d2)
+    }
+
+    /// E3 (version 2 drops payload) with a row that does not decode: refused, and the ALTER with
+    /// it; then E3 alone applies version 2 and resolves E2's row to it.
+    fn a_refused_checkpoint_takes_its_alter_with_it(&mut self, k2: &[u8], d2: &[u8]) {
+        let job = self.job;
+        let bad = RowMutation::Upsert {
+            vnode: row_in(0, 1).2,
+            row: Row {
+                key: k2.to_vec(),
+                value: vec![0xff],
+            },
+            offset: Some(3),
+        };
+        assert!(self
+            .a
+            .commit(job, &log_checkpoint(0, self.la, E3, 30, vec![bad]))
+            .is_err());
+        assert_eq!((self.history)(), 1);
+        assert!((self.columns)().contains(&"payload".to_string()));
+        self.a
+            .commit(job, &log_checkpoint(0, self.la, E3, 30, vec![]))
+            .unwrap();
+        assert_eq!((self.history)(), 2);
+        assert!(!(self.columns)().contains(&"payload".to_string()));
+        let [_, v1, v2] = &self.v;
+        assert_eq!(self.a.rows(job).unwrap()[k2], resolve(d2, v1, v2).unwrap());
+    }
+
+    /// The bulk rows again, written with version 2 in one checkpoint: COPY with the new shape in
+    /// the session that copied the old one (its staging table was the old shape's: refused before).
+    fn copy_takes_the_new_shape_in_the_same_session(&mut self) {
+        let [v0, _, v2] = &self.v;
+        let again: Vec<RowMutation> = self
+            .bulk
+            .iter()
+            .map(|(k, d, v)| RowMutation::Upsert {
+                vnode: *v,
+                row: Row {
+                    key: k.clone(),
+                    value: resolve(d, v0, v2).unwrap(),
+                },
+                offset: Some(4),
+            })
+            .collect();
+        self.a
+            .commit(self.job, &log_checkpoint(0, self.la, E4, 40, again))
+            .unwrap();
+        let rows = self.a.rows(self.job).unwrap();
+        for (k, d, _) in &self.bulk {
+            assert_eq!(rows[k], resolve(d, v0, v2).unwrap());
+        }
     }
 }
 
