@@ -437,7 +437,7 @@ fn gauge_phase(m: &Metrics, job: &str, worker: &str) -> Option<Phase> {
         .find(|p| m.phase.with_label_values(&[job, worker, p.as_str()]).get() == 1)
 }
 
-fn phase_of(board: &StatusBoard) -> Option<(Phase, u64, u64)> {
+fn phase_of(board: &StatusBoard) -> Option<(Phase, u64, kafka_backfill::core::Generation)> {
     let b = board.lock().unwrap();
     b.values().flat_map(|w| w.values()).next().and_then(|r| {
         r.status
@@ -556,7 +556,10 @@ fn commit_latency(n: usize, samples: usize) -> (Vec<f64>, f64, usize) {
         }],
     };
     store.ensure_job("b", &info).unwrap();
-    let lease = store.claim("b", 0, "w", &[0], &info).unwrap()[0].lease;
+    let lease = store
+        .claim("b", kafka_backfill::core::Generation(0), "w", &[0], &info)
+        .unwrap()[0]
+        .lease;
     let mut rng = kafka_backfill::rng::SimRng::new(1);
     let (mut times, mut cpu_secs, mut upserts) = (Vec::new(), 0.0, 0);
     for r in 0..samples {
@@ -580,7 +583,7 @@ fn commit_latency(n: usize, samples: usize) -> (Vec<f64>, f64, usize) {
         rows.dedup_by(|a, b| a.key() == b.key());
         let epoch = Epoch((3 + r as u64) << 16);
         let cp = Checkpoint {
-            generation: 0,
+            generation: kafka_backfill::core::Generation(0),
             worker: "w".into(),
             cause: CheckpointCause::Barrier,
             epoch: Some(epoch),
@@ -958,7 +961,9 @@ fn recreation_turnaround(bootstrap: &str, partitions: u32) -> (f64, f64) {
     let t0 = Instant::now();
     loop {
         let started = [&board_a, &board_b].iter().any(|b| {
-            phase_of(b).is_some_and(|(ph, rows, g)| g >= 1 && ph == Phase::Snapshot && rows > 0)
+            phase_of(b).is_some_and(|(ph, rows, g)| {
+                g >= kafka_backfill::core::Generation(1) && ph == Phase::Snapshot && rows > 0
+            })
         });
         if started {
             break;

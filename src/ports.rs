@@ -4,6 +4,7 @@
 //! worker). `memory` implements each for tests and the simulation; `sqlite`, `snapshot_files` and the
 //! Kafka modules implement them for real.
 
+use crate::core::{Generation, Lease};
 use std::collections::BTreeMap;
 
 use crate::core::{
@@ -63,7 +64,7 @@ pub struct JobRow {
     pub snapshot_epoch: Epoch,
     pub vnode_count: u32,
     pub partition_count: u32,
-    pub generation: u64,
+    pub generation: Generation,
     pub phase: String,
     pub recreations: u64,
 }
@@ -79,15 +80,15 @@ pub enum StoreError {
     #[error("job {job}: commit from generation {attempted} rejected, the job is at generation {current}")]
     StaleGeneration {
         job: String,
-        attempted: u64,
-        current: u64,
+        attempted: Generation,
+        current: Generation,
     },
     #[error("job {job}: partition {partition} is owned by {owner} (lease {current}); commit with lease {attempted} rejected")]
     NotOwner {
         job: String,
         partition: PartitionId,
-        attempted: u64,
-        current: u64,
+        attempted: Lease,
+        current: Lease,
         owner: String,
     },
     #[error("job {job}: {what} is {found} in the store but {expected} in the configuration; a job's {what} is fixed")]
@@ -358,7 +359,7 @@ pub trait StateStore: Send {
     fn claim(
         &mut self,
         job: &str,
-        generation: u64,
+        generation: Generation,
         worker: &str,
         partitions: &[PartitionId],
         info: &SnapshotInfo,
@@ -386,7 +387,7 @@ pub trait StateStore: Send {
     }
     /// Compare-and-set `generation` from `from_generation` to the next, discarding rows and progress,
     /// in one transaction. Returns the job row after (also when another worker already recreated).
-    fn recreate(&mut self, job: &str, from_generation: u64) -> Result<JobRow, StoreError> {
+    fn recreate(&mut self, job: &str, from_generation: Generation) -> Result<JobRow, StoreError> {
         self.recreate_onto(job, from_generation, None)
     }
     /// [`recreate`](Self::recreate), the next generation starting from the snapshot at `onto`
@@ -395,7 +396,7 @@ pub trait StateStore: Send {
     fn recreate_onto(
         &mut self,
         job: &str,
-        from_generation: u64,
+        from_generation: Generation,
         onto: Option<Epoch>,
     ) -> Result<JobRow, StoreError>;
     /// The materialised rows: key bytes → row datum bytes (rebuilt from the typed columns when the
@@ -482,7 +483,7 @@ pub struct DeadLetterRow {
     /// The partition's open epoch where it stood.
     pub epoch: u64,
     /// The generation that first recorded it (a recreation reads it again and keeps this row).
-    pub generation: u64,
+    pub generation: Generation,
     pub reason: String,
 }
 
@@ -741,9 +742,12 @@ pub enum WorkerEvent {
     /// This worker's compare-and-set recreated the job (it applied).
     Recreated,
     /// The worker failed, in the executor of `generation`; the supervisor decides next.
-    Failed { kind: FailureKind, generation: u64 },
+    Failed {
+        kind: FailureKind,
+        generation: Generation,
+    },
     /// An executor started at this generation.
-    Generation(u64),
+    Generation(Generation),
     /// A partition was paused for alignment this long before it resumed.
     AlignmentWait { seconds: f64 },
     /// The worker no longer owns this partition (its lag is its new owner's to report).

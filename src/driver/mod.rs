@@ -19,6 +19,7 @@
 //! [`WorkerEvent`]s to its [`Observer`] — it never imports the service, metrics or the status board
 //! (`tests/it/architecture.rs` fails if it does, or reads a clock of its own).
 
+use crate::core::Generation;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -139,7 +140,7 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     /// The generation of the executor last started: a failure is the supervisor's to judge by the
     /// generation of the executor that failed, never by the store's current one (which another
     /// worker's recreation may already have moved on).
-    generation: u64,
+    generation: Generation,
     /// The job is paused (`StateStore::paused`): every owned partition is paused in the consumer,
     /// the scan stands still, and the executor's own fetch and resume decisions wait for the resume.
     job_paused: bool,
@@ -194,7 +195,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             adaptive: Adaptive::new(cfg_adaptive),
             last_house: None,
             restart_at: None,
-            generation: 0,
+            generation: crate::core::Generation(0),
             job_paused: false,
             dead_letter_sink: None,
             undecoded: Default::default(),
@@ -408,20 +409,20 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     .store
                     .recreate(&self.cfg.job, from_generation)
                     .map_err(|e| self.stopped(format!("recreating the job: {e}")))?;
-                let applied = row.generation == from_generation + 1;
+                let applied = row.generation == from_generation.next();
                 supervisor.recreation_outcome(applied, now);
                 drop(supervisor);
                 if applied {
                     self.observer.observe(WorkerEvent::Recreated);
-                    info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = %row.generation, recreations = row.recreations, backoff_ms, "recreating the job: backfill restarts from the snapshot under the new assignment");
                 } else {
-                    info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = row.generation, from_generation, backoff_ms, "the job was already recreated by another process; restarting under its generation");
+                    info!(job = %self.cfg.job, worker = %self.cfg.worker, generation = %row.generation, %from_generation, backoff_ms, "the job was already recreated by another process; restarting under its generation");
                 }
                 self.begin_restart(backoff_ms)
             }
             Verdict::Restart { backoff_ms } => {
                 drop(supervisor);
-                info!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, generation, backoff_ms, "restarting the worker from the store");
+                info!(job = %self.cfg.job, worker = %self.cfg.worker, reason = %f, %generation, backoff_ms, "restarting the worker from the store");
                 self.begin_restart(backoff_ms)
             }
         }

@@ -677,7 +677,7 @@ fn move_if_log_gone(
                 .with_context(|| {
                     format!("job {}: moving to the snapshot at epoch {epoch}", job.name)
                 })?;
-            warn!(job = %job.name, cause = %gone, from = %info.snapshot_epoch, to = %epoch, generation = moved.generation, dir = %folder.display(), "the log the job needs was deleted: it moves to a newer snapshot of its capture (a new generation; its rows are loaded again from that snapshot)");
+            warn!(job = %job.name, cause = %gone, from = %info.snapshot_epoch, to = %epoch, generation = %moved.generation, dir = %folder.display(), "the log the job needs was deleted: it moves to a newer snapshot of its capture (a new generation; its rows are loaded again from that snapshot)");
         }
         None => {
             warn!(job = %job.name, cause = %gone, from = %info.snapshot_epoch, to = %epoch, dir = %folder.display(), "the log after the snapshot was deleted: the new job starts from a newer snapshot of its capture");

@@ -162,9 +162,10 @@ impl Observer for ServiceObserver {
                 .inc(),
             // Logged by the loop with its reason; counted by what follows (recreation, restart).
             WorkerEvent::Failed { .. } => {}
-            WorkerEvent::Generation(g) => {
-                m.generation.with_label_values(&self.label()).set(g as i64)
-            }
+            WorkerEvent::Generation(g) => m
+                .generation
+                .with_label_values(&self.label())
+                .set(g.0 as i64),
             WorkerEvent::AlignmentWait { seconds } => m
                 .alignment_seconds
                 .with_label_values(&[&self.job])

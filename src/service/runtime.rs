@@ -516,7 +516,10 @@ mod tests {
         };
         let mut store = open().unwrap();
         store.ensure_job("several-j", &info).unwrap();
-        let lease = store.claim("several-j", 0, "a-0", &[0], &info).unwrap()[0].lease;
+        let lease = store
+            .claim("several-j", crate::core::Generation(0), "a-0", &[0], &info)
+            .unwrap()[0]
+            .lease;
         let at = |v: u16, cursor: Option<Vec<u8>>, finished: bool| VnodeProgress {
             cursor,
             finished,
@@ -526,7 +529,7 @@ mod tests {
             .commit(
                 "several-j",
                 &Checkpoint {
-                    generation: 0,
+                    generation: crate::core::Generation(0),
                     worker: "a-0".into(),
                     cause: CheckpointCause::Local,
                     epoch: None,
@@ -649,7 +652,9 @@ mod tests {
             ("a-0", 0, ms(3_000), ms(4_000)),
             ("b-0", 1, ms(1_000), ms(1_500)),
         ] {
-            let claims = store.claim("j", 0, worker, &[partition], &info).unwrap();
+            let claims = store
+                .claim("j", crate::core::Generation(0), worker, &[partition], &info)
+                .unwrap();
             let lease = claims[0].lease;
             let vnodes = |epoch: Epoch| {
                 map.vnodes_of(partition)
@@ -662,7 +667,7 @@ mod tests {
             };
             let cp =
                 |cause, epoch: Option<Epoch>, v: Vec<VnodeProgress>, next_offset, at| Checkpoint {
-                    generation: 0,
+                    generation: crate::core::Generation(0),
                     worker: worker.to_string(),
                     cause,
                     epoch,

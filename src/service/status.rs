@@ -208,7 +208,7 @@ mod tests {
                 topic: "t".into(),
                 snapshot_epoch: crate::core::Epoch(1 << 16),
                 map: PartitionMap::new(8, 2).unwrap(),
-                generation: 0,
+                generation: crate::core::Generation(0),
                 worker: "w".into(),
                 policy: JobPolicy {
                     local_checkpoint: LocalCheckpointPolicy {

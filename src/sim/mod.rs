@@ -582,7 +582,7 @@ impl Sim {
         &self.store
     }
 
-    pub fn generation(&self) -> u64 {
+    pub fn generation(&self) -> crate::core::Generation {
         self.store.job_row(JOB).expect("job").generation
     }
 

@@ -2,6 +2,7 @@
 //! the scenario tests. The state store checks every invariant a real store enforces (generation,
 //! leases, monotonic progress) so that tests catch a core that would break them.
 
+use crate::core::{Generation, Lease};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -85,7 +86,7 @@ impl SnapshotSource for MemorySnapshot {
 #[derive(Debug, Clone)]
 struct Owner {
     worker: String,
-    lease: u64,
+    lease: Lease,
 }
 
 #[derive(Debug, Clone)]
@@ -95,7 +96,7 @@ struct JobState {
     vnodes: BTreeMap<Vnode, VnodeProgress>,
     partitions: BTreeMap<PartitionId, PartitionProgress>,
     owners: BTreeMap<PartitionId, Owner>,
-    next_lease: u64,
+    next_lease: Lease,
     commits: u64,
     /// Dead letters by (partition, offset); kept across recreations.
     dead_letters: BTreeMap<(PartitionId, u64), DeadLetterRow>,
@@ -241,7 +242,7 @@ impl TxRead for Tx<'_> {
         &mut self,
         _job: &str,
         partitions: &[PartitionId],
-    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
+    ) -> Result<BTreeMap<PartitionId, (String, Lease)>, StoreError> {
         Ok(self.0.map_or_else(BTreeMap::new, |s| {
             partitions
                 .iter()
@@ -273,7 +274,7 @@ impl StateStore for MemoryStore {
                 snapshot_epoch: info.snapshot_epoch,
                 vnode_count: info.vnode_count,
                 partition_count: info.partition_count,
-                generation: 0,
+                generation: crate::core::Generation(0),
                 phase: "snapshot".into(),
                 recreations: 0,
             },
@@ -282,7 +283,7 @@ impl StateStore for MemoryStore {
             partitions: BTreeMap::new(),
             dead_letters: BTreeMap::new(),
             owners: BTreeMap::new(),
-            next_lease: 1,
+            next_lease: crate::core::Lease(1),
             commits: 0,
             applied: None,
             pending: Vec::new(),
@@ -299,7 +300,7 @@ impl StateStore for MemoryStore {
     fn claim(
         &mut self,
         job: &str,
-        generation: u64,
+        generation: Generation,
         worker: &str,
         partitions: &[PartitionId],
         info: &SnapshotInfo,
@@ -312,7 +313,7 @@ impl StateStore for MemoryStore {
         let mut out = Vec::new();
         for &p in partitions {
             let lease = state.next_lease;
-            state.next_lease += 1;
+            state.next_lease = Lease(state.next_lease.0 + 1);
             state.owners.insert(
                 p,
                 Owner {
@@ -356,7 +357,7 @@ impl StateStore for MemoryStore {
     fn recreate_onto(
         &mut self,
         job: &str,
-        from_generation: u64,
+        from_generation: Generation,
         onto: Option<Epoch>,
     ) -> Result<JobRow, StoreError> {
         let mut jobs = self.jobs.lock().unwrap();
@@ -364,7 +365,7 @@ impl StateStore for MemoryStore {
             .get_mut(job)
             .ok_or_else(|| StoreError::NoJob { job: job.into() })?;
         if protocol::recreation_applies(&state.row, from_generation) {
-            state.row.generation += 1;
+            state.row.generation = state.row.generation.next();
             state.row.recreations += 1;
             state.row.phase = "snapshot".into();
             if let Some(e) = onto {

@@ -165,7 +165,7 @@ mod tests {
         fn claim(
             &mut self,
             _: &str,
-            _: u64,
+            _: crate::core::Generation,
             _: &str,
             _: &[PartitionId],
             _: &SnapshotInfo,
@@ -183,7 +183,7 @@ mod tests {
         fn recreate_onto(
             &mut self,
             _: &str,
-            _: u64,
+            _: crate::core::Generation,
             _: Option<crate::core::Epoch>,
         ) -> Result<JobRow, StoreError> {
             unreachable!()
@@ -229,7 +229,7 @@ mod tests {
     fn group(n: usize) -> Vec<Checkpoint> {
         (0..n)
             .map(|_| Checkpoint {
-                generation: 0,
+                generation: crate::core::Generation(0),
                 worker: "w".into(),
                 cause: CheckpointCause::Barrier,
                 epoch: None,
@@ -249,8 +249,8 @@ mod tests {
             StoreError::backend("connection refused"),
             StoreError::StaleGeneration {
                 job: "j".into(),
-                attempted: 0,
-                current: 1,
+                attempted: crate::core::Generation(0),
+                current: crate::core::Generation(1),
             },
         ] {
             let mut store = Failing {

@@ -8,6 +8,7 @@
 //! one scenario). The job's whole transactions built from these checks are `store::transactions`.
 //! `tests/it/store_conformance.rs` runs one suite unchanged against all three.
 
+use crate::core::{Generation, Lease};
 use std::collections::BTreeMap;
 
 use crate::core::faults::{self, Fault};
@@ -26,7 +27,7 @@ pub trait TxRead {
         &mut self,
         job: &str,
         partitions: &[PartitionId],
-    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError>;
+    ) -> Result<BTreeMap<PartitionId, (String, Lease)>, StoreError>;
     /// Committed progress of these vnodes (absent = none committed).
     fn vnodes(
         &mut self,
@@ -43,7 +44,11 @@ pub fn job_row(tx: &mut impl TxRead, job: &str) -> Result<JobRow, StoreError> {
 
 /// A worker of `generation` may act only while the job is in that generation (a recreation fences
 /// every worker of the earlier one).
-pub fn check_generation(job: &str, current: u64, attempted: u64) -> Result<(), StoreError> {
+pub fn check_generation(
+    job: &str,
+    current: Generation,
+    attempted: Generation,
+) -> Result<(), StoreError> {
     if current != attempted && fences_by_generation() {
         return Err(StoreError::StaleGeneration {
             job: job.into(),
@@ -61,7 +66,11 @@ pub fn fences_by_generation() -> bool {
 }
 
 /// Before a claim: the job exists and is in the claimer's generation. Returns the job row.
-pub fn check_claim(tx: &mut impl TxRead, job: &str, generation: u64) -> Result<JobRow, StoreError> {
+pub fn check_claim(
+    tx: &mut impl TxRead,
+    job: &str,
+    generation: Generation,
+) -> Result<JobRow, StoreError> {
     let row = job_row(tx, job)?;
     check_generation(job, row.generation, generation)?;
     Ok(row)
@@ -71,7 +80,7 @@ pub fn check_claim(tx: &mut impl TxRead, job: &str, generation: u64) -> Result<J
 /// committed progress (or fresh at the snapshot epoch).
 pub fn claimed_partition(
     partition: PartitionId,
-    lease: u64,
+    lease: Lease,
     stored: Option<PartitionProgress>,
     stored_vnodes: &BTreeMap<Vnode, VnodeProgress>,
     map: &PartitionMap,
@@ -123,7 +132,7 @@ pub fn check_commit(
                     job: job.into(),
                     partition: *p,
                     attempted: *lease,
-                    current: other.as_ref().map_or(0, |o| o.1),
+                    current: other.as_ref().map_or(Lease(0), |o| o.1),
                     owner: other.map_or_else(|| "nobody".into(), |o| o.0),
                 })
             }
@@ -310,7 +319,7 @@ pub fn check_job_tables(
 
 /// A recreation applies only if the job is still in `from_generation` (compare-and-set: of many
 /// workers raising the error, one recreation happens).
-pub fn recreation_applies(row: &JobRow, from_generation: u64) -> bool {
+pub fn recreation_applies(row: &JobRow, from_generation: Generation) -> bool {
     row.generation == from_generation
 }
 

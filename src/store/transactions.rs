@@ -12,6 +12,7 @@ use crate::codec::TableSchema;
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
 };
+use crate::core::{Generation, Lease};
 use crate::ports::{DecodedRows, JobRow, SnapshotInfo, StoreError};
 use crate::store::protocol::{self, TxPublish, TxRead, TxSchema};
 use crate::store::StoreTable;
@@ -45,13 +46,13 @@ pub trait TxJob: TxRead + TxPublish {
     /// The job's pending publication units.
     fn pending_unit_count(&mut self, job: &str) -> Result<i64, StoreError>;
     /// The next lease of the job (greater than every lease it gave).
-    fn next_lease(&mut self, job: &str) -> Result<u64, StoreError>;
+    fn next_lease(&mut self, job: &str) -> Result<Lease, StoreError>;
     fn write_lease(
         &mut self,
         job: &str,
         partition: PartitionId,
         worker: &str,
-        lease: u64,
+        lease: Lease,
     ) -> Result<(), StoreError>;
     /// A partition's committed progress.
     fn partition_progress(
@@ -115,7 +116,7 @@ pub fn ensure_job(
 pub fn claim(
     tx: &mut impl TxJob,
     job: &str,
-    generation: u64,
+    generation: Generation,
     worker: &str,
     partitions: &[PartitionId],
     info: &SnapshotInfo,
@@ -145,7 +146,7 @@ pub fn claim(
 pub fn recreate(
     tx: &mut impl TxJob,
     job: &str,
-    from_generation: u64,
+    from_generation: Generation,
     onto: Option<Epoch>,
     publication: bool,
 ) -> Result<JobRow, StoreError> {

@@ -246,7 +246,7 @@ fn reassignment_during_the_log_store_raises_the_error_then_recreates_under(
         1,
         "the exact invariant error is raised once"
     );
-    assert_eq!(s.generation(), gen + 1, "the job was recreated");
+    assert_eq!(s.generation(), gen.next(), "the job was recreated");
     assert_eq!(s.store().job_row("sim").unwrap().recreations, 1);
     s.settle().unwrap();
 }
@@ -339,7 +339,7 @@ fn absorbed(s: &Sim, at_least: u64) {
     let r = s.report();
     assert_eq!((r.bitmap_errors, r.recreations), (0, 0), "{r:?}");
     assert!(r.rescheduled >= at_least, "{r:?}");
-    assert_eq!(s.generation(), 0);
+    assert_eq!(s.generation(), kafka_backfill::core::Generation(0));
 }
 
 #[test]
@@ -436,7 +436,7 @@ fn one_rebalance_seen_by_four_workers_is_one_recreation() {
         r.bitmap_errors >= 1 && r.bitmap_errors + r.fenced >= 4,
         "{r:?}"
     );
-    assert_eq!(s.generation(), gen + 1, "one recreation: {r:?}");
+    assert_eq!(s.generation(), gen.next(), "one recreation: {r:?}");
     assert_eq!(r.recreations, 1, "{r:?}");
     assert_eq!(s.store().job_row("sim").unwrap().recreations, 1);
     assert_eq!(r.stopped, None, "the cap of 1 was not used up: {r:?}");
@@ -476,6 +476,6 @@ fn members_of_a_second_process_joining_one_by_one_are_one_recreation() {
     s.settle().unwrap();
     let r = s.report();
     assert_eq!(r.stopped, None, "the cap of 1 was not used up: {r:?}");
-    assert_eq!(s.generation(), gen + 1, "one recreation: {r:?}");
+    assert_eq!(s.generation(), gen.next(), "one recreation: {r:?}");
     assert_eq!(r.recreations, 1, "{r:?}");
 }

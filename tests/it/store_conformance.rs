@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use apache_avro::types::Value as Avro;
 use kafka_backfill::codec::TableSchema;
 use kafka_backfill::core::{
-    vnode_of, Checkpoint, CheckpointCause, DeadLetter, Epoch, PartitionId, PartitionMap,
-    PartitionProgress, RateLimits, Row, RowMutation, Vnode, VnodeProgress,
+    vnode_of, Checkpoint, CheckpointCause, DeadLetter, Epoch, Generation, Lease, PartitionId,
+    PartitionMap, PartitionProgress, RateLimits, Row, RowMutation, Vnode, VnodeProgress,
 };
 use kafka_backfill::ports::{SnapshotInfo, StateStore, StoreError};
 use kafka_backfill::store::postgres::PostgresStore;
@@ -88,9 +88,9 @@ fn row_in(partition: PartitionId, nth: usize) -> (Vec<u8>, Vec<u8>, Vnode) {
     rows_in(partition, 0, 10).nth(nth).unwrap()
 }
 
-fn checkpoint(generation: u64, leases: Vec<(PartitionId, u64)>) -> Checkpoint {
+fn checkpoint(generation: u64, leases: Vec<(PartitionId, Lease)>) -> Checkpoint {
     Checkpoint {
-        generation,
+        generation: Generation(generation),
         worker: "w".into(),
         cause: CheckpointCause::Local,
         epoch: None,
@@ -230,11 +230,11 @@ fn sqlite_has_datum(path: &std::path::Path) -> bool {
 
 /// Two handles on `job`, created, with partition 0 claimed by `a` and 1 by `b`: (a, b, a's lease,
 /// b's lease).
-fn claimed(open: Open, job: &str) -> (Box<dyn StateStore>, Box<dyn StateStore>, u64, u64) {
+fn claimed(open: Open, job: &str) -> (Box<dyn StateStore>, Box<dyn StateStore>, Lease, Lease) {
     let (mut a, mut b) = (open(), open());
     a.ensure_job(job, &info()).unwrap();
-    let la = a.claim(job, 0, "a", &[0], &info()).unwrap()[0].lease;
-    let lb = b.claim(job, 0, "b", &[1], &info()).unwrap()[0].lease;
+    let la = a.claim(job, Generation(0), "a", &[0], &info()).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(0), "b", &[1], &info()).unwrap()[0].lease;
     (a, b, la, lb)
 }
 
@@ -269,7 +269,7 @@ fn at_ten(p: PartitionId, streaming: bool) -> PartitionProgress {
 }
 
 /// Partition 0's first row, copied by a checkpoint of `la` that also moves its vnode's cursor.
-fn first_row_copied(la: u64) -> Checkpoint {
+fn first_row_copied(la: Lease) -> Checkpoint {
     let (key, datum, v) = row_in(0, 0);
     let mut snap = checkpoint(0, vec![(0, la)]);
     snap.rows = vec![snapshot_upsert((key.clone(), datum, v))];
@@ -285,7 +285,7 @@ fn a_missing_job_is_named(open: Open, job: &str) {
     let mut a = open();
     assert!(a.job(job).unwrap().is_none());
     assert!(matches!(
-        a.claim(job, 0, "a", &[0], &info()),
+        a.claim(job, Generation(0), "a", &[0], &info()),
         Err(StoreError::NoJob { .. })
     ));
 }
@@ -295,7 +295,7 @@ fn the_job_shape_is_fixed_at_creation(open: Open, job: &str) {
     let row = a.ensure_job(job, &info()).unwrap();
     assert_eq!(
         (row.generation, row.recreations, row.phase.as_str()),
-        (0, 0, "snapshot")
+        (Generation(0), 0, "snapshot")
     );
     assert_eq!(b.ensure_job(job, &info()).unwrap(), row);
     let mut other = info();
@@ -328,8 +328,8 @@ fn first_claims_start_at_the_snapshot_with_distinct_leases(open: Open, job: &str
     let (mut a, mut b) = (open(), open());
     let info = info();
     a.ensure_job(job, &info).unwrap();
-    let ca = a.claim(job, 0, "a", &[0], &info).unwrap();
-    let cb = b.claim(job, 0, "b", &[1], &info).unwrap();
+    let ca = a.claim(job, Generation(0), "a", &[0], &info).unwrap();
+    let cb = b.claim(job, Generation(0), "b", &[1], &info).unwrap();
     assert_eq!(ca[0].progress, info.start[0]);
     assert_eq!(cb[0].progress, info.start[1]);
     assert_eq!(
@@ -471,7 +471,7 @@ fn the_job_streams_once_every_partition_does_and_a_claim_resumes(open: Open, job
         a.committed_partitions(job).unwrap().get(&1),
         Some(&at_ten(1, true))
     );
-    let again = b.claim(job, 0, "b", &[0], &info()).unwrap();
+    let again = b.claim(job, Generation(0), "b", &[0], &info()).unwrap();
     assert_eq!(again[0].progress, at_ten(0, true));
     assert_eq!(
         again[0].vnodes.iter().find(|x| x.vnode == v),
@@ -487,7 +487,7 @@ fn the_job_streams_once_every_partition_does_and_a_claim_resumes(open: Open, job
 /// `b` took partition 0 from `a`: `a`'s commit is refused, as fenced, and changes nothing.
 fn a_commit_under_a_lease_taken_over_is_fenced(open: Open, job: &str) {
     let (mut a, mut b, la, _) = claimed(open, job);
-    b.claim(job, 0, "b", &[0], &info()).unwrap();
+    b.claim(job, Generation(0), "b", &[0], &info()).unwrap();
     let (k2, _, v2) = row_in(0, 1);
     let mut stale = checkpoint(0, vec![(0, la)]);
     stale.rows = vec![RowMutation::Delete { vnode: v2, key: k2 }];
@@ -530,7 +530,7 @@ fn dead_letters_are_recorded_once_and_capped(open: Open, job: &str) {
         got.iter()
             .map(|d| (d.partition, d.offset, d.epoch, d.generation))
             .collect::<Vec<_>>(),
-        vec![(0, 10, E2.0, 0), (0, 11, E2.0, 0)]
+        vec![(0, 10, E2.0, Generation(0)), (0, 11, E2.0, Generation(0))]
     );
     assert!(
         got[0].reason.contains("offset 10 does not decode"),
@@ -600,12 +600,16 @@ fn recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters(open:
     a.commit(job, &dl).unwrap();
     a.set_rate_limits(job, RateLimits::both(7)).unwrap();
     a.set_paused(job, true).unwrap();
-    let row = a.recreate(job, 0).unwrap();
+    let row = a.recreate(job, Generation(0)).unwrap();
     assert_eq!(
         (row.generation, row.recreations, row.phase.as_str()),
-        (1, 1, "snapshot")
+        (Generation(1), 1, "snapshot")
     );
-    assert_eq!(b.recreate(job, 0).unwrap().generation, 1, "only once");
+    assert_eq!(
+        b.recreate(job, Generation(0)).unwrap().generation,
+        Generation(1),
+        "only once"
+    );
     assert!(a.rows(job).unwrap().is_empty());
     assert!(a.committed_vnodes(job).unwrap().is_empty());
     assert!(a.committed_partitions(job).unwrap().is_empty());
@@ -620,18 +624,18 @@ fn recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters(open:
         matches!(
             err,
             StoreError::StaleGeneration {
-                attempted: 0,
-                current: 1,
+                attempted: Generation(0),
+                current: Generation(1),
                 ..
             }
         ) && err.is_fenced(),
         "{err}"
     );
     assert!(matches!(
-        a.claim(job, 0, "a", &[0], &info()),
+        a.claim(job, Generation(0), "a", &[0], &info()),
         Err(StoreError::StaleGeneration { .. })
     ));
-    let fresh = a.claim(job, 1, "a", &[0, 1], &info()).unwrap();
+    let fresh = a.claim(job, Generation(1), "a", &[0, 1], &info()).unwrap();
     assert_eq!(fresh[0].progress, info().start[0], "progress starts over");
     assert!(fresh[0]
         .vnodes
@@ -647,7 +651,11 @@ fn recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters(open:
         1,
         "read again after a recreation, recorded once"
     );
-    assert_eq!(kept[0].generation, 0, "its first generation is kept");
+    assert_eq!(
+        kept[0].generation,
+        Generation(0),
+        "its first generation is kept"
+    );
 }
 
 /// A job whose log was deleted moves to a newer snapshot (`core::retention`): one recreation,
@@ -670,15 +678,19 @@ fn a_recreation_onto_a_newer_snapshot_records_its_epoch(open: Open, job: &str) {
             .collect(),
         ..info()
     };
-    let row = a.recreate_onto(job, 0, Some(newer.snapshot_epoch)).unwrap();
+    let row = a
+        .recreate_onto(job, Generation(0), Some(newer.snapshot_epoch))
+        .unwrap();
     assert_eq!(
         (row.generation, row.snapshot_epoch),
-        (1, newer.snapshot_epoch)
+        (Generation(1), newer.snapshot_epoch)
     );
-    let again = b.recreate_onto(job, 0, Some(Epoch(ES.0 * 8))).unwrap();
+    let again = b
+        .recreate_onto(job, Generation(0), Some(Epoch(ES.0 * 8)))
+        .unwrap();
     assert_eq!(
         (again.generation, again.snapshot_epoch),
-        (1, newer.snapshot_epoch),
+        (Generation(1), newer.snapshot_epoch),
         "a second mover of the same generation changes nothing"
     );
     assert!(a.rows(job).unwrap().is_empty());
@@ -688,7 +700,7 @@ fn a_recreation_onto_a_newer_snapshot_records_its_epoch(open: Open, job: &str) {
         a.ensure_job(job, &info()).is_err(),
         "the old snapshot no longer matches the job"
     );
-    let fresh = a.claim(job, 1, "a", &[0, 1], &newer).unwrap();
+    let fresh = a.claim(job, Generation(1), "a", &[0, 1], &newer).unwrap();
     assert_eq!(
         fresh[0].progress, newer.start[0],
         "progress starts at the newer snapshot"
@@ -755,14 +767,14 @@ fn table_ownership(open: &dyn Fn(&str) -> Box<dyn StateStore>, t: &str, u: &str,
         other => panic!("job {a} moved onto {u} was not refused: {other:?}"),
     }
     on_u.ensure_job(b, &info).unwrap();
-    assert_eq!(on_t.job(a).unwrap().unwrap().generation, 0);
+    assert_eq!(on_t.job(a).unwrap().unwrap().generation, Generation(0));
 }
 
 /// A log-store checkpoint of the worker holding `partition` (lease `lease`) through `epoch`: its
 /// vnodes finished at `epoch`, the partition's next offset `offset`.
 fn log_checkpoint(
     partition: PartitionId,
-    lease: u64,
+    lease: Lease,
     epoch: Epoch,
     offset: u64,
     rows: Vec<RowMutation>,
@@ -813,8 +825,8 @@ fn publication(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     let mut b = open();
     let info = info();
     a.ensure_job(job, &info).unwrap();
-    let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+    let la = a.claim(job, Generation(0), "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(0), "b", &[1], &info).unwrap()[0].lease;
     assert_eq!(a.published_epoch(job).unwrap(), None);
     let (k0, d0, u0) = upsert(0, 0);
     let (k1, d1, u1) = upsert(1, 0);
@@ -870,19 +882,19 @@ fn publication_across_a_recreation(
     // A recreation keeps the replica readers see until the new generation reaches its epoch: the
     // new one's snapshot rows and its publication at E1 do not show; at E3 it replaces the old.
     let old = a.rows(job).unwrap();
-    let row = a.recreate(job, 0).unwrap();
-    assert_eq!(row.generation, 1);
+    let row = a.recreate(job, Generation(0)).unwrap();
+    assert_eq!(row.generation, Generation(1));
     assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
     assert_eq!(a.rows(job).unwrap(), old, "the old replica stays visible");
-    let la = a.claim(job, 1, "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, 1, "b", &[1], &info).unwrap()[0].lease;
+    let la = a.claim(job, Generation(1), "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(1), "b", &[1], &info).unwrap()[0].lease;
     let (k3, d3, u3) = upsert(1, 1);
     let mut snap = checkpoint(1, vec![(1, lb)]);
     snap.rows = vec![u3];
     b.commit(job, &snap).unwrap();
-    let gen1 = |p: PartitionId, lease: u64, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
+    let gen1 = |p: PartitionId, lease: Lease, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
         let mut cp = log_checkpoint(p, lease, epoch, offset, rows);
-        cp.generation = 1;
+        cp.generation = Generation(1);
         cp
     };
     a.commit(job, &gen1(0, la, E1, 10, vec![])).unwrap();
@@ -940,8 +952,8 @@ fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str;
     let (mut a, mut b) = (open(&both), open(&both));
     let info = info();
     a.ensure_job(job, &info).unwrap();
-    let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+    let la = a.claim(job, Generation(0), "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(0), "b", &[1], &info).unwrap()[0].lease;
     let (kx0, dx0, ux0) = upsert_in(0, 0, 0);
     let (ky0, dy0, uy0) = upsert_in(1, 0, 1);
     let (kx1, dx1, ux1) = upsert_in(0, 1, 0);
@@ -974,7 +986,7 @@ fn several_tables_refused(
     names: [&str; 3],
     job: &str,
     a: &mut Box<dyn StateStore>,
-    la: u64,
+    la: Lease,
 ) {
     let [x, y, z] = names;
     let info = info();
@@ -1026,16 +1038,19 @@ fn several_tables_across_a_recreation(
     let info = info();
     // A recreation: both tables' old rows stay visible until the new generation publishes.
     let old = a.rows(job).unwrap();
-    assert_eq!(a.recreate(job, 0).unwrap().generation, 1);
-    let la = a.claim(job, 1, "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, 1, "b", &[1], &info).unwrap()[0].lease;
+    assert_eq!(
+        a.recreate(job, Generation(0)).unwrap().generation,
+        Generation(1)
+    );
+    let la = a.claim(job, Generation(1), "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(1), "b", &[1], &info).unwrap()[0].lease;
     let (ky3, dy3, uy3) = upsert_in(1, 1, 3);
     let mut snap = checkpoint(1, vec![(1, lb)]);
     snap.rows = vec![uy3];
     b.commit(job, &snap).unwrap();
-    let gen1 = |p: PartitionId, lease: u64, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
+    let gen1 = |p: PartitionId, lease: Lease, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
         let mut cp = log_checkpoint(p, lease, epoch, offset, rows);
-        cp.generation = 1;
+        cp.generation = Generation(1);
         cp
     };
     let (kx4, dx4, ux4) = upsert_in(0, 0, 4);
@@ -1123,7 +1138,7 @@ fn sqlite_leaving_publication_with_work_pending_is_refused() {
     let job = "switch";
     let mut a = SqliteStore::open_with(&path, "accounts", table(), epoch).unwrap();
     a.ensure_job(job, &info()).unwrap();
-    let la = a.claim(job, 0, "a", &[0], &info()).unwrap()[0].lease;
+    let la = a.claim(job, Generation(0), "a", &[0], &info()).unwrap()[0].lease;
     let (_, _, u0) = upsert(0, 0);
     a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
         .unwrap();
@@ -1172,7 +1187,7 @@ fn a_row_that_does_not_decode_is_refused(open: &dyn Fn() -> Box<dyn StateStore>,
     let mut a = open();
     let info = info();
     a.ensure_job(job, &info).unwrap();
-    let lease = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
+    let lease = a.claim(job, Generation(0), "a", &[0], &info).unwrap()[0].lease;
     let (good_key, _, good) = upsert(0, 0);
     let (bad_key, datum, vnode) = row_in(0, 1);
     let bad = RowMutation::Upsert {
@@ -1316,7 +1331,7 @@ fn postgres_a_start_does_not_wait_on_a_commit_holding_the_job_row() {
     let started = started.recv_timeout(std::time::Duration::from_secs(20));
     holding.rollback().unwrap();
     let started = started.expect("the start waited on the row lock a commit holds");
-    assert!(matches!(started, Ok(0)), "{started:?}");
+    assert!(matches!(started, Ok(Generation(0))), "{started:?}");
 }
 
 #[test]
@@ -1434,8 +1449,8 @@ struct SchemaChange<'a> {
     job: &'a str,
     a: Box<dyn StateStore>,
     b: Box<dyn StateStore>,
-    la: u64,
-    lb: u64,
+    la: Lease,
+    lb: Lease,
     /// The table at versions 0, 1 (columns added) and 2 (`payload` dropped).
     v: [TableSchema; 3],
     bulk: Vec<(Vec<u8>, Vec<u8>, Vnode)>,
@@ -1473,8 +1488,8 @@ impl<'a> SchemaChange<'a> {
         let (mut a, mut b) = (open(), open());
         let info = info();
         a.ensure_job(job, &info).unwrap();
-        let la = a.claim(job, 0, "a", &[0], &info).unwrap()[0].lease;
-        let lb = b.claim(job, 0, "b", &[1], &info).unwrap()[0].lease;
+        let la = a.claim(job, Generation(0), "a", &[0], &info).unwrap()[0].lease;
+        let lb = b.claim(job, Generation(0), "b", &[1], &info).unwrap()[0].lease;
         let bulk = bulk_rows(1_100);
         let mut first = vec![upsert(0, 0).2];
         first.extend(bulk.iter().map(|(k, d, v)| RowMutation::Upsert {
@@ -1659,7 +1674,7 @@ fn sqlite_schema_change_is_refused_without_datum_or_under_publication() {
             .unwrap()
             .with_evolution(evolution(), 0);
         a.ensure_job(job, &info()).unwrap();
-        let la = a.claim(job, 0, "a", &[0], &info()).unwrap()[0].lease;
+        let la = a.claim(job, Generation(0), "a", &[0], &info()).unwrap()[0].lease;
         let (_, _, u0) = upsert(0, 0);
         a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
             .unwrap();

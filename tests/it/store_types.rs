@@ -39,7 +39,7 @@ fn commit_rows(
     rows: &[Value],
 ) -> Result<(), StoreError> {
     store.ensure_job(job, &info())?;
-    let claim = store.claim(job, 0, "w", &[0], &info())?;
+    let claim = store.claim(job, kafka_backfill::core::Generation(0), "w", &[0], &info())?;
     let mutations = rows
         .iter()
         .enumerate()
@@ -56,7 +56,7 @@ fn commit_rows(
     store.commit(
         job,
         &Checkpoint {
-            generation: 0,
+            generation: kafka_backfill::core::Generation(0),
             worker: "w".into(),
             cause: CheckpointCause::Local,
             epoch: None,

@@ -5,6 +5,7 @@
 //! An `Err` means the input was bad (nothing after it may be committed); a [`Decision::Fail`] means the
 //! worker must stop after carrying out the decisions before it (the log-store bitmap-update error).
 
+use crate::Generation;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::barrier::{Barrier, LogRecord, Op, Row};
@@ -42,7 +43,7 @@ pub struct JobSpec {
     pub topic: String,
     pub snapshot_epoch: Epoch,
     pub map: PartitionMap,
-    pub generation: u64,
+    pub generation: Generation,
     pub worker: String,
     /// The job's configured behaviour, built once from its configuration.
     pub policy: JobPolicy,
@@ -185,7 +186,7 @@ pub struct PartitionStatus {
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerStatus {
     pub phase: Phase,
-    pub generation: u64,
+    pub generation: Generation,
     pub owned_vnodes: u32,
     pub snapshot_vnodes_left: u32,
     pub partitions: Vec<PartitionStatus>,

@@ -14,7 +14,7 @@ fn spec(partitions: u32) -> JobSpec {
         topic: "log".into(),
         snapshot_epoch: ES,
         map: PartitionMap::new(8, partitions).unwrap(),
-        generation: 3,
+        generation: crate::Generation(3),
         worker: "w".into(),
         policy: JobPolicy {
             local_checkpoint: LocalCheckpointPolicy {
@@ -35,7 +35,7 @@ fn spec(partitions: u32) -> JobSpec {
 fn claimed(map: PartitionMap, p: PartitionId, snapshot_done: bool) -> ClaimedPartition {
     ClaimedPartition {
         partition: p,
-        lease: 10 + p as u64,
+        lease: crate::Lease(10 + p as u64),
         progress: PartitionProgress {
             partition: p,
             next_offset: 1,
@@ -168,7 +168,10 @@ fn aligns_barriers_pausing_the_partition_that_is_ahead() {
     assert_eq!(cs.len(), 1, "{ds:?}");
     assert_eq!(cs[0].epoch, Some(e(1)));
     assert_eq!(cs[0].rows.len(), 1);
-    assert_eq!(cs[0].leases, vec![(0, 10), (1, 11)]);
+    assert_eq!(
+        cs[0].leases,
+        vec![(0, crate::Lease(10)), (1, crate::Lease(11))]
+    );
     assert!(cs[0]
         .partitions
         .iter()
@@ -803,14 +806,20 @@ fn read_to_moves_past_offsets_that_hold_no_records() {
 fn a_new_job_generation_restarts_the_executor_and_the_same_one_does_nothing() {
     let mut x = in_log_store();
     assert!(x
-        .handle(Event::JobGeneration { generation: 3 })
+        .handle(Event::JobGeneration {
+            generation: crate::Generation(3)
+        })
         .unwrap()
         .is_empty());
-    let ds = x.handle(Event::JobGeneration { generation: 4 }).unwrap();
+    let ds = x
+        .handle(Event::JobGeneration {
+            generation: crate::Generation(4),
+        })
+        .unwrap();
     assert_eq!(
         ds,
         vec![Decision::Restart {
-            generation: 4,
+            generation: crate::Generation(4),
             reason: "job recreated: generation 3 -> 4".into()
         }]
     );

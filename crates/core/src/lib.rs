@@ -29,7 +29,7 @@ pub mod vnode;
 mod unit_tests;
 
 pub use barrier::{Barrier, BarrierKind, Change, LogRecord, Op, Row};
-pub use epoch::Epoch;
+pub use epoch::{Epoch, Generation};
 pub use error::{check_log_start, CoreError, LogStartGone, VNODE_BITMAP_UPDATE_IN_LOG_STORE};
 pub use executor::{Executor, JobPolicy, JobSpec, LocalCheckpointPolicy, WorkerStatus};
 pub use phase::{ClaimedPartition, Decision, Event, Phase, ScanId, ScanStart};

@@ -7,6 +7,7 @@ use super::barrier::{LogRecord, Row};
 use super::error::CoreError;
 use super::progress::{Checkpoint, Lease, PartitionProgress, VnodeProgress};
 use super::vnode::{PartitionId, Vnode};
+use crate::Generation;
 
 /// Where a worker is in the life of a job. A worker's phase is that of the least advanced work it owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -101,7 +102,7 @@ pub enum Event {
     /// Wall-clock time, for local checkpoints.
     Tick { now_ms: u64 },
     /// The job's generation as the store holds it now (the driver looks every housekeeping round).
-    JobGeneration { generation: u64 },
+    JobGeneration { generation: Generation },
     /// Stop: commit what is complete.
     Shutdown,
 }
@@ -133,7 +134,7 @@ pub enum Decision {
     /// This executor is stale (the job was recreated, the store is at `generation`): drop it and
     /// restart from the store.
     Restart {
-        generation: u64,
+        generation: Generation,
         reason: String,
     },
 }

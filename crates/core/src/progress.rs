@@ -7,6 +7,7 @@
 use super::barrier::Row;
 use super::epoch::Epoch;
 use super::vnode::{PartitionId, Vnode};
+use crate::Generation;
 
 /// Progress of one vnode.
 ///
@@ -52,9 +53,7 @@ pub struct PartitionProgress {
     pub streaming: bool,
 }
 
-/// A partition's ownership token, handed out by the store when a worker claims the partition. A commit
-/// carries the leases of the partitions it writes; the store rejects it if a newer claim exists.
-pub type Lease = u64;
+pub use crate::epoch::Lease;
 
 /// A row change as the store applies it: the net effect per key within one checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +141,7 @@ pub struct DeadLetter {
 /// One atomic store transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
-    pub generation: u64,
+    pub generation: Generation,
     pub worker: String,
     pub cause: CheckpointCause,
     /// The last epoch whose log data this checkpoint completes, if it carries log data.

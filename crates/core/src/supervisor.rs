@@ -20,6 +20,7 @@
 //! restarted early would finish its snapshot and meet the next one in the log store: a second
 //! recreation for one process joining.
 
+use crate::Generation;
 use std::collections::VecDeque;
 
 use super::error::CoreError;
@@ -72,7 +73,10 @@ pub enum WorkerFailure {
     Fenced(String),
     /// The job was recreated while this executor ran (the store is at `generation`, newer than the
     /// executor's): restart under it, when the recreation's workers do.
-    Recreated { generation: u64, detail: String },
+    Recreated {
+        generation: Generation,
+        detail: String,
+    },
     /// The store was unavailable or busy (transient): restart from what is committed.
     Unavailable(String),
     /// Anything else that cannot be retried (a corrupt snapshot file, a value the store refuses, a
@@ -100,7 +104,7 @@ impl std::fmt::Display for WorkerFailure {
 pub enum Verdict {
     /// Recreate the job: bump the generation from `from_generation`, then restart after `backoff_ms`.
     Recreate {
-        from_generation: u64,
+        from_generation: Generation,
         backoff_ms: u64,
     },
     /// Restart the worker from what is committed after `backoff_ms` (it was fenced, or its store
@@ -120,7 +124,7 @@ pub struct Supervisor {
     total: u64,
     /// The newest generation a recreation was decided from: failures from it or older are already
     /// handled (their executors are fenced by the generation after it).
-    recreated_from: Option<u64>,
+    recreated_from: Option<Generation>,
     /// When restarts for an unavailable store happened, within [`UNAVAILABLE_WINDOW_MS`].
     unavailable: VecDeque<u64>,
     /// When the newest recreation's workers restart (its backoff's end): a restart of a worker
@@ -156,7 +160,7 @@ impl Supervisor {
 
     /// A restart's backoff: at least `backoff_ms`, and for a worker of a generation already
     /// recreated, until the recreation's workers restart.
-    fn restart(&self, generation: u64, backoff_ms: u64, now_ms: u64) -> Verdict {
+    fn restart(&self, generation: Generation, backoff_ms: u64, now_ms: u64) -> Verdict {
         let recreated = self.recreated_from.is_some_and(|g| generation <= g);
         let wait = if recreated {
             self.restart_at_ms.saturating_sub(now_ms)
@@ -185,14 +189,19 @@ impl Supervisor {
 
     /// What to do with a worker's failure. `generation` is the generation of the executor that
     /// failed (not the store's current one: another worker may have recreated the job since).
-    pub fn on_failure(&mut self, failure: &WorkerFailure, generation: u64, now_ms: u64) -> Verdict {
+    pub fn on_failure(
+        &mut self,
+        failure: &WorkerFailure,
+        generation: Generation,
+        now_ms: u64,
+    ) -> Verdict {
         match failure {
             WorkerFailure::Fenced(_) => self.restart(generation, FENCED_RESTART_MS, now_ms),
             WorkerFailure::Recreated {
                 generation: current,
                 ..
             } => {
-                let from = current.saturating_sub(1);
+                let from = Generation(current.0.saturating_sub(1));
                 if self.recreated_from.is_none_or(|g| g < from) {
                     // Another process recreated the job: its workers wait at least the first
                     // backoff; so do this one's.
@@ -294,7 +303,7 @@ mod tests {
         });
         let v: Vec<Verdict> = (0..4)
             .map(|i| {
-                let v = s.on_failure(&bitmap(), i, i * 10);
+                let v = s.on_failure(&bitmap(), crate::Generation(i), i * 10);
                 s.recreation_outcome(matches!(v, Verdict::Recreate { .. }), i * 10);
                 v
             })
@@ -303,15 +312,15 @@ mod tests {
             v[..3],
             [
                 Verdict::Recreate {
-                    from_generation: 0,
+                    from_generation: crate::Generation(0),
                     backoff_ms: 100
                 },
                 Verdict::Recreate {
-                    from_generation: 1,
+                    from_generation: crate::Generation(1),
                     backoff_ms: 200
                 },
                 Verdict::Recreate {
-                    from_generation: 2,
+                    from_generation: crate::Generation(2),
                     backoff_ms: 250
                 },
             ]
@@ -325,7 +334,7 @@ mod tests {
         }
         // The window slides: later failures may recreate again.
         assert!(matches!(
-            s.on_failure(&bitmap(), 3, 20_000),
+            s.on_failure(&bitmap(), crate::Generation(3), 20_000),
             Verdict::Recreate { .. }
         ));
         s.recreation_outcome(true, 20_000);
@@ -341,9 +350,9 @@ mod tests {
         });
         // The first worker's failure from generation 4 decides the recreation 4 -> 5 ...
         assert_eq!(
-            s.on_failure(&bitmap(), 4, 0),
+            s.on_failure(&bitmap(), crate::Generation(4), 0),
             Verdict::Recreate {
-                from_generation: 4,
+                from_generation: crate::Generation(4),
                 backoff_ms: 100
             }
         );
@@ -352,7 +361,7 @@ mod tests {
         // however late their failure is handled, and the cap of 1 is not used up by them.
         for at in [1, 2, 5_000] {
             assert_eq!(
-                s.on_failure(&bitmap(), 4, at),
+                s.on_failure(&bitmap(), crate::Generation(4), at),
                 Verdict::Restart {
                     backoff_ms: FENCED_RESTART_MS
                 }
@@ -361,12 +370,12 @@ mod tests {
         assert_eq!(s.recreations(), 1);
         // A failure of an even older executor is no new rebalance either.
         assert!(matches!(
-            s.on_failure(&bitmap(), 3, 6_000),
+            s.on_failure(&bitmap(), crate::Generation(3), 6_000),
             Verdict::Restart { .. }
         ));
         // A rebalance of generation 5 is a new one: the cap of 1 stops it.
         assert!(matches!(
-            s.on_failure(&bitmap(), 5, 7_000),
+            s.on_failure(&bitmap(), crate::Generation(5), 7_000),
             Verdict::Stop { .. }
         ));
     }
@@ -382,15 +391,15 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            s.on_failure(&bitmap(), 0, 10_000),
+            s.on_failure(&bitmap(), crate::Generation(0), 10_000),
             Verdict::Recreate {
-                from_generation: 0,
+                from_generation: crate::Generation(0),
                 backoff_ms: 3_000
             }
         );
         s.recreation_outcome(true, 10_000);
         let recreated = WorkerFailure::Recreated {
-            generation: 1,
+            generation: crate::Generation(1),
             detail: "commit from generation 0 rejected".into(),
         };
         let fenced = WorkerFailure::Fenced("lease 3 taken".into());
@@ -403,29 +412,29 @@ mod tests {
             (&recreated, 12_900, FENCED_RESTART_MS),
         ] {
             assert_eq!(
-                s.on_failure(f, 0, at),
+                s.on_failure(f, crate::Generation(0), at),
                 Verdict::Restart { backoff_ms: wait },
                 "{f} at {at}"
             );
         }
         // A worker of the new generation fenced by a partition's new owner: no recreation to wait for.
         assert_eq!(
-            s.on_failure(&fenced, 1, 10_500),
+            s.on_failure(&fenced, crate::Generation(1), 10_500),
             Verdict::Restart {
                 backoff_ms: FENCED_RESTART_MS
             }
         );
         // Another process recreated 1 -> 2: this one's workers of generation 1 wait its first backoff.
         let by_other = WorkerFailure::Recreated {
-            generation: 2,
+            generation: crate::Generation(2),
             detail: "commit from generation 1 rejected".into(),
         };
         assert_eq!(
-            s.on_failure(&by_other, 1, 50_000),
+            s.on_failure(&by_other, crate::Generation(1), 50_000),
             Verdict::Restart { backoff_ms: 3_000 }
         );
         assert_eq!(
-            s.on_failure(&bitmap(), 1, 51_000),
+            s.on_failure(&bitmap(), crate::Generation(1), 51_000),
             Verdict::Restart { backoff_ms: 2_000 },
             "the same rebalance seen here: no second recreation"
         );
@@ -441,7 +450,7 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(
-            s.on_failure(&bitmap(), 0, 0),
+            s.on_failure(&bitmap(), crate::Generation(0), 0),
             Verdict::Recreate { .. }
         ));
         // The compare-and-set found generation 1 already: the other process recreated.
@@ -449,9 +458,9 @@ mod tests {
         assert_eq!(s.recreations(), 0);
         // This process may still recreate once from the next generation.
         assert!(matches!(
-            s.on_failure(&bitmap(), 1, 10),
+            s.on_failure(&bitmap(), crate::Generation(1), 10),
             Verdict::Recreate {
-                from_generation: 1,
+                from_generation: crate::Generation(1),
                 ..
             }
         ));
@@ -464,7 +473,7 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(
-            s.on_failure(&bitmap(), 0, 0),
+            s.on_failure(&bitmap(), crate::Generation(0), 0),
             Verdict::Stop { .. }
         ));
         let mut s = Supervisor::new(SupervisorConfig::default());
@@ -475,13 +484,17 @@ mod tests {
             reason: "truncated".into(),
         });
         assert_eq!(
-            s.on_failure(&decode, 0, 0),
+            s.on_failure(&decode, crate::Generation(0), 0),
             Verdict::Stop {
                 reason: "record at topic t partition 1 offset 7 does not decode: truncated".into()
             }
         );
         assert_eq!(
-            s.on_failure(&WorkerFailure::Fenced("stale".into()), 0, 0),
+            s.on_failure(
+                &WorkerFailure::Fenced("stale".into()),
+                crate::Generation(0),
+                0
+            ),
             Verdict::Restart {
                 backoff_ms: FENCED_RESTART_MS
             }
@@ -493,14 +506,16 @@ mod tests {
         let mut s = Supervisor::new(SupervisorConfig::default());
         let down = WorkerFailure::Unavailable("state store unavailable: connection refused".into());
         let waits: Vec<u64> = (0..MAX_UNAVAILABLE_RESTARTS as u64)
-            .map(|i| match s.on_failure(&down, 0, i * 1_000) {
-                Verdict::Restart { backoff_ms } => backoff_ms,
-                other => panic!("restart {i}: {other:?}"),
-            })
+            .map(
+                |i| match s.on_failure(&down, crate::Generation(0), i * 1_000) {
+                    Verdict::Restart { backoff_ms } => backoff_ms,
+                    other => panic!("restart {i}: {other:?}"),
+                },
+            )
             .collect();
         assert_eq!(waits[..4], [500, 1_000, 2_000, 4_000]);
         assert!(waits.iter().all(|w| *w <= 30_000));
-        match s.on_failure(&down, 0, 20_000) {
+        match s.on_failure(&down, crate::Generation(0), 20_000) {
             Verdict::Stop { reason } => assert!(
                 reason.starts_with("state store unavailable: connection refused; gave up after 10"),
                 "{reason}"
@@ -509,7 +524,7 @@ mod tests {
         }
         // Restarts age out of the window.
         assert!(matches!(
-            s.on_failure(&down, 0, 20_000 + UNAVAILABLE_WINDOW_MS),
+            s.on_failure(&down, crate::Generation(0), 20_000 + UNAVAILABLE_WINDOW_MS),
             Verdict::Restart { .. }
         ));
     }

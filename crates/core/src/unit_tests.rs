@@ -128,11 +128,11 @@ fn progress_helpers() {
     }
     .snapshot_finished());
     let empty = Checkpoint {
-        generation: 0,
+        generation: crate::Generation(0),
         worker: "w".into(),
         cause: CheckpointCause::Local,
         epoch: None,
-        leases: vec![(0, 1)],
+        leases: vec![(0, crate::Lease(1))],
         rows: vec![],
         vnodes: vec![],
         partitions: vec![],
@@ -269,7 +269,7 @@ fn a_retry_that_would_end_exactly_at_the_deadline_is_not_made() {
 fn status(phase: Phase, partitions: &[(u64, Option<u64>)]) -> WorkerStatus {
     WorkerStatus {
         phase,
-        generation: 0,
+        generation: crate::Generation(0),
         owned_vnodes: 0,
         snapshot_vnodes_left: 0,
         partitions: partitions

@@ -3,6 +3,7 @@
 //! [`PostgresStore::with_tx`] opens (and replays whole after a lost connection).
 
 use super::*;
+use crate::core::Lease;
 use crate::store::transactions::{TxCommit, TxJob};
 
 /// The protocol's reads inside a PostgreSQL transaction (the job row locked `FOR UPDATE`).
@@ -15,7 +16,7 @@ impl TxRead for InTx<'_, '_> {
         &mut self,
         job: &str,
         partitions: &[PartitionId],
-    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
+    ) -> Result<BTreeMap<PartitionId, (String, Lease)>, StoreError> {
         let ps: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
         Ok(self
             .tx
@@ -25,7 +26,7 @@ impl TxRead for InTx<'_, '_> {
             .map(|r| {
                 (
                     r.get::<_, i32>(0) as PartitionId,
-                    (r.get(1), r.get::<_, i64>(2) as u64),
+                    (r.get(1), Lease(r.get::<_, i64>(2) as u64)),
                 )
             })
             .collect())
@@ -131,12 +132,13 @@ impl TxJob for InTx<'_, '_> {
             .get(0))
     }
 
-    fn next_lease(&mut self, job: &str) -> Result<u64, StoreError> {
-        Ok(self
-            .tx
-            .query_one(sql::postgres::NEXT_LEASE, &[&job])
-            .map_err(classify)?
-            .get::<_, i64>(0) as u64)
+    fn next_lease(&mut self, job: &str) -> Result<Lease, StoreError> {
+        Ok(Lease(
+            self.tx
+                .query_one(sql::postgres::NEXT_LEASE, &[&job])
+                .map_err(classify)?
+                .get::<_, i64>(0) as u64,
+        ))
     }
 
     fn write_lease(
@@ -144,12 +146,12 @@ impl TxJob for InTx<'_, '_> {
         job: &str,
         partition: PartitionId,
         worker: &str,
-        lease: u64,
+        lease: Lease,
     ) -> Result<(), StoreError> {
         self.tx
             .execute(
                 sql::postgres::LEASE_WRITE,
-                &[&job, &(partition as i32), &worker, &(lease as i64)],
+                &[&job, &(partition as i32), &worker, &(lease.0 as i64)],
             )
             .map_err(classify)?;
         Ok(())
@@ -242,7 +244,7 @@ impl TxCommit for InTx<'_, '_> {
         self.tx
             .execute(sql::postgres::JOB_LOCK, &[&job])
             .map_err(classify)?;
-        let generation = cp.generation as i64;
+        let generation = cp.generation.0 as i64;
         for d in &cp.dead_letters {
             self.tx
                 .execute(

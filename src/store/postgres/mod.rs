@@ -9,6 +9,7 @@
 //! `schema.rs` a schema change's primitives, `publication.rs` publication's (`consistency =
 //! "epoch"`), `copy.rs` binary `COPY` of a snapshot's rows.
 
+use crate::core::Generation;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -328,7 +329,7 @@ fn job_row(tx: &mut Transaction<'_>, job: &str, lock: bool) -> Result<Option<Job
         snapshot_epoch: Epoch(r.get::<_, i64>(0) as u64),
         vnode_count: r.get::<_, i32>(1) as u32,
         partition_count: r.get::<_, i32>(2) as u32,
-        generation: r.get::<_, i64>(3) as u64,
+        generation: crate::core::Generation(r.get::<_, i64>(3) as u64),
         phase: r.get(4),
         recreations: r.get::<_, i64>(5) as u64,
     }))
@@ -377,7 +378,7 @@ impl StateStore for PostgresStore {
     fn claim(
         &mut self,
         job: &str,
-        generation: u64,
+        generation: Generation,
         worker: &str,
         partitions: &[PartitionId],
         info: &SnapshotInfo,
@@ -432,7 +433,7 @@ impl StateStore for PostgresStore {
     fn recreate_onto(
         &mut self,
         job: &str,
-        from_generation: u64,
+        from_generation: Generation,
         onto: Option<Epoch>,
     ) -> Result<JobRow, StoreError> {
         let publication = self.publication;
@@ -549,7 +550,7 @@ impl StateStore for PostgresStore {
                     partition: r.get::<_, i32>(0) as PartitionId,
                     offset: r.get::<_, i64>(1) as u64,
                     epoch: r.get::<_, i64>(2) as u64,
-                    generation: r.get::<_, i64>(3) as u64,
+                    generation: crate::core::Generation(r.get::<_, i64>(3) as u64),
                     reason: r.get(4),
                 })
                 .collect())

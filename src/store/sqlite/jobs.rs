@@ -2,6 +2,7 @@
 //! statement of `src/store/sql/sqlite/` per method, inside the store's `IMMEDIATE` transaction.
 
 use super::*;
+use crate::core::Lease;
 use crate::store::transactions::{TxCommit, TxJob};
 
 /// The protocol's reads inside a SQLite transaction.
@@ -14,7 +15,7 @@ impl TxRead for InTx<'_> {
         &mut self,
         job: &str,
         partitions: &[PartitionId],
-    ) -> Result<BTreeMap<PartitionId, (String, u64)>, StoreError> {
+    ) -> Result<BTreeMap<PartitionId, (String, Lease)>, StoreError> {
         let mut q = self
             .tx
             .prepare_cached(sql::sqlite::LEASE_READ)
@@ -26,7 +27,7 @@ impl TxRead for InTx<'_> {
                 .optional()
                 .map_err(classify)?;
             if let Some((owner, lease)) = found {
-                out.insert(p, (owner, lease as u64));
+                out.insert(p, (owner, Lease(lease as u64)));
             }
         }
         Ok(out)
@@ -122,10 +123,10 @@ impl TxJob for InTx<'_> {
             .map_err(classify)
     }
 
-    fn next_lease(&mut self, job: &str) -> Result<u64, StoreError> {
+    fn next_lease(&mut self, job: &str) -> Result<Lease, StoreError> {
         self.tx
             .query_row(sql::sqlite::NEXT_LEASE, [job], |r| r.get::<_, i64>(0))
-            .map(|l| l as u64)
+            .map(|l| Lease(l as u64))
             .map_err(classify)
     }
 
@@ -134,12 +135,12 @@ impl TxJob for InTx<'_> {
         job: &str,
         partition: PartitionId,
         worker: &str,
-        lease: u64,
+        lease: Lease,
     ) -> Result<(), StoreError> {
         self.tx
             .execute(
                 sql::sqlite::LEASE_WRITE,
-                params![job, partition, worker, lease as i64],
+                params![job, partition, worker, lease.0 as i64],
             )
             .map_err(classify)?;
         Ok(())
@@ -248,7 +249,7 @@ impl TxCommit for InTx<'_> {
                 d.partition,
                 d.offset as i64,
                 d.epoch.0 as i64,
-                cp.generation as i64,
+                cp.generation.0 as i64,
                 d.reason
             ])
             .map_err(classify)?;

@@ -11,6 +11,7 @@
 //! the WAL checkpointer and its commit gate, `schema.rs` a schema change's primitives,
 //! `publication.rs` publication's (`consistency = "epoch"`).
 
+use crate::core::Generation;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -362,7 +363,7 @@ impl SqliteStore {
                 snapshot_epoch: Epoch(r.get::<_, i64>(0)? as u64),
                 vnode_count: r.get(1)?,
                 partition_count: r.get(2)?,
-                generation: r.get::<_, i64>(3)? as u64,
+                generation: crate::core::Generation(r.get::<_, i64>(3)? as u64),
                 phase: r.get(4)?,
                 recreations: r.get::<_, i64>(5)? as u64,
             })
@@ -558,7 +559,7 @@ impl StateStore for SqliteStore {
     fn claim(
         &mut self,
         job: &str,
-        generation: u64,
+        generation: Generation,
         worker: &str,
         partitions: &[PartitionId],
         info: &SnapshotInfo,
@@ -613,7 +614,7 @@ impl StateStore for SqliteStore {
     fn recreate_onto(
         &mut self,
         job: &str,
-        from_generation: u64,
+        from_generation: Generation,
         onto: Option<Epoch>,
     ) -> Result<JobRow, StoreError> {
         let publication = self.publication;
@@ -679,7 +680,7 @@ impl StateStore for SqliteStore {
                     partition: r.get(0)?,
                     offset: r.get::<_, i64>(1)? as u64,
                     epoch: r.get::<_, i64>(2)? as u64,
-                    generation: r.get::<_, i64>(3)? as u64,
+                    generation: crate::core::Generation(r.get::<_, i64>(3)? as u64),
                     reason: r.get(4)?,
                 })
             })

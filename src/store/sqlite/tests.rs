@@ -79,7 +79,10 @@ fn the_wal_stays_bounded_under_continuous_commits() {
     .unwrap();
     let info = one_partition();
     store.ensure_job("j", &info).unwrap();
-    let lease = store.claim("j", 0, "w", &[0], &info).unwrap()[0].lease;
+    let lease = store
+        .claim("j", crate::core::Generation(0), "w", &[0], &info)
+        .unwrap()[0]
+        .lease;
     let mut rng = crate::rng::SimRng::new(3);
     // Made first, committed back to back (a committer behind its worker).
     let mut checkpoints = Vec::new();
@@ -102,7 +105,7 @@ fn the_wal_stays_bounded_under_continuous_commits() {
         rows.dedup_by(|a, b| a.key() == b.key());
         let epoch = Epoch((3 + r) << 16);
         let cp = Checkpoint {
-            generation: 0,
+            generation: crate::core::Generation(0),
             worker: "w".into(),
             cause: CheckpointCause::Barrier,
             epoch: Some(epoch),
