@@ -506,14 +506,16 @@ fn session(
             }
             for ((_, columns), t) in recorded.iter().zip(&s.tables) {
                 // Columns added since are the Relation message the stream brings next (a new
-                // version); a capture of several tables follows none yet.
-                let followed = if s.several() {
-                    t.columns == *columns
-                } else {
-                    t.columns.starts_with(columns)
-                };
-                if !followed {
-                    return refuse(format!("the columns of {} are now {:?}, captured as {:?}: only columns added at the end of a one-table capture are followed; a schema change of another kind stops the capture", t.table, t.columns, columns));
+                // version); the reason a change is not followed is the stream's own.
+                let captured: Vec<&str> = columns.iter().map(String::as_str).collect();
+                let now: Vec<&str> = t.columns.iter().map(String::as_str).collect();
+                if let Err(why) =
+                    crate::core::capture::columns_followed(s.several(), &captured, &now)
+                {
+                    return refuse(format!(
+                        "the columns of {} are now {:?}, captured as {:?}: {why}",
+                        t.table, t.columns, columns
+                    ));
                 }
             }
             if !s.dir.join("manifest.json").exists() {

@@ -752,16 +752,9 @@ impl PgReplication {
                 format_lsn(self.last_lsn)
             ))
         };
-        if self.tables.len() > 1 {
-            return Err(refuse(
-                "a capture of several tables follows no schema change yet; capture the tables again into a new topic".into(),
-            ));
-        }
-        if names.len() <= ours.len() || names[..ours.len()] != ours[..] {
-            return Err(refuse(
-                "only columns added at the end are followed (ALTER TABLE … ADD COLUMN); a column dropped, renamed or retyped stops the capture".into(),
-            ));
-        }
+        let now: Vec<&str> = names.iter().map(String::as_str).collect();
+        crate::core::capture::columns_followed(self.tables.len() > 1, &ours, &now)
+            .map_err(|why| refuse(why.into()))?;
         let mut client = connect(&self.source_url)
             .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?;
         let info =

@@ -565,6 +565,27 @@ impl Assembler {
     }
 }
 
+/// Whether a capture follows a table whose columns were `captured` and are `now` — the one answer
+/// the stream (a Relation message) and a restart (the catalog against the state record) both give,
+/// so a capture that stops says the same reason when it is started again. `Err` is why not.
+/// Columns added at the end of a one-table capture are followed (the stream then checks each new
+/// column has no default and is nullable); nothing else yet.
+pub fn columns_followed(
+    several: bool,
+    captured: &[&str],
+    now: &[&str],
+) -> Result<(), &'static str> {
+    if now == captured {
+        Ok(())
+    } else if several {
+        Err("a capture of several tables follows no schema change yet; capture the tables again into a new topic")
+    } else if now.len() > captured.len() && now[..captured.len()] == *captured {
+        Ok(())
+    } else {
+        Err("only columns added at the end are followed (ALTER TABLE … ADD COLUMN); a column dropped, renamed or retyped stops the capture")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1067,5 +1088,19 @@ mod tests {
         // The next transaction, past max_epoch_changes, starts a new epoch for every table.
         begin(&mut a, 300, 500, &mut out);
         assert_eq!(barriers(&out).len(), 1);
+    }
+
+    #[test]
+    fn columns_are_followed_only_when_added_at_the_end_of_one_table() {
+        let (ab, abc, ac) = (["a", "b"], ["a", "b", "c"], ["a", "c"]);
+        assert_eq!(columns_followed(false, &ab, &ab), Ok(()));
+        assert_eq!(columns_followed(true, &ab, &ab), Ok(()));
+        assert_eq!(columns_followed(false, &ab, &abc), Ok(()));
+        let several = columns_followed(true, &ab, &abc).unwrap_err();
+        assert!(several.contains("several tables"), "{several}");
+        for now in [&ac[..], &["a"][..], &["b", "a"][..]] {
+            let e = columns_followed(false, &ab, now).unwrap_err();
+            assert!(e.contains("only columns added at the end"), "{now:?}: {e}");
+        }
     }
 }
