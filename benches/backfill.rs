@@ -12,6 +12,8 @@
 mod capture;
 #[path = "backfill/cpu.rs"]
 mod cpu;
+#[path = "backfill/dba_copy.rs"]
+mod dba_copy;
 #[path = "backfill/peer.rs"]
 mod peer;
 #[path = "backfill/pg_ceiling.rs"]
@@ -1389,7 +1391,7 @@ fn main() {
         log_topics,
     };
     // The table of sections, in the order they run; `--only` picks among them.
-    let sections: [(&str, Section); 17] = [
+    let sections: [(&str, Section); 18] = [
         ("log", sections::log),
         ("snapshot", sections::snapshot),
         ("commit", sections::commit),
@@ -1407,6 +1409,7 @@ fn main() {
         ("pg-ceiling", sections::pg_ceiling),
         ("capture", sections::capture),
         ("several-tables", sections::several_tables),
+        ("dba-copy", sections::dba_copy),
     ];
     for (name, section) in sections {
         if c.a.want(name) {

@@ -124,7 +124,7 @@ fn stop(mut child: Child) {
 }
 
 /// The seconds field of the capture's "snapshot copied" line.
-fn snapshot_seconds(log: &Path) -> f64 {
+pub(super) fn snapshot_seconds(log: &Path) -> f64 {
     let text = std::fs::read_to_string(log).unwrap();
     let line = text
         .lines()

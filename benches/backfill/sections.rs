@@ -1044,3 +1044,21 @@ pub fn several_tables(c: &Ctx, r: &mut Report) {
     };
     several_tables::run(&a.bin, bootstrap, pg, pg_label, &sizes, r);
 }
+
+/// Section `dba-copy` (`dba_copy.rs`): pgbench's four tables end to end against `pg_dump | psql`.
+pub fn dba_copy(c: &Ctx, r: &mut Report) {
+    let scale = match c.a.size {
+        "full" => 10,
+        "quick" => 10,
+        _ => 1,
+    };
+    dba_copy::run(
+        &c.a.bin,
+        &c.bootstrap,
+        &c.pg,
+        &c.pg_label,
+        scale,
+        &["postgres", "sqlite"],
+        r,
+    );
+}

@@ -40,21 +40,21 @@ pub struct Sizes {
     pub replays: usize,
 }
 
-const TABLES: [(&str, &str); 4] = [
+pub(super) const TABLES: [(&str, &str); 4] = [
     ("pgbench_accounts", "accounts"),
     ("pgbench_tellers", "tellers"),
     ("pgbench_branches", "branches"),
     ("pgbench_history", "history"),
 ];
 
-/// A database with pgbench's four tables at scale 1 (100,000 accounts), `pgbench_history` given a
-/// primary key, every table REPLICA IDENTITY FULL.
-fn pgbench_db(pg: &str) -> String {
+/// A database with pgbench's four tables at `scale` (100,000 accounts each), `pgbench_history`
+/// given a primary key, every table REPLICA IDENTITY FULL.
+pub(super) fn pgbench_db(pg: &str, scale: u32) -> String {
     let db = format!("several_{}", rand_suffix());
     psql(pg, &format!("CREATE DATABASE {db}"));
     let url = format!("{}/{db}", pg.rsplit_once('/').unwrap().0);
     let out = Command::new("pgbench")
-        .args(["-i", "-q", "-s", "1", &url])
+        .args(["-i", "-q", "-s", &scale.to_string(), &url])
         .output()
         .unwrap();
     assert!(
@@ -74,7 +74,7 @@ fn pgbench_db(pg: &str) -> String {
 
 /// `[jobs.store]` of the four-table job on `store` (`sqlite` into `db`, or the PostgreSQL store
 /// `pg` with the tables suffixed `_<name>`), and the suffix.
-fn four_table_store(store: &str, db: &Path, pg: &str, name: &str) -> (String, String) {
+pub(super) fn four_table_store(store: &str, db: &Path, pg: &str, name: &str) -> (String, String) {
     let suffix = if store == "sqlite" {
         String::new()
     } else {
@@ -95,7 +95,7 @@ fn four_table_store(store: &str, db: &Path, pg: &str, name: &str) -> (String, St
     )
 }
 
-fn job(
+pub(super) fn job(
     name: &str,
     topic: &str,
     bootstrap: &str,
@@ -113,7 +113,7 @@ fn job(
     )
 }
 
-fn spawn(bin: &Path, args: &[&str], cfg: &Path, log: &Path) -> Child {
+pub(super) fn spawn(bin: &Path, args: &[&str], cfg: &Path, log: &Path) -> Child {
     Command::new(bin)
         .args(args)
         .arg("--config")
@@ -152,7 +152,7 @@ fn wait_log(child: &mut Child, log: &Path, needle: &str, n: usize) {
     }
 }
 
-fn signal(child: &mut Child, sig: &str) {
+pub(super) fn signal(child: &mut Child, sig: &str) {
     Command::new("kill")
         .args([&format!("-{sig}"), &child.id().to_string()])
         .status()
@@ -380,7 +380,7 @@ fn one_round(
     per_table: bool,
     r: &mut Report,
 ) {
-    let url = pgbench_db(pg);
+    let url = pgbench_db(pg, 1);
     let name = format!("several{store}{}", rand_suffix() % 100_000);
     let d = dir(&name);
     let topic = format!("bench-{name}");

@@ -1,0 +1,204 @@
+//! Section `dba-copy` of the benchmark (benches/backfill.rs) (`scripts/bench.sh --only dba-copy`,
+//! issue 43): pgbench's four tables copied end to end by kafka-backfill against the copy a DBA
+//! would make of the same tables, on the same servers, in the same run.
+//!
+//! - **the DBA's copy**: `pg_dump -t pgbench_accounts -t … source | psql target` into a fresh
+//!   database of the same (durable) server — schema, rows, primary keys — timed from the start of
+//!   `pg_dump` until `psql` exits (its last statement committed);
+//! - **kafka-backfill**: `run --capture` of one job of the four tables (`consistency = "epoch"`), from
+//!   the process's spawn until the store holds every row of the four tables at a published epoch (read
+//!   from the store itself, not from a log line): the capture's slot and exported snapshot, its copy
+//!   into per-vnode files, the Kafka transaction of its first checkpoint, the job's snapshot phase and
+//!   its publication. Into PostgreSQL and into SQLite.
+//!
+//! Beside them, the capture's own copy rate of the four tables (its "snapshot copied" line), the
+//! figure section `capture` measures for `pgbench_accounts` alone.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::capture::{psql, snapshot_seconds};
+use super::several_tables::{four_table_store, job, pgbench_db, spawn, TABLES};
+use super::{dir, fmt_rate, rand_suffix, Report};
+
+/// Row counts of the four tables in `TABLES`' order.
+type Counts = [i64; 4];
+
+fn source_counts(url: &str) -> Counts {
+    TABLES.map(|(t, _)| {
+        psql(url, &format!("SELECT count(*) FROM {t}"))
+            .parse()
+            .unwrap()
+    })
+}
+
+/// The DBA's copy of the four tables of `url` into a fresh database: seconds.
+fn dba_copy(pg: &str, url: &str) -> f64 {
+    let db = format!("dbacopy_{}", rand_suffix());
+    psql(pg, &format!("CREATE DATABASE {db}"));
+    let target = format!("{}/{db}", pg.rsplit_once('/').unwrap().0);
+    let tables: String = TABLES
+        .iter()
+        .map(|(t, _)| format!(" -t public.{t}"))
+        .collect();
+    let t = Instant::now();
+    let out = Command::new("bash")
+        .args([
+            "-o",
+            "pipefail",
+            "-c",
+            &format!("pg_dump --no-owner --no-acl{tables} '{url}' | psql -q -v ON_ERROR_STOP=1 '{target}' >/dev/null"),
+        ])
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "pg_dump | psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(source_counts(&target), source_counts(url), "the DBA's copy");
+    psql(pg, &format!("DROP DATABASE {db} WITH (FORCE)"));
+    secs
+}
+
+/// The store's published epoch and row counts of job `job`'s four tables (`suffix`ed), or `None`
+/// while nothing is published (or the tables are not there yet).
+fn published(store: &str, at: &Path, pg: &str, job: &str, suffix: &str) -> Option<Counts> {
+    let counts: Vec<String> = TABLES
+        .iter()
+        .map(|(_, t)| format!("(SELECT count(*) FROM {t}{suffix})"))
+        .collect();
+    let sql = format!(
+        "SELECT {} FROM kb_publication WHERE job = '{job}' AND visible_epoch IS NOT NULL",
+        counts.join(", ")
+    );
+    if store == "sqlite" {
+        let c =
+            rusqlite::Connection::open_with_flags(at, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .ok()?;
+        c.query_row(&sql, [], |r| {
+            Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+        })
+        .ok()
+    } else {
+        let mut c = postgres::Client::connect(pg, postgres::NoTls).ok()?;
+        let row = c.query_opt(&sql, &[]).ok()??;
+        Some([row.get(0), row.get(1), row.get(2), row.get(3)])
+    }
+}
+
+/// `run --capture` of the four tables into `store`, from spawn until the store holds `want` at a
+/// published epoch: (seconds, the capture's copy in rows/s).
+fn kafka_backfill(
+    bin: &Path,
+    bootstrap: &str,
+    pg: &str,
+    url: &str,
+    store: &str,
+    want: Counts,
+) -> (f64, f64) {
+    let name = format!("dba{store}{}", rand_suffix() % 100_000);
+    let d = dir(&name);
+    let replica = d.join("replica.sqlite");
+    let (store_toml, suffix) = four_table_store(store, &replica, pg, &name);
+    let tables: Vec<String> = TABLES
+        .iter()
+        .map(|(s, _)| format!("\"public.{s}\""))
+        .collect();
+    let cfg = d.join("job.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[http]\nlisten = \"\"\n{}[jobs.capture]\nsource_url = \"{url}\"\ntables = [{}]\npartitions = 4\n",
+            job(
+                &name,
+                &format!("bench-{name}"),
+                bootstrap,
+                &d.join("snapshot"),
+                1,
+                "consistency = \"epoch\"",
+                &store_toml
+            ),
+            tables.join(", ")
+        ),
+    )
+    .unwrap();
+    let log = d.join("run.log");
+    let t = Instant::now();
+    let mut run = spawn(bin, &["run", "--capture"], &cfg, &log);
+    let deadline = t + Duration::from_secs(1800);
+    let secs = loop {
+        if published(store, &replica, pg, &name, &suffix) == Some(want) {
+            break t.elapsed().as_secs_f64();
+        }
+        if let Some(s) = run.try_wait().unwrap() {
+            panic!(
+                "run --capture exited ({s}) before its replica was published: {}",
+                log.display()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no published replica: {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    super::several_tables::signal(&mut run, "TERM");
+    let rows: i64 = want.iter().sum();
+    (secs, rows as f64 / snapshot_seconds(&log))
+}
+
+/// Runs the section on a pgbench database of `scale`, into each of `stores`.
+pub fn run(
+    bin: &Path,
+    bootstrap: &str,
+    pg: &str,
+    pg_label: &str,
+    scale: u32,
+    stores: &[&str],
+    r: &mut Report,
+) {
+    eprintln!("dba-copy: pgbench scale {scale}, the DBA's copy against run --capture…");
+    let url = pgbench_db(pg, scale);
+    let want = source_counts(&url);
+    let rows: i64 = want.iter().sum();
+    let dba = dba_copy(pg, &url);
+    r.figure(
+        "dba_copy_s",
+        &format!("the DBA's copy: pg_dump -t (pgbench's four tables, scale {scale}, {rows} rows) | psql into a fresh database of the same {pg_label}, schema and primary keys included"),
+        format!("{dba:.2} s"),
+        json!({"seconds": dba, "rows": rows, "scale": scale}),
+    );
+    for store in stores {
+        let (secs, copy_rate) = kafka_backfill(bin, bootstrap, pg, &url, store, want);
+        let ratio = secs / dba;
+        r.figure(
+            &format!("dba_copy_kafka_backfill_{store}_s"),
+            &format!("run --capture of one job of the four tables into {store} (consistency = \"epoch\"): spawn → the store holds every row at a published epoch; the capture's copy of the four tables ran at {} rows/s", fmt_rate(copy_rate)),
+            format!("{secs:.2} s ({ratio:.2}× the DBA's copy)"),
+            json!({"seconds": secs, "ratio": ratio, "capture_copy_rows_per_s": copy_rate}),
+        );
+        let (bound, label) = if *store == "sqlite" {
+            (1.5, "≤ 1.5×")
+        } else {
+            (2.0, "≤ 2×")
+        };
+        r.target(
+            &format!("end to end into {store} {label} the DBA's copy (pg_dump | psql)"),
+            format!("{ratio:.2}×"),
+            Some(ratio <= bound),
+        );
+    }
+    psql(
+        pg,
+        &format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            url.rsplit('/').next().unwrap()
+        ),
+    );
+}
