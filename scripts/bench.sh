@@ -21,8 +21,10 @@ scripts/kafka.sh start >/dev/null
 KB_PG_DURABLE=1 scripts/postgres.sh start >/dev/null
 profile="${KB_BENCH_PROFILE:-release}"
 if [ "$profile" = dev ]; then
-  # The test build's features, so its artifacts are reused.
-  cargo build --features testing --bin kafka-backfill
+  # The binary exactly as scripts/test.sh builds it (the same command, so the same feature set):
+  # after the tests it is up to date. `cargo build --bin` alone leaves the dev-dependencies out, and
+  # their features with them, so it compiled every dependency again (2.5 minutes of CI).
+  cargo test --workspace --features testing --lib --bins --tests --no-run
   KB_BENCH_PROFILE=dev KB_BIN=target/debug/kafka-backfill \
     cargo bench --profile dev --features testing --bench backfill -- "$@"
 else
