@@ -65,29 +65,67 @@ fn dba_copy(pg: &str, url: &str) -> f64 {
     secs
 }
 
-/// The store's published epoch and row counts of job `job`'s four tables (`suffix`ed), or `None`
-/// while nothing is published (or the tables are not there yet).
-fn published(store: &str, at: &Path, pg: &str, job: &str, suffix: &str) -> Option<Counts> {
-    let counts: Vec<String> = TABLES
-        .iter()
-        .map(|(_, t)| format!("(SELECT count(*) FROM {t}{suffix})"))
-        .collect();
-    let sql = format!(
-        "SELECT {} FROM kb_publication WHERE job = '{job}' AND visible_epoch IS NOT NULL",
-        counts.join(", ")
-    );
-    if store == "sqlite" {
-        let c =
-            rusqlite::Connection::open_with_flags(at, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .ok()?;
-        c.query_row(&sql, [], |r| {
-            Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
-        })
-        .ok()
-    } else {
-        let mut c = postgres::Client::connect(pg, postgres::NoTls).ok()?;
-        let row = c.query_opt(&sql, &[]).ok()??;
-        Some([row.get(0), row.get(1), row.get(2), row.get(3)])
+/// Reads the store's row counts of job `job`'s four tables (`suffix`ed) once they are published,
+/// through one connection kept for the whole wait (a new one per look would load the server the
+/// window measures).
+enum Published {
+    Sqlite {
+        sql: String,
+        at: std::path::PathBuf,
+        /// Opened once the file exists.
+        conn: Option<rusqlite::Connection>,
+    },
+    Postgres {
+        sql: String,
+        client: postgres::Client,
+    },
+}
+
+impl Published {
+    fn new(store: &str, at: &Path, pg: &str, job: &str, suffix: &str) -> Self {
+        let counts: Vec<String> = TABLES
+            .iter()
+            .map(|(_, t)| format!("(SELECT count(*) FROM {t}{suffix})"))
+            .collect();
+        let sql = format!(
+            "SELECT {} FROM kb_publication WHERE job = '{job}' AND visible_epoch IS NOT NULL",
+            counts.join(", ")
+        );
+        if store == "sqlite" {
+            Published::Sqlite {
+                sql,
+                at: at.to_path_buf(),
+                conn: None,
+            }
+        } else {
+            let client = postgres::Client::connect(pg, postgres::NoTls).unwrap();
+            Published::Postgres { sql, client }
+        }
+    }
+
+    /// The counts at a published epoch, or `None` while nothing is published (or the tables are
+    /// not there yet).
+    fn counts(&mut self) -> Option<Counts> {
+        match self {
+            Published::Sqlite { sql, at, conn } => {
+                if conn.is_none() {
+                    *conn = rusqlite::Connection::open_with_flags(
+                        &*at,
+                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+                    )
+                    .ok();
+                }
+                conn.as_ref()?
+                    .query_row(sql, [], |r| {
+                        Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+                    })
+                    .ok()
+            }
+            Published::Postgres { sql, client } => {
+                let row = client.query_opt(sql.as_str(), &[]).ok()??;
+                Some([row.get(0), row.get(1), row.get(2), row.get(3)])
+            }
+        }
     }
 }
 
@@ -128,11 +166,12 @@ fn kafka_backfill(
     )
     .unwrap();
     let log = d.join("run.log");
+    let mut published = Published::new(store, &replica, pg, &name, &suffix);
     let t = Instant::now();
     let mut run = spawn(bin, &["run", "--capture"], &cfg, &log);
     let deadline = t + Duration::from_secs(1800);
     let secs = loop {
-        if published(store, &replica, pg, &name, &suffix) == Some(want) {
+        if published.counts() == Some(want) {
             break t.elapsed().as_secs_f64();
         }
         if let Some(s) = run.try_wait().unwrap() {
