@@ -374,5 +374,6 @@ fn describe(r: &LogRecord) -> String {
     match r {
         LogRecord::Barrier(b) => format!("the barrier {} -> {}", b.prev, b.curr),
         LogRecord::Change(c) => format!("a change of epoch {}", c.epoch),
+        LogRecord::Truncate(t) => format!("a truncation of table {} at epoch {}", t.table, t.epoch),
     }
 }

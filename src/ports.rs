@@ -317,7 +317,8 @@ impl RowSchemas {
                     };
                     Some(table.column_values(&row.value).map_err(|e| e.to_string()))
                 }
-                crate::core::RowMutation::Delete { .. } => None,
+                crate::core::RowMutation::Delete { .. }
+                | crate::core::RowMutation::Truncate { .. } => None,
             })
             .collect()
     }

@@ -412,6 +412,19 @@ impl LogPort for KafkaLog {
         Ok(())
     }
 
+    fn truncate(&mut self, table: TableIndex, epoch: Epoch) -> Result<(), CaptureFailure> {
+        if table as usize >= self.codecs.len() {
+            return Err(CaptureFailure::permanent(format!(
+                "a truncation of table {table}, which the capture does not have"
+            )));
+        }
+        let value = crate::codec::LogCodec::encode_truncate(epoch, table);
+        for p in 0..self.partitions {
+            self.send(&self.topic, p as i32, &[], &value)?;
+        }
+        Ok(())
+    }
+
     fn snapshot_point(
         &mut self,
         snapshot_epoch: Epoch,

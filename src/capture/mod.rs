@@ -129,6 +129,8 @@ pub trait LogPort {
         key: &[u8],
         row: &[u8],
     ) -> Result<(), CaptureFailure>;
+    /// Writes a truncation of `table` at `epoch` into every partition (docs/WIRE.md "Truncate").
+    fn truncate(&mut self, table: TableIndex, epoch: Epoch) -> Result<(), CaptureFailure>;
     /// Announces a row-schema version starting at `from_epoch` (durably, before the barrier into
     /// it) and writes the changes after that barrier with it (docs/WIRE.md "Schema changes").
     fn announce_schema(
@@ -196,6 +198,10 @@ fn carry_out(
                 stats.changes += 1;
                 log.change(*table, *partition, *vnode, *epoch, *op, key, row)?
             }
+            Action::Truncate { table, epoch } => {
+                stats.changes += 1;
+                log.truncate(*table, *epoch)?
+            }
             Action::CommitLog(state) => {
                 let state = *state;
                 log.commit(&state)?;
@@ -257,7 +263,9 @@ pub fn run_session(
                 stats.source_lsn = stats.source_lsn.max(*end_lsn);
             }
             SourceEvent::Idle { wal_end, .. } => stats.source_lsn = stats.source_lsn.max(*wal_end),
-            SourceEvent::Change { .. } | SourceEvent::SchemaChange { .. } => {}
+            SourceEvent::Change { .. }
+            | SourceEvent::SchemaChange { .. }
+            | SourceEvent::Truncate { .. } => {}
         }
         a.on_event(event, &mut actions)?;
         carry_out(a, &mut actions, repl, log, &mut stats, observer)?;

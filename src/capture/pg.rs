@@ -991,17 +991,17 @@ impl ReplicationPort for PgReplication {
                     });
                 }
                 EventType::Truncate { tables, .. } => {
-                    // Another table of the publication may be emptied; a captured one may not.
-                    if let Some(t) = self
+                    // The captured tables among those emptied (another table of the publication
+                    // is nothing for the log): a truncation of each (docs/WIRE.md "Truncate").
+                    let truncated: Vec<TableIndex> = self
                         .tables
                         .iter()
-                        .find(|t| tables.iter().any(|n| **n == t.name.to_string()))
-                    {
-                        return Err(CaptureFailure::permanent(format!(
-                            "TRUNCATE of {} at LSN {}: a log store cannot carry it (nothing after the last checkpoint is committed); capture the table again into a new topic",
-                            t.name,
-                            format_lsn(self.last_lsn)
-                        )));
+                        .enumerate()
+                        .filter(|(_, t)| tables.iter().any(|n| **n == t.name.to_string()))
+                        .map(|(i, _)| i as TableIndex)
+                        .collect();
+                    if !truncated.is_empty() {
+                        return Ok(SourceEvent::Truncate { tables: truncated });
                     }
                 }
                 EventType::Relation {

@@ -15,4 +15,4 @@ pub use skip::skip as skip_datum;
 pub use table::{
     signed_be_to_decimal, to_json, Column, ColumnType, ColumnValue, DirectValue, TableSchema,
 };
-pub use wire::{CodecError, LogCodec, SINGLE_OBJECT_MARKER};
+pub use wire::{truncate_fingerprint, CodecError, LogCodec, SINGLE_OBJECT_MARKER};

@@ -1,5 +1,6 @@
 //! Log records on the wire: Avro single-object encoding (`C3 01`, the CRC-64-AVRO fingerprint of the
-//! writer schema little-endian, then the datum) of the log-record union `[Change, Barrier]`.
+//! writer schema little-endian, then the datum) of the log-record union `[Change, Barrier]`, or of
+//! the truncation record (`schemas/truncate.avsc`).
 
 use apache_avro::rabin::Rabin;
 use std::sync::Arc;
@@ -9,13 +10,30 @@ use apache_avro::Schema;
 use super::table::TableSchema;
 use super::varint::{get_long, put_long};
 use super::versions::{Evolution, SchemaChangeError, SchemaVersions};
-use crate::core::{Barrier, BarrierKind, Change, Epoch, LogRecord, Op, Row};
+use crate::core::{Barrier, BarrierKind, Change, Epoch, LogRecord, Op, Row, Truncate};
 
 /// The two bytes every single-object-encoded datum starts with.
 pub const SINGLE_OBJECT_MARKER: [u8; 2] = [0xC3, 0x01];
 
 /// The log-record schema with the example row, as published in `schemas/log_record.avsc`.
 const LOG_RECORD_TEMPLATE: &str = include_str!("../../schemas/log_record.avsc");
+
+/// The truncation record's schema (`schemas/truncate.avsc`): one writer schema for every table,
+/// which the record names by its index.
+const TRUNCATE_SCHEMA: &str = include_str!("../../schemas/truncate.avsc");
+
+/// The fingerprint of [`TRUNCATE_SCHEMA`] (its Parsing Canonical Form's CRC-64-AVRO).
+pub fn truncate_fingerprint() -> [u8; 8] {
+    static FP: std::sync::OnceLock<[u8; 8]> = std::sync::OnceLock::new();
+    *FP.get_or_init(|| {
+        let schema = Schema::parse_str(TRUNCATE_SCHEMA).expect("schemas/truncate.avsc parses");
+        schema
+            .fingerprint::<Rabin>()
+            .bytes
+            .try_into()
+            .expect("8 bytes")
+    })
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
@@ -180,12 +198,53 @@ impl LogCodec {
         out
     }
 
+    /// Encodes the truncation of log table `table` at `epoch` (docs/WIRE.md "Truncate").
+    pub fn encode_truncate(epoch: Epoch, table: u16) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24);
+        out.extend_from_slice(&SINGLE_OBJECT_MARKER);
+        out.extend_from_slice(&truncate_fingerprint());
+        put_long(&mut out, epoch.0 as i64);
+        put_long(&mut out, table as i64);
+        out
+    }
+
+    /// How many tables the log has (this one and the others).
+    fn log_tables(&self) -> usize {
+        1 + self.others.len()
+    }
+
+    fn decode_truncate(&self, mut buf: &[u8]) -> Result<LogRecord, CodecError> {
+        let mut long = |what: &str| {
+            get_long(&mut buf).ok_or_else(|| CodecError::Decode(format!("{what}: truncated")))
+        };
+        let epoch = Epoch(long("Truncate.epoch")? as u64);
+        let table = long("Truncate.table")?;
+        if !buf.is_empty() {
+            return Err(CodecError::Decode(format!(
+                "{} trailing bytes after the truncation",
+                buf.len()
+            )));
+        }
+        match u16::try_from(table) {
+            Ok(t) if (t as usize) < self.log_tables() => {
+                Ok(LogRecord::Truncate(Truncate { epoch, table: t }))
+            }
+            _ => Err(CodecError::Decode(format!(
+                "Truncate.table: the log has {} table(s), no table {table}",
+                self.log_tables()
+            ))),
+        }
+    }
+
     /// Decodes one message value; `key` is the message key (the row's key bytes for a change).
     pub fn decode(&self, value: &[u8], key: Option<&[u8]>) -> Result<LogRecord, CodecError> {
         if value.len() < 10 || value[..2] != SINGLE_OBJECT_MARKER {
             return Err(CodecError::NoMarker(hex(&value[..value.len().min(4)])));
         }
         let fp = &value[2..10];
+        if *fp == truncate_fingerprint() {
+            return self.decode_truncate(&value[10..]);
+        }
         // (table, version, the versions when a later one is involved)
         // (table, version, the versions when a later one is involved, the row schema of another
         // table decoded whole)

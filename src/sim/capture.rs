@@ -358,6 +358,13 @@ impl LogPort for SimLog {
         )))
     }
 
+    fn truncate(&mut self, table: TableIndex, epoch: Epoch) -> Result<(), CaptureFailure> {
+        // The model source never truncates a table.
+        Err(CaptureFailure::permanent(format!(
+            "the simulated source truncates nothing (table {table} at epoch {epoch})"
+        )))
+    }
+
     fn snapshot_point(&mut self, e: Epoch, next: Epoch, c: Lsn) -> Result<(), CaptureFailure> {
         self.snapshot_point = Some((e, next, c));
         Ok(())

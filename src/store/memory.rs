@@ -183,7 +183,7 @@ impl MemoryStore {
         let mut units: Vec<&PendingUnit> = j.pending.iter().collect();
         units.sort_by_key(|u| u.epoch);
         for u in units {
-            apply_rows(&mut rows, &u.rows);
+            apply_rows(&mut rows, &u.rows, j.row.vnode_count);
         }
         rows
     }
@@ -467,9 +467,17 @@ impl StateStore for MemoryStore {
     }
 }
 
-fn apply_rows(rows: &mut BTreeMap<Vec<u8>, Vec<u8>>, mutations: &[RowMutation]) {
+/// `vnode_count`: the job's, to tell a stored row's vnode (a truncation deletes by vnode).
+fn apply_rows(rows: &mut BTreeMap<Vec<u8>, Vec<u8>>, mutations: &[RowMutation], vnode_count: u32) {
     for m in mutations {
         match m {
+            RowMutation::Truncate { vnode, prefix } => {
+                // The vnode is the bare key's: after the table prefix (none for one table).
+                rows.retain(|key, _| {
+                    !(key.starts_with(prefix)
+                        && crate::core::vnode_of(&key[prefix.len()..], vnode_count) == *vnode)
+                });
+            }
             RowMutation::Upsert { row, .. } => {
                 rows.insert(row.key.clone(), row.value.clone());
             }
@@ -554,7 +562,7 @@ fn apply_checkpoint(
                     let mut now = now;
                     now.sort_by_key(|u| u.epoch);
                     for u in &now {
-                        apply_rows(&mut state.rows, &u.rows);
+                        apply_rows(&mut state.rows, &u.rows, state.row.vnode_count);
                     }
                     state.applied = Some(at);
                     if state.previous.as_ref().is_some_and(|(p, _)| *p <= at) {
@@ -562,7 +570,7 @@ fn apply_checkpoint(
                     }
                 }
             }
-            _ => apply_rows(&mut state.rows, &cp.rows),
+            _ => apply_rows(&mut state.rows, &cp.rows, state.row.vnode_count),
         }
         for v in &cp.vnodes {
             state.vnodes.insert(v.vnode, v.clone());

@@ -418,6 +418,42 @@ pub fn next_table(table_name: &str) -> String {
 /// A pending unit as a backend lists it: its id, epoch and the partitions it puts at that epoch.
 pub type PendingUnit = (i64, crate::core::Epoch, Vec<PartitionId>);
 
+/// A pending row as both backends keep it (`kb_pending_rows`: vnode, key, row): an upsert holds
+/// its row, a delete none, and a truncation of vnode `v` is kept as vnode `-1 - v` (no row) with
+/// its table prefix as the key — a vnode is never negative, so nothing else reads as one.
+pub fn pending_row(m: &crate::core::RowMutation) -> (i32, &[u8], Option<&[u8]>) {
+    use crate::core::RowMutation;
+    match m {
+        RowMutation::Upsert { vnode, row, .. } => (*vnode as i32, &row.key, Some(&row.value)),
+        RowMutation::Delete { vnode, key } => (*vnode as i32, key, None),
+        RowMutation::Truncate { vnode, prefix } => (-1 - *vnode as i32, prefix, None),
+    }
+}
+
+/// The mutation a pending row holds ([`pending_row`]).
+pub fn pending_mutation(
+    vnode: i32,
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+) -> crate::core::RowMutation {
+    use crate::core::RowMutation;
+    match value {
+        Some(value) => RowMutation::Upsert {
+            vnode: vnode as Vnode,
+            row: crate::core::Row { key, value },
+            offset: None,
+        },
+        None if vnode < 0 => RowMutation::Truncate {
+            vnode: (-1 - vnode) as Vnode,
+            prefix: key,
+        },
+        None => RowMutation::Delete {
+            vnode: vnode as Vnode,
+            key,
+        },
+    }
+}
+
 /// What publication needs of a backend inside its transaction: the primitives; the rule is
 /// [`publish`], written once.
 pub trait TxPublish {

@@ -100,6 +100,7 @@ fn upstream_by_epoch(f: &Fixture) -> HashMap<u64, Vec<Epoch>> {
                 LogRecord::Barrier(b) => {
                     epochs.insert(b.prev);
                 }
+                LogRecord::Truncate(t) => panic!("the workload truncates nothing: {t:?}"),
             }
         }
     }

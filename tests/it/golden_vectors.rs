@@ -257,6 +257,11 @@ fn several_tables() -> Value {
             "message_value_hex": hex(&codecs[t].encode_change(epoch, op, vnode, &datum)),
         }));
     }
+    // The second table truncated (docs/WIRE.md "Truncate"): its own schema, the table by index.
+    messages.push(json!({
+        "truncate": {"epoch": epoch.0, "table": 1},
+        "message_value_hex": hex(&LogCodec::encode_truncate(epoch, 1)),
+    }));
     let barrier = Barrier {
         prev: epoch,
         curr: Epoch(epoch.0 + (1 << 16)),
@@ -275,6 +280,7 @@ fn several_tables() -> Value {
             "primary_key": t.primary_key,
             "fingerprint_hex": c.fingerprint_hex(),
         })).collect::<Vec<_>>(),
+        "truncate_fingerprint_hex": hex(&kafka_backfill::codec::truncate_fingerprint()),
         "messages": messages,
     })
 }
@@ -324,9 +330,31 @@ fn the_several_table_vector_tells_each_change_s_table_by_its_fingerprint() {
                 kafka_backfill::core::LogRecord::Barrier(b) => {
                     assert_eq!(b.prev.0, m["barrier"]["prev_epoch"].as_u64().unwrap());
                 }
+                kafka_backfill::core::LogRecord::Truncate(t) => {
+                    assert_eq!(t.table as u64, m["truncate"]["table"].as_u64().unwrap());
+                    assert_eq!(t.epoch.0, m["truncate"]["epoch"].as_u64().unwrap());
+                    assert_eq!(
+                        hex(&value[2..10]),
+                        log["truncate_fingerprint_hex"].as_str().unwrap(),
+                        "one truncation schema for every table"
+                    );
+                }
             }
         }
     }
+    // The truncation's fingerprint is its schema file's, computed here apart from the codec.
+    let truncate = apache_avro::Schema::parse_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/schemas/truncate.avsc"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        log["truncate_fingerprint_hex"].as_str().unwrap(),
+        hex(&truncate.fingerprint::<Rabin>().bytes)
+    );
     // A codec of one table alone refuses the other's changes: the fingerprint is unknown to it.
     let alone = LogCodec::new(schemas[0].clone()).unwrap();
     let m = &log["messages"][1];

@@ -205,6 +205,7 @@ scenarios!(
     recreation_fences_the_old_generation_and_keeps_limits_pause_and_letters,
     a_recreation_onto_a_newer_snapshot_records_its_epoch,
     a_bulk_snapshot_checkpoint_replayed_holds_each_row_once,
+    a_truncation_empties_its_partition_s_vnodes_before_the_checkpoint_s_rows,
 );
 
 /// A PostgreSQL table name for a scenario (63 bytes at most: the scenario's name is hashed).
@@ -770,6 +771,48 @@ fn table_ownership(open: &dyn Fn(&str) -> Box<dyn StateStore>, t: &str, u: &str,
     assert_eq!(on_t.job(a).unwrap().unwrap().generation, Generation(0));
 }
 
+/// The rows of a checkpoint truncating the table in `partition`'s vnodes and then writing
+/// `after`, in the order the core commits them: (vnode, key), a truncation's empty prefix first.
+fn truncated_then(partition: PartitionId, after: Vec<RowMutation>) -> Vec<RowMutation> {
+    let mut rows: Vec<RowMutation> = map()
+        .vnodes_of(partition)
+        .map(|vnode| RowMutation::Truncate {
+            vnode,
+            prefix: Vec::new(),
+        })
+        .chain(after)
+        .collect();
+    rows.sort_by(|a, b| (a.vnode(), a.key()).cmp(&(b.vnode(), b.key())));
+    rows
+}
+
+/// A truncation (the upstream's `TRUNCATE`, docs/WIRE.md "Truncate") deletes every committed row
+/// of its partition's vnodes, then the rows written after it in the same checkpoint apply; the
+/// other partition's rows stay.
+fn a_truncation_empties_its_partition_s_vnodes_before_the_checkpoint_s_rows(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
+    let (k0, _, u0) = upsert(0, 0);
+    let (_, _, u1) = upsert(0, 1);
+    let (k2, d2, u2) = upsert(0, 2);
+    let (k3, d3, u3) = upsert(1, 0);
+    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0, u1]))
+        .unwrap();
+    b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u3]))
+        .unwrap();
+    assert_eq!(a.rows(job).unwrap().len(), 3);
+    a.commit(
+        job,
+        &log_checkpoint(0, la, E2, 20, truncated_then(0, vec![u2])),
+    )
+    .unwrap();
+    assert_eq!(
+        b.rows(job).unwrap(),
+        BTreeMap::from([(k2, d2), (k3, d3)]),
+        "partition 0's rows before the truncation are gone, the row after it stays"
+    );
+    assert!(!b.rows(job).unwrap().contains_key(&k0));
+}
+
 /// A log-store checkpoint of the worker holding `partition` (lease `lease`) through `epoch`: its
 /// vnodes finished at `epoch`, the partition's next offset `offset`.
 fn log_checkpoint(
@@ -820,13 +863,8 @@ fn upsert_of((key, datum, vnode): (Vec<u8>, Vec<u8>, Vnode)) -> (Vec<u8>, Vec<u8
 /// partition each. The one ahead commits and nothing of it shows; the laggard's commit at the
 /// same epoch publishes both; a checkpoint whose own epoch is published at once shows at once; a
 /// replay of a published checkpoint changes nothing; a recreation starts the publication over.
-fn publication(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
-    let mut a = open();
-    let mut b = open();
-    let info = info();
-    a.ensure_job(job, &info).unwrap();
-    let la = a.claim(job, Generation(0), "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, Generation(0), "b", &[1], &info).unwrap()[0].lease;
+fn publication(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
     assert_eq!(a.published_epoch(job).unwrap(), None);
     let (k0, d0, u0) = upsert(0, 0);
     let (k1, d1, u1) = upsert(1, 0);
@@ -869,6 +907,35 @@ fn publication(open: &dyn Fn() -> Box<dyn StateStore>, job: &str) {
     assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
     assert_eq!(a.rows(job).unwrap().len(), 2);
     publication_across_a_recreation(&mut a, &mut b, job);
+}
+
+/// Under publication a truncation waits with its checkpoint's other rows: readers see the table
+/// whole until every partition reaches its epoch, then without the truncated rows.
+fn a_truncation_is_published_with_its_epoch(open: Open, job: &str) {
+    let (mut a, mut b, la, lb) = claimed(open, job);
+    let (k0, d0, u0) = upsert(0, 0);
+    let (k1, d1, u1) = upsert(1, 0);
+    let (k2, d2, u2) = upsert(0, 1);
+    a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
+        .unwrap();
+    b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u1]))
+        .unwrap();
+    let before = BTreeMap::from([(k0, d0), (k1.clone(), d1.clone())]);
+    assert_eq!(a.rows(job).unwrap(), before);
+    a.commit(
+        job,
+        &log_checkpoint(0, la, E2, 20, truncated_then(0, vec![u2])),
+    )
+    .unwrap();
+    assert_eq!(a.rows(job).unwrap(), before, "held until B reaches E2");
+    b.commit(job, &log_checkpoint(1, lb, E2, 21, vec![]))
+        .unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(k1, d1), (k2, d2)]),
+        "published at E2: partition 0 truncated, then its row of E2"
+    );
 }
 
 /// Publication, continued: a recreation keeps the replica readers see until the new generation
@@ -1163,21 +1230,34 @@ fn sqlite_leaving_publication_with_work_pending_is_refused() {
 #[cfg(feature = "testing")]
 #[test]
 fn memory_publication() {
-    let store = kafka_backfill::store::memory::MemoryStore::publishing();
-    publication(&|| Box::new(store.clone()), "publication");
+    for (scenario, name) in PUBLICATION_SCENARIOS {
+        let store = kafka_backfill::store::memory::MemoryStore::publishing();
+        scenario(&|| Box::new(store.clone()), name);
+    }
 }
+
+/// A scenario: a store opener and a job name.
+type Scenario = fn(Open, &str);
+
+/// The publication scenarios, each run on a store of its own (a table belongs to one job).
+const PUBLICATION_SCENARIOS: [(Scenario, &str); 2] = [
+    (publication, "publication"),
+    (a_truncation_is_published_with_its_epoch, "truncated"),
+];
 
 #[test]
 fn sqlite_publication() {
-    let path = fresh_sqlite("publication");
-    let options = kafka_backfill::store::sqlite::SqliteOptions {
-        publication: true,
-        ..Default::default()
-    };
-    publication(
-        &|| Box::new(SqliteStore::open_with(&path, "accounts", table(), options).unwrap()),
-        "publication",
-    );
+    for (scenario, name) in PUBLICATION_SCENARIOS {
+        let path = fresh_sqlite(name);
+        let options = kafka_backfill::store::sqlite::SqliteOptions {
+            publication: true,
+            ..Default::default()
+        };
+        scenario(
+            &|| Box::new(SqliteStore::open_with(&path, "accounts", table(), options).unwrap()),
+            name,
+        );
+    }
 }
 
 /// A store with typed columns refuses an upserted row whose datum does not decode, naming its key,
@@ -1351,12 +1431,14 @@ fn postgres_table_ownership() {
 #[test]
 fn postgres_publication() {
     let url = support::pg_url();
-    let stamp = support::stamp();
-    let tname = format!("publication_{stamp}");
-    publication(
-        &|| Box::new(PostgresStore::open_with(&url, &tname, table(), true).unwrap()),
-        &format!("publication-{stamp}"),
-    );
+    for (scenario, name) in PUBLICATION_SCENARIOS {
+        let stamp = support::stamp();
+        let tname = format!("{name}_{stamp}");
+        scenario(
+            &|| Box::new(PostgresStore::open_with(&url, &tname, table(), true).unwrap()),
+            &format!("{name}-{stamp}"),
+        );
+    }
 }
 
 /// The primary-key columns of PostgreSQL table `t`, in key order.

@@ -77,9 +77,21 @@ pub struct Change {
     pub row: Row,
 }
 
-/// A log-store message value: a change or a barrier marker.
+/// Every row of table `table` of the log is deleted at this point of its partition (the upstream's
+/// `TRUNCATE`, docs/WIRE.md "Truncate"): the partition's vnodes lose the table's rows written before
+/// it; changes after it, in the same epoch or later, apply on the emptied table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Truncate {
+    /// The epoch of the truncating transaction: the `curr` of the last barrier before it.
+    pub epoch: Epoch,
+    /// The table of the log (0 in a one-table log).
+    pub table: u16,
+}
+
+/// A log-store message value: a change, a truncation or a barrier marker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogRecord {
     Change(Change),
     Barrier(Barrier),
+    Truncate(Truncate),
 }

@@ -86,6 +86,8 @@ pub enum SourceEvent {
         table: TableIndex,
         change: RowChange,
     },
+    /// Inside a transaction: these captured tables are emptied (`TRUNCATE`) at this point of it.
+    Truncate { tables: Vec<TableIndex> },
     /// The transaction ends; `end_lsn` lies just past its commit record.
     Commit { end_lsn: Lsn },
     /// Nothing arrived for a while: the source has sent everything before `wal_end` (0 when it
@@ -117,6 +119,9 @@ pub enum Action {
         key: Vec<u8>,
         row: Vec<u8>,
     },
+    /// Write a truncation of `table` at `epoch` to every partition (docs/WIRE.md "Truncate"), after
+    /// the changes before it and before the changes after it.
+    Truncate { table: TableIndex, epoch: Epoch },
     /// Write `state` to the state topic and commit the Kafka transaction; then call
     /// [`Assembler::log_committed`] (or, if the commit failed, abort and resume from the last
     /// committed state).
@@ -378,6 +383,21 @@ impl Assembler {
                 };
                 if !skip {
                     self.write_change(table, change, out);
+                    self.open_wrote = true;
+                }
+            }
+            SourceEvent::Truncate { tables } => {
+                let Some((_, skip)) = self.open else {
+                    return Err(CaptureError::ChangeOutsideTransaction);
+                };
+                if !skip {
+                    for table in tables {
+                        out.push(Action::Truncate {
+                            table,
+                            epoch: self.epoch,
+                        });
+                        self.epoch_changes += 1;
+                    }
                     self.open_wrote = true;
                 }
             }
@@ -1088,6 +1108,60 @@ mod tests {
         // The next transaction, past max_epoch_changes, starts a new epoch for every table.
         begin(&mut a, 300, 500, &mut out);
         assert_eq!(barriers(&out).len(), 1);
+    }
+
+    /// pgbench's `TRUNCATE pgbench_history` (or any): a truncation of each table named, in the
+    /// transaction's epoch and in its place among the changes; none for a transaction replayed.
+    #[test]
+    fn a_truncate_is_written_in_its_place_in_the_transaction_s_epoch() {
+        let mut a = committed_start(0);
+        let mut out = Vec::new();
+        begin(&mut a, 200, 1, &mut out);
+        a.on_event(insert_into(1, 1), &mut out).unwrap();
+        a.on_event(SourceEvent::Truncate { tables: vec![1, 2] }, &mut out)
+            .unwrap();
+        a.on_event(insert_into(1, 2), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 210 }, &mut out)
+            .unwrap();
+        let epoch = a.epoch();
+        let seen: Vec<String> = out
+            .iter()
+            .filter_map(|x| match x {
+                Action::Change {
+                    table,
+                    epoch: e,
+                    key,
+                    ..
+                } if *e == epoch => Some(format!("change {table}/{}", key[0])),
+                Action::Truncate { table, epoch: e } if *e == epoch => {
+                    Some(format!("truncate {table}"))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            ["change 1/1", "truncate 1", "truncate 2", "change 1/2"]
+        );
+        assert!(
+            a.on_event(SourceEvent::Truncate { tables: vec![0] }, &mut out)
+                .is_err(),
+            "outside a transaction"
+        );
+        // A transaction the log holds already (before the resume position) writes nothing.
+        let mut a = Assembler::resume(
+            cfg(),
+            map(),
+            CaptureState {
+                lsn: 500,
+                ..a.committed()
+            },
+        );
+        let mut out = Vec::new();
+        begin(&mut a, 400, 2, &mut out);
+        a.on_event(SourceEvent::Truncate { tables: vec![0] }, &mut out)
+            .unwrap();
+        assert!(!out.iter().any(|x| matches!(x, Action::Truncate { .. })));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The log's per-record contract (docs/DESIGN.md §3 and §5, invariants 2 and 5): barrier chains, the same
-//! epoch's barrier agreeing across partitions, a change's epoch, vnode routing and update pairs.
+//! epoch's barrier agreeing across partitions, a change's (or a truncation's) epoch, vnode routing and
+//! update pairs.
 //!
 //! Written once and used twice: the [`Executor`](super::Executor) stops at the first violation;
 //! `check-log` reports every one, resynchronising after each ([`LogPosition::resync`]). Pure: no I/O.
@@ -63,25 +64,25 @@ pub fn check_record(
                     computed,
                 });
             }
-            if let (Some(ud), false) = (at.pending_update_delete, change.op == Op::UpdateInsert) {
-                return Err(CoreError::UnpairedUpdate {
-                    topic: topic.to_string(),
-                    partition,
-                    offset,
-                    update_delete_offset: ud,
-                });
+            if change.op != Op::UpdateInsert {
+                no_pending_update(topic, partition, offset, at)?;
             }
             Ok(())
         }
-        LogRecord::Barrier(barrier) => {
-            if let Some(ud) = at.pending_update_delete {
-                return Err(CoreError::UnpairedUpdate {
+        LogRecord::Truncate(t) => {
+            if t.epoch != at.open_epoch {
+                return Err(CoreError::EpochMismatch {
                     topic: topic.to_string(),
                     partition,
                     offset,
-                    update_delete_offset: ud,
+                    expected: at.open_epoch,
+                    found: t.epoch,
                 });
             }
+            no_pending_update(topic, partition, offset, at)
+        }
+        LogRecord::Barrier(barrier) => {
+            no_pending_update(topic, partition, offset, at)?;
             if barrier.prev != at.open_epoch || barrier.curr <= barrier.prev {
                 return Err(CoreError::BarrierChainBroken {
                     topic: topic.to_string(),
@@ -111,6 +112,25 @@ pub fn check_record(
     }
 }
 
+/// Only an `UPDATE_INSERT` may follow an `UPDATE_DELETE`: a barrier or a truncation there breaks
+/// the pair.
+fn no_pending_update(
+    topic: &str,
+    partition: PartitionId,
+    offset: u64,
+    at: &LogPosition,
+) -> Result<(), CoreError> {
+    match at.pending_update_delete {
+        Some(ud) => Err(CoreError::UnpairedUpdate {
+            topic: topic.to_string(),
+            partition,
+            offset,
+            update_delete_offset: ud,
+        }),
+        None => Ok(()),
+    }
+}
+
 impl LogPosition {
     /// Moves past a record that [`check_record`] accepted; records a barrier in `barriers`.
     pub fn advance(
@@ -131,6 +151,7 @@ impl LogPosition {
                 self.open_epoch = b.curr;
                 barriers.entry(b.prev).or_insert(*b);
             }
+            LogRecord::Truncate(_) => {}
         }
     }
 
@@ -145,6 +166,7 @@ impl LogPosition {
                 self.open_epoch = b.curr;
                 self.pending_update_delete = None;
             }
+            LogRecord::Truncate(_) => self.pending_update_delete = None,
         }
     }
 }

@@ -164,6 +164,8 @@ pub struct ExecutorCounters {
     pub checkpoints: u64,
     /// Records skipped as dead letters (read, not necessarily committed yet).
     pub dead_letters: u64,
+    /// Truncations of the job's tables read (each partition's record counts once).
+    pub truncates: u64,
 }
 
 /// A view of one owned partition.
@@ -833,6 +835,16 @@ impl Executor {
                 self.counters.changes[op_index(change.op)] += 1;
                 self.newest_epoch = self.newest_epoch.max(Some(change.epoch));
                 self.staging.stage(change, offset);
+                Ok(())
+            }
+            LogRecord::Truncate(t) => {
+                self.newest_epoch = self.newest_epoch.max(Some(t.epoch));
+                if self.spec.policy.tables.includes(t.table) {
+                    let prefix = self.spec.policy.tables.table_prefix(t.table);
+                    self.staging
+                        .truncate(t.epoch, map.vnodes_of(partition), &prefix);
+                    self.counters.truncates += 1;
+                }
                 Ok(())
             }
             LogRecord::Barrier(barrier) => {

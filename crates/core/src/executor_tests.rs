@@ -1159,3 +1159,79 @@ fn a_commit_never_takes_epochs_on_both_sides_of_a_schema_change() {
         .collect();
     assert_eq!(got, vec![(Some(e(2)), 2, 5), (Some(e(3)), 1, 7)]);
 }
+
+#[test]
+fn a_truncation_supersedes_its_table_s_earlier_changes_in_its_partition_and_commits_first() {
+    let mut spec = spec(2);
+    spec.policy.tables = crate::tables::JobTables::Several(vec![0, 2]);
+    let mut x = in_log_store_with(spec);
+    let map = x.spec().map;
+    let of_table = |table: u16, epoch: Epoch, v: Vnode, op: Op| match change(map, epoch, v, op) {
+        LogRecord::Change(c) => LogRecord::Change(Change { table, ..c }),
+        b => b,
+    };
+    let truncate =
+        |table: u16, epoch: Epoch| LogRecord::Truncate(crate::barrier::Truncate { epoch, table });
+    // Epoch 1: table 2 changed in vnode 0 (partition 0) and vnode 4 (partition 1), table 0 in
+    // vnode 1; partition 0 then truncates table 2, writes one of its rows again, and truncates
+    // table 1, which the job does not materialise.
+    x.handle(rec(0, 1, of_table(2, e(1), 0, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 2, of_table(0, e(1), 1, Op::Insert)))
+        .unwrap();
+    x.handle(rec(1, 1, of_table(2, e(1), 4, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 3, truncate(2, e(1)))).unwrap();
+    x.handle(rec(0, 4, truncate(1, e(1)))).unwrap();
+    x.handle(rec(0, 5, of_table(2, e(1), 2, Op::Insert)))
+        .unwrap();
+    x.handle(rec(0, 6, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let ds = x
+        .handle(rec(1, 2, barrier(1, 2, BarrierKind::Checkpoint)))
+        .unwrap();
+    let cs = commits(&ds);
+    assert_eq!(cs.len(), 1, "{ds:?}");
+    let rows: Vec<(Vnode, Vec<u8>, &str)> = cs[0]
+        .rows
+        .iter()
+        .map(|m| {
+            let kind = match m {
+                RowMutation::Upsert { .. } => "upsert",
+                RowMutation::Delete { .. } => "delete",
+                RowMutation::Truncate { .. } => "truncate",
+            };
+            (m.vnode(), m.key().to_vec(), kind)
+        })
+        .collect();
+    let t2 = vec![0u8, 2];
+    let expected: Vec<(Vnode, Vec<u8>, &str)> = vec![
+        (0, t2.clone(), "truncate"),
+        (1, crate::table_key(0, &key_for_vnode(map, 1)), "upsert"),
+        (1, t2.clone(), "truncate"),
+        (2, t2.clone(), "truncate"),
+        (2, crate::table_key(2, &key_for_vnode(map, 2)), "upsert"),
+        (3, t2.clone(), "truncate"),
+        (4, crate::table_key(2, &key_for_vnode(map, 4)), "upsert"),
+    ];
+    assert_eq!(
+        rows, expected,
+        "partition 0's vnodes lose table 2's rows before the row written after the truncation; \
+         table 0's row stays; partition 1's vnodes are untouched"
+    );
+    assert_eq!(x.status().counters.truncates, 1);
+}
+
+#[test]
+fn a_truncation_must_carry_its_partition_s_open_epoch() {
+    let mut x = in_log_store();
+    let truncate = LogRecord::Truncate(crate::barrier::Truncate {
+        epoch: e(2),
+        table: 0,
+    });
+    let err = bad_record(&mut x, rec(0, 1, truncate));
+    assert!(
+        err.to_string().contains("partition 0") && err.to_string().contains("offset 1"),
+        "{err}"
+    );
+}

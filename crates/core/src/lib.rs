@@ -28,7 +28,7 @@ pub mod vnode;
 #[cfg(test)]
 mod unit_tests;
 
-pub use barrier::{Barrier, BarrierKind, Change, LogRecord, Op, Row};
+pub use barrier::{Barrier, BarrierKind, Change, LogRecord, Op, Row, Truncate};
 pub use epoch::{Epoch, Generation};
 pub use error::{check_log_start, CoreError, LogStartGone, VNODE_BITMAP_UPDATE_IN_LOG_STORE};
 pub use executor::{Executor, JobPolicy, JobSpec, LocalCheckpointPolicy, WorkerStatus};

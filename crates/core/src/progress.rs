@@ -69,19 +69,31 @@ pub enum RowMutation {
         vnode: Vnode,
         key: Vec<u8>,
     },
+    /// Every row of the vnode whose key starts with `prefix` is deleted, before the checkpoint's
+    /// other rows apply: a truncated table ([`crate::Truncate`]). `prefix` is the table's prefix in
+    /// the job's layout ([`crate::JobTables::table_prefix`]: empty for a job of one table), so a
+    /// store routes it to its table as it routes a row.
+    Truncate {
+        vnode: Vnode,
+        prefix: Vec<u8>,
+    },
 }
 
 impl RowMutation {
+    /// The row's key (a truncation's prefix, which sorts before every key of its table).
     pub fn key(&self) -> &[u8] {
         match self {
             RowMutation::Upsert { row, .. } => &row.key,
             RowMutation::Delete { key, .. } => key,
+            RowMutation::Truncate { prefix, .. } => prefix,
         }
     }
 
     pub fn vnode(&self) -> Vnode {
         match self {
-            RowMutation::Upsert { vnode, .. } | RowMutation::Delete { vnode, .. } => *vnode,
+            RowMutation::Upsert { vnode, .. }
+            | RowMutation::Delete { vnode, .. }
+            | RowMutation::Truncate { vnode, .. } => *vnode,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! so staging keeps epochs apart; within one commit the buckets merge, later epochs winning.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// FxHash (rustc's hasher): keys are primary-key bytes chosen by the upstream, not by an attacker
@@ -70,6 +70,9 @@ struct EpochBucket {
     rows: HashSet<Keyed, BuildHasherDefault<FxHasher>>,
     /// Changes applied per vnode (before coalescing): the `row_count` of vnode progress.
     counts: FxMap<Vnode, u64>,
+    /// Truncations of this epoch, as (vnode, table prefix): a commit deletes the stored rows they
+    /// name before it applies its rows. The mutations they supersede are gone from staging.
+    truncates: BTreeSet<(Vnode, Vec<u8>)>,
 }
 
 /// Staged changes of the log-store and streaming phases.
@@ -101,6 +104,7 @@ impl Staging {
             .or_insert_with(|| EpochBucket {
                 rows: HashSet::with_capacity_and_hasher(hint, Default::default()),
                 counts: FxMap::default(),
+                truncates: BTreeSet::new(),
             });
         *bucket.counts.entry(change.vnode).or_default() += 1;
         self.changes += 1;
@@ -118,6 +122,21 @@ impl Staging {
         };
         bucket.rows.replace(Keyed(mutation));
         self.bucket_hint = self.bucket_hint.max(bucket.rows.len());
+    }
+
+    /// Records a truncation at `epoch` of the table whose keys start with `prefix`, in `vnodes` (the
+    /// vnodes of the partition it was read in): every staged mutation of those rows is superseded
+    /// (they all lie before it: a vnode's changes come from its one partition, in order), and the
+    /// commit taking `epoch` deletes the stored ones first.
+    pub fn truncate(&mut self, epoch: Epoch, vnodes: std::ops::Range<Vnode>, prefix: &[u8]) {
+        let hit = |m: &RowMutation| vnodes.contains(&m.vnode()) && m.key().starts_with(prefix);
+        for bucket in self.epochs.range_mut(..=epoch).map(|(_, b)| b) {
+            bucket.rows.retain(|m| !hit(&m.0));
+        }
+        let bucket = self.epochs.entry(epoch).or_default();
+        bucket
+            .truncates
+            .extend(vnodes.map(|v| (v, prefix.to_vec())));
     }
 
     /// Changes staged and not yet taken (before coalescing).
@@ -145,6 +164,14 @@ impl Staging {
                 self.changes -= c;
             }
             rows.extend(bucket.rows.into_iter().map(|k| Some(k.0)));
+            // A truncation sorts before its table's rows in its vnode (its prefix is a prefix of
+            // their keys) and equals no row's key; the same one in two epochs is one.
+            rows.extend(
+                bucket
+                    .truncates
+                    .into_iter()
+                    .map(|(vnode, prefix)| Some(RowMutation::Truncate { vnode, prefix })),
+            );
         }
         // The stores cluster rows by (vnode, key), RisingWave's state-table layout: in that order a
         // commit walks each B-tree once, left to right. Sorted as an index of 16-byte entries
@@ -196,6 +223,7 @@ impl Staging {
     pub fn discard(&mut self, revoked: impl Fn(Vnode) -> bool) {
         for bucket in self.epochs.values_mut() {
             bucket.rows.retain(|m| !revoked(m.0.vnode()));
+            bucket.truncates.retain(|(v, _)| !revoked(*v));
             bucket.counts.retain(|v, c| {
                 if revoked(*v) {
                     self.changes -= *c;
@@ -206,7 +234,7 @@ impl Staging {
             });
         }
         self.epochs
-            .retain(|_, b| !b.rows.is_empty() || !b.counts.is_empty());
+            .retain(|_, b| !b.rows.is_empty() || !b.counts.is_empty() || !b.truncates.is_empty());
     }
 
     /// Drops everything.

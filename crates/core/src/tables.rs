@@ -45,6 +45,16 @@ impl JobTables {
         }
     }
 
+    /// The prefix every staged key of log table `table` starts with: empty for a job of one table,
+    /// the table's two bytes for several. What a truncation of the table deletes
+    /// ([`crate::RowMutation::Truncate`]).
+    pub fn table_prefix(&self, table: u16) -> Vec<u8> {
+        match self {
+            JobTables::One(_) => Vec::new(),
+            JobTables::Several(_) => table.to_be_bytes().to_vec(),
+        }
+    }
+
     /// Whether the job materialises log table `table`.
     pub fn includes(&self, table: u16) -> bool {
         match self {

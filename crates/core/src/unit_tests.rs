@@ -295,6 +295,7 @@ fn status(phase: Phase, partitions: &[(u64, Option<u64>)]) -> WorkerStatus {
             barriers: 5,
             checkpoints: 9,
             dead_letters: 0,
+            truncates: 0,
         },
         caught_up: false,
         joined: true,

@@ -628,6 +628,7 @@ fn write_rows<'r>(
     let sets: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
     let mut upserts: Vec<UpsertRow> = Vec::new();
     let mut deletes: Vec<(i32, Vec<u8>)> = Vec::new();
+    let mut truncated: Vec<i32> = Vec::new();
     for (m, key) in rows {
         match m {
             RowMutation::Upsert { vnode, row, .. } => {
@@ -643,7 +644,19 @@ fn write_rows<'r>(
                 decoded.next();
                 deletes.push((*vnode as i32, key.to_vec()))
             }
+            RowMutation::Truncate { vnode, .. } => {
+                decoded.next();
+                truncated.push(*vnode as i32);
+            }
         }
+    }
+    // Truncations first: every other row of the checkpoint comes after them.
+    if !truncated.is_empty() {
+        tx.execute(
+            &sql::render(sql::postgres::ROWS_TRUNCATE, &[("table", table_name)]),
+            &[&truncated],
+        )
+        .map_err(classify)?;
     }
     if upserts.len() >= COPY_FROM_ROWS {
         let copied =

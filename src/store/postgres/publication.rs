@@ -136,18 +136,7 @@ impl protocol::TxPublish for InTx<'_, '_> {
             .query(sql::postgres::PENDING_ROWS, &[&unit])
             .map_err(classify)?
             .iter()
-            .map(|r| {
-                let vnode = r.get::<_, i32>(0) as Vnode;
-                let key: Vec<u8> = r.get(1);
-                match r.get::<_, Option<Vec<u8>>>(2) {
-                    Some(value) => RowMutation::Upsert {
-                        vnode,
-                        row: crate::core::Row { key, value },
-                        offset: None,
-                    },
-                    None => RowMutation::Delete { vnode, key },
-                }
-            })
+            .map(|r| protocol::pending_mutation(r.get(0), r.get(1), r.get(2)))
             .collect();
         self.tx
             .execute(sql::postgres::PENDING_ROWS_DELETE_UNIT, &[&unit])
@@ -178,15 +167,15 @@ impl protocol::TxPublish for InTx<'_, '_> {
             .map_err(classify)?
             .get(0);
         let seqs: Vec<i32> = (0..rows.len() as i32).collect();
-        let vnodes: Vec<i32> = rows.iter().map(|m| m.vnode() as i32).collect();
-        let keys: Vec<&[u8]> = rows.iter().map(|m| m.key()).collect();
-        let values: Vec<Option<&[u8]>> = rows
-            .iter()
-            .map(|m| match m {
-                RowMutation::Upsert { row, .. } => Some(row.value.as_slice()),
-                RowMutation::Delete { .. } => None,
-            })
-            .collect();
+        let mut vnodes: Vec<i32> = Vec::with_capacity(rows.len());
+        let mut keys: Vec<&[u8]> = Vec::with_capacity(rows.len());
+        let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(rows.len());
+        for m in rows {
+            let (v, k, r) = protocol::pending_row(m);
+            vnodes.push(v);
+            keys.push(k);
+            values.push(r);
+        }
         self.tx
             .execute(
                 sql::postgres::PENDING_ROWS_INSERT,

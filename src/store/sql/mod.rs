@@ -78,6 +78,7 @@ dialects! {
         RATE_LIMITS_READ = "rate_limits_read",
         RATE_LIMITS_WRITE = "rate_limits_write",
         ROW_VERSION_UPDATE = "row_version_update",
+        ROWS_TRUNCATE = "rows_truncate",
         SCHEMA = "schema",
         SCHEMA_VERSION_INSERT = "schema_version_insert",
         SCHEMA_VERSION_LATEST = "schema_version_latest",

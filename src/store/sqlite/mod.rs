@@ -511,6 +511,7 @@ impl SqliteStore {
             let mut delete = tx
                 .prepare_cached(&sql::render(sql::sqlite::ROW_DELETE, &[("table", t)]))
                 .map_err(classify)?;
+            let truncate = sql::render(sql::sqlite::ROWS_TRUNCATE, &[("table", t)]);
             // A row's values read in place from its datum, reused from row to row: no allocation
             // per row (docs/BENCHMARKS.md "Column values read in place").
             let mut in_place: Vec<DirectValue<'r>> = Vec::with_capacity(table.columns.len());
@@ -538,6 +539,14 @@ impl SqliteStore {
                     RowMutation::Delete { vnode, .. } => {
                         decoded.next();
                         delete.execute(params![vnode, key]).map_err(classify)?;
+                    }
+                    // Before the vnode's rows of this table: a checkpoint's rows are in (vnode,
+                    // key) order and a truncation's prefix sorts first.
+                    RowMutation::Truncate { vnode, .. } => {
+                        decoded.next();
+                        tx.prepare_cached(&truncate)
+                            .and_then(|mut q| q.execute(params![vnode]))
+                            .map_err(classify)?;
                     }
                 }
             }

@@ -95,16 +95,7 @@ impl protocol::TxPublish for InTx<'_> {
                 .map_err(classify)?;
             let rows = q
                 .query_map([unit], |r| {
-                    let vnode: Vnode = r.get(0)?;
-                    let key: Vec<u8> = r.get(1)?;
-                    Ok(match r.get::<_, Option<Vec<u8>>>(2)? {
-                        Some(value) => RowMutation::Upsert {
-                            vnode,
-                            row: crate::core::Row { key, value },
-                            offset: None,
-                        },
-                        None => RowMutation::Delete { vnode, key },
-                    })
+                    Ok(protocol::pending_mutation(r.get(0)?, r.get(1)?, r.get(2)?))
                 })
                 .map_err(classify)?
                 .collect::<Result<Vec<_>, _>>()
@@ -140,10 +131,7 @@ impl protocol::TxPublish for InTx<'_> {
             .prepare_cached(sql::sqlite::PENDING_ROWS_INSERT)
             .map_err(classify)?;
         for (seq, m) in rows.iter().enumerate() {
-            let (vnode, key, value) = match m {
-                RowMutation::Upsert { vnode, row, .. } => (vnode, &row.key, Some(&row.value)),
-                RowMutation::Delete { vnode, key } => (vnode, key, None),
-            };
+            let (vnode, key, value) = protocol::pending_row(m);
             q.execute(params![unit, seq as i64, vnode, key, value])
                 .map_err(classify)?;
         }

@@ -1,0 +1,1 @@
+DELETE FROM "{table}" WHERE _kb_vnode = ANY($1::int[])
