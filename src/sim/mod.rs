@@ -92,6 +92,8 @@ pub struct SimConfig {
     /// the workers dead-letter them (checked: each recorded once, each written to the sink first,
     /// all recorded in the end).
     pub dead_letters: bool,
+    /// The upstream also truncates a table now and then (`Upstream::write_truncate`).
+    pub truncates: bool,
 }
 
 /// How the simulated coordinator moves partitions (`group.protocol`).
@@ -154,6 +156,7 @@ impl SimConfig {
             commit_every_checkpoint: r.below(2) == 0,
             publication: r.below(2) == 0,
             tables: 1,
+            truncates: r.below(3) == 0,
         }
     }
 }
@@ -187,6 +190,9 @@ pub struct SimReport {
     /// Dead letters written to the sink, repeats included (a crash between the sink and the
     /// commit writes one again).
     pub dead_letters_sent: u64,
+    /// Tables the upstream truncated, and the rows that emptied upstream.
+    pub truncations: u64,
+    pub truncated_rows: u64,
     /// Members fenced by the KIP-848 coordinator (all partitions lost, then a rejoin).
     pub member_fences: u64,
     /// KIP-848 reconciliation steps delivered (one member's revocation and/or partial gain).
@@ -335,6 +341,8 @@ impl Sim {
             unreported: 0,
             violation: None,
             dead_letters_sent: Vec::new(),
+            truncations: 0,
+            truncated_rows: 0,
             torn: 0,
             published_checks: 0,
             published_moves: 0,
@@ -434,6 +442,9 @@ impl Sim {
             if w.upstream.changes_in_epoch >= self.config.max_changes_per_epoch || w.rng.chance(25)
             {
                 w.upstream.end_epoch(self.config.checkpoint_every);
+            } else if self.config.truncates && w.rng.chance(3) {
+                w.truncated_rows += w.upstream.write_truncate(&mut w.rng) as u64;
+                w.truncations += 1;
             } else {
                 w.upstream.write_change(&mut w.rng, self.config.key_space);
             }
@@ -619,6 +630,8 @@ impl Sim {
             consumer_protocol: self.config.protocol == GroupProtocol::Consumer,
             dead_letters: self.world.borrow().upstream.poison.len() as u64,
             dead_letters_sent: self.world.borrow().dead_letters_sent.len() as u64,
+            truncations: self.world.borrow().truncations,
+            truncated_rows: self.world.borrow().truncated_rows,
             member_fences: self.member_fences,
             reconciliations: self.reconciliations,
             torn: self.world.borrow().torn,

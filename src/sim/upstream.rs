@@ -131,21 +131,8 @@ impl Upstream {
 
     pub(super) fn write_change(&mut self, rng: &mut SimRng, key_space: u32) {
         if self.tables > 1 {
-            let epoch = self.epoch;
-            for (table, key, op, value) in transaction(&mut self.table, self.tables, rng, key_space)
-            {
-                let vnode = vnode_of(&key, self.map.vnode_count());
-                self.log.append(
-                    self.map.partition_of(vnode),
-                    LogRecord::Change(Change {
-                        epoch,
-                        op,
-                        vnode,
-                        table,
-                        row: Row { key, value },
-                    }),
-                );
-            }
+            let changes = transaction(&mut self.table, self.tables, rng, key_space);
+            self.append_changes(changes);
             self.changes_in_epoch += 1;
             return;
         }
@@ -186,6 +173,54 @@ impl Upstream {
             }
         }
         self.changes_in_epoch += 1;
+    }
+
+    /// Appends a several-table transaction's changes (table, bare key, op, value), each to the
+    /// partition of its vnode, in the open epoch.
+    fn append_changes(&mut self, changes: Vec<(u16, Vec<u8>, Op, Vec<u8>)>) {
+        let epoch = self.epoch;
+        for (table, key, op, value) in changes {
+            let vnode = vnode_of(&key, self.map.vnode_count());
+            self.log.append(
+                self.map.partition_of(vnode),
+                LogRecord::Change(Change {
+                    epoch,
+                    op,
+                    vnode,
+                    table,
+                    row: Row { key, value },
+                }),
+            );
+        }
+    }
+
+    /// A `TRUNCATE` of one table (docs/WIRE.md "Truncate"): a truncation record in every
+    /// partition. A several-table upstream puts the table's sum back as one row in the same
+    /// transaction (a truncation alone would break pgbench's invariant upstream too), so every
+    /// committed state still has every table's sum equal. Returns how many rows it emptied.
+    pub(super) fn write_truncate(&mut self, rng: &mut SimRng) -> usize {
+        let epoch = self.epoch;
+        let table = rng.below(self.tables as u64) as u16;
+        let several = self.tables > 1;
+        let sum = several.then(|| sums(&self.table, self.tables)[table as usize]);
+        let before = self.table.len();
+        self.table.retain(|k, _| {
+            several && crate::core::split_table_key(k).map(|(t, _)| t) != Some(table)
+        });
+        let emptied = before - self.table.len();
+        for p in 0..self.map.partition_count() {
+            self.log.append(
+                p,
+                LogRecord::Truncate(crate::core::Truncate { epoch, table }),
+            );
+        }
+        if let Some(sum) = sum {
+            let mut out = Vec::new();
+            add(&mut self.table, &mut out, table, 0, sum);
+            self.append_changes(out);
+        }
+        self.changes_in_epoch += 1;
+        emptied
     }
 
     /// A record that does not decode, in a random partition: it changes nothing upstream. Its slot

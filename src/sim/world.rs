@@ -76,6 +76,9 @@ pub(super) struct World {
     pub(super) violation: Option<String>,
     /// Every dead letter written to the (simulated) dead-letter topic, in order, repeats included.
     pub(super) dead_letters_sent: Vec<(PartitionId, u64)>,
+    /// See `SimReport::truncations` and `SimReport::truncated_rows`.
+    pub(super) truncations: u64,
+    pub(super) truncated_rows: u64,
     /// See `SimReport::torn` and `SimReport::published_checks`.
     pub(super) torn: u64,
     pub(super) published_checks: u64,

@@ -67,6 +67,8 @@ fn random_schedules_against_the_oracle() {
                 total.member_fences += r.member_fences;
                 total.dead_letters += r.dead_letters;
                 total.dead_letters_sent += r.dead_letters_sent;
+                total.truncations += r.truncations;
+                total.truncated_rows += r.truncated_rows;
                 total.reconciliations += r.reconciliations;
                 total.steps += r.steps;
                 total.commits += r.commits;
@@ -105,6 +107,10 @@ fn random_schedules_against_the_oracle() {
     println!(
         "  dead letters (on_bad_record = dead-letter, a third of the seeds): {} bad records written, each recorded exactly once; {} writes to the dead-letter topic (repeats are reads after a crash or a revocation)",
         total.dead_letters, total.dead_letters_sent
+    );
+    println!(
+        "  truncations (a third of the seeds): {} tables truncated upstream, emptying {} rows",
+        total.truncations, total.truncated_rows
     );
     if !failures.is_empty() {
         // Every failing seed's replay line (the first in full), for scripts/soak.sh.
@@ -145,6 +151,10 @@ fn random_schedules_against_the_oracle() {
         assert!(
             total.dead_letters > 0 && total.dead_letters_sent > total.dead_letters,
             "dead letters were not exercised across crashes and revocations"
+        );
+        assert!(
+            total.truncations > 0 && total.truncated_rows > 0,
+            "no truncation emptied a row"
         );
     }
 }
@@ -290,7 +300,7 @@ fn publication_keeps_the_whole_replica_at_one_epoch_where_per_vnode_commits_tear
 fn several_tables_keep_their_sums_equal_at_every_published_commit() {
     let seeds = env_u64("SIM_SEEDS", 1_000);
     let first = env_u64("SIM_FIRST_SEED", 0);
-    let (mut checks, mut runs, mut recreations) = (0, 0, 0);
+    let (mut checks, mut runs, mut recreations, mut truncations) = (0, 0, 0, 0);
     let (mut vnode_checks, mut torn, mut torn_runs, mut vnode_runs) = (0, 0, 0, 0);
     let mut failures = Vec::new();
     for seed in first..first + seeds {
@@ -305,6 +315,7 @@ fn several_tables_keep_their_sums_equal_at_every_published_commit() {
                 );
                 checks += r.sum_checks;
                 recreations += r.recreations;
+                truncations += r.truncations;
                 runs += 1;
             }
             Err(e) => failures.push(e),
@@ -320,7 +331,7 @@ fn several_tables_keep_their_sums_equal_at_every_published_commit() {
         }
     }
     println!(
-        "several tables: {runs} runs of 2-4 tables under publication, the sums checked equal after {checks} commits ({recreations} recreations); per vnode: {torn} of {vnode_checks} commits in {torn_runs} of {vnode_runs} runs left the tables' sums unequal"
+        "several tables: {runs} runs of 2-4 tables under publication, the sums checked equal after {checks} commits ({recreations} recreations, {truncations} truncations); per vnode: {torn} of {vnode_checks} commits in {torn_runs} of {vnode_runs} runs left the tables' sums unequal"
     );
     assert!(
         failures.is_empty(),
@@ -330,6 +341,7 @@ fn several_tables_keep_their_sums_equal_at_every_published_commit() {
     );
     if seeds >= 200 {
         assert!(checks > 10 * runs, "too few checks: {checks}");
+        assert!(truncations > 0, "no table truncated");
         assert!(
             torn_runs > 0,
             "per-vnode commits break the invariant in some run"

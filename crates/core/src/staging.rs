@@ -125,15 +125,16 @@ impl Staging {
     }
 
     /// Records a truncation at `epoch` of the table whose keys start with `prefix`, in `vnodes` (the
-    /// vnodes of the partition it was read in): every staged mutation of those rows is superseded
-    /// (they all lie before it: a vnode's changes come from its one partition, in order), and the
-    /// commit taking `epoch` deletes the stored ones first.
+    /// vnodes of the partition it was read in): the epoch's staged mutations of those rows lie
+    /// before it (a vnode's changes come from its one partition, in order) and are superseded now;
+    /// an earlier epoch's are superseded only in a commit that takes this epoch too
+    /// ([`Self::take_through`]), since a commit may stop before it. That commit deletes the stored
+    /// rows first.
     pub fn truncate(&mut self, epoch: Epoch, vnodes: std::ops::Range<Vnode>, prefix: &[u8]) {
-        let hit = |m: &RowMutation| vnodes.contains(&m.vnode()) && m.key().starts_with(prefix);
-        for bucket in self.epochs.range_mut(..=epoch).map(|(_, b)| b) {
-            bucket.rows.retain(|m| !hit(&m.0));
-        }
         let bucket = self.epochs.entry(epoch).or_default();
+        bucket
+            .rows
+            .retain(|m| !(vnodes.contains(&m.0.vnode()) && m.0.key().starts_with(prefix)));
         bucket
             .truncates
             .extend(vnodes.map(|v| (v, prefix.to_vec())));
@@ -163,9 +164,25 @@ impl Staging {
                 *counts.entry(v).or_default() += c;
                 self.changes -= c;
             }
+            if !bucket.truncates.is_empty() {
+                // The earlier epochs' mutations of a truncated table's vnode are superseded.
+                for slot in rows.iter_mut() {
+                    let hit = slot.as_ref().is_some_and(|m| {
+                        bucket
+                            .truncates
+                            .range((m.vnode(), Vec::new())..)
+                            .take_while(|(v, _)| *v == m.vnode())
+                            .any(|(_, prefix)| m.key().starts_with(prefix))
+                    });
+                    if hit {
+                        *slot = None;
+                    }
+                }
+                rows.retain(Option::is_some);
+            }
             rows.extend(bucket.rows.into_iter().map(|k| Some(k.0)));
             // A truncation sorts before its table's rows in its vnode (its prefix is a prefix of
-            // their keys) and equals no row's key; the same one in two epochs is one.
+            // their keys) and equals no row's key.
             rows.extend(
                 bucket
                     .truncates
@@ -285,6 +302,53 @@ mod tests {
                 value: value.as_bytes().to_vec(),
             },
         }
+    }
+
+    fn described(t: &Taken) -> Vec<String> {
+        t.rows
+            .iter()
+            .map(|m| match m {
+                RowMutation::Upsert { vnode, row, .. } => {
+                    format!("{vnode} upsert {}", String::from_utf8_lossy(&row.key))
+                }
+                RowMutation::Delete { vnode, key } => {
+                    format!("{vnode} delete {}", String::from_utf8_lossy(key))
+                }
+                RowMutation::Truncate { vnode, .. } => format!("{vnode} truncate"),
+            })
+            .collect()
+    }
+
+    /// A truncation supersedes its vnodes' earlier mutations only in a commit that takes it: one
+    /// that stops at an earlier epoch keeps them (the simulation's seed 28 found the first form,
+    /// which dropped them at once, losing a row committed before the truncation).
+    #[test]
+    fn a_truncation_supersedes_earlier_epochs_only_in_the_commit_that_takes_it() {
+        let stage = |s: &mut Staging| {
+            s.stage(change(1, Op::Insert, 0, "a", "1"), 0);
+            s.stage(change(1, Op::Insert, 2, "z", "1"), 1);
+            s.stage(change(2, Op::Insert, 0, "b", "1"), 2);
+            s.truncate(Epoch(2), 0..2, b"");
+            s.stage(change(2, Op::Insert, 1, "c", "1"), 3);
+        };
+        let mut s = Staging::default();
+        stage(&mut s);
+        assert_eq!(
+            described(&s.take_through(Epoch(1))),
+            ["0 upsert a", "2 upsert z"],
+            "epoch 1 committed alone keeps its rows"
+        );
+        assert_eq!(
+            described(&s.take_through(Epoch(2))),
+            ["0 truncate", "1 truncate", "1 upsert c"]
+        );
+        let mut s = Staging::default();
+        stage(&mut s);
+        assert_eq!(
+            described(&s.take_through(Epoch(2))),
+            ["0 truncate", "1 truncate", "1 upsert c", "2 upsert z"],
+            "taken together, vnodes 0 and 1 lose what came before the truncation; vnode 2 keeps it"
+        );
     }
 
     #[test]
