@@ -35,6 +35,10 @@ pub struct Report {
     pub schema_versions: u64,
     /// All violations found.
     pub violation_count: u64,
+    /// Truncations read, and where each partition's reading stopped: every truncation must be in
+    /// every partition (`contract::truncations_missing`).
+    truncations: crate::core::contract::TruncationsSeen,
+    open: std::collections::BTreeMap<u32, crate::core::Epoch>,
 }
 
 impl Report {
@@ -214,6 +218,17 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
             max_report,
         )?;
     }
+    for (table, epoch, p) in
+        crate::core::contract::truncations_missing(&report.truncations, &report.open)
+    {
+        report.violation(
+            max_report,
+            format!(
+                "topic {} partition {p}: no truncation of table {table} at epoch {epoch}, which partition(s) {:?} carry: a truncation is written into every partition",
+                job.topic, report.truncations[&(table, epoch)]
+            ),
+        );
+    }
     Ok(report)
 }
 
@@ -358,6 +373,13 @@ fn check_partition(
                 );
             }
         }
+        if let LogRecord::Truncate(t) = &record {
+            report
+                .truncations
+                .entry((t.table, t.epoch))
+                .or_default()
+                .insert(p);
+        }
         match check_record(topic, map, p, offset, &at, &record, barriers) {
             Ok(()) => at.advance(offset, &record, barriers),
             Err(e) => {
@@ -366,6 +388,7 @@ fn check_partition(
             }
         }
     }
+    report.open.insert(p, at.open_epoch);
     consumer.unassign()?;
     Ok(())
 }

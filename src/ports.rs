@@ -713,6 +713,8 @@ pub enum WorkerEvent {
     /// One log change record of a table the job materialises (`table`: its index in the log) fed
     /// to the executor.
     Change { op: crate::core::Op, table: u16 },
+    /// A truncation of log table `table` (one partition's record) fed to the executor.
+    Truncate { table: u16 },
     /// One snapshot row of log table `table` fed to the executor.
     SnapshotRow { table: u16 },
     /// A record that did not decode.

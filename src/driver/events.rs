@@ -116,13 +116,19 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         }
         match record {
             Ok(record) => {
-                if let LogRecord::Change(c) = &record {
-                    if self.cfg.policy.tables.includes(c.table) {
+                match &record {
+                    LogRecord::Change(c) if self.cfg.policy.tables.includes(c.table) => {
                         self.observer.observe(WorkerEvent::Change {
                             op: c.op,
                             table: c.table,
                         });
                     }
+                    LogRecord::Truncate(t) if self.cfg.policy.tables.includes(t.table) => {
+                        info!(job = %self.cfg.job, worker = %self.cfg.worker, partition, offset, table = t.table, epoch = %t.epoch, "truncation read: the table's rows of this partition's vnodes are deleted in the checkpoint of its epoch");
+                        self.observer
+                            .observe(WorkerEvent::Truncate { table: t.table });
+                    }
+                    _ => {}
                 }
                 self.feed(Event::Record {
                     partition,

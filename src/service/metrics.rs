@@ -143,7 +143,7 @@ impl Metrics {
             store_unreachable: gauge(&r, "kafka_backfill_store_unreachable", "1 while a worker's state store does not answer.", &["job_name", "worker"]),
             phase: gauge(&r, "kafka_backfill_phase", "1 for the phase a worker is in.", &["job_name", "worker", "phase"]),
             snapshot_rows: counter(&r, "kafka_backfill_snapshot_rows_total", "Snapshot rows applied.", &["job_name"]),
-            log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store changes applied, by op.", &["job_name", "op"]),
+            log_records: counter(&r, "kafka_backfill_log_records_applied_total", "Log-store records applied, by op (a change's, or truncate: one partition's truncation record).", &["job_name", "op"]),
             table_snapshot_rows: counter(&r, "kafka_backfill_table_snapshot_rows_total", "A job of several tables: snapshot rows applied, per store table.", &["job_name", "table"]),
             table_changes: counter(&r, "kafka_backfill_table_log_changes_total", "A job of several tables: log-store changes applied, per store table.", &["job_name", "table"]),
             table_snapshot_vnodes_done: gauge(&r, "kafka_backfill_table_snapshot_vnodes_done", "A job of several tables: vnodes whose snapshot of the table is done, from the store.", &["job_name", "table"]),

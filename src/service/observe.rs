@@ -23,6 +23,7 @@ pub struct ServiceObserver {
     worker: String,
     board: StatusBoard,
     changes: Vec<prometheus::IntCounter>,
+    truncations: prometheus::IntCounter,
     snapshot_rows: prometheus::IntCounter,
     /// A job of several tables: each table's changes' and snapshot rows' series, in the order of
     /// `counts` (the runtime's, for `/status`); both empty for a job of one table.
@@ -74,6 +75,7 @@ impl ServiceObserver {
                 .iter()
                 .map(|op| m.log_records.with_label_values(&[job, op.as_str()]))
                 .collect(),
+            truncations: m.log_records.with_label_values(&[job, "truncate"]),
             snapshot_rows: m.snapshot_rows.with_label_values(&[job]),
             tables: counts
                 .iter()
@@ -113,6 +115,7 @@ impl Observer for ServiceObserver {
                     self.counts[i].changes.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            WorkerEvent::Truncate { .. } => self.truncations.inc(),
             WorkerEvent::SnapshotRow { table } => {
                 self.snapshot_rows.inc();
                 if let Some(i) = self.table(table) {

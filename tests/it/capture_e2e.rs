@@ -408,6 +408,11 @@ fn types_mix(postgres_store: bool) {
     capture.wait_for("capture checkpoint committed", MIN);
     let rows: u64 = psql(&url, "SELECT count(*) FROM t").parse().unwrap();
     assert_exact(&f, rows, MIN);
+    assert!(
+        run.log_text().contains("truncation read"),
+        "the run read the TRUNCATE: {}",
+        tail(&run.log_text())
+    );
     run.signal("TERM");
     run.wait_exit(MIN);
     stop_capture(&mut capture);

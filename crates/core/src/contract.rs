@@ -112,6 +112,27 @@ pub fn check_record(
     }
 }
 
+/// Truncations read, by (table, epoch): the partitions that carry each.
+pub type TruncationsSeen = BTreeMap<(u16, Epoch), std::collections::BTreeSet<PartitionId>>;
+
+/// A truncation must be in **every** partition (docs/WIRE.md "Truncate"): of those `seen`, each
+/// (table, epoch, partition) a partition passed without it — its `open` epoch (where reading it
+/// stopped) is past the truncation's, so the record can no longer come.
+pub fn truncations_missing(
+    seen: &TruncationsSeen,
+    open: &BTreeMap<PartitionId, Epoch>,
+) -> Vec<(u16, Epoch, PartitionId)> {
+    let mut out = Vec::new();
+    for ((table, epoch), carried) in seen {
+        for (p, at) in open {
+            if at > epoch && !carried.contains(p) {
+                out.push((*table, *epoch, *p));
+            }
+        }
+    }
+    out
+}
+
 /// Only an `UPDATE_INSERT` may follow an `UPDATE_DELETE`: a barrier or a truncation there breaks
 /// the pair.
 fn no_pending_update(

@@ -334,3 +334,16 @@ fn the_throttle_waits_for_the_fraction_of_a_token_it_lacks() {
     assert_eq!(unlimited.wait_ms(), 0);
     assert_eq!(unlimited.allowance(0, 7), 7);
 }
+
+#[test]
+fn a_truncation_missing_from_a_partition_that_passed_its_epoch_is_named() {
+    use crate::contract::{truncations_missing, TruncationsSeen};
+    let e = |n: u64| Epoch(n << 16);
+    let mut seen = TruncationsSeen::new();
+    seen.entry((1, e(2))).or_default().extend([0, 1]);
+    // Partition 2 is past epoch 2 without it; partition 3 stopped reading at epoch 2 (it may come).
+    let open = BTreeMap::from([(0, e(5)), (1, e(5)), (2, e(3)), (3, e(2))]);
+    assert_eq!(truncations_missing(&seen, &open), [(1, e(2), 2)]);
+    seen.get_mut(&(1, e(2))).unwrap().insert(2);
+    assert!(truncations_missing(&seen, &open).is_empty());
+}
