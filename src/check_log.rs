@@ -75,7 +75,7 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
             match crate::snapshot::files::SnapshotFiles::open_table(dir, table.as_deref()) {
                 Ok(s) => {
                     let t = s.table.clone();
-                    for lt in &s.tables {
+                    for lt in s.tables.iter() {
                         if lt.name != s.tables[s.table_index].name {
                             match crate::snapshot::files::SnapshotFiles::open_table(
                                 dir,

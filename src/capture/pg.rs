@@ -453,22 +453,59 @@ fn snapshot_transaction<'a>(
     Ok(tx)
 }
 
-/// Copies the table inside the exported snapshot `snapshot_name`, calling `row` with each row's
-/// (datum, key) on the calling thread. Tables of more than [`PAGES_PER_COPY_CONNECTION`] pages
-/// are read in up to `connections` ctid ranges in parallel, each by its own connection importing
-/// the same snapshot (so together they read exactly the snapshot's rows) and encoding on its own
-/// thread. Returns the table info read in that snapshot, the server's clock (Unix ms) at the
-/// import, and the row count.
-pub fn copy_snapshot(
+/// One connection inside the exported snapshot `snapshot_name`, for every table's copy: a
+/// connection per table (TLS set up, the snapshot imported) was most of a 200-table capture's copy.
+pub struct SnapshotSession {
+    client: postgres::Client,
+    url: String,
+    snapshot_name: String,
+}
+
+impl SnapshotSession {
+    pub fn open(url: &str, snapshot_name: &str) -> Result<Self> {
+        Ok(SnapshotSession {
+            client: connect(url)?,
+            url: url.to_string(),
+            snapshot_name: snapshot_name.to_string(),
+        })
+    }
+
+    /// [`copy_snapshot`] of `table` in this session's snapshot.
+    pub fn copy(
+        &mut self,
+        table: &TableName,
+        connections: usize,
+        row: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<(TableInfo, u64, u64)> {
+        let mut tx = snapshot_transaction(&mut self.client, &self.snapshot_name)?;
+        let out = copy_snapshot(
+            &mut tx,
+            &self.url,
+            table,
+            &self.snapshot_name,
+            connections,
+            row,
+        )?;
+        tx.commit()?;
+        Ok(out)
+    }
+}
+
+/// Copies the table inside the exported snapshot `snapshot_name` (which `tx` imported), calling
+/// `row` with each row's (datum, key) on the calling thread. Tables of more than
+/// [`PAGES_PER_COPY_CONNECTION`] pages are read in up to `connections` ctid ranges in parallel,
+/// each by its own connection importing the same snapshot (so together they read exactly the
+/// snapshot's rows) and encoding on its own thread. Returns the table info read in that snapshot,
+/// the server's clock (Unix ms) at the import, and the row count.
+fn copy_snapshot(
+    tx: &mut postgres::Transaction<'_>,
     url: &str,
     table: &TableName,
     snapshot_name: &str,
     connections: usize,
     mut row: impl FnMut(&[u8], &[u8]) -> Result<()>,
 ) -> Result<(TableInfo, u64, u64)> {
-    let mut client = connect(url)?;
-    let mut tx = snapshot_transaction(&mut client, snapshot_name)?;
-    let info = table_info(&mut tx, table)?;
+    let info = table_info(tx, table)?;
     let (now_ms, pages): (i64, i64) = {
         let r = tx.query_one(
             "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8, \
@@ -479,8 +516,7 @@ pub fn copy_snapshot(
     };
     let ranges = ctid_ranges(pages.max(0) as u64, connections);
     if ranges.len() == 1 {
-        let n = copy_table(&mut tx, table, &info.encoder, None, &mut row)?;
-        tx.commit()?;
+        let n = copy_table(tx, table, &info.encoder, None, &mut row)?;
         return Ok((info, now_ms.max(0) as u64, n));
     }
     tracing::debug!(%table, pages, connections = ranges.len(), "copying in ctid ranges");
@@ -574,7 +610,6 @@ pub fn copy_snapshot(
             None => Ok(n),
         }
     })?;
-    tx.commit()?;
     Ok((info, now_ms.max(0) as u64, n))
 }
 

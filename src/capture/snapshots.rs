@@ -94,6 +94,7 @@ impl CopySpec {
         let mut first_ms = None;
         let mut tables = Vec::new();
         let mut total = 0;
+        let mut session = pg::SnapshotSession::open(&self.url, snapshot_name)?;
         for t in &self.tables {
             let dir = if self.several() {
                 folder.join(&t.table.table)
@@ -101,16 +102,11 @@ impl CopySpec {
                 folder.to_path_buf()
             };
             let mut writer = SortedWriter::new(&dir, &t.schema, self.vnode_count)?;
-            let (info, now_ms, rows) = pg::copy_snapshot(
-                &self.url,
-                &t.table,
-                snapshot_name,
-                self.copy_connections,
-                |datum, key| {
+            let (info, now_ms, rows) =
+                session.copy(&t.table, self.copy_connections, |datum, key| {
                     writer.add(vnode_of(key, self.vnode_count), key, datum)?;
                     Ok(())
-                },
-            )?;
+                })?;
             if info.encoder.columns != t.columns {
                 bail!(
                     "the columns of {} changed since the capture started; start it again",

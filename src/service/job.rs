@@ -202,13 +202,11 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
     {
         SnapshotConfig::Files { dir, .. } if !job.store.tables().is_empty() => {
             let mut parts: Vec<(u16, Box<dyn SnapshotSource>)> = Vec::new();
-            for (name, sql) in job.store.tables() {
-                let s = SnapshotFiles::open_table(dir, Some(name)).with_context(|| {
-                    format!(
-                        "job {}: opening the snapshot (store.tables.{name})",
-                        job.name
-                    )
-                })?;
+            let names: Vec<&str> = job.store.tables().keys().map(|n| n.as_str()).collect();
+            let opened = SnapshotFiles::open_tables(dir, &names).with_context(|| {
+                format!("job {}: opening the snapshot of store.tables", job.name)
+            })?;
+            for ((name, sql), s) in job.store.tables().iter().zip(opened) {
                 log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
                 store_tables.push(crate::store::StoreTable {
                     index: s.table_index as u16,

@@ -247,6 +247,10 @@ pub(super) fn log_tables(m: &TablesManifest, mpath: &Path) -> Result<Vec<LogTabl
         return Err(file_err(mpath, "invalid manifest: `tables` is empty"));
     }
     let mut out: Vec<LogTable> = Vec::with_capacity(m.tables.len());
+    // Each table's writer-schema fingerprint, computed once: comparing every pair by building its
+    // codec again made opening a 200-table snapshot take minutes (quadratic, once per table).
+    let mut fingerprints: std::collections::HashMap<String, usize> =
+        std::collections::HashMap::with_capacity(m.tables.len());
     for (i, t) in m.tables.iter().enumerate() {
         let schema = TableSchema::parse(&t.row_schema.to_string(), &t.primary_key)
             .map_err(|e| file_err(mpath, format!("tables[{i}] ({}): {e}", t.name)))?;
@@ -261,21 +265,16 @@ pub(super) fn log_tables(m: &TablesManifest, mpath: &Path) -> Result<Vec<LogTabl
         let fingerprint = crate::codec::LogCodec::new(schema.clone())
             .map_err(|e| file_err(mpath, format!("tables[{i}] ({}): {e}", t.name)))?
             .fingerprint_hex();
-        for o in &out {
-            if crate::codec::LogCodec::new(o.schema.clone())
-                .map_err(|e| file_err(mpath, e))?
-                .fingerprint_hex()
-                == fingerprint
-            {
-                return Err(file_err(
-                    mpath,
-                    format!(
-                        "tables[{i}] ({}) and table {} have one writer schema (fingerprint {fingerprint}): a change's table is told by it, so give each table's row record its own full name",
-                        t.name, o.name
-                    ),
-                ));
-            }
+        if let Some(&o) = fingerprints.get(&fingerprint) {
+            return Err(file_err(
+                mpath,
+                format!(
+                    "tables[{i}] ({}) and table {} have one writer schema (fingerprint {fingerprint}): a change's table is told by it, so give each table's row record its own full name",
+                    t.name, out[o].name
+                ),
+            ));
         }
+        fingerprints.insert(fingerprint, i);
         out.push(LogTable {
             name: t.name.clone(),
             schema,

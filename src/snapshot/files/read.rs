@@ -9,7 +9,7 @@ pub struct SnapshotFiles {
     /// The manifest of the table read (for a several-table manifest, that table's view).
     pub manifest: Manifest,
     /// Every table of the log, in manifest order (one for a one-table manifest).
-    pub tables: Vec<LogTable>,
+    pub tables: std::sync::Arc<[LogTable]>,
     /// Which of them this snapshot reads.
     pub table_index: usize,
     /// Keys of `manifest.json` this release does not know and ignored (paths such as
@@ -46,6 +46,29 @@ impl SnapshotFiles {
     /// manifest (`tables`) needs a name when it holds more than one; a one-table manifest's table is
     /// named by its row record.
     pub fn open_table(dir: &Path, name: Option<&str>) -> Result<Self, SourceError> {
+        ParsedManifest::read(dir)?.table(dir, name)
+    }
+
+    /// [`open_table`](Self::open_table) for each of `names`, the manifest read and its tables
+    /// checked once (each table's own files' headers are still each checked): opening a
+    /// 200-table snapshot table by table read and checked the manifest 200 times.
+    pub fn open_tables(dir: &Path, names: &[&str]) -> Result<Vec<Self>, SourceError> {
+        let parsed = ParsedManifest::read(dir)?;
+        names.iter().map(|n| parsed.table(dir, Some(n))).collect()
+    }
+}
+
+/// A manifest read and its tables checked, before one table of it is opened.
+struct ParsedManifest {
+    mpath: PathBuf,
+    ignored_keys: Vec<String>,
+    several: Option<TablesManifest>,
+    one: Option<Manifest>,
+    tables: std::sync::Arc<[LogTable]>,
+}
+
+impl ParsedManifest {
+    fn read(dir: &Path) -> Result<Self, SourceError> {
         let mpath = dir.join("manifest.json");
         let text = fs::read_to_string(&mpath).map_err(|e| file_err(&mpath, e))?;
         // Keys this release does not know are ignored with one warning naming them: a manifest
@@ -56,7 +79,7 @@ impl SnapshotFiles {
             .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?
             .get("tables")
             .is_some();
-        let (manifest, tables, table_index) = if several {
+        if several {
             let m: TablesManifest = serde_ignored::deserialize(
                 &mut serde_json::Deserializer::from_str(&text),
                 |path| ignored_keys.push(path.to_string()),
@@ -71,30 +94,14 @@ impl SnapshotFiles {
                     format!("invalid manifest: `{k}` beside `tables`: a manifest is one table (row_schema, primary_key, files) or several (tables), not both"),
                 ));
             }
-            let tables = log_tables(&m, &mpath)?;
-            let index = match name {
-                Some(n) => tables.iter().position(|t| t.name == n).ok_or_else(|| {
-                    file_err(
-                        &mpath,
-                        format!(
-                            "no table {n} in the manifest (its tables: {})",
-                            names(&tables)
-                        ),
-                    )
-                })?,
-                None if tables.len() == 1 => 0,
-                None => {
-                    return Err(file_err(
-                        &mpath,
-                        format!(
-                        "the manifest holds {} tables ({}): name the job's with `snapshot.table`",
-                        tables.len(),
-                        names(&tables)
-                    ),
-                    ))
-                }
-            };
-            (m.table_view(index), tables, index)
+            let tables = log_tables(&m, &mpath)?.into();
+            Ok(ParsedManifest {
+                mpath,
+                ignored_keys,
+                several: Some(m),
+                one: None,
+                tables,
+            })
         } else {
             let m: Manifest = serde_ignored::deserialize(
                 &mut serde_json::Deserializer::from_str(&text),
@@ -103,19 +110,64 @@ impl SnapshotFiles {
             .map_err(|e| file_err(&mpath, format!("invalid manifest: {e}")))?;
             let schema = TableSchema::parse(&m.row_schema.to_string(), &m.primary_key)
                 .map_err(|e: CodecError| file_err(&mpath, e))?;
-            let table_name = schema.name.clone();
-            if let Some(n) = name.filter(|n| *n != table_name) {
-                return Err(file_err(
-                    &mpath,
-                    format!("no table {n} in the manifest (its one table is {table_name})"),
-                ));
-            }
             let tables = vec![LogTable {
-                name: table_name,
+                name: schema.name.clone(),
                 schema,
-            }];
-            (m, tables, 0)
+            }]
+            .into();
+            Ok(ParsedManifest {
+                mpath,
+                ignored_keys,
+                several: None,
+                one: Some(m),
+                tables,
+            })
+        }
+    }
+
+    /// Opens table `name` of the manifest (`None`: its only table).
+    fn table(&self, dir: &Path, name: Option<&str>) -> Result<SnapshotFiles, SourceError> {
+        let (mpath, tables) = (&self.mpath, self.tables.clone());
+        let ignored_keys = self.ignored_keys.clone();
+        let (manifest, table_index) = match (&self.several, &self.one) {
+            (Some(m), _) => {
+                let index = match name {
+                    Some(n) => tables.iter().position(|t| t.name == n).ok_or_else(|| {
+                        file_err(
+                            mpath,
+                            format!(
+                                "no table {n} in the manifest (its tables: {})",
+                                names(&tables)
+                            ),
+                        )
+                    })?,
+                    None if tables.len() == 1 => 0,
+                    None => {
+                        return Err(file_err(
+                            mpath,
+                            format!(
+                                "the manifest holds {} tables ({}): name the job's with `snapshot.table`",
+                                tables.len(),
+                                names(&tables)
+                            ),
+                        ))
+                    }
+                };
+                (m.table_view(index), index)
+            }
+            (None, Some(m)) => {
+                let table_name = &tables[0].name;
+                if let Some(n) = name.filter(|n| n != table_name) {
+                    return Err(file_err(
+                        mpath,
+                        format!("no table {n} in the manifest (its one table is {table_name})"),
+                    ));
+                }
+                (m.clone(), 0)
+            }
+            (None, None) => unreachable!("a manifest is one table or several"),
         };
+        let mpath = mpath.clone();
         if !ignored_keys.is_empty() {
             tracing::warn!(file = %mpath.display(), keys = %ignored_keys.join(", "), "manifest.json: ignoring keys this release does not know");
         }
@@ -178,7 +230,9 @@ impl SnapshotFiles {
             )),
         })
     }
+}
 
+impl SnapshotFiles {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
