@@ -14,6 +14,8 @@ mod capture;
 mod cpu;
 #[path = "backfill/dba_copy.rs"]
 mod dba_copy;
+#[path = "backfill/many_tables.rs"]
+mod many_tables;
 #[path = "backfill/peer.rs"]
 mod peer;
 #[path = "backfill/pg_ceiling.rs"]
@@ -1391,7 +1393,7 @@ fn main() {
         log_topics,
     };
     // The table of sections, in the order they run; `--only` picks among them.
-    let sections: [(&str, Section); 18] = [
+    let sections: [(&str, Section); 19] = [
         ("log", sections::log),
         ("snapshot", sections::snapshot),
         ("commit", sections::commit),
@@ -1410,6 +1412,7 @@ fn main() {
         ("capture", sections::capture),
         ("several-tables", sections::several_tables),
         ("dba-copy", sections::dba_copy),
+        ("many-tables", sections::many_tables),
     ];
     for (name, section) in sections {
         if c.a.want(name) {

@@ -37,13 +37,25 @@ fn source_counts(url: &str) -> Counts {
 
 /// The DBA's copy of the four tables of `url` into a fresh database: seconds.
 fn dba_copy(pg: &str, url: &str) -> f64 {
+    let tables: Vec<String> = TABLES.iter().map(|(t, _)| t.to_string()).collect();
+    pg_dump_copy(pg, url, &tables, |target| {
+        assert_eq!(source_counts(target), source_counts(url), "the DBA's copy")
+    })
+}
+
+/// `pg_dump -t … | psql` of `tables` of `url` into a fresh database of the server `pg` (schema,
+/// rows, primary keys), timed from the start of `pg_dump` until `psql` exits; `check` reads the
+/// copy before it is dropped. Seconds.
+pub(super) fn pg_dump_copy(
+    pg: &str,
+    url: &str,
+    tables: &[String],
+    check: impl FnOnce(&str),
+) -> f64 {
     let db = format!("dbacopy_{}", rand_suffix());
     psql(pg, &format!("CREATE DATABASE {db}"));
     let target = format!("{}/{db}", pg.rsplit_once('/').unwrap().0);
-    let tables: String = TABLES
-        .iter()
-        .map(|(t, _)| format!(" -t public.{t}"))
-        .collect();
+    let tables: String = tables.iter().map(|t| format!(" -t public.{t}")).collect();
     let t = Instant::now();
     let out = Command::new("bash")
         .args([
@@ -60,7 +72,7 @@ fn dba_copy(pg: &str, url: &str) -> f64 {
         "pg_dump | psql: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(source_counts(&target), source_counts(url), "the DBA's copy");
+    check(&target);
     psql(pg, &format!("DROP DATABASE {db} WITH (FORCE)"));
     secs
 }
@@ -169,10 +181,23 @@ fn kafka_backfill(
     let mut published = Published::new(store, &replica, pg, &name, &suffix);
     let t = Instant::now();
     let mut run = spawn(bin, &["run", "--capture"], &cfg, &log);
-    let deadline = t + Duration::from_secs(1800);
-    let secs = loop {
-        if published.counts() == Some(want) {
-            break t.elapsed().as_secs_f64();
+    let secs = until_published(&mut run, &log, t, || published.counts() == Some(want));
+    super::several_tables::signal(&mut run, "TERM");
+    let rows: i64 = want.iter().sum();
+    (secs, rows as f64 / snapshot_seconds(&log))
+}
+
+/// Seconds from `started` until `published()` holds (looked at every 50 ms), `run` still up.
+pub(super) fn until_published(
+    run: &mut std::process::Child,
+    log: &Path,
+    started: Instant,
+    mut published: impl FnMut() -> bool,
+) -> f64 {
+    let deadline = started + Duration::from_secs(1800);
+    loop {
+        if published() {
+            return started.elapsed().as_secs_f64();
         }
         if let Some(s) = run.try_wait().unwrap() {
             panic!(
@@ -186,10 +211,7 @@ fn kafka_backfill(
             log.display()
         );
         std::thread::sleep(Duration::from_millis(50));
-    };
-    super::several_tables::signal(&mut run, "TERM");
-    let rows: i64 = want.iter().sum();
-    (secs, rows as f64 / snapshot_seconds(&log))
+    }
 }
 
 /// Runs the section on a pgbench database of `scale`, into each of `stores`.

@@ -1062,3 +1062,25 @@ pub fn dba_copy(c: &Ctx, r: &mut Report) {
         r,
     );
 }
+
+/// Section `many-tables` (`many_tables.rs`): 4 to 200 tables in one log and one job.
+pub fn many_tables(c: &Ctx, r: &mut Report) {
+    let sizes = match c.a.size {
+        "full" => many_tables::Sizes {
+            counts: &[4, 50, 200],
+            rows: 2_000,
+            load_secs: 30,
+        },
+        "quick" => many_tables::Sizes {
+            counts: &[4, 50, 200],
+            rows: 2_000,
+            load_secs: 15,
+        },
+        _ => many_tables::Sizes {
+            counts: &[4, 20],
+            rows: 500,
+            load_secs: 5,
+        },
+    };
+    many_tables::run(&c.a.bin, &c.bootstrap, &c.pg, &c.pg_label, &sizes, r);
+}
