@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::capture::{psql, snapshot_seconds};
-use super::several_tables::{four_table_store, job, pgbench_db, spawn, TABLES};
+use super::several_tables::{
+    capture_config, four_capture_tables, four_table_store, job, pgbench_db, spawn, TABLES,
+};
 use super::{dir, fmt_rate, rand_suffix, Report};
 
 /// Row counts of the four tables in `TABLES`' order.
@@ -155,26 +157,19 @@ fn kafka_backfill(
     let d = dir(&name);
     let replica = d.join("replica.sqlite");
     let (store_toml, suffix) = four_table_store(store, &replica, pg, &name);
-    let tables: Vec<String> = TABLES
-        .iter()
-        .map(|(s, _)| format!("\"public.{s}\""))
-        .collect();
     let cfg = d.join("job.toml");
+    let job_toml = job(
+        &name,
+        &format!("bench-{name}"),
+        bootstrap,
+        &d.join("snapshot"),
+        1,
+        "consistency = \"epoch\"",
+        &store_toml,
+    );
     std::fs::write(
         &cfg,
-        format!(
-            "[http]\nlisten = \"\"\n{}[jobs.capture]\nsource_url = \"{url}\"\ntables = [{}]\npartitions = 4\n",
-            job(
-                &name,
-                &format!("bench-{name}"),
-                bootstrap,
-                &d.join("snapshot"),
-                1,
-                "consistency = \"epoch\"",
-                &store_toml
-            ),
-            tables.join(", ")
-        ),
+        capture_config("", &job_toml, url, &four_capture_tables(), ""),
     )
     .unwrap();
     let log = d.join("run.log");

@@ -23,7 +23,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::capture::psql;
-use super::several_tables::{job, signal, spawn};
+use super::several_tables::{capture_config, job, signal, spawn};
 use super::{dir, free_port, rand_suffix, Report};
 
 /// A database of `n` tables `t0001…` of `rows` rows each, REPLICA IDENTITY FULL, and the
@@ -150,7 +150,6 @@ fn measure(bin: &Path, bootstrap: &str, pg: &str, n: usize, rows: u32, load_secs
     let d = dir(&name);
     let replica = d.join("replica.sqlite");
     let store_tables: Vec<String> = names(n).iter().map(|t| format!("{t} = \"{t}\"")).collect();
-    let capture_tables: Vec<String> = names(n).iter().map(|t| format!("\"public.{t}\"")).collect();
     let http = format!("127.0.0.1:{}", free_port());
     let store = format!(
         "kind = \"sqlite\"\npath = \"{}\"\ntables = {{ {} }}",
@@ -158,13 +157,19 @@ fn measure(bin: &Path, bootstrap: &str, pg: &str, n: usize, rows: u32, load_secs
         store_tables.join(", ")
     );
     let cfg = d.join("job.toml");
+    let job_toml = job(
+        &name,
+        &format!("bench-{name}"),
+        bootstrap,
+        &d.join("snapshot"),
+        1,
+        "consistency = \"epoch\"",
+        &store,
+    );
+    let capture_tables: Vec<String> = names(n).iter().map(|t| format!("public.{t}")).collect();
     std::fs::write(
         &cfg,
-        format!(
-            "[http]\nlisten = \"{http}\"\n{}[jobs.capture]\nsource_url = \"{url}\"\ntables = [{}]\npartitions = 4\n",
-            job(&name, &format!("bench-{name}"), bootstrap, &d.join("snapshot"), 1, "consistency = \"epoch\"", &store),
-            capture_tables.join(", ")
-        ),
+        capture_config(&http, &job_toml, &url, &capture_tables, ""),
     )
     .unwrap();
     let want = n as i64 * rows as i64;

@@ -113,6 +113,28 @@ pub(super) fn job(
     )
 }
 
+/// A configuration of one capturing job: `[http]` listening on `listen` ("" = nowhere), the
+/// `[[jobs]]` section `job` (from [`job`]), and its `[jobs.capture]` of `tables` (`schema.table`)
+/// from `url` into 4 partitions, with `extra` keys.
+pub(super) fn capture_config(
+    listen: &str,
+    job: &str,
+    url: &str,
+    tables: &[String],
+    extra: &str,
+) -> String {
+    let tables: Vec<String> = tables.iter().map(|t| format!("\"{t}\"")).collect();
+    format!(
+        "[http]\nlisten = \"{listen}\"\n{job}[jobs.capture]\nsource_url = \"{url}\"\ntables = [{}]\npartitions = 4\n{extra}",
+        tables.join(", ")
+    )
+}
+
+/// The four pgbench tables as `capture_config` names them.
+pub(super) fn four_capture_tables() -> Vec<String> {
+    TABLES.iter().map(|(s, _)| format!("public.{s}")).collect()
+}
+
 pub(super) fn spawn(bin: &Path, args: &[&str], cfg: &Path, log: &Path) -> Child {
     Command::new(bin)
         .args(args)
@@ -386,18 +408,24 @@ fn one_round(
     let topic = format!("bench-{name}");
     let snapshot = d.join("snapshot");
     let (store_toml, suffix) = four_table_store(store, &d.join("one-job.sqlite"), pg, &name);
-    let tables: Vec<String> = TABLES
-        .iter()
-        .map(|(s, _)| format!("\"public.{s}\""))
-        .collect();
     // The capturing job: one job of the four tables.
     let cfg = d.join("one-job.toml");
     std::fs::write(
         &cfg,
-        format!(
-            "[http]\nlisten = \"\"\n{}[jobs.capture]\nsource_url = \"{url}\"\ntables = [{}]\npartitions = 4\ncheckpoint_interval_ms = 1000\n",
-            job(&name, &topic, bootstrap, &snapshot, 2, "consistency = \"epoch\"", &store_toml),
-            tables.join(", ")
+        capture_config(
+            "",
+            &job(
+                &name,
+                &topic,
+                bootstrap,
+                &snapshot,
+                2,
+                "consistency = \"epoch\"",
+                &store_toml,
+            ),
+            &url,
+            &four_capture_tables(),
+            "checkpoint_interval_ms = 1000\n",
         ),
     )
     .unwrap();

@@ -58,12 +58,17 @@ impl SnapshotFiles {
     }
 }
 
+/// A manifest's two forms (docs/WIRE.md "Several tables").
+enum Form {
+    Several(TablesManifest),
+    One(Manifest),
+}
+
 /// A manifest read and its tables checked, before one table of it is opened.
 struct ParsedManifest {
     mpath: PathBuf,
     ignored_keys: Vec<String>,
-    several: Option<TablesManifest>,
-    one: Option<Manifest>,
+    form: Form,
     tables: std::sync::Arc<[LogTable]>,
 }
 
@@ -98,8 +103,7 @@ impl ParsedManifest {
             Ok(ParsedManifest {
                 mpath,
                 ignored_keys,
-                several: Some(m),
-                one: None,
+                form: Form::Several(m),
                 tables,
             })
         } else {
@@ -118,8 +122,7 @@ impl ParsedManifest {
             Ok(ParsedManifest {
                 mpath,
                 ignored_keys,
-                several: None,
-                one: Some(m),
+                form: Form::One(m),
                 tables,
             })
         }
@@ -129,8 +132,8 @@ impl ParsedManifest {
     fn table(&self, dir: &Path, name: Option<&str>) -> Result<SnapshotFiles, SourceError> {
         let (mpath, tables) = (&self.mpath, self.tables.clone());
         let ignored_keys = self.ignored_keys.clone();
-        let (manifest, table_index) = match (&self.several, &self.one) {
-            (Some(m), _) => {
+        let (manifest, table_index) = match &self.form {
+            Form::Several(m) => {
                 let index = match name {
                     Some(n) => tables.iter().position(|t| t.name == n).ok_or_else(|| {
                         file_err(
@@ -155,7 +158,7 @@ impl ParsedManifest {
                 };
                 (m.table_view(index), index)
             }
-            (None, Some(m)) => {
+            Form::One(m) => {
                 let table_name = &tables[0].name;
                 if let Some(n) = name.filter(|n| n != table_name) {
                     return Err(file_err(
@@ -165,7 +168,6 @@ impl ParsedManifest {
                 }
                 (m.clone(), 0)
             }
-            (None, None) => unreachable!("a manifest is one table or several"),
         };
         let mpath = mpath.clone();
         if !ignored_keys.is_empty() {
