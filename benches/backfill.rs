@@ -1414,11 +1414,19 @@ fn main() {
         ("dba-copy", sections::dba_copy),
         ("many-tables", sections::many_tables),
     ];
+    // Each section's wall time, printed and in the JSON: what a smaller `--ci` run should trim.
+    let mut seconds = serde_json::Map::new();
     for (name, section) in sections {
         if c.a.want(name) {
+            let started = Instant::now();
             section(&c, &mut r);
+            let took = started.elapsed().as_secs_f64();
+            eprintln!("section {name}: {took:.1} s");
+            seconds.insert(name.into(), json!((took * 10.0).round() / 10.0));
         }
     }
+    r.json
+        .insert("section_seconds".into(), Value::Object(seconds));
     let a = &c.a;
 
     // ---- report ---------------------------------------------------------------------------------

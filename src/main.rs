@@ -40,6 +40,12 @@ enum Command {
     /// (docs/CAPTURE.md "Snapshots of a running capture"), and wait until it is published: prints
     /// its epoch, folder and start offsets. The request is a record on the capture's state topic.
     Snapshot(cli::snapshot::SnapshotArgs),
+    /// Rebuild a running job's replica online from a new snapshot of its capture (docs/CAPTURE.md
+    /// "Resync a replica"): rows the source no longer has are deleted, changed rows rewritten,
+    /// missing rows loaded. The job moves to that snapshot in its store; the `run` holding it
+    /// starts it again there. Under `consistency = "epoch"` readers keep the old replica until the
+    /// new one is published whole.
+    Resync(cli::snapshot::SnapshotArgs),
     /// Copy a file snapshot (a folder with manifest.json) into PostgreSQL, as a snapshot source.
     ExportSnapshot(cli::snapshot::ExportSnapshotArgs),
     /// Validate a configuration file without running it: everything `run` would refuse before it
@@ -122,6 +128,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Verify(a) => cli::verify::verify(a),
         Command::Capture(a) => cli::run::capture(a),
         Command::Snapshot(a) => cli::snapshot::snapshot(a),
+        Command::Resync(a) => cli::snapshot::resync(a),
         Command::ExportSnapshot(a) => cli::snapshot::export_snapshot(a),
         Command::CheckConfig(a) => cli::check::check_config(a),
         Command::Doctor(a) => cli::check::doctor(a),

@@ -256,15 +256,24 @@ fn to_state_topic(
 
 /// Asks `job`'s capture for a snapshot ([`request`]) and waits up to `within` for the state
 /// record to list one that answers it (`None`: not within; with `within` zero, `None` at once).
+/// The capture is the one whose state record the job's topic holds (a job of another name may
+/// read its log); with `snapshot_storage = "kafka"` the answer is awaited until stored there, so a
+/// runner can restore it.
 pub fn request_and_wait(
     job: &crate::config::JobConfig,
     within: Duration,
 ) -> Result<Option<SnapshotRecord>> {
     let props = crate::kafka::producer_properties(&job.kafka);
-    let offset = request(&props, &job.topic, &job.name)?;
+    let capture_job = super::log::read_capture_state(&props, &job.topic)?
+        .map_or_else(|| job.name.clone(), |r| r.job);
+    let stored = job
+        .capture
+        .as_ref()
+        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
+    let offset = request(&props, &job.topic, &capture_job)?;
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if let Some(s) = answer(&props, &job.topic, &job.name, offset, false)? {
+        if let Some(s) = answer(&props, &job.topic, &capture_job, offset, stored)? {
             return Ok(Some(s));
         }
         std::thread::sleep(Duration::from_millis(500));

@@ -1,8 +1,9 @@
-//! Snapshots outside a run: `snapshot` (asked of a running capture), `export-snapshot`.
+//! Snapshots outside a run: `snapshot` (asked of a running capture), `resync` (a running job moved
+//! onto a new one), `export-snapshot`.
 
 use super::*;
 
-/// `snapshot`'s flags.
+/// `snapshot`'s and `resync`'s flags.
 #[derive(clap::Args)]
 pub struct SnapshotArgs {
     /// The configuration file.
@@ -54,6 +55,37 @@ pub fn snapshot(args: SnapshotArgs) -> Result<ExitCode> {
             Ok(Exit::Stalled.into())
         }
     }
+}
+
+/// `resync`: the job moved onto a new snapshot of its capture; the `run` holding it reloads it.
+pub fn resync(args: SnapshotArgs) -> Result<ExitCode> {
+    let SnapshotArgs {
+        config,
+        job,
+        within_secs,
+    } = args;
+    let config = match load(&config) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    init_logs(LogFormat::Text, Some("warn"));
+    let j = pick_job(&config, job.as_deref())?;
+    let within = std::time::Duration::from_secs(within_secs);
+    let done = kafka_backfill::service::resync::resync(j, within)?;
+    println!(
+        "job {}: moved from the snapshot at epoch {} to the one at epoch {} ({}), generation {}; the run holding the job reloads it from there{}",
+        j.name,
+        done.from,
+        done.to,
+        done.dir,
+        done.generation,
+        if done.published_whole {
+            ", and readers see the old replica until the new one is published whole"
+        } else {
+            " (consistency = \"vnode\": each vnode is emptied and comes back as its snapshot rows commit)"
+        }
+    );
+    Ok(Exit::Ok.into())
 }
 
 /// `export-snapshot`'s flags.

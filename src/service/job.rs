@@ -938,8 +938,158 @@ pub fn store_factory(
     })
 }
 
+/// A job's workers as `run` started them: what a restart onto a moved snapshot replaces.
+struct RunningJob {
+    /// Its index in the configuration.
+    index: usize,
+    runtime: Arc<JobRuntime>,
+    /// The snapshot epoch its workers read.
+    epoch: crate::core::Epoch,
+    open_store: StoreFactory,
+    /// Cancels this job's workers only (a child of the process's shutdown).
+    stop: CancellationToken,
+    handles: Vec<(String, JoinHandle<Result<()>>)>,
+}
+
+/// A job checked and its store prepared ([`prepare`]), after waiting for its capture's snapshot
+/// (and, when its log is gone, asking for a newer one); `None` when the process is told to stop
+/// first.
+fn prepare_to_run(
+    job: &JobConfig,
+    shutdown: &CancellationToken,
+    runtimes: &Runtimes,
+) -> Result<Option<PreparedJob>> {
+    if !wait_for_snapshot(job, shutdown, runtimes)? {
+        info!(job = %job.name, "stopped while waiting for the snapshot");
+        return Ok(None);
+    }
+    match prepare(job, true) {
+        Err(e) if job.capture.is_some() && e.downcast_ref::<NoSnapshotWithinLog>().is_some() => {
+            let why = e.downcast_ref::<NoSnapshotWithinLog>().expect("checked");
+            if !ask_for_a_snapshot(job, why, shutdown, runtimes)? {
+                info!(job = %job.name, "stopped while waiting for the snapshot it asked for");
+                return Ok(None);
+            }
+            prepare(job, true).map(Some)
+        }
+        prepared => prepared.map(Some),
+    }
+}
+
+/// What every job `run` starts shares: the options, the workers' name prefix, the process's
+/// shutdown, its status board and runtimes.
+struct Shared<'a> {
+    opts: &'a RunOptions,
+    prefix: &'a str,
+    shutdown: &'a CancellationToken,
+    board: &'a StatusBoard,
+    runtimes: &'a Runtimes,
+}
+
+/// Registers `job`'s runtime and starts its workers on `prepared`.
+fn start_job(
+    index: usize,
+    job: &JobConfig,
+    prepared: &PreparedJob,
+    shared: &Shared<'_>,
+) -> Result<RunningJob> {
+    let info = prepared.snapshot.info();
+    let map = PartitionMap::new(info.vnode_count, info.partition_count)?;
+    let r = &job.recreation;
+    let supervisor = Arc::new(Mutex::new(Supervisor::new(SupervisorConfig {
+        policy: r.policy,
+        max_recreations: r.max_recreations,
+        window_ms: r.window_secs * 1000,
+        backoff_initial_ms: r.backoff_initial_ms,
+        backoff_max_ms: r.backoff_max_ms,
+    })));
+    let runtime = Arc::new(
+        JobRuntime::new(
+            &job.name,
+            map,
+            supervisor.clone(),
+            prepared.open_store.clone(),
+            crate::core::RateLimits::both(job.max_rows_per_second),
+            job.consistency == crate::config::Consistency::Epoch,
+            shared.runtimes.metrics().clone(),
+        )
+        .with_tables(prepared.tables.clone(), &prepared.store_tables),
+    );
+    shared.runtimes.insert(runtime.clone());
+    let table_counts = runtime.table_counts();
+    let policy = job.policy(prepared.tables.clone());
+    let mut kafka = job.kafka.clone();
+    kafka
+        .entry("group.id".into())
+        .or_insert_with(|| job.group_id());
+    let stop = shared.shutdown.child_token();
+    let mut handles = Vec::new();
+    for i in 0..job.workers {
+        let mut kafka = kafka.clone();
+        // Static membership: one stable, distinct instance id per worker (`<id>-<index>`), so
+        // the workers of one process do not fence each other; by default the worker's own
+        // name when the operator named the process; `""` is dynamic membership.
+        let instance = match job.kafka.get("group.instance.id") {
+            Some(id) if id.is_empty() => None,
+            Some(id) => Some(format!("{id}-{i}")),
+            None if shared.opts.static_membership => Some(format!("{}-{i}", shared.prefix)),
+            None => None,
+        };
+        match instance {
+            Some(id) => kafka.insert("group.instance.id".into(), id),
+            None => kafka.remove("group.instance.id"),
+        };
+        let setup = WorkerSetup {
+            job: job.name.clone(),
+            topic: job.topic.clone(),
+            worker: format!("{}-{i}", shared.prefix),
+            kafka: kafka.clone(),
+            snapshot: prepared.snapshot.clone(),
+            codec: prepared.codec.clone(),
+            open_store: prepared.open_store.clone(),
+            policy: policy.clone(),
+            supervisor: supervisor.clone(),
+            shutdown: stop.clone(),
+            board: shared.board.clone(),
+            max_rows_per_second: job.max_rows_per_second,
+            adaptive: job.rate_limit.core(),
+            dead_letter_topic: job.dead_letters().map(|(topic, _)| topic),
+            tables: table_counts.clone(),
+            metrics: shared.runtimes.metrics().clone(),
+        };
+        let name = format!("{}/{}", job.name, setup.worker);
+        let h = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || run_worker(setup))?;
+        handles.push((name, h));
+    }
+    info!(job = %job.name, topic = %job.topic, workers = job.workers, snapshot_epoch = %info.snapshot_epoch, "job started");
+    Ok(RunningJob {
+        index,
+        runtime,
+        epoch: info.snapshot_epoch,
+        open_store: prepared.open_store.clone(),
+        stop,
+        handles,
+    })
+}
+
+/// The newer snapshot epoch `running`'s store records, when the job was moved onto one while its
+/// workers ran (`kafka-backfill resync`, [`crate::service::resync`]; or another process moving it
+/// when its log was gone): its workers then fail against the new generation, and `run` starts the
+/// job again on that snapshot instead of stopping.
+fn moved_snapshot(job: &str, running: &RunningJob) -> Result<Option<crate::core::Epoch>> {
+    let mut store =
+        (running.open_store)().with_context(|| format!("job {job}: opening its store"))?;
+    let row = store
+        .job(job)
+        .with_context(|| format!("job {job}: reading its job row"))?;
+    Ok(row.map(|r| r.snapshot_epoch).filter(|e| *e > running.epoch))
+}
+
 /// Runs every job until `shutdown` is cancelled, a job stops, or (with `exit_when_caught_up`) all
 /// caught up (then it cancels `shutdown` itself, so everything else the process runs stops too).
+/// A job moved onto a newer snapshot while it ran ([`moved_snapshot`]) is started again on it.
 pub fn run(
     config: &Config,
     opts: &RunOptions,
@@ -948,104 +1098,28 @@ pub fn run(
     runtimes: Runtimes,
 ) -> Result<()> {
     let prefix = opts.worker_prefix.clone().unwrap_or_else(default_prefix);
-    let mut handles: Vec<(String, JoinHandle<Result<()>>)> = Vec::new();
+    let shared = Shared {
+        opts,
+        prefix: &prefix,
+        shutdown: &shutdown,
+        board: &board,
+        runtimes: &runtimes,
+    };
+    let mut running: Vec<RunningJob> = Vec::new();
     let mut expected = 0usize;
-    let mut jobs: Vec<Arc<JobRuntime>> = Vec::new();
-    for job in &config.jobs {
-        if !wait_for_snapshot(job, &shutdown, &runtimes)? {
-            info!(job = %job.name, "stopped while waiting for the snapshot");
+    for (index, job) in config.jobs.iter().enumerate() {
+        let Some(prepared) = prepare_to_run(job, &shutdown, &runtimes)? else {
             return Ok(());
-        }
-        let prepared = match prepare(job, true) {
-            Err(e)
-                if job.capture.is_some() && e.downcast_ref::<NoSnapshotWithinLog>().is_some() =>
-            {
-                let why = e.downcast_ref::<NoSnapshotWithinLog>().expect("checked");
-                if !ask_for_a_snapshot(job, why, &shutdown, &runtimes)? {
-                    info!(job = %job.name, "stopped while waiting for the snapshot it asked for");
-                    return Ok(());
-                }
-                prepare(job, true)?
-            }
-            prepared => prepared?,
         };
-        let info = prepared.snapshot.info();
-        let map = PartitionMap::new(info.vnode_count, info.partition_count)?;
-        let r = &job.recreation;
-        let supervisor = Arc::new(Mutex::new(Supervisor::new(SupervisorConfig {
-            policy: r.policy,
-            max_recreations: r.max_recreations,
-            window_ms: r.window_secs * 1000,
-            backoff_initial_ms: r.backoff_initial_ms,
-            backoff_max_ms: r.backoff_max_ms,
-        })));
-        let runtime = Arc::new(
-            JobRuntime::new(
-                &job.name,
-                map,
-                supervisor.clone(),
-                prepared.open_store.clone(),
-                crate::core::RateLimits::both(job.max_rows_per_second),
-                job.consistency == crate::config::Consistency::Epoch,
-                runtimes.metrics().clone(),
-            )
-            .with_tables(prepared.tables.clone(), &prepared.store_tables),
-        );
-        runtimes.insert(runtime.clone());
-        let table_counts = runtime.table_counts();
-        jobs.push(runtime);
-        let policy = job.policy(prepared.tables.clone());
-        let mut kafka = job.kafka.clone();
-        kafka
-            .entry("group.id".into())
-            .or_insert_with(|| job.group_id());
-        for i in 0..job.workers {
-            let mut kafka = kafka.clone();
-            // Static membership: one stable, distinct instance id per worker (`<id>-<index>`), so
-            // the workers of one process do not fence each other; by default the worker's own
-            // name when the operator named the process; `""` is dynamic membership.
-            let instance = match job.kafka.get("group.instance.id") {
-                Some(id) if id.is_empty() => None,
-                Some(id) => Some(format!("{id}-{i}")),
-                None if opts.static_membership => Some(format!("{prefix}-{i}")),
-                None => None,
-            };
-            match instance {
-                Some(id) => kafka.insert("group.instance.id".into(), id),
-                None => kafka.remove("group.instance.id"),
-            };
-            let setup = WorkerSetup {
-                job: job.name.clone(),
-                topic: job.topic.clone(),
-                worker: format!("{prefix}-{i}"),
-                kafka: kafka.clone(),
-                snapshot: prepared.snapshot.clone(),
-                codec: prepared.codec.clone(),
-                open_store: prepared.open_store.clone(),
-                policy: policy.clone(),
-                supervisor: supervisor.clone(),
-                shutdown: shutdown.clone(),
-                board: board.clone(),
-                max_rows_per_second: job.max_rows_per_second,
-                adaptive: job.rate_limit.core(),
-                dead_letter_topic: job.dead_letters().map(|(topic, _)| topic),
-                tables: table_counts.clone(),
-                metrics: runtimes.metrics().clone(),
-            };
-            let name = format!("{}/{}", job.name, setup.worker);
-            let h = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || run_worker(setup))?;
-            handles.push((name, h));
-            expected += 1;
-        }
-        info!(job = %job.name, topic = %job.topic, workers = job.workers, "job started");
+        running.push(start_job(index, job, &prepared, &shared)?);
+        expected += job.workers as usize;
     }
     let mut result = Ok(());
     let mut waiting = JobWait::default();
     let mut last_progress = std::time::Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(100));
+        let jobs: Vec<Arc<JobRuntime>> = running.iter().map(|r| r.runtime.clone()).collect();
         if last_progress.elapsed() >= Duration::from_secs(2) {
             last_progress = std::time::Instant::now();
             if let Err(e) = read_progress(&jobs) {
@@ -1053,16 +1127,61 @@ pub fn run(
                 tracing::debug!(error = %crate::error::line(&e), "reading job progress");
             }
         }
-        if let Some(i) = handles.iter().position(|(_, h)| h.is_finished()) {
-            let (name, h) = handles.remove(i);
+        let finished = running.iter().enumerate().find_map(|(j, r)| {
+            r.handles
+                .iter()
+                .position(|(_, h)| h.is_finished())
+                .map(|i| (j, i))
+        });
+        if let Some((j, i)) = finished {
+            let (name, h) = running[j].handles.remove(i);
             let r = h
                 .join()
                 .map_err(|_| anyhow::anyhow!("worker {name} panicked"))
                 .and_then(|r| r);
             if let Err(e) = r {
-                error!(worker = %name, error = %crate::error::line(&e), "worker failed; stopping");
-                result = Err(e);
-                shutdown.cancel();
+                let job = &config.jobs[running[j].index];
+                let moved = if shutdown.is_cancelled() {
+                    None
+                } else {
+                    moved_snapshot(&job.name, &running[j]).unwrap_or_else(|m| {
+                        warn!(job = %job.name, error = %crate::error::line(&m), "cannot tell whether the job moved to another snapshot");
+                        None
+                    })
+                };
+                match moved {
+                    Some(to) => {
+                        let old = running.remove(j);
+                        warn!(job = %job.name, from = %old.epoch, to = %to, worker = %name, error = %crate::error::line(&e), "the job was moved to a newer snapshot of its capture (a resync): starting it again on that snapshot");
+                        old.stop.cancel();
+                        for (other, h) in old.handles {
+                            // They fail against the new generation as this one did, or stop.
+                            match h.join() {
+                                Ok(Err(e)) => {
+                                    info!(worker = %other, error = %crate::error::line(&e), "worker stopped by the move to a newer snapshot")
+                                }
+                                Err(_) => error!(worker = %other, "worker panicked"),
+                                Ok(Ok(())) => {}
+                            }
+                        }
+                        match prepare_to_run(job, &shutdown, &runtimes) {
+                            Ok(Some(prepared)) => {
+                                running.push(start_job(old.index, job, &prepared, &shared)?)
+                            }
+                            Ok(None) => {}
+                            Err(p) => {
+                                error!(job = %job.name, error = %crate::error::line(&p), "cannot start the job again on its new snapshot; stopping");
+                                result = Err(p);
+                                shutdown.cancel();
+                            }
+                        }
+                    }
+                    None => {
+                        error!(worker = %name, error = %crate::error::line(&e), "worker failed; stopping");
+                        result = Err(e);
+                        shutdown.cancel();
+                    }
+                }
             }
         }
         if opts.exit_when_caught_up {
@@ -1088,7 +1207,7 @@ pub fn run(
             }
         }
         if shutdown.is_cancelled() {
-            for (name, h) in handles.drain(..) {
+            for (name, h) in running.drain(..).flat_map(|r| r.handles) {
                 match h.join() {
                     Ok(Err(e)) if result.is_ok() => result = Err(e),
                     Err(_) => error!(worker = %name, "worker panicked"),

@@ -3,7 +3,7 @@
 //! (`http`), what `/status` and the job runner see of each worker (`status`), every metric
 //! (`metrics`) and the observer that turns a worker's events into both (`observe`), the process's
 //! life — signals, the shutdown token, the grace period, the composition of `run` and `capture`
-//! (`process`) — and `status --watch`, the live terminal view of a running service's `/status`
+//! (`process`), moving a running job onto a new snapshot of its capture (`resync`) — and `status --watch`, the live terminal view of a running service's `/status`
 //! (`watch`).
 
 pub mod doctor;
@@ -14,6 +14,7 @@ pub mod json_log;
 pub mod metrics;
 pub mod observe;
 pub mod process;
+pub mod resync;
 pub mod runtime;
 pub mod status;
 pub mod status_table;

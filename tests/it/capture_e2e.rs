@@ -104,6 +104,12 @@ fn pgbench_init_four(url: &str) {
 /// pgbench's TPC-B-like transaction over the 10,000 accounts, at `rate` per second for `secs`,
 /// after pgbench's own start (`TRUNCATE pgbench_history`).
 pub(crate) fn pgbench_run(f: &Fixture, url: &str, rate: u32, secs: u32) -> Child {
+    pgbench_run_with(f, url, rate, secs, &[])
+}
+
+/// [`pgbench_run`] with `extra` flags (`-n`: no vacuum and no `TRUNCATE pgbench_history`, which
+/// breaks pgbench's own invariant in the source when the history is not empty).
+fn pgbench_run_with(f: &Fixture, url: &str, rate: u32, secs: u32, extra: &[&str]) -> Child {
     let script = f.dir.join("tpcb.sql");
     std::fs::write(
         &script,
@@ -118,15 +124,9 @@ pub(crate) fn pgbench_run(f: &Fixture, url: &str, rate: u32, secs: u32) -> Child
     // Without `-n`: pgbench starts by vacuuming and `TRUNCATE pgbench_history`, which a capture
     // of that table carries (docs/WIRE.md "Truncate").
     Command::new("pgbench")
-        .args([
-            "-c",
-            "2",
-            "-R",
-            &rate.to_string(),
-            "-T",
-            &secs.to_string(),
-            "-f",
-        ])
+        .args(["-c", "2", "-R", &rate.to_string(), "-T", &secs.to_string()])
+        .args(extra)
+        .arg("-f")
         .arg(&script)
         .arg(url)
         .stdout(Stdio::null())
@@ -1153,17 +1153,59 @@ fn four_pgbench_tables_from_a_later_snapshot_keep_the_sums_equal_at_every_commit
     let epoch = epoch_in(line);
     assert!(epoch >= newest.0, "the newest: {line}");
     wait_child(&mut bench, MIN);
-    let report = verify_source_eventually(&f, MIN);
-    for (table, rows) in [("accounts", 10_000), ("tellers", 10), ("branches", 1)] {
-        assert!(
-            report.contains(&format!("table {table}: {rows} rows compared")),
-            "{report}"
-        );
-    }
+    let exact = || {
+        let report = verify_source_eventually(&f, MIN);
+        for (table, rows) in [("accounts", 10_000), ("tellers", 10), ("branches", 1)] {
+            assert!(
+                report.contains(&format!("table {table}: {rows} rows compared")),
+                "{report}"
+            );
+        }
+    };
+    exact();
+    // Online resync (issue 41.2): the replica damaged by hand, found by verify, then rebuilt from
+    // a new snapshot of the running capture under pgbench, with a kill -9 of the runner as it
+    // reloads; readers keep seeing pgbench's invariant throughout (the damage keeps it too).
+    damage_pgbench_replica(&f.db());
+    let (clean, damaged) = verify_against_source(&f, None);
+    assert!(!clean, "verify did not see the damage: {damaged}");
+    let mut bench = pgbench_run_with(&f, &url, 100, 14, &["-n"]);
+    let resync = Command::new(BIN)
+        .args(["resync", "--within-secs", "60", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&resync.stdout).to_string();
+    assert!(
+        resync.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&resync.stderr)
+    );
+    let to: u64 = said
+        .split("to the one at epoch ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no new epoch in {said}"));
+    assert!(to > epoch, "{said}");
+    assert!(said.contains("readers see the old replica"), "{said}");
+    run.wait_for("starting it again on that snapshot", MIN);
+    run.wait_for_count("job started", 2, MIN);
+    run.signal("KILL");
+    run.wait_exit(MIN);
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("job started", MIN);
+    wait_child(&mut bench, MIN);
+    exact();
+    assert!(
+        run.log_text().contains(&format!("snapshot_epoch={to}")),
+        "the restarted runner did not read the resync's snapshot at {to}: {}",
+        tail(&run.log_text())
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sums = checker.join().unwrap();
     println!(
-        "four tables from the later snapshot at {epoch}: {} published samples at {} epochs, {} torn, {} back",
+        "four tables from the later snapshot at {epoch}, resynced at {to}: {} published samples at {} epochs, {} torn, {} back",
         sums.published,
         sums.epochs.len(),
         sums.torn,
@@ -1179,6 +1221,27 @@ fn four_pgbench_tables_from_a_later_snapshot_keep_the_sums_equal_at_every_commit
         r.signal("TERM");
         assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
     }
+}
+
+/// Damages the SQLite replica of the four pgbench tables by hand, in one transaction that keeps
+/// pgbench's invariant (so a reader's samples stay untorn): vnode 7 of `accounts` emptied, its
+/// balance moved onto the first row of vnode 8; the rows of vnode 9 given another row's content;
+/// three rows the source never had (keys of vnode 11 with a trailing zero byte, balance 0).
+fn damage_pgbench_replica(db: &std::path::Path) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    c.execute_batch(
+        "BEGIN IMMEDIATE;
+         UPDATE accounts SET abalance = abalance + (SELECT COALESCE(SUM(abalance), 0) FROM accounts WHERE _kb_vnode = 7)
+           WHERE _kb_vnode = 8 AND _kb_key = (SELECT MIN(_kb_key) FROM accounts WHERE _kb_vnode = 8);
+         DELETE FROM accounts WHERE _kb_vnode = 7;
+         UPDATE accounts SET _kb_row = (SELECT _kb_row FROM accounts WHERE _kb_vnode = 10 ORDER BY _kb_key LIMIT 1) WHERE _kb_vnode = 9;
+         CREATE TEMP TABLE extra AS SELECT * FROM accounts WHERE _kb_vnode = 11 ORDER BY _kb_key LIMIT 3;
+         UPDATE extra SET _kb_key = _kb_key || x'00', abalance = 0;
+         INSERT INTO accounts SELECT * FROM extra;
+         COMMIT;",
+    )
+    .unwrap();
 }
 
 fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {

@@ -1,0 +1,107 @@
+//! `kafka-backfill resync`: a running job's replica rebuilt online from a new snapshot of its
+//! capture — rows the source no longer has deleted, changed rows rewritten, missing rows back.
+//!
+//! Owns: asking the job's capture for a snapshot at a barrier of the live log
+//! ([`crate::capture::snapshots::request_and_wait`]) and moving the job's store onto it in one
+//! compare-and-set ([`crate::ports::StateStore::recreate_onto`]: a new generation whose snapshot
+//! epoch is the new snapshot's, its progress reset to that snapshot's start offsets). Under
+//! `consistency = "epoch"` the new generation builds beside the replica readers see, which stays
+//! as it was until the new one is published whole at one epoch; under `vnode` the replica is
+//! emptied and each vnode comes back as its snapshot rows commit, as in any recreation.
+//!
+//! Must not: touch the job's workers. The `run` process holding them sees the move (its workers
+//! fail against the new generation, and the store names the newer snapshot epoch) and starts the
+//! job again on that snapshot (`service::job::run`); a `run` started later reads it because the
+//! store records it (`service::job::prepare`).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::config::{Consistency, JobConfig};
+use crate::core::{Epoch, Generation};
+
+/// What a resync did.
+#[derive(Clone, Debug)]
+pub struct Resynced {
+    /// The snapshot epoch the job read before.
+    pub from: Epoch,
+    /// The new snapshot's epoch, which the job now reads.
+    pub to: Epoch,
+    /// The generation the job moved to.
+    pub generation: Generation,
+    /// Where the new snapshot is (its folder, as the capture's state record lists it).
+    pub dir: String,
+    /// Whether readers keep the old replica until the new one is published (`consistency =
+    /// "epoch"`).
+    pub published_whole: bool,
+}
+
+/// How many times the move is tried again when a recreation of the job's own raced it.
+const ATTEMPTS: u32 = 3;
+
+/// Asks `job`'s capture for a snapshot, waits up to `within` for it, and moves the job onto it.
+pub fn resync(job: &JobConfig, within: Duration) -> Result<Resynced> {
+    if job.capture.is_none() {
+        bail!(
+            "job {}: no [jobs.capture] section: a resync reloads the replica from a new snapshot of the job's capture, and this job has none",
+            job.name
+        );
+    }
+    let prepared = crate::service::job::prepare(job, false)
+        .with_context(|| format!("job {}: opening its snapshot and store", job.name))?;
+    let mut store =
+        (prepared.open_store)().with_context(|| format!("job {}: opening its store", job.name))?;
+    let Some(before) = store
+        .job(&job.name)
+        .with_context(|| format!("job {}: reading its job row", job.name))?
+    else {
+        bail!(
+            "job {}: it has not started (its store has no row for it): `kafka-backfill run` starts it from the newest snapshot, so there is nothing to resync",
+            job.name
+        );
+    };
+    let Some(snapshot) = crate::capture::snapshots::request_and_wait(job, within)
+        .with_context(|| format!("job {}: asking its capture for a snapshot", job.name))?
+    else {
+        bail!(
+            "job {}: no snapshot answered the request within {} s: is `kafka-backfill capture` (or `run --capture`) running for its topic {}? Its log says why a snapshot failed",
+            job.name,
+            within.as_secs(),
+            job.topic
+        );
+    };
+    let to = snapshot.snapshot_epoch;
+    for _ in 0..ATTEMPTS {
+        let row = store
+            .job(&job.name)
+            .with_context(|| format!("job {}: reading its job row", job.name))?
+            .expect("a job row is never deleted");
+        if row.snapshot_epoch >= to {
+            bail!(
+                "job {}: it reads the snapshot at epoch {} already, not older than the new one at epoch {to}",
+                job.name,
+                row.snapshot_epoch
+            );
+        }
+        let moved = store
+            .recreate_onto(&job.name, row.generation, Some(to))
+            .with_context(|| {
+                format!("job {}: moving it to the snapshot at epoch {to}", job.name)
+            })?;
+        if moved.snapshot_epoch == to {
+            return Ok(Resynced {
+                from: before.snapshot_epoch,
+                to,
+                generation: moved.generation,
+                dir: snapshot.dir,
+                published_whole: job.consistency == Consistency::Epoch,
+            });
+        }
+        // The job recreated itself between the read and the move (a rebalance): again.
+    }
+    bail!(
+        "job {}: its generation kept changing under the move to the snapshot at epoch {to} ({ATTEMPTS} attempts): is the job recreating itself in a loop? Its log says why",
+        job.name
+    )
+}
