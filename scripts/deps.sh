@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the build need and this machine lacks (idempotent; Debian packages and
-# PyPI only): kcat, Prometheus (promtool), PostgreSQL, OpenSSL (the test certificates and the TLS
+# PyPI only): kcat, Prometheus (promtool), PostgreSQL, MariaDB, OpenSSL (the test certificates and the TLS
 # build of librdkafka), pkg-config, Java 17 and Maven (the test broker), Chromium (the status page's
 # test, headless), docker-compose and hadolint
 # (CI lints the container files), helm (built from the Go module proxy) and kubernetes-validate
@@ -20,6 +20,8 @@ command -v sqlite3 >/dev/null || need+=(sqlite3)
 command -v chromium >/dev/null || need+=(chromium)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
+# The MariaDB capture's tests (scripts/mariadb.sh, tests/it/capture_mariadb.rs).
+[ -x /usr/sbin/mariadbd ] || need+=(mariadb-server)
 if [ "${KB_DEPS_CI:-}" = 1 ]; then
   command -v docker-compose >/dev/null || need+=(docker-compose)
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command README gives: installs what the tests need and the machine lacks
-# (scripts/deps.sh), starts the real Kafka broker and PostgreSQL if needed, then runs every test:
+# (scripts/deps.sh), starts the real Kafka broker, PostgreSQL and MariaDB if needed, then runs every test:
 # the unit tests of both crates, then the one integration binary (tests/it/main.rs) with up to
 # KB_TEST_LANES (default 3) real-process tests at once, then its `outages` module alone on a fresh
 # broker (it stops the broker and PostgreSQL the others share), and prints the ten slowest tests.
@@ -11,6 +11,7 @@ scripts/deps.sh
 KAFKA_BOOTSTRAP="$(scripts/kafka.sh start)"
 export KAFKA_BOOTSTRAP
 scripts/postgres.sh start >/dev/null
+scripts/mariadb.sh start >/dev/null
 export SIM_SEEDS="${SIM_SEEDS:-1000}"
 # --features testing: the simulator, the in-memory doubles and the deliberate bugs (switched on only
 # inside the test that proves each is caught).

@@ -128,7 +128,7 @@ pub fn verify_against_source(
             )
         })?,
     };
-    let want = crate::capture::pg::read_table(c.source_url.expose(), table)?;
+    let want = crate::capture::read_source_table(c.source_url.expose(), table)?;
     compare(store, &job.name, job.vnode_count, None, &want).map(|c| c.report)
 }
 
@@ -173,7 +173,7 @@ pub fn verify_several(
                             job.name, t.source
                         )
                     })?;
-                for (k, v) in crate::capture::pg::read_table(c.source_url.expose(), source)? {
+                for (k, v) in crate::capture::read_source_table(c.source_url.expose(), source)? {
                     want.insert(crate::core::table_key(t.index, &k), v);
                 }
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::shutdown::{wait_blocking, CancellationToken};
 use anyhow::{bail, Context, Result};
 
-use super::log::{read_state, KafkaLog, StateRecord, StateTable};
+use super::log::{read_state, KafkaLog, StateRecord};
 use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
 use super::report::{CaptureBoard, CaptureMeter, CaptureReport};
 use super::snapshots::{CopySpec, CopyTable, OnDemand};
@@ -21,19 +21,17 @@ use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
 use crate::core::{Epoch, PartitionMap};
 use crate::snapshot::files::{write_manifest, write_tables_manifest, Manifest, TablesManifest};
 
-/// The state record's format version.
-const STATE_VERSION: u32 = 1;
-const PENDING_MANIFEST: &str = "manifest.pending.json";
+pub(super) const PENDING_MANIFEST: &str = "manifest.pending.json";
 
-struct Progress {
+pub(super) struct Progress {
     job: String,
     last_log_ms: u64,
     /// The session totals last counted (a new session starts again from zero).
     counted: SessionStats,
     board: CaptureBoard,
-    meter: Arc<dyn CaptureMeter>,
+    pub(super) meter: Arc<dyn CaptureMeter>,
     /// Told each time a session finds the snapshot published (`manifest.json` written).
-    published: Option<Published>,
+    pub(super) published: Option<Published>,
 }
 
 /// Tells [`InProcess::start`] that a job's capture has published its snapshot.
@@ -44,7 +42,7 @@ pub struct Published {
 }
 
 impl Published {
-    fn tell(&self) {
+    pub(super) fn tell(&self) {
         // The receiver is gone once every job it waited for has started: nothing is listening.
         let _ = self.tx.send(Started::Published(self.job.clone()));
     }
@@ -57,7 +55,36 @@ enum Started {
 }
 
 impl Progress {
-    fn set(&self, f: impl FnOnce(&mut CaptureReport)) {
+    fn new(
+        job: &JobConfig,
+        board: CaptureBoard,
+        meter: Arc<dyn CaptureMeter>,
+        published: Option<Published>,
+    ) -> Progress {
+        Progress {
+            job: job.name.clone(),
+            last_log_ms: 0,
+            counted: SessionStats::default(),
+            board,
+            meter,
+            published,
+        }
+    }
+
+    /// The hook of a fresh capture's first commit: `manifest.json` written into `dir` from the
+    /// pending one, and the publication told.
+    pub(super) fn publish_on_initial_commit(&self, dir: &Path) -> super::log::InitialCommitHook {
+        let (dir, published) = (dir.to_path_buf(), self.published.clone());
+        Box::new(move |r: &StateRecord| {
+            finish_manifest(&dir, r)?;
+            if let Some(p) = &published {
+                p.tell();
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn set(&self, f: impl FnOnce(&mut CaptureReport)) {
         let mut b = self.board.lock().unwrap();
         f(b.entry(self.job.clone()).or_default());
     }
@@ -107,7 +134,7 @@ impl CaptureObserver for Progress {
 
 /// Writes `bytes` to `path` and syncs it (the pending manifest must outlive a crash after the
 /// initial transaction's commit).
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(super) fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let mut f =
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
@@ -117,7 +144,7 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes `manifest.json` from the pending manifest and the state record's start offsets.
-fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
+pub(super) fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
     let pending = dir.join(PENDING_MANIFEST);
     let bytes =
         std::fs::read(&pending).with_context(|| format!("reading {}", pending.display()))?;
@@ -230,6 +257,10 @@ fn run_telling(
         .table_names()
         .map_err(|(key, m)| anyhow::anyhow!("job {}: capture.{key}: {m}", job.name))?;
     let url = c.source_url.expose().to_string();
+    if super::mariadb::is_mariadb_url(&url) {
+        let mut progress = Progress::new(job, board, meter, published);
+        return super::mariadb::job::run(job, &names, dir, &stop, &mut progress);
+    }
     let props = crate::kafka::producer_properties(&job.kafka);
     // The preconditions, once: each failure names its fix.
     let mut client = pg::connect(&url)?;
@@ -253,15 +284,7 @@ fn run_telling(
     let all: Vec<TableName> = tables.iter().map(|t| t.table.clone()).collect();
     pg::ensure_publication(&mut client, &c.publication_name(&job.name), &all)?;
     drop(client);
-    let partitions = match crate::kafka::admin::partition_count(&props, &job.topic)? {
-        Some(n) => n,
-        None => {
-            crate::kafka::admin::ensure_topic(&props, &job.topic, c.partitions)?;
-            c.partitions
-        }
-    };
-    let map = PartitionMap::new(job.vnode_count, partitions)
-        .with_context(|| format!("topic {} against vnode_count", job.topic))?;
+    let (partitions, map) = log_partitions(job, &props)?;
     let spec = CopySpec {
         url: url.clone(),
         tables: tables
@@ -305,27 +328,37 @@ fn run_telling(
         },
         spec,
     };
-    let mut progress = Progress {
-        job: job.name.clone(),
-        last_log_ms: 0,
-        counted: SessionStats::default(),
-        board,
-        meter,
-        published,
-    };
+    let mut progress = Progress::new(job, board, meter, published);
     progress.set(|r| r.state = "starting");
     progress.meter.started(&job.name);
+    let names = setup.names();
+    retry(
+        job,
+        &names,
+        &stop,
+        &mut progress,
+        |progress, checkpoints| session(&setup, &stop, progress, &mut on_demand, checkpoints),
+    )
+}
+
+/// Runs `session` again after each transient failure, with backoff, until it stops at a
+/// checkpoint, fails for good, or commits no checkpoint for [`RETRY_FOR`]. `session` gets the
+/// progress and a slot for the checkpoint counts at its start and end.
+pub(super) fn retry(
+    job: &JobConfig,
+    names: &str,
+    stop: &CancellationToken,
+    progress: &mut Progress,
+    mut session: impl FnMut(
+        &mut Progress,
+        &mut (Option<u64>, Option<u64>),
+    ) -> Result<(), CaptureFailure>,
+) -> Result<()> {
     let mut failures = 0u32;
     let mut last_progress = std::time::Instant::now();
     loop {
         let mut checkpoints = (None, None);
-        match session(
-            &setup,
-            &stop,
-            &mut progress,
-            &mut on_demand,
-            &mut checkpoints,
-        ) {
+        match session(progress, &mut checkpoints) {
             Ok(()) => {
                 tracing::info!(job = %job.name, "capture stopped at a checkpoint");
                 return Ok(());
@@ -334,7 +367,7 @@ fn run_telling(
                 // One line, each cause said once (`describe`).
                 bail!(
                     "capture of {} for job {} stopped: {}",
-                    setup.names(),
+                    names,
                     job.name,
                     e.describe()
                 )
@@ -349,7 +382,7 @@ fn run_telling(
                 if last_progress.elapsed() > RETRY_FOR {
                     bail!(
                         "capture of {} for job {}: no checkpoint committed for {} s of retries, the last failure: {e}",
-                        setup.names(),
+                        names,
                         job.name,
                         RETRY_FOR.as_secs()
                     );
@@ -358,7 +391,7 @@ fn run_telling(
                 let backoff = Duration::from_millis((100u64 << failures.min(6)).min(5_000));
                 tracing::warn!(job = %job.name, error = %e, attempt = failures, backoff_ms = backoff.as_millis() as u64, "capture session failed; resuming from the last committed state");
                 // Waits out the backoff, or stops at once when asked to.
-                if wait_blocking(&stop, backoff) {
+                if wait_blocking(stop, backoff) {
                     tracing::info!(job = %job.name, "capture stopped while retrying");
                     return Ok(());
                 }
@@ -367,7 +400,26 @@ fn run_telling(
     }
 }
 
-fn transient(what: &str) -> impl FnOnce(anyhow::Error) -> CaptureFailure + '_ {
+/// The log topic's partitions (the topic created with `capture.partitions` when absent) and the
+/// vnodes' map onto them.
+pub(super) fn log_partitions(
+    job: &JobConfig,
+    props: &BTreeMap<String, String>,
+) -> Result<(u32, PartitionMap)> {
+    let c = job.capture.as_ref().context("no [jobs.capture]")?;
+    let partitions = match crate::kafka::admin::partition_count(props, &job.topic)? {
+        Some(n) => n,
+        None => {
+            crate::kafka::admin::ensure_topic(props, &job.topic, c.partitions)?;
+            c.partitions
+        }
+    };
+    let map = PartitionMap::new(job.vnode_count, partitions)
+        .with_context(|| format!("topic {} against vnode_count", job.topic))?;
+    Ok((partitions, map))
+}
+
+pub(super) fn transient(what: &str) -> impl FnOnce(anyhow::Error) -> CaptureFailure + '_ {
     move |e| CaptureFailure::transient_from(what, e)
 }
 
@@ -388,32 +440,13 @@ fn session(
         .map(|t| LogCodec::new(t.table_schema.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
-    let template = StateRecord {
-        version: STATE_VERSION,
-        job: job.name.clone(),
-        table: s.tables[0].table.to_string(),
-        slot: s.slot.clone(),
-        system_id: String::new(),
-        timeline: 0,
-        snapshot_epoch: Epoch(0),
-        initial_epoch: Epoch(0),
-        start_offsets: Vec::new(),
-        columns: s.tables[0].columns.clone(),
-        snapshots: Vec::new(),
-        snapshot_topic: None,
-        other_tables: s.tables[1..]
-            .iter()
-            .map(|t| StateTable {
-                table: t.table.to_string(),
-                columns: t.columns.clone(),
-            })
-            .collect(),
-        state: CaptureState {
-            lsn: 0,
-            epoch: Epoch(0),
-            checkpoints: 0,
-        },
-    };
+    let tables: Vec<(String, Vec<String>)> = s
+        .tables
+        .iter()
+        .map(|t| (t.table.to_string(), t.columns.clone()))
+        .collect();
+    let template = StateRecord::fresh(&job.name, s.slot.clone(), &tables);
+
     let mut log = KafkaLog::connect(
         &s.props,
         &job.name,
@@ -471,29 +504,13 @@ fn session(
             log.record.system_id = sys.to_string();
             log.record.timeline = tli;
             log.record.snapshot_epoch = es;
-            let hook_dir = s.dir.clone();
-            let published = progress.published.clone();
-            log.on_initial_commit = Some(Box::new(move |r: &StateRecord| {
-                finish_manifest(&hook_dir, r)?;
-                if let Some(p) = &published {
-                    p.tell();
-                }
-                Ok(())
-            }));
+            log.on_initial_commit = Some(progress.publish_on_initial_commit(&s.dir));
             let (a, initial) = Assembler::fresh(s.config, s.map, es, consistent, unix_ms());
             (a, initial, repl)
         }
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
-            let recorded: Vec<(&str, &[String])> =
-                std::iter::once((record.table.as_str(), record.columns.as_slice()))
-                    .chain(
-                        record
-                            .other_tables
-                            .iter()
-                            .map(|t| (t.table.as_str(), t.columns.as_slice())),
-                    )
-                    .collect();
+            let recorded = record.tables();
             let recorded_names: Vec<&str> = recorded.iter().map(|r| r.0).collect();
             if record.slot != s.slot
                 || recorded_names.len() != s.tables.len()

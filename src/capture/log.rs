@@ -20,6 +20,9 @@ use crate::codec::LogCodec;
 use crate::core::capture::{CaptureState, Lsn, TableIndex};
 use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 
+/// The state record's format version.
+pub const STATE_VERSION: u32 = 1;
+
 /// The state topic of a log topic.
 pub fn state_topic(topic: &str) -> String {
     format!("{topic}.capture")
@@ -56,6 +59,50 @@ pub struct StateRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_topic: Option<String>,
     pub state: CaptureState,
+}
+
+impl StateRecord {
+    /// A fresh capture's record of `job` through `slot` (a PostgreSQL slot, or what a source
+    /// without one names its client by), for `tables` (name, columns) in the log's order.
+    pub fn fresh(job: &str, slot: String, tables: &[(String, Vec<String>)]) -> StateRecord {
+        StateRecord {
+            version: STATE_VERSION,
+            job: job.to_string(),
+            table: tables[0].0.clone(),
+            slot,
+            system_id: String::new(),
+            timeline: 0,
+            snapshot_epoch: Epoch(0),
+            initial_epoch: Epoch(0),
+            start_offsets: Vec::new(),
+            columns: tables[0].1.clone(),
+            snapshots: Vec::new(),
+            snapshot_topic: None,
+            other_tables: tables[1..]
+                .iter()
+                .map(|(table, columns)| StateTable {
+                    table: table.clone(),
+                    columns: columns.clone(),
+                })
+                .collect(),
+            state: CaptureState {
+                lsn: 0,
+                epoch: Epoch(0),
+                checkpoints: 0,
+            },
+        }
+    }
+
+    /// Every recorded table (name, columns), in the log's order.
+    pub fn tables(&self) -> Vec<(&str, &[String])> {
+        std::iter::once((self.table.as_str(), self.columns.as_slice()))
+            .chain(
+                self.other_tables
+                    .iter()
+                    .map(|t| (t.table.as_str(), t.columns.as_slice())),
+            )
+            .collect()
+    }
 }
 
 /// The snapshots the next state record lists, as the capture knows them between commits.

@@ -17,10 +17,24 @@ use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 
 pub mod job;
 pub mod log;
+pub mod mariadb;
 pub mod pg;
 pub mod report;
 pub mod snapshots;
 pub mod types;
+
+/// The source table as it is now, encoded by its source's mapping: key bytes → row datum (for
+/// `verify --against-source`).
+pub fn read_source_table(
+    url: &str,
+    table: &pg::TableName,
+) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
+    if mariadb::is_mariadb_url(url) {
+        mariadb::read_table(url, table)
+    } else {
+        pg::read_table(url, table)
+    }
+}
 
 /// A cause kept beneath a [`CaptureFailure`].
 pub use crate::error::Cause;

@@ -137,13 +137,26 @@ pub struct PgColumn {
 
 /// A captured table's row schema (Avro JSON) for its columns, in column order.
 pub fn row_schema(table: &str, columns: &[PgColumn]) -> serde_json::Value {
-    let fields: Vec<serde_json::Value> = columns
-        .iter()
-        .map(|c| {
-            if c.nullable {
-                json!({"name": c.name, "type": ["null", c.ty.avro()], "default": null})
+    record_schema(
+        table,
+        columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.ty.avro(), c.nullable)),
+    )
+}
+
+/// The row schema of `table` for its fields (name, Avro type, nullable), in column order: the one
+/// shape every source's mapping produces.
+pub fn record_schema<'a>(
+    table: &str,
+    fields: impl Iterator<Item = (&'a str, serde_json::Value, bool)>,
+) -> serde_json::Value {
+    let fields: Vec<serde_json::Value> = fields
+        .map(|(name, ty, nullable)| {
+            if nullable {
+                json!({"name": name, "type": ["null", ty], "default": null})
             } else {
-                json!({"name": c.name, "type": c.ty.avro()})
+                json!({"name": name, "type": ty})
             }
         })
         .collect();
@@ -172,38 +185,52 @@ impl RowEncoder {
                 self.columns.len()
             );
         }
-        let mut datum = Vec::with_capacity(64);
-        let mut spans = vec![(0usize, 0usize); self.columns.len()];
-        for (i, (c, v)) in self.columns.iter().zip(values).enumerate() {
-            let start = datum.len();
+        encode_fields(self.columns.len(), &self.key, |i, datum| {
+            let (c, v) = (&self.columns[i], &values[i]);
             match (v, c.nullable) {
-                (None, true) => put_long(&mut datum, 0),
+                (None, true) => put_long(datum, 0),
                 (None, false) => bail!("column {} is NULL but NOT NULL", c.name),
                 (Some(text), nullable) => {
                     if nullable {
-                        put_long(&mut datum, 1);
+                        put_long(datum, 1);
                     }
-                    encode_value(&c.ty, text, &mut datum).with_context(|| {
+                    encode_value(&c.ty, text, datum).with_context(|| {
                         format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text))
                     })?;
                 }
             }
-            spans[i] = (start, datum.len());
-        }
-        let mut key = Vec::new();
-        for &k in &self.key {
-            let (s, e) = spans[k];
-            key.extend_from_slice(&datum[s..e]);
-        }
-        Ok((datum, key))
+            Ok(())
+        })
     }
+}
+
+/// One row's datum, field by field (`field(i, datum)` appends column `i`, its union branch
+/// included), and its key bytes: the key columns' encodings, concatenated in `key`'s order.
+pub(crate) fn encode_fields(
+    n: usize,
+    key: &[usize],
+    mut field: impl FnMut(usize, &mut Vec<u8>) -> Result<()>,
+) -> Result<(Vec<u8>, Vec<u8>)> {
+    let mut datum = Vec::with_capacity(64);
+    let mut spans = vec![(0usize, 0usize); n];
+    for (i, span) in spans.iter_mut().enumerate() {
+        let start = datum.len();
+        field(i, &mut datum)?;
+        *span = (start, datum.len());
+    }
+    let mut out = Vec::new();
+    for &k in key {
+        let (s, e) = spans[k];
+        out.extend_from_slice(&datum[s..e]);
+    }
+    Ok((datum, out))
 }
 
 fn cut(s: &str) -> String {
     s.chars().take(64).collect()
 }
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     put_long(out, b.len() as i64);
     out.extend_from_slice(b);
 }
@@ -337,14 +364,19 @@ fn days_from_text(text: &str) -> Result<i64> {
         bail!("not an ISO date (set DateStyle = ISO)");
     };
     let (y, m, d): (i64, i64, i64) = (y.parse()?, m.parse()?, d.parse()?);
-    // Howard Hinnant's days_from_civil.
+    Ok(days_from_civil(y, m, d))
+}
+
+/// Days since 1970-01-01 of the proleptic Gregorian date `y-m-d` (Howard Hinnant's
+/// days_from_civil).
+pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
     let mp = (m + 9) % 12;
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    Ok(era * 146_097 + doe - 719_468)
+    era * 146_097 + doe - 719_468
 }
 
 /// Microseconds since midnight of `HH:MM:SS[.ffffff]`.

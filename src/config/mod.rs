@@ -263,8 +263,10 @@ impl JobConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CaptureSection {
-    /// The source database, `postgresql://user:password@host:port/database` (the user needs the
-    /// REPLICATION attribute). Never printed.
+    /// The source database: `postgresql://user:password@host:port/database` (the user needs the
+    /// REPLICATION attribute), or `mariadb://user:password@host:port/database` (also `mysql://`;
+    /// the user needs REPLICATION SLAVE and REPLICATION CLIENT, docs/CAPTURE.md "MariaDB").
+    /// Never printed.
     pub source_url: Secret,
     /// The table, `schema.table` (`public` when the schema is left out). Or `tables`.
     #[serde(default)]
@@ -310,6 +312,37 @@ pub struct CaptureSection {
     /// "Where snapshots are stored").
     #[serde(default)]
     pub snapshot_storage: SnapshotStorage,
+    /// MariaDB only: the server_id the capture's binlog client registers with, which no server of
+    /// the replication topology may have; default derived from the job's name (2^31 and up).
+    #[serde(default)]
+    pub server_id: Option<u32>,
+}
+
+/// True when `url` names a MariaDB or MySQL server (`mariadb://` or `mysql://`).
+pub fn is_mariadb_url(url: &str) -> bool {
+    url.starts_with("mariadb://") || url.starts_with("mysql://")
+}
+
+/// The connection options of a MariaDB `url`, `mariadb://` read as `mysql://`; it must name a
+/// database.
+pub fn mariadb_opts(url: &str) -> Result<mysql::Opts, String> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_string(),
+    };
+    let opts = mysql::Opts::from_url(&url).map_err(|e| format!("not a MariaDB URL: {e}"))?;
+    if opts.get_db_name().is_none() {
+        return Err("the URL names no database (mariadb://user@host:port/database)".into());
+    }
+    Ok(opts)
+}
+
+impl CaptureSection {
+    /// The binlog client's server_id: `server_id`, or one derived from the job's name.
+    pub fn binlog_server_id(&self, job: &str) -> u32 {
+        self.server_id
+            .unwrap_or_else(|| 0x8000_0000 | (crc32fast::hash(job.as_bytes()) & 0x7fff_ffff))
+    }
 }
 
 /// `[jobs.capture] snapshot_storage`.

@@ -244,6 +244,49 @@ fn dead_letter_settings_name_the_key() {
         .starts_with("jobs[0].on_bad_record: unknown variant `skip`"));
 }
 
+/// A MariaDB source: its URL checked, what it does not have yet refused naming the key, and
+/// `server_id` only for it.
+#[test]
+fn a_mariadb_source_names_what_it_refuses() {
+    let capture = |url: &str, extra: &str| {
+        Config::parse(
+            &format!("{GOOD}[jobs.capture]\nsource_url = \"{url}\"\ntable = \"t\"\n{extra}\n"),
+            "t.toml",
+        )
+        .map_err(|e| e.to_string())
+    };
+    let ok = capture("mariadb://root@127.0.0.1:3306/shop", "").unwrap();
+    let c = ok.jobs[0].capture.as_ref().unwrap();
+    assert!(c.binlog_server_id("accounts") >= 0x8000_0000);
+    assert_eq!(
+        capture("mariadb://root@127.0.0.1:3306/shop", "server_id = 42")
+            .unwrap()
+            .jobs[0]
+            .capture
+            .as_ref()
+            .unwrap()
+            .binlog_server_id("accounts"),
+        42
+    );
+    assert_eq!(
+        capture("mariadb://root@127.0.0.1:3306", "").unwrap_err(),
+        "jobs[0].capture.source_url: the URL names no database (mariadb://user@host:port/database)"
+    );
+    assert!(
+        capture("mysql://root@h/shop", "snapshot_interval_ms = 60000")
+            .unwrap_err()
+            .starts_with("jobs[0].capture.snapshot_interval_ms: not yet for a MariaDB source")
+    );
+    assert!(
+        capture("mysql://root@h/shop", "snapshot_storage = \"kafka\"")
+            .unwrap_err()
+            .starts_with("jobs[0].capture.snapshot_storage: not yet for a MariaDB source")
+    );
+    assert!(capture("postgresql://u@h/db", "server_id = 42")
+        .unwrap_err()
+        .starts_with("jobs[0].capture.server_id: a MariaDB source's setting"));
+}
+
 #[test]
 fn capture_settings_name_the_key() {
     let capture = |extra: &str| {

@@ -10,6 +10,7 @@ mod adaptive;
 mod alerts;
 mod architecture;
 mod capture_e2e;
+mod capture_mariadb;
 #[cfg(feature = "testing")]
 mod capture_simulation;
 mod capture_snapshots;

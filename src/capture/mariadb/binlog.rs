@@ -1,0 +1,309 @@
+//! The binlog as a [`ReplicationPort`]: row events of the captured tables, a transaction per
+//! `BEGIN` … `XID` (or `COMMIT`), handed to the capture loop whole.
+//!
+//! A reader thread owns the binlog connection (`COM_BINLOG_DUMP` from the resume position, with a
+//! 1 s heartbeat so it notices when the port is dropped), encodes each captured row with the one
+//! mapping (`types.rs`) and sends each committed transaction's events through a bounded channel;
+//! [`ReplicationPort::next`] waits on it at most `idle`. A transaction is held in memory until its
+//! commit event (the binlog writes a transaction contiguously at its commit). The binlog has no
+//! slot to acknowledge: [`ReplicationPort::ack`] records nothing, and a binlog purged before the
+//! capture resumes is a named permanent error.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mysql::binlog::events::{EventData, RowsEventData};
+use mysql::binlog::value::BinlogValue;
+use mysql::prelude::Queryable;
+use mysql::{BinlogRequest, Value};
+
+use super::MyTable;
+use crate::capture::{CaptureFailure, ReplicationPort};
+use crate::core::capture::{Lsn, RowChange, SourceEvent, TableIndex};
+
+/// The binlog stream of the captured tables.
+pub struct MyReplication {
+    url: String,
+    server_id: u32,
+    base: String,
+    tables: Arc<Vec<MyTable>>,
+    rx: Option<Receiver<Result<Vec<SourceEvent>, CaptureFailure>>>,
+    queue: VecDeque<SourceEvent>,
+    /// The end of the last event read outside a transaction (a transaction boundary).
+    boundary: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl MyReplication {
+    pub fn new(url: &str, server_id: u32, base: &str, tables: Vec<MyTable>) -> Self {
+        MyReplication {
+            url: url.to_string(),
+            server_id,
+            base: base.to_string(),
+            tables: Arc::new(tables),
+            rx: None,
+            queue: VecDeque::new(),
+            boundary: Arc::new(AtomicU64::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Drop for MyReplication {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl ReplicationPort for MyReplication {
+    fn start(&mut self, lsn: Lsn) -> Result<Lsn, CaptureFailure> {
+        let (file, pos) = super::position(&self.base, lsn);
+        let mut conn = super::connect(&self.url).map_err(|e| {
+            CaptureFailure::transient_from("connecting to MariaDB for the binlog", e)
+        })?;
+        let (_, files) = super::binlogs(&mut conn)
+            .map_err(|e| CaptureFailure::transient_from("listing the binary logs", e))?;
+        if !files.contains(&file) {
+            return Err(CaptureFailure::permanent(format!(
+                "binlog {file}, which holds the capture's resume position {file}:{pos}, was purged from the server (it has {}): the changes since cannot be read; capture into a new topic",
+                files.join(", ")
+            )));
+        }
+        conn.query_drop("SET @master_heartbeat_period = 1000000000")
+            .map_err(|e| CaptureFailure::transient_from("setting the binlog heartbeat", e))?;
+        self.boundary.store(lsn, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(16);
+        let reader = Reader {
+            tables: self.tables.clone(),
+            boundary: self.boundary.clone(),
+            stop: self.stop.clone(),
+            tx,
+            seq: (lsn >> 32) as u32,
+        };
+        let request = BinlogRequest::new(self.server_id)
+            .with_filename(file.into_bytes())
+            .with_pos(pos);
+        let stream = conn
+            .get_binlog_stream(request)
+            .map_err(|e| CaptureFailure::transient_from("requesting the binlog", e))?;
+        std::thread::Builder::new()
+            .name("capture-binlog".into())
+            .spawn(move || reader.run(stream))
+            .map_err(|e| CaptureFailure::transient_from("starting the binlog reader", e))?;
+        self.rx = Some(rx);
+        Ok(lsn)
+    }
+
+    fn next(&mut self, idle: Duration) -> Result<SourceEvent, CaptureFailure> {
+        if let Some(e) = self.queue.pop_front() {
+            return Ok(e);
+        }
+        let rx = self
+            .rx
+            .as_ref()
+            .ok_or_else(|| CaptureFailure::transient("the binlog was not started"))?;
+        match rx.recv_timeout(idle) {
+            Ok(Ok(events)) => {
+                self.queue.extend(events);
+                self.next(idle)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(RecvTimeoutError::Timeout) => Ok(SourceEvent::Idle {
+                wal_end: self.boundary.load(Ordering::Relaxed),
+                now_ms: crate::capture::pg::unix_ms(),
+            }),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(CaptureFailure::transient("the binlog reader stopped"))
+            }
+        }
+    }
+
+    fn ack(&mut self, _lsn: Lsn) -> Result<(), CaptureFailure> {
+        Ok(())
+    }
+}
+
+struct Reader {
+    tables: Arc<Vec<MyTable>>,
+    boundary: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    tx: SyncSender<Result<Vec<SourceEvent>, CaptureFailure>>,
+    seq: u32,
+}
+
+/// A binlog row image as the mapping's values.
+fn values(row: mysql::binlog::row::BinlogRow) -> Result<Vec<Value>, String> {
+    row.unwrap()
+        .into_iter()
+        .map(|v| match v {
+            BinlogValue::Value(v) => Ok(v),
+            BinlogValue::Jsonb(_) | BinlogValue::JsonDiff(_) => {
+                Err("a MySQL binary JSON value (MariaDB's json is text)".to_string())
+            }
+        })
+        .collect()
+}
+
+impl Reader {
+    fn run(mut self, stream: mysql::BinlogStream) {
+        if let Err(e) = self.read(stream) {
+            // The port gone means nobody waits for the error.
+            let _ = self.tx.send(Err(e));
+        }
+    }
+
+    fn read(&mut self, mut stream: mysql::BinlogStream) -> Result<(), CaptureFailure> {
+        let mut open: Option<(u64, Vec<SourceEvent>)> = None;
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let Some(event) = stream.next() else {
+                return Err(CaptureFailure::transient(
+                    "the server ended the binlog stream",
+                ));
+            };
+            let event =
+                event.map_err(|e| CaptureFailure::transient_from("reading the binlog", e))?;
+            let header = event.header();
+            let end = super::lsn(self.seq, header.log_pos() as u64);
+            let data = event.read_data().map_err(|e| {
+                CaptureFailure::permanent_from(
+                    format!("decoding the binlog event ending at {end:#x}"),
+                    e,
+                )
+            })?;
+            let commit =
+                |open: &mut Option<(u64, Vec<SourceEvent>)>| -> Result<(), CaptureFailure> {
+                    if let Some((commit_ms, changes)) = open.take() {
+                        if !changes.is_empty() {
+                            let start = end - header.event_size() as u64;
+                            let mut events = Vec::with_capacity(changes.len() + 2);
+                            events.push(SourceEvent::Begin {
+                                final_lsn: start,
+                                commit_ms,
+                            });
+                            events.extend(changes);
+                            events.push(SourceEvent::Commit { end_lsn: end });
+                            if self.tx.send(Ok(events)).is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    self.boundary.store(end, Ordering::Relaxed);
+                    Ok(())
+                };
+            match data {
+                // The server's first event is an artificial rotate to the file asked for (sent
+                // before the format description, so its name may carry the checksum's bytes):
+                // the position is known already. A real one moves to the next file.
+                Some(EventData::RotateEvent(r)) if header.timestamp() != 0 => {
+                    self.seq = super::file_seq(&r.name())
+                        .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
+                }
+                Some(EventData::QueryEvent(q)) => {
+                    let text = q.query();
+                    let text = text.trim();
+                    if text.eq_ignore_ascii_case("BEGIN") {
+                        open = Some((header.timestamp() as u64 * 1000, Vec::new()));
+                    } else if text.eq_ignore_ascii_case("COMMIT") {
+                        commit(&mut open)?;
+                    } else if open.is_none() {
+                        // A statement outside a transaction (DDL): a boundary.
+                        self.boundary.store(end, Ordering::Relaxed);
+                    }
+                }
+                Some(EventData::XidEvent(_)) => commit(&mut open)?,
+                Some(EventData::RowsEvent(rows)) => {
+                    let Some(tme) = stream.get_tme(rows.table_id()) else {
+                        return Err(CaptureFailure::permanent(format!(
+                            "a row event of table id {} before its table map (binlog at {end:#x})",
+                            rows.table_id()
+                        )));
+                    };
+                    let (db, name) = (tme.database_name(), tme.table_name());
+                    let Some(index) = self
+                        .tables
+                        .iter()
+                        .position(|t| t.database == db && t.name.table == name)
+                    else {
+                        continue;
+                    };
+                    let t = &self.tables[index];
+                    if tme.columns_count() as usize != t.encoder.columns.len() {
+                        return Err(CaptureFailure::permanent(format!(
+                            "the columns of {} changed (the binlog's row has {} columns, the capture {}): a MariaDB capture follows no column change yet; capture into a new topic",
+                            t.quoted(),
+                            tme.columns_count(),
+                            t.encoder.columns.len()
+                        )));
+                    }
+                    let Some((_, changes)) = open.as_mut() else {
+                        return Err(CaptureFailure::permanent(format!(
+                            "a row change of {} outside a transaction (binlog at {end:#x})",
+                            t.quoted()
+                        )));
+                    };
+                    for r in rows.rows(tme) {
+                        let (before, after) = r.map_err(|e| {
+                            CaptureFailure::permanent_from(
+                                format!("decoding a row of {}", t.quoted()),
+                                e,
+                            )
+                        })?;
+                        let encode = |row: mysql::binlog::row::BinlogRow| {
+                            let v = values(row).map_err(|m| {
+                                CaptureFailure::permanent(format!("a row of {}: {m}", t.quoted()))
+                            })?;
+                            t.encoder.encode(&v).map_err(|e| {
+                                CaptureFailure::permanent_from(
+                                    format!(
+                                        "encoding a row of {} (binlog at {end:#x})",
+                                        t.quoted()
+                                    ),
+                                    e,
+                                )
+                            })
+                        };
+                        let change = match (&rows, before, after) {
+                            (RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_), _, Some(a)) => {
+                                let (row, key) = encode(a)?;
+                                RowChange::Insert { key, row }
+                            }
+                            (RowsEventData::DeleteRowsEvent(_) | RowsEventData::DeleteRowsEventV1(_), Some(b), _) => {
+                                let (row, key) = encode(b)?;
+                                RowChange::Delete { key, row }
+                            }
+                            (_, Some(b), Some(a)) => {
+                                let (old_row, old_key) = encode(b)?;
+                                let (new_row, new_key) = encode(a)?;
+                                RowChange::Update {
+                                    old_key,
+                                    old_row,
+                                    new_key,
+                                    new_row,
+                                }
+                            }
+                            _ => {
+                                return Err(CaptureFailure::permanent(format!(
+                                    "a row event of {} without the images it needs (binlog_row_image = FULL?)",
+                                    t.quoted()
+                                )))
+                            }
+                        };
+                        changes.push(SourceEvent::Change {
+                            table: index as TableIndex,
+                            change,
+                        });
+                    }
+                }
+                // Table maps are kept by the stream; format descriptions, heartbeats, MariaDB's
+                // own events (GTID lists, annotations, checkpoints) carry nothing captured.
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The MariaDB (and MySQL-protocol) source of `kafka-backfill capture`: the same capture loop
+//! ([`crate::capture::run_session`]) and Kafka log as PostgreSQL's, fed by a binlog.
+//!
+//! This module owns what is MariaDB's: the preconditions (each a named error saying how to fix it),
+//! a table's columns and key from `information_schema`, the snapshot in one consistent snapshot
+//! with its binlog position (`START TRANSACTION WITH CONSISTENT SNAPSHOT`, then
+//! `binlog_snapshot_file` / `binlog_snapshot_position`), and a binlog position as the core's
+//! [`Lsn`]. `types.rs` is the one MariaDB → Avro mapping, `binlog.rs` the replication port,
+//! `job.rs` the session. It must not decide what the core decides (barriers, checkpoints,
+//! resume rules) and must not import the service.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use mysql::prelude::Queryable;
+use mysql::Value;
+
+use crate::config::TableName;
+use crate::core::capture::Lsn;
+
+pub mod binlog;
+pub mod job;
+pub mod types;
+
+use types::{MyColumn, MyEncoder, MyType};
+
+pub use crate::config::{is_mariadb_url, mariadb_opts as opts};
+
+/// Connects, with the session in UTC (a `timestamp` reads as UTC) and text in each column's own
+/// character set.
+pub fn connect(url: &str) -> Result<mysql::Conn> {
+    let opts = opts(url).map_err(|m| anyhow::anyhow!(m))?;
+    let where_ = format!("{}:{}", opts.get_ip_or_hostname(), opts.get_tcp_port());
+    let mut conn =
+        mysql::Conn::new(opts).with_context(|| format!("connecting to MariaDB at {where_}"))?;
+    // Results in each column's own character set (no conversion): the binlog carries a value
+    // in it, so the snapshot and the stream decode the same bytes.
+    conn.query_drop("SET time_zone = '+00:00', NAMES utf8mb4, character_set_results = NULL")
+        .context("setting the session's time zone and character set")?;
+    Ok(conn)
+}
+
+/// The database of `table`: its schema, or the URL's database when it has none (`public`).
+pub fn database_of(table: &TableName, url: &str) -> String {
+    if table.schema == "public" {
+        opts(url)
+            .ok()
+            .and_then(|o| o.get_db_name().map(str::to_string))
+            .unwrap_or_else(|| table.schema.clone())
+    } else {
+        table.schema.clone()
+    }
+}
+
+/// A captured table as the capture reads it.
+#[derive(Clone, Debug)]
+pub struct MyTable {
+    pub database: String,
+    pub name: TableName,
+    pub encoder: MyEncoder,
+    pub primary_key: Vec<String>,
+}
+
+impl MyTable {
+    /// `database`.`table`, quoted.
+    pub fn quoted(&self) -> String {
+        format!("{}.{}", quote(&self.database), quote(&self.name.table))
+    }
+
+    /// The snapshot's `SELECT` of every column, in column order.
+    fn select(&self) -> String {
+        let cols: Vec<String> = self
+            .encoder
+            .columns
+            .iter()
+            .map(|c| c.ty.select(&quote(&c.name)))
+            .collect();
+        format!("SELECT {} FROM {}", cols.join(", "), self.quoted())
+    }
+}
+
+fn quote(s: &str) -> String {
+    format!("`{}`", s.replace('`', "``"))
+}
+
+/// Checks the server's binary log settings, each failure naming its fix.
+pub fn check_server(conn: &mut mysql::Conn, client_server_id: u32) -> Result<()> {
+    type Settings = (Option<String>, Option<String>, Option<String>, Option<u32>);
+    let row: Option<Settings> =
+        conn.query_first("SELECT @@log_bin, @@binlog_format, @@binlog_row_image, @@server_id")?;
+    let (log_bin, format, image, server_id) = row.context("the server answered no settings")?;
+    if log_bin.as_deref() != Some("1") && log_bin.as_deref() != Some("ON") {
+        bail!("the server's binary log is off (log_bin): capture reads the binlog; start MariaDB with --log-bin");
+    }
+    if format.as_deref() != Some("ROW") {
+        bail!("the server's binlog_format is {}: capture needs ROW (SET GLOBAL binlog_format = 'ROW', and in the server's configuration)", format.unwrap_or_default());
+    }
+    if image.as_deref() != Some("FULL") {
+        bail!("the server's binlog_row_image is {}: capture needs FULL (SET GLOBAL binlog_row_image = 'FULL', and in the server's configuration)", image.unwrap_or_default());
+    }
+    if server_id == Some(client_server_id) {
+        bail!("capture.server_id {client_server_id} is the server's own server_id: a binlog client needs a server_id no server of the replication topology has");
+    }
+    Ok(())
+}
+
+/// Reads `table`'s columns and primary key (inside the snapshot's transaction for the copy, so
+/// they are the snapshot's).
+pub fn table_info(conn: &mut mysql::Conn, database: &str, table: &TableName) -> Result<MyTable> {
+    #[allow(clippy::type_complexity)]
+    let cols: Vec<(String, String, String, String, Option<u64>, Option<u64>, Option<String>)> = conn.exec(
+        "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE, CHARACTER_SET_NAME \
+         FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+        (database, &table.table),
+    )?;
+    if cols.is_empty() {
+        bail!(
+            "table {database}.{} does not exist (or the capture's user cannot see it)",
+            table.table
+        );
+    }
+    let mut columns = Vec::new();
+    for (name, data_type, column_type, nullable, p, s, charset) in cols {
+        let ty = MyType::from_catalog(
+            &data_type.to_lowercase(),
+            &column_type.to_lowercase(),
+            p,
+            s,
+            charset.as_deref(),
+        )
+        .map_err(|m| anyhow::anyhow!("table {database}.{}, column {name}: {m}", table.table))?;
+        columns.push(MyColumn {
+            name,
+            ty,
+            nullable: nullable == "YES",
+        });
+    }
+    let key_names: Vec<String> = conn.exec(
+        "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
+        (database, &table.table),
+    )?;
+    if key_names.is_empty() {
+        bail!("table {database}.{} has no primary key: capture keys every row by it (ALTER TABLE … ADD PRIMARY KEY)", table.table);
+    }
+    let key = key_names
+        .iter()
+        .map(|k| {
+            columns
+                .iter()
+                .position(|c| &c.name == k)
+                .context("a key column that is no column")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(MyTable {
+        database: database.to_string(),
+        name: table.clone(),
+        encoder: MyEncoder { columns, key },
+        primary_key: key_names,
+    })
+}
+
+/// A binlog file's sequence number: `mariadb-bin.000042` → 42.
+pub fn file_seq(file: &str) -> Result<u32> {
+    file.rsplit_once('.')
+        .and_then(|(_, n)| n.parse().ok())
+        .with_context(|| format!("binlog file name {file:?} does not end in .<number>"))
+}
+
+/// The position as the core's [`Lsn`]: the file's sequence number above the byte position.
+pub fn lsn(seq: u32, pos: u64) -> Lsn {
+    ((seq as u64) << 32) | (pos & 0xffff_ffff)
+}
+
+/// `base.NNNNNN` and the byte position of `lsn`.
+pub fn position(base: &str, lsn: Lsn) -> (String, u64) {
+    (format!("{base}.{:06}", lsn >> 32), lsn & 0xffff_ffff)
+}
+
+/// `lsn` as `file:position`, for logs and errors.
+pub fn format_lsn(base: &str, lsn: Lsn) -> String {
+    let (f, p) = position(base, lsn);
+    format!("{f}:{p}")
+}
+
+/// The base name of the server's binlog files, and the files it still has.
+pub fn binlogs(conn: &mut mysql::Conn) -> Result<(String, Vec<String>)> {
+    let rows: Vec<mysql::Row> = conn.query("SHOW BINARY LOGS").context("SHOW BINARY LOGS")?;
+    let files: Vec<String> = rows
+        .into_iter()
+        .filter_map(|r| r.get::<String, _>(0))
+        .collect();
+    let base = files
+        .last()
+        .and_then(|f| f.rsplit_once('.').map(|(b, _)| b.to_string()))
+        .context("the server lists no binary log")?;
+    Ok((base, files))
+}
+
+/// What a snapshot read: the consistent binlog position, the server's clock and the rows read.
+pub struct Snapshot {
+    pub lsn: Lsn,
+    pub now_ms: u64,
+    pub rows: u64,
+}
+
+/// Reads every table of `tables` in one consistent snapshot, calling `row(table index, datum,
+/// key)` per row, and returns the binlog position the snapshot is at: the stream continues there.
+pub fn snapshot(
+    url: &str,
+    tables: &[MyTable],
+    mut row: impl FnMut(usize, &[u8], &[u8]) -> Result<()>,
+) -> Result<Snapshot> {
+    let mut conn = connect(url)?;
+    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")?;
+    conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .context("starting the consistent snapshot")?;
+    let status: Vec<(String, String)> = conn
+        .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        .context("reading the snapshot's binlog position")?;
+    let get = |name: &str| {
+        status
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .with_context(|| format!("the server reports no {name} (MariaDB has it; MySQL needs a global read lock, not supported)"))
+    };
+    let file = get("Binlog_snapshot_file")?;
+    let pos: u64 = get("Binlog_snapshot_position")?.parse()?;
+    let now_ms: u64 = conn
+        .query_first::<u64, _>("SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED)")?
+        .context("the server's clock")?;
+    let mut rows = 0u64;
+    for (i, t) in tables.iter().enumerate() {
+        let now = table_info(&mut conn, &t.database, &t.name)?;
+        if now.encoder != t.encoder {
+            bail!(
+                "the columns of {} changed since the capture started; start it again",
+                t.quoted()
+            );
+        }
+        let mut result = conn
+            .exec_iter(t.select(), ())
+            .with_context(|| format!("reading {}", t.quoted()))?;
+        for r in result.by_ref() {
+            let values: Vec<Value> = r?.unwrap();
+            let (datum, key) = t
+                .encoder
+                .encode(&values)
+                .with_context(|| format!("a row of {}", t.quoted()))?;
+            row(i, &datum, &key)?;
+            rows += 1;
+        }
+    }
+    conn.query_drop("COMMIT")?;
+    Ok(Snapshot {
+        lsn: lsn(file_seq(&file)?, pos),
+        now_ms,
+        rows,
+    })
+}
+
+/// The table as it is now, encoded by the capture's mapping: key bytes → row datum (for `verify`).
+pub fn read_table(url: &str, table: &TableName) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+    let mut conn = connect(url)?;
+    let t = table_info(&mut conn, &database_of(table, url), table)?;
+    let mut rows = BTreeMap::new();
+    snapshot(url, std::slice::from_ref(&t), |_, datum, key| {
+        rows.insert(key.to_vec(), datum.to_vec());
+        Ok(())
+    })?;
+    Ok(rows)
+}
