@@ -78,6 +78,7 @@ impl ReplicationPort for MyReplication {
         let (tx, rx) = sync_channel(16);
         let reader = Reader {
             tables: self.tables.clone(),
+            base: self.base.clone(),
             boundary: self.boundary.clone(),
             stop: self.stop.clone(),
             tx,
@@ -128,10 +129,90 @@ impl ReplicationPort for MyReplication {
 
 struct Reader {
     tables: Arc<Vec<MyTable>>,
+    base: String,
     boundary: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     tx: SyncSender<Result<Vec<SourceEvent>, CaptureFailure>>,
     seq: u32,
+}
+
+/// What a statement outside a transaction does to the captured tables.
+#[derive(Debug, PartialEq, Eq)]
+enum Ddl {
+    /// Nothing (or it names none of them).
+    Other,
+    /// `TRUNCATE [TABLE] t` of the captured table at this index.
+    Truncate(usize),
+    /// Any other statement naming the captured table at this index.
+    Changes(usize),
+}
+
+/// Reads a statement run in database `db`: which captured table it names, and whether it is a
+/// TRUNCATE of it. A name is matched as an identifier (quoted or bare, with or without its
+/// database), never as part of a longer one.
+fn ddl(text: &str, db: &str, tables: &[MyTable]) -> Ddl {
+    let words = identifiers(text);
+    let Some(first) = words.first() else {
+        return Ddl::Other;
+    };
+    let named = |w: &str| {
+        tables.iter().position(|t| {
+            let (wdb, wt) = w.rsplit_once('.').unwrap_or((db, w));
+            wt.eq_ignore_ascii_case(&t.name.table) && wdb.eq_ignore_ascii_case(&t.database)
+        })
+    };
+    if first.eq_ignore_ascii_case("truncate") {
+        let target = match words.get(1) {
+            Some(w) if w.eq_ignore_ascii_case("table") => words.get(2),
+            other => other,
+        };
+        if let Some(i) = target.and_then(|w| named(w)) {
+            return Ddl::Truncate(i);
+        }
+    }
+    match words.iter().find_map(|w| named(w)) {
+        Some(i) => Ddl::Changes(i),
+        None => Ddl::Other,
+    }
+}
+
+/// The statement's words and identifiers, backquotes removed and `a`.`b` joined as `a.b`.
+fn identifiers(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = text.chars().peekable();
+    let flush = |cur: &mut String, out: &mut Vec<String>| {
+        if !cur.is_empty() {
+            out.push(std::mem::take(cur));
+        }
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '`' => {
+                while let Some(q) = chars.next() {
+                    if q == '`' {
+                        if chars.peek() == Some(&'`') {
+                            chars.next();
+                            cur.push('`');
+                        } else {
+                            break;
+                        }
+                    } else {
+                        cur.push(q);
+                    }
+                }
+            }
+            '.' => cur.push('.'),
+            c if c.is_alphanumeric() || c == '_' || c == '$' => cur.push(c),
+            _ => flush(&mut cur, &mut out),
+        }
+    }
+    flush(&mut cur, &mut out);
+    out
+}
+
+fn cut(s: &str) -> String {
+    s.chars().take(120).collect()
 }
 
 /// A binlog row image as the mapping's values.
@@ -212,8 +293,39 @@ impl Reader {
                     } else if text.eq_ignore_ascii_case("COMMIT") {
                         commit(&mut open)?;
                     } else if open.is_none() {
-                        // A statement outside a transaction (DDL): a boundary.
-                        self.boundary.store(end, Ordering::Relaxed);
+                        // A statement outside a transaction (DDL). TRUNCATE of a captured table is
+                        // carried as a transaction of its own; any other statement naming one
+                        // (ALTER, RENAME, DROP, …) stops the capture before a row of another shape
+                        // is read with the old mapping. Otherwise a boundary.
+                        let db = q.schema();
+                        match ddl(text, &db, &self.tables) {
+                            Ddl::Other => self.boundary.store(end, Ordering::Relaxed),
+                            Ddl::Truncate(index) => {
+                                let start = end - header.event_size() as u64;
+                                let events = vec![
+                                    SourceEvent::Begin {
+                                        final_lsn: start,
+                                        commit_ms: header.timestamp() as u64 * 1000,
+                                    },
+                                    SourceEvent::Truncate {
+                                        tables: vec![index as TableIndex],
+                                    },
+                                    SourceEvent::Commit { end_lsn: end },
+                                ];
+                                if self.tx.send(Ok(events)).is_err() {
+                                    return Ok(());
+                                }
+                                self.boundary.store(end, Ordering::Relaxed);
+                            }
+                            Ddl::Changes(index) => {
+                                return Err(CaptureFailure::permanent(format!(
+                                    "{} changed ({:?} at binlog {}): a MariaDB capture follows no change of its tables yet; capture into a new topic",
+                                    self.tables[index].quoted(),
+                                    cut(text),
+                                    super::format_lsn(&self.base, end)
+                                )));
+                            }
+                        }
                     }
                 }
                 Some(EventData::XidEvent(_)) => commit(&mut open)?,
@@ -305,5 +417,50 @@ impl Reader {
                 _ => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::mariadb::types::MyEncoder;
+    use crate::config::TableName;
+
+    fn table(db: &str, name: &str) -> MyTable {
+        MyTable {
+            database: db.into(),
+            name: TableName {
+                schema: db.into(),
+                table: name.into(),
+            },
+            encoder: MyEncoder {
+                columns: Vec::new(),
+                key: Vec::new(),
+            },
+            primary_key: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn statements_are_told_by_the_tables_they_name() {
+        let tables = [table("shop", "t"), table("shop", "orders")];
+        assert_eq!(ddl("TRUNCATE TABLE `t`", "shop", &tables), Ddl::Truncate(0));
+        assert_eq!(
+            ddl("truncate shop.orders", "other", &tables),
+            Ddl::Truncate(1)
+        );
+        assert_eq!(ddl("TRUNCATE `shop`.`t`", "x", &tables), Ddl::Truncate(0));
+        assert_eq!(
+            ddl("ALTER TABLE t MODIFY v bigint", "shop", &tables),
+            Ddl::Changes(0)
+        );
+        assert_eq!(
+            ddl("RENAME TABLE orders TO o2", "shop", &tables),
+            Ddl::Changes(1)
+        );
+        // Another database's t, a longer name, a table of another database named in passing.
+        assert_eq!(ddl("TRUNCATE t", "other", &tables), Ddl::Other);
+        assert_eq!(ddl("ALTER TABLE t2 ADD c int", "shop", &tables), Ddl::Other);
+        assert_eq!(ddl("CREATE TABLE x (t int)", "other", &tables), Ddl::Other);
     }
 }

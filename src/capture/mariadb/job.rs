@@ -175,6 +175,21 @@ fn session(
                     job.topic, recorded, tables
                 ));
             }
+            // Types too: a column retyped since would be read with a mapping the log's row
+            // schema does not have.
+            for (t, (schema, then)) in s
+                .tables
+                .iter()
+                .zip(s.schemas.iter().zip(manifest_schemas(&s.dir)))
+            {
+                if schema.json != then {
+                    return refuse(format!(
+                        "the columns of {} are now {}, captured as {then}: a MariaDB capture follows no change of its tables yet; capture into a new topic",
+                        t.quoted(),
+                        schema.json
+                    ));
+                }
+            }
             if record.system_id != system {
                 return refuse(format!(
                     "the source is {system}, the log was captured from {}: another server (a restore or failover); capture into a new topic",
@@ -209,6 +224,23 @@ fn session(
         }
     }
     result.map(|_| ())
+}
+
+/// The row schemas the snapshot folder's manifest (or its pending one) records, in the log's
+/// order; none when it has neither (a capture whose snapshot is elsewhere).
+fn manifest_schemas(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read(dir.join("manifest.json"))
+        .or_else(|_| std::fs::read(dir.join(PENDING_MANIFEST)));
+    let Ok(m) = text.map(|t| serde_json::from_slice::<serde_json::Value>(&t)) else {
+        return Vec::new();
+    };
+    let Ok(m) = m else {
+        return Vec::new();
+    };
+    match m["tables"].as_array() {
+        Some(tables) => tables.iter().map(|t| t["row_schema"].clone()).collect(),
+        None => vec![m["row_schema"].clone()],
+    }
 }
 
 /// Reads every table in one consistent snapshot into sorted per-vnode files in the snapshot
