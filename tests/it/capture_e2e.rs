@@ -947,15 +947,15 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
 /// What the pgbench checker saw: samples of the published replica, each read in one read
 /// transaction of the store (see [`Replica::sampler`]).
 #[derive(Default, Debug)]
-struct Sums {
+pub(crate) struct Sums {
     /// Samples taken while a replica was published (`kb_publication.visible_epoch` set).
-    published: u64,
+    pub(crate) published: u64,
     /// Of them, the samples whose four sums disagreed, with the first few.
-    torn: u64,
-    first_torn: Vec<(i64, [i64; 4])>,
+    pub(crate) torn: u64,
+    pub(crate) first_torn: Vec<(i64, [i64; 4])>,
     /// The distinct published epochs seen, in the order seen; one going back is a failure too.
-    epochs: Vec<i64>,
-    went_back: u64,
+    pub(crate) epochs: Vec<i64>,
+    pub(crate) went_back: u64,
 }
 
 /// One sample of the replica: the published epoch (`None` before the first publication) and
@@ -964,7 +964,7 @@ type Sampler = Box<dyn FnMut() -> Result<(Option<i64>, [i64; 4]), String>>;
 
 /// Where the pgbench replica is, for the checker.
 #[derive(Clone)]
-enum Replica {
+pub(crate) enum Replica {
     /// The SQLite file; tables `accounts`, `tellers`, `branches`, `history`.
     Sqlite(std::path::PathBuf),
     /// The PostgreSQL store's URL and the suffix of its four tables' names.
@@ -1033,7 +1033,7 @@ impl Replica {
 
 /// Samples Σ abalance, Σ tbalance, Σ bbalance, Σ delta of the replica (job `job`) continuously,
 /// each in one read transaction with the published epoch, until `stop`.
-fn pgbench_checker(
+pub(crate) fn pgbench_checker(
     replica: Replica,
     job: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -1096,7 +1096,7 @@ fn four_tables_source(name: &str, workers: u32) -> (SourceDb, Fixture) {
 
 /// Writes `f`'s configuration as one job of pgbench's four tables (store tables named with
 /// `suffix`) and their capture from `url`, with `capture_extra` keys in `[jobs.capture]`.
-fn four_tables_config(f: &Fixture, url: &str, suffix: &str, capture_extra: &str) {
+pub(crate) fn four_tables_config(f: &Fixture, url: &str, suffix: &str, capture_extra: &str) {
     let text = std::fs::read_to_string(&f.config).unwrap();
     let table_line = text
         .lines()

@@ -74,7 +74,7 @@ impl ReplicationPort for MyReplication {
         }
         conn.query_drop("SET @master_heartbeat_period = 1000000000")
             .map_err(|e| CaptureFailure::transient_from("setting the binlog heartbeat", e))?;
-        self.boundary.store(lsn, Ordering::Relaxed);
+        self.boundary.store(lsn, Ordering::SeqCst);
         let (tx, rx) = sync_channel(16);
         let reader = Reader {
             tables: self.tables.clone(),
@@ -112,10 +112,25 @@ impl ReplicationPort for MyReplication {
                 self.next(idle)
             }
             Ok(Err(e)) => Err(e),
-            Err(RecvTimeoutError::Timeout) => Ok(SourceEvent::Idle {
-                wal_end: self.boundary.load(Ordering::Relaxed),
-                now_ms: crate::capture::pg::unix_ms(),
-            }),
+            Err(RecvTimeoutError::Timeout) => {
+                // The boundary first, then the channel once more: the reader stores a boundary
+                // only after sending the transactions before it, so a boundary read here with
+                // nothing in the channel has every transaction before it delivered. Read the
+                // other way round, a transaction sent in between would be reported as passed
+                // and dropped by the assembler (found by tests/it/capture_mariadb.rs's TPC-B run).
+                let wal_end = self.boundary.load(Ordering::SeqCst);
+                match rx.try_recv() {
+                    Ok(Ok(events)) => {
+                        self.queue.extend(events);
+                        self.next(idle)
+                    }
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Ok(SourceEvent::Idle {
+                        wal_end,
+                        now_ms: crate::capture::pg::unix_ms(),
+                    }),
+                }
+            }
             Err(RecvTimeoutError::Disconnected) => {
                 Err(CaptureFailure::transient("the binlog reader stopped"))
             }
@@ -211,6 +226,21 @@ fn identifiers(text: &str) -> Vec<String> {
     out
 }
 
+/// The sequence number of binlog file `name` of `base` (`base.NNNNNN`, the checksum's 4 bytes
+/// possibly after it).
+fn rotated_seq(name: &str, base: &str) -> Option<u32> {
+    let rest = name
+        .as_bytes()
+        .strip_prefix(format!("{base}.").as_bytes())?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    // Six digits then the checksum: the checksum's own bytes may look like digits.
+    let n = if rest.len() == 10 { 6 } else { digits };
+    std::str::from_utf8(&rest[..n.min(digits)])
+        .ok()?
+        .parse()
+        .ok()
+}
+
 fn cut(s: &str) -> String {
     s.chars().take(120).collect()
 }
@@ -274,16 +304,22 @@ impl Reader {
                             }
                         }
                     }
-                    self.boundary.store(end, Ordering::Relaxed);
+                    self.boundary.store(end, Ordering::SeqCst);
                     Ok(())
                 };
             match data {
-                // The server's first event is an artificial rotate to the file asked for (sent
-                // before the format description, so its name may carry the checksum's bytes):
-                // the position is known already. A real one moves to the next file.
-                Some(EventData::RotateEvent(r)) if header.timestamp() != 0 => {
-                    self.seq = super::file_seq(&r.name())
-                        .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
+                // A rotate names the file the next events are in: a real one ends a file, an
+                // artificial one (timestamp 0) starts the stream and follows a server restart. An
+                // artificial one comes before the format description, so its name may still carry
+                // the 4 checksum bytes: the number is read from the base name's digits only.
+                Some(EventData::RotateEvent(r)) => {
+                    self.seq = rotated_seq(&r.name(), &self.base).ok_or_else(|| {
+                        CaptureFailure::permanent(format!(
+                            "binlog rotate to {:?}, not a file of {}",
+                            r.name(),
+                            self.base
+                        ))
+                    })?;
                 }
                 Some(EventData::QueryEvent(q)) => {
                     let text = q.query();
@@ -299,7 +335,7 @@ impl Reader {
                         // is read with the old mapping. Otherwise a boundary.
                         let db = q.schema();
                         match ddl(text, &db, &self.tables) {
-                            Ddl::Other => self.boundary.store(end, Ordering::Relaxed),
+                            Ddl::Other => self.boundary.store(end, Ordering::SeqCst),
                             Ddl::Truncate(index) => {
                                 let start = end - header.event_size() as u64;
                                 let events = vec![
@@ -315,7 +351,7 @@ impl Reader {
                                 if self.tx.send(Ok(events)).is_err() {
                                     return Ok(());
                                 }
-                                self.boundary.store(end, Ordering::Relaxed);
+                                self.boundary.store(end, Ordering::SeqCst);
                             }
                             Ddl::Changes(index) => {
                                 return Err(CaptureFailure::permanent(format!(
@@ -439,6 +475,20 @@ mod tests {
             },
             primary_key: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_rotate_names_its_file_with_or_without_the_checksum() {
+        assert_eq!(rotated_seq("mariadb-bin.000042", "mariadb-bin"), Some(42));
+        assert_eq!(
+            rotated_seq("mariadb-bin.0000427\u{1}x9", "mariadb-bin"),
+            Some(42)
+        );
+        assert_eq!(
+            rotated_seq("mariadb-bin.1000000", "mariadb-bin"),
+            Some(1_000_000)
+        );
+        assert_eq!(rotated_seq("other.000001", "mariadb-bin"), None);
     }
 
     #[test]

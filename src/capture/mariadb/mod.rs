@@ -31,8 +31,23 @@ pub use crate::config::{is_mariadb_url, mariadb_opts as opts};
 pub fn connect(url: &str) -> Result<mysql::Conn> {
     let opts = opts(url).map_err(|m| anyhow::anyhow!(m))?;
     let where_ = format!("{}:{}", opts.get_ip_or_hostname(), opts.get_tcp_port());
-    let mut conn =
-        mysql::Conn::new(opts).with_context(|| format!("connecting to MariaDB at {where_}"))?;
+    // A connection the server drops in its handshake (seen right after a capture holding a
+    // binlog dump was killed) is tried again, up to 8 times a quarter second apart.
+    let mut attempt = 0;
+    let mut conn = loop {
+        match mysql::Conn::new(opts.clone()) {
+            Ok(c) => break c,
+            Err(mysql::Error::IoError(_)) if attempt < 8 => {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+            Err(e) => {
+                return Err(
+                    anyhow::Error::new(e).context(format!("connecting to MariaDB at {where_}"))
+                )
+            }
+        }
+    };
     // Results in each column's own character set (no conversion): the binlog carries a value
     // in it, so the snapshot and the stream decode the same bytes.
     conn.query_drop("SET time_zone = '+00:00', NAMES utf8mb4, character_set_results = NULL")
