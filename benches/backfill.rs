@@ -16,6 +16,8 @@ mod cpu;
 mod dba_copy;
 #[path = "backfill/many_tables.rs"]
 mod many_tables;
+#[path = "backfill/mariadb.rs"]
+mod mariadb;
 #[path = "backfill/peer.rs"]
 mod peer;
 #[path = "backfill/pg_ceiling.rs"]
@@ -1393,7 +1395,7 @@ fn main() {
         log_topics,
     };
     // The table of sections, in the order they run; `--only` picks among them.
-    let sections: [(&str, Section); 19] = [
+    let sections: [(&str, Section); 20] = [
         ("log", sections::log),
         ("snapshot", sections::snapshot),
         ("commit", sections::commit),
@@ -1413,6 +1415,7 @@ fn main() {
         ("several-tables", sections::several_tables),
         ("dba-copy", sections::dba_copy),
         ("many-tables", sections::many_tables),
+        ("mariadb", sections::mariadb),
     ];
     // Each section's wall time, printed and in the JSON: what a smaller `--ci` run should trim.
     let mut seconds = serde_json::Map::new();

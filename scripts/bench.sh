@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark: starts the real broker and a durable PostgreSQL (fsync=on, synchronous_commit=on),
+# The benchmark: starts the real broker and a durable PostgreSQL (fsync=on, synchronous_commit=on)
+# (section mariadb starts a durable MariaDB: sync_binlog=1, innodb_flush_log_at_trx_commit=1),
 # builds the binary, runs the harness (benches/backfill.rs), which prints every figure with what it
 # measures and every target with met/missed, and writes JSON (--json FILE, default
 # target/bench/results.json).
@@ -8,7 +9,7 @@
 #   scripts/bench.sh --quick    a tenth of that, one repetition each
 #   scripts/bench.sh --ci       just enough to prove every section still runs (.ci/run uses it;
 #                               never judged on a time). KB_BENCH_PROFILE=dev reuses the test build
-# Extra flags: --only log,snapshot,commit,memory,single-file,recreate,reschedule,adaptive,scale,consistency,pg-key,pg-ceiling,capture,schema,several-tables,staging,peer,dba-copy,many-tables
+# Extra flags: --only log,snapshot,commit,memory,single-file,recreate,reschedule,adaptive,scale,consistency,pg-key,pg-ceiling,capture,schema,several-tables,staging,peer,dba-copy,many-tables,mariadb
 #              --reps N
 #              --log-changes N --snapshot-rows N --memory-small N --memory-large N
 #              --single-file-small N --single-file-large N --commit-samples N --json FILE

@@ -1085,3 +1085,22 @@ pub fn many_tables(c: &Ctx, r: &mut Report) {
     };
     many_tables::run(&c.a.bin, &c.bootstrap, &c.pg, &c.pg_label, &sizes, r);
 }
+
+/// Section `mariadb` (`mariadb.rs`): the MariaDB capture against mariadb-dump and mariadb-binlog.
+pub fn mariadb(c: &Ctx, r: &mut Report) {
+    let sizes = match c.a.size {
+        "full" => mariadb::Sizes {
+            rows: 1_000_000,
+            changes: 1_000_000,
+        },
+        "quick" => mariadb::Sizes {
+            rows: 200_000,
+            changes: 200_000,
+        },
+        _ => mariadb::Sizes {
+            rows: 20_000,
+            changes: 10_000,
+        },
+    };
+    mariadb::run(&c.a.bin, &c.bootstrap, &sizes, r);
+}

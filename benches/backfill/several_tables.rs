@@ -159,7 +159,7 @@ fn log_count(log: &Path, needle: &str) -> usize {
 }
 
 /// Waits until `log` holds `needle` `n` times (the process must stay up).
-fn wait_log(child: &mut Child, log: &Path, needle: &str, n: usize) {
+pub(super) fn wait_log(child: &mut Child, log: &Path, needle: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(1800);
     while log_count(log, needle) < n {
         if let Some(s) = child.try_wait().unwrap() {

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 
 use super::log::{read_state, KafkaLog, StateRecord};
 use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
-use super::report::{CaptureBoard, CaptureMeter, CaptureReport};
+use super::report::{CaptureBoard, CaptureMeter, CaptureReport, Positions};
 use super::snapshots::{CopySpec, CopyTable, OnDemand};
 use super::{run_session, CaptureFailure, CaptureObserver, SessionStats};
 use crate::codec::{LogCodec, TableSchema};
@@ -32,6 +32,8 @@ pub(super) struct Progress {
     pub(super) meter: Arc<dyn CaptureMeter>,
     /// Told each time a session finds the snapshot published (`manifest.json` written).
     pub(super) published: Option<Published>,
+    /// How the source's positions read (set by the MariaDB capture).
+    pub(super) positions: Positions,
 }
 
 /// Tells [`InProcess::start`] that a job's capture has published its snapshot.
@@ -68,6 +70,7 @@ impl Progress {
             board,
             meter,
             published,
+            positions: Positions::Wal,
         }
     }
 
@@ -99,14 +102,19 @@ impl CaptureObserver for Progress {
             stats.transactions - self.counted.transactions,
             stats.changes - self.counted.changes,
         );
+        let source = stats.source_lsn.max(state.lsn);
+        let lag_bytes = self.positions.lag_bytes(state.lsn, source);
         self.meter
-            .committed(&self.job, state, stats, transactions, changes);
+            .committed(&self.job, state, stats, transactions, changes, lag_bytes);
+        let (committed, source) = (
+            self.positions.format(state.lsn),
+            self.positions.format(source),
+        );
         self.set(|r| {
-            let source = stats.source_lsn.max(state.lsn);
             r.state = "streaming";
-            r.committed_lsn = pg::format_lsn(state.lsn);
-            r.source_lsn = pg::format_lsn(source);
-            r.lag_bytes = source - state.lsn;
+            r.committed_lsn = committed.clone();
+            r.source_lsn = source;
+            r.lag_bytes = lag_bytes;
             if stats.last_source_commit_ms > 0 {
                 r.last_source_commit_unix_ms = stats.last_source_commit_ms;
             }
@@ -116,12 +124,12 @@ impl CaptureObserver for Progress {
         });
         self.counted = *stats;
         let now = unix_ms();
-        tracing::debug!(job = %self.job, lsn = %pg::format_lsn(state.lsn), epoch = state.epoch.0, checkpoint = state.checkpoints, "capture checkpoint committed");
+        tracing::debug!(job = %self.job, lsn = %committed, epoch = state.epoch.0, checkpoint = state.checkpoints, "capture checkpoint committed");
         if now.saturating_sub(self.last_log_ms) >= 10_000 || state.checkpoints <= 1 {
             self.last_log_ms = now;
             tracing::info!(
                 job = %self.job,
-                lsn = %pg::format_lsn(state.lsn),
+                lsn = %committed,
                 epoch = state.epoch.0,
                 checkpoints = state.checkpoints,
                 transactions = stats.transactions,
@@ -434,39 +442,28 @@ fn session(
     checkpoints: &mut (Option<u64>, Option<u64>),
 ) -> Result<(), CaptureFailure> {
     let job = s.job;
-    let codecs = s
-        .tables
-        .iter()
-        .map(|t| LogCodec::new(t.table_schema.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
     let tables: Vec<(String, Vec<String>)> = s
         .tables
         .iter()
         .map(|t| (t.table.to_string(), t.columns.clone()))
         .collect();
+    let schemas: Vec<TableSchema> = s.tables.iter().map(|t| t.table_schema.clone()).collect();
     let template = StateRecord::fresh(&job.name, s.slot.clone(), &tables);
-
-    let mut log = KafkaLog::connect(
+    let (mut log, committed) = open_log(
+        job,
         &s.props,
-        &job.name,
-        &job.topic,
         s.partitions,
-        codecs,
+        &schemas,
         template,
-    )
-    .map_err(transient("connecting to Kafka"))?;
-    let (name, meter) = (job.name.clone(), progress.meter.clone());
-    log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
+        progress,
+        &s.dir,
+    )?;
     log.on_snapshot_placed = Some(on_demand.placed_sender());
     log.published = Some(on_demand.published.clone());
-    let committed = read_state(&s.props, &job.topic, &job.name)
-        .map_err(transient("reading the capture's state"))?;
     on_demand.session_started(committed.as_ref());
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
     let slot_state = pg::slot_state(&mut client, &s.slot)
         .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
-    log.snapshot_dir = Some(s.dir.clone());
     let in_kafka = job
         .capture
         .as_ref()
@@ -598,9 +595,45 @@ fn session(
         progress,
     );
     checkpoints.1 = Some(a.committed().checkpoints);
+    end_session(job, &mut log, result)
+}
+
+/// A session's Kafka log, connected (which fences every older producer of the job), its commit
+/// times told to the meter and its snapshot folder set, and the state Kafka really committed
+/// (none on a fresh start). Both sources' sessions start here.
+pub(super) fn open_log(
+    job: &JobConfig,
+    props: &BTreeMap<String, String>,
+    partitions: u32,
+    schemas: &[TableSchema],
+    template: StateRecord,
+    progress: &Progress,
+    dir: &Path,
+) -> Result<(KafkaLog, Option<StateRecord>), CaptureFailure> {
+    let codecs = schemas
+        .iter()
+        .map(|t| LogCodec::new(t.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
+    let mut log = KafkaLog::connect(props, &job.name, &job.topic, partitions, codecs, template)
+        .map_err(transient("connecting to Kafka"))?;
+    let (name, meter) = (job.name.clone(), progress.meter.clone());
+    log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
+    log.snapshot_dir = Some(dir.to_path_buf());
+    let committed = read_state(props, &job.topic, &job.name)
+        .map_err(transient("reading the capture's state"))?;
+    Ok((log, committed))
+}
+
+/// Ends a session with its loop's `result`: after a failure the open Kafka transaction is aborted
+/// within a bound (nothing past the last checkpoint is committed, and the next session's producer
+/// would abort it anyway, so the wait is short).
+pub(super) fn end_session<T>(
+    job: &JobConfig,
+    log: &mut KafkaLog,
+    result: Result<T, CaptureFailure>,
+) -> Result<(), CaptureFailure> {
     if result.is_err() {
-        // Nothing past the last checkpoint is committed; the next session's producer would abort it
-        // anyway (init_transactions), so the wait is short.
         if let Err(abort) = log.abort_within(super::log::ABORT_AFTER_FAILURE) {
             tracing::warn!(job = %job.name, error = %abort, "aborting the open Kafka transaction");
         }
@@ -608,22 +641,23 @@ fn session(
     result.map(|_| ())
 }
 
-/// The row schema in force at `epoch` (the manifest's, or the last version announced from an
-/// epoch at or before it) and the encoder of its columns, which are the catalog's first ones.
-fn in_force(
-    s: &Setup,
+/// The row schema (Avro JSON) of a one-table capture in force at `epoch`: the last version
+/// announced into `dir` from an epoch at or before it, else the manifest's, else `catalog` (a
+/// capture whose manifest is not written yet). Both sources resume with it.
+pub(super) fn schema_in_force(
+    dir: &Path,
     epoch: Epoch,
-) -> Result<(super::types::RowEncoder, TableSchema), CaptureFailure> {
-    let t = &s.tables[0];
+    catalog: &str,
+) -> Result<String, CaptureFailure> {
     let permanent = |e: String| CaptureFailure::permanent(e);
-    let manifest = s.dir.join("manifest.json");
+    let manifest = dir.join("manifest.json");
     let mut schema = match std::fs::read(&manifest) {
         Ok(text) => serde_json::from_slice::<serde_json::Value>(&text)
             .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?["row_schema"]
             .to_string(),
-        Err(_) => t.table_schema.json.to_string(),
+        Err(_) => catalog.to_string(),
     };
-    let versions = crate::snapshot::versions::read(&s.dir).map_err(|e| permanent(e.to_string()))?;
+    let versions = crate::snapshot::versions::read(dir).map_err(|e| permanent(e.to_string()))?;
     if let Some(v) = versions
         .iter()
         .filter(|v| v.from_epoch <= epoch)
@@ -631,6 +665,18 @@ fn in_force(
     {
         schema = v.row_schema.clone();
     }
+    Ok(schema)
+}
+
+/// The row schema in force at `epoch` ([`schema_in_force`]) and the encoder of its columns, which
+/// are the catalog's first ones.
+fn in_force(
+    s: &Setup,
+    epoch: Epoch,
+) -> Result<(super::types::RowEncoder, TableSchema), CaptureFailure> {
+    let t = &s.tables[0];
+    let permanent = |e: String| CaptureFailure::permanent(e);
+    let schema = schema_in_force(&s.dir, epoch, &t.table_schema.json.to_string())?;
     let table =
         TableSchema::parse(&schema, &t.info.primary_key).map_err(|e| permanent(e.to_string()))?;
     let catalog = &t.info.encoder.columns;

@@ -17,11 +17,12 @@ use super::SessionStats;
 pub struct CaptureReport {
     /// `starting`, `snapshot`, `streaming`, `retrying` or `stopped`.
     pub state: &'static str,
-    /// The last committed (and acknowledged) source position, PostgreSQL's text form.
+    /// The last committed (and acknowledged) source position: PostgreSQL's LSN text form, or
+    /// MariaDB's `binlog-file:offset`.
     pub committed_lsn: String,
-    /// The source's position as last heard.
+    /// The source's position as last heard, in the same form.
     pub source_lsn: String,
-    /// WAL bytes between them.
+    /// WAL (or binlog) bytes between them ([`Positions::lag_bytes`]).
     pub lag_bytes: u64,
     /// Commit time (Unix ms) of the last source transaction read.
     pub last_source_commit_unix_ms: u64,
@@ -31,12 +32,45 @@ pub struct CaptureReport {
     pub last_error: Option<String>,
 }
 
+/// How a source's positions (the core's `Lsn`) read: PostgreSQL's WAL positions, or MariaDB's
+/// binlog file number above the byte offset in it (`capture::mariadb::lsn`).
+#[derive(Clone, Debug)]
+pub enum Positions {
+    Wal,
+    /// `base`: the binlog's base name (`mariadb-bin`), for `mariadb-bin.000003:1234`.
+    Binlog {
+        base: String,
+    },
+}
+
+impl Positions {
+    /// `lsn` as an operator reads it.
+    pub fn format(&self, lsn: u64) -> String {
+        match self {
+            Positions::Wal => super::pg::format_lsn(lsn),
+            Positions::Binlog { base } => super::mariadb::format_lsn(base, lsn),
+        }
+    }
+
+    /// The bytes from `committed` to `source`: across binlog files, the bytes written to the
+    /// source's file so far (a lower bound: the earlier files' sizes are not known here).
+    pub fn lag_bytes(&self, committed: u64, source: u64) -> u64 {
+        let source = source.max(committed);
+        match self {
+            Positions::Wal => source - committed,
+            Positions::Binlog { .. } if source >> 32 == committed >> 32 => source - committed,
+            Positions::Binlog { .. } => source & 0xffff_ffff,
+        }
+    }
+}
+
 /// Job → its capture's report.
 pub type CaptureBoard = Arc<Mutex<BTreeMap<String, CaptureReport>>>;
 
 /// What a capture counts, told as it happens (the service's metrics implement it; tests may count).
 pub trait CaptureMeter: Send + Sync {
-    /// A checkpoint committed, with the source transactions and changes since the last one.
+    /// A checkpoint committed, with the source transactions and changes since the last one and
+    /// the source's lag behind it ([`Positions::lag_bytes`]).
     fn committed(
         &self,
         job: &str,
@@ -44,6 +78,7 @@ pub trait CaptureMeter: Send + Sync {
         stats: &SessionStats,
         transactions: u64,
         changes: u64,
+        lag_bytes: u64,
     );
     /// A session failed transiently and will resume from the last checkpoint.
     fn restarted(&self, job: &str);

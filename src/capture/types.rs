@@ -186,20 +186,12 @@ impl RowEncoder {
             );
         }
         encode_fields(self.columns.len(), &self.key, |i, datum| {
-            let (c, v) = (&self.columns[i], &values[i]);
-            match (v, c.nullable) {
-                (None, true) => put_long(datum, 0),
-                (None, false) => bail!("column {} is NULL but NOT NULL", c.name),
-                (Some(text), nullable) => {
-                    if nullable {
-                        put_long(datum, 1);
-                    }
-                    encode_value(&c.ty, text, datum).with_context(|| {
-                        format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text))
-                    })?;
-                }
-            }
-            Ok(())
+            let c = &self.columns[i];
+            put_field(datum, &c.name, c.nullable, values[i], |text, datum| {
+                encode_value(&c.ty, text, datum).with_context(|| {
+                    format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text))
+                })
+            })
         })
     }
 }
@@ -224,6 +216,31 @@ pub(crate) fn encode_fields(
         out.extend_from_slice(&datum[s..e]);
     }
     Ok((datum, out))
+}
+
+/// One field of a row datum: a nullable column's union branch (0 for NULL, 1 then the value),
+/// the value encoded by `encode`; a NULL in a NOT NULL column is an error naming `column`. Both
+/// sources' encoders write their fields through here.
+pub(crate) fn put_field<V>(
+    datum: &mut Vec<u8>,
+    column: &str,
+    nullable: bool,
+    value: Option<V>,
+    encode: impl FnOnce(V, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    match value {
+        None if nullable => {
+            put_long(datum, 0);
+            Ok(())
+        }
+        None => bail!("column {column} is NULL but NOT NULL"),
+        Some(v) => {
+            if nullable {
+                put_long(datum, 1);
+            }
+            encode(v, datum)
+        }
+    }
 }
 
 fn cut(s: &str) -> String {

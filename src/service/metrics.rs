@@ -248,6 +248,7 @@ impl crate::capture::report::CaptureMeter for CaptureMetrics {
         stats: &crate::capture::SessionStats,
         transactions: u64,
         changes: u64,
+        lag_bytes: u64,
     ) {
         let m = &self.0;
         m.capture_lsn
@@ -259,7 +260,7 @@ impl crate::capture::report::CaptureMeter for CaptureMetrics {
             .set(source as i64);
         m.capture_lag_bytes
             .with_label_values(&[job])
-            .set((source - state.lsn) as i64);
+            .set(lag_bytes as i64);
         if stats.last_source_commit_ms > 0 {
             m.capture_last_source_commit
                 .with_label_values(&[job])

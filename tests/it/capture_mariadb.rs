@@ -182,6 +182,74 @@ fn mariadb_types_key_moves_a_rotation_and_a_kill_9_stay_exact() {
     stop_capture(&mut capture);
 }
 
+/// Columns added at the end of a one-table MariaDB capture, nullable without a default, are new
+/// row-schema versions as in PostgreSQL's capture (a statement in the binlog, followed by reading
+/// the catalog); a statement that leaves the columns as they were (an index) changes nothing; a
+/// `kill -9` between two versions resumes with the one in force; the replica ends equal to the
+/// source with the new columns; a column added with a default stops the capture naming it, and
+/// its restart stops for the same reason.
+#[test]
+fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
+    let _serial = serial();
+    let _mariadb = mariadb_lane();
+    let db = database("my-cols");
+    sql(
+        &db.name,
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT seq, seq FROM seq_1_to_1000",
+    );
+    let f = capture_fixture("cap-my-cols", &db.url, "t");
+    f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
+    let mut capture = spawn_capture(&f, "c1");
+    capture.wait_for("capture checkpoint committed", MIN);
+    let mut run = f.spawn_run("r1", &[]);
+    sql(
+        &db.name,
+        "ALTER TABLE t ADD COLUMN note varchar(20) NULL;          UPDATE t SET note = CONCAT('n', id) WHERE id % 7 = 0;          ALTER TABLE t ADD INDEX iv (v); INSERT INTO t (id, v) VALUES (5000, 1)",
+    );
+    capture.wait_for("schema version announced", MIN);
+    capture.signal("KILL");
+    capture.wait_exit(MIN);
+    let mut capture = spawn_capture(&f, "c2");
+    capture.wait_for("capture checkpoint committed", MIN);
+    sql(
+        &db.name,
+        "ALTER TABLE t ADD COLUMN tier bigint unsigned;          UPDATE t SET tier = id * 1099511627776 WHERE id % 5 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    assert_exact(&f, 1001, MIN);
+    let log = f.check_log();
+    assert!(log.contains("3 row-schema versions: 0 violations"), "{log}");
+    let columns: Vec<Vec<String>> =
+        f.sql("SELECT name FROM pragma_table_info('accounts') ORDER BY cid");
+    let columns: Vec<&str> = columns
+        .iter()
+        .map(|c| c[0].as_str())
+        .filter(|c| !c.starts_with("_kb_"))
+        .collect();
+    assert_eq!(columns, ["id", "v", "note", "tier"]);
+    // A column with a default: the rows already there hold a value the log cannot carry.
+    sql(
+        &db.name,
+        "ALTER TABLE t ADD COLUMN flag int DEFAULT 1; UPDATE t SET v = 2 WHERE id = 1",
+    );
+    assert!(!capture.wait_exit(MIN).success());
+    let reason = "column flag was added with a default or NOT NULL";
+    assert!(
+        capture.log_text().contains(reason),
+        "{}",
+        tail(&capture.log_text())
+    );
+    let mut again = spawn_capture(&f, "c3");
+    assert!(!again.wait_exit(MIN).success());
+    assert!(
+        again.log_text().contains(reason),
+        "{}",
+        tail(&again.log_text())
+    );
+    run.signal("TERM");
+    run.wait_exit(MIN);
+}
+
 /// What a MariaDB capture cannot carry stops it naming the table and the way out.
 #[test]
 fn mariadb_refusals_name_the_fix() {
@@ -198,6 +266,31 @@ fn mariadb_refusals_name_the_fix() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(text.contains("has no primary key"), "{text}");
+    // A user that may read the table but not the binlog is told the grant it needs.
+    let user = db.name.replace("cap_", "kb_");
+    sql(
+        &db.name,
+        &format!(
+            "CREATE USER '{user}'@'%'; GRANT SELECT ON {}.* TO '{user}'@'%'; CREATE TABLE k (id int PRIMARY KEY)",
+            db.name
+        ),
+    );
+    let url = db.url.replacen("root@", &format!("{user}@"), 1);
+    assert_ne!(url, db.url, "the URL names root: {}", db.url);
+    let f = capture_fixture("cap-my-grants", &url, "k");
+    let out = Command::new(BIN)
+        .args(["capture", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    sql(&db.name, &format!("DROP USER '{user}'@'%'"));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("lacks REPLICATION SLAVE and BINLOG MONITOR")
+            && text.contains("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.*"),
+        "{text}"
+    );
     // A column added mid-stream stops the capture, naming the table.
     sql(&db.name, "CREATE TABLE t (id int PRIMARY KEY, v int)");
     sql(&db.name, "INSERT INTO t VALUES (1, 1)");
@@ -210,23 +303,24 @@ fn mariadb_refusals_name_the_fix() {
     let log = capture.log_text();
     assert!(
         log.contains("changed (\"ALTER TABLE t MODIFY v bigint\"")
-            && log.contains("follows no change of its tables yet"),
+            && log.contains("a column was retyped"),
         "{}",
         tail(&log)
     );
-    // Restarted, it stops again for the same reason before reading a row of the new shape.
+    // Restarted, it stops again before reading a row of the new shape.
     let mut again = spawn_capture(&f, "c2");
     assert!(!again.wait_exit(MIN).success());
     assert!(
         again
             .log_text()
-            .contains("follows no change of its tables yet"),
+            .contains("only columns added at the end, nullable without a default, are followed"),
         "{}",
         tail(&again.log_text())
     );
 }
 
-/// pgbench's four tables in MariaDB: 1 branch, 10 tellers, 10,000 accounts, an empty history.
+/// pgbench's four tables in MariaDB: 1 branch, 10 tellers, 200,000 accounts (enough that a
+/// `kill -9` lands inside the copy), an empty history.
 fn tpcb_init(db: &str) {
     sql(
         db,
@@ -236,7 +330,7 @@ fn tpcb_init(db: &str) {
          CREATE TABLE pgbench_history (hid bigint AUTO_INCREMENT PRIMARY KEY, tid int, bid int, aid int, delta int NOT NULL, mtime datetime(6)); \
          INSERT INTO pgbench_branches VALUES (1, 0, NULL); \
          INSERT INTO pgbench_tellers SELECT seq, 1, 0, NULL FROM seq_1_to_10; \
-         INSERT INTO pgbench_accounts SELECT seq, 1, 0, NULL FROM seq_1_to_10000",
+         INSERT INTO pgbench_accounts SELECT seq, 1, 0, NULL FROM seq_1_to_200000",
     );
 }
 
@@ -295,7 +389,8 @@ fn wait_load(child: &mut Child) {
 /// Issue 44's proof in small: pgbench's four tables in MariaDB under a TPC-B-like load, captured
 /// into one log and materialised by one job of all four at whole epochs (`consistency = "epoch"`,
 /// two workers); a reader of the replica finds Σ abalance = Σ tbalance = Σ bbalance = Σ delta at
-/// every published sample while the capture is killed with `kill -9` mid-stream, MariaDB restarts
+/// every published sample while the capture is killed with `kill -9` during the copy and mid-stream,
+/// MariaDB restarts
 /// under it and the binlog rotates; at the end every table equals its source.
 #[test]
 fn mariadb_tpcb_four_tables_keep_the_sums_equal_across_kill_9_a_restart_and_a_rotation() {
@@ -312,6 +407,18 @@ fn mariadb_tpcb_four_tables_keep_the_sums_equal_across_kill_9_a_restart_and_a_ro
     four_tables_config(&f, &db.url, "", "");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let checker = pgbench_checker(Replica::Sqlite(f.db()), f.name.clone(), stop.clone());
+    // kill -9 during the copy: nothing was committed, so the next start copies again.
+    let mut capture = spawn_capture(&f, "c0");
+    capture.wait_for("reading the tables in one consistent snapshot", MIN);
+    capture.signal("KILL");
+    capture.wait_exit(MIN);
+    assert!(
+        !capture
+            .log_text()
+            .contains("snapshot read in one consistent snapshot"),
+        "the kill came after the copy had finished: {}",
+        tail(&capture.log_text())
+    );
     let mut capture = spawn_capture(&f, "c1");
     capture.wait_for("capture checkpoint committed", MIN);
     let mut load = tpcb_load(&db.name, 600, 150, 1);
@@ -337,7 +444,7 @@ fn mariadb_tpcb_four_tables_keep_the_sums_equal_across_kill_9_a_restart_and_a_ro
     wait_load(&mut load);
     let report = verify_job_eventually(&f, None, MIN);
     for (table, rows) in [
-        ("accounts", 10_000),
+        ("accounts", 200_000),
         ("tellers", 10),
         ("branches", 1),
         ("history", 1_200),

@@ -10,6 +10,7 @@
 //! capture resumes is a named permanent error.
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use crate::core::capture::{Lsn, RowChange, SourceEvent, TableIndex};
 /// The binlog stream of the captured tables.
 pub struct MyReplication {
     url: String,
+    snapshot_dir: PathBuf,
     server_id: u32,
     base: String,
     tables: Arc<Vec<MyTable>>,
@@ -38,9 +40,18 @@ pub struct MyReplication {
 }
 
 impl MyReplication {
-    pub fn new(url: &str, server_id: u32, base: &str, tables: Vec<MyTable>) -> Self {
+    /// `tables` with the columns in force at the resume position; `snapshot_dir` holds the
+    /// capture's manifest and announced schema versions.
+    pub fn new(
+        url: &str,
+        server_id: u32,
+        base: &str,
+        tables: Vec<MyTable>,
+        snapshot_dir: &Path,
+    ) -> Self {
         MyReplication {
             url: url.to_string(),
+            snapshot_dir: snapshot_dir.to_path_buf(),
             server_id,
             base: base.to_string(),
             tables: Arc::new(tables),
@@ -77,7 +88,9 @@ impl ReplicationPort for MyReplication {
         self.boundary.store(lsn, Ordering::SeqCst);
         let (tx, rx) = sync_channel(16);
         let reader = Reader {
-            tables: self.tables.clone(),
+            tables: self.tables.as_ref().clone(),
+            url: self.url.clone(),
+            snapshot_dir: self.snapshot_dir.clone(),
             base: self.base.clone(),
             boundary: self.boundary.clone(),
             stop: self.stop.clone(),
@@ -143,7 +156,12 @@ impl ReplicationPort for MyReplication {
 }
 
 struct Reader {
-    tables: Arc<Vec<MyTable>>,
+    /// The captured tables with the columns the binlog's rows have now (a column added is
+    /// followed here: [`Reader::columns_added`]).
+    tables: Vec<MyTable>,
+    url: String,
+    /// Where announced schema versions are found again (a replayed ALTER announces none twice).
+    snapshot_dir: PathBuf,
     base: String,
     boundary: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -259,6 +277,79 @@ fn values(row: mysql::binlog::row::BinlogRow) -> Result<Vec<Value>, String> {
 }
 
 impl Reader {
+    /// A statement named captured table `index`: the table's columns as the catalog has them now
+    /// against the capture's. The same columns are no change (`None`); columns added at the end,
+    /// each nullable without a default, of a one-table capture are a new schema version (its
+    /// event, and the reader's mapping moves to the new columns); anything else is the reason
+    /// the capture stops (docs/CAPTURE.md, "MariaDB"). The catalog is read after the statement:
+    /// if the table changed again since, a later row's column count differs and stops the
+    /// capture before it is read with a wrong mapping.
+    fn columns_added(&mut self, index: usize) -> Result<Option<SourceEvent>, String> {
+        let t = &self.tables[index];
+        let mut conn = super::connect(&self.url).map_err(|e| crate::error::line(&e))?;
+        let now = super::table_info(&mut conn, &t.database, &t.name)
+            .map_err(|e| crate::error::line(&e))?;
+        let names = |t: &MyTable| -> Vec<String> {
+            t.encoder.columns.iter().map(|c| c.name.clone()).collect()
+        };
+        let (ours, theirs) = (names(t), names(&now));
+        if now.encoder == t.encoder {
+            return Ok(None);
+        }
+        let ours_: Vec<&str> = ours.iter().map(String::as_str).collect();
+        let theirs_: Vec<&str> = theirs.iter().map(String::as_str).collect();
+        let n = ours.len();
+        let followed =
+            crate::core::capture::columns_followed(self.tables.len() > 1, &ours_, &theirs_)
+                .and_then(|()| {
+                    if now.encoder.columns[..n] == t.encoder.columns[..]
+                        && now.encoder.key == t.encoder.key
+                    {
+                        Ok(())
+                    } else {
+                        Err("a column was retyped; only columns added at the end are followed")
+                    }
+                });
+        if let Err(why) = followed {
+            return Err(format!(
+                "its columns are now {theirs:?}, captured {ours:?}: {why} (nothing after the last checkpoint is committed; capture into a new topic)"
+            ));
+        }
+        for c in &now.encoder.columns[n..] {
+            let default: Option<Option<String>> = conn
+                .exec_first(
+                    "SELECT COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+                    (&t.database, &t.name.table, &c.name),
+                )
+                .map_err(|e| format!("reading the catalog: {e}"))?;
+            let no_default = matches!(default.flatten().as_deref(), None | Some("NULL"));
+            if !c.nullable || !no_default {
+                return Err(format!(
+                    "column {} was added with a default or NOT NULL: the rows already there hold a value the log cannot carry; add it nullable without a default (then UPDATE it, which the log carries)",
+                    c.name
+                ));
+            }
+        }
+        let row_schema = super::types::row_schema(&t.name.to_string(), &now.encoder.columns);
+        let table = crate::codec::TableSchema::parse(&row_schema.to_string(), &now.primary_key)
+            .map_err(|e| e.to_string())?;
+        let fingerprint = crate::codec::LogCodec::new(table)
+            .map_err(|e| e.to_string())?
+            .fingerprint_hex();
+        let announced = crate::snapshot::versions::read(&self.snapshot_dir)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|v| v.named_fingerprint.as_deref() == Some(fingerprint.as_str()))
+            .map(|v| v.from_epoch);
+        tracing::info!(table = %now.quoted(), columns = ?theirs, "columns added at the end: a new schema version");
+        self.tables[index].encoder = now.encoder;
+        Ok(Some(SourceEvent::SchemaChange {
+            row_schema: row_schema.to_string(),
+            announced,
+            now_ms: crate::capture::pg::unix_ms(),
+        }))
+    }
+
     fn run(mut self, stream: mysql::BinlogStream) {
         if let Err(e) = self.read(stream) {
             // The port gone means nobody waits for the error.
@@ -354,12 +445,34 @@ impl Reader {
                                 self.boundary.store(end, Ordering::SeqCst);
                             }
                             Ddl::Changes(index) => {
-                                return Err(CaptureFailure::permanent(format!(
-                                    "{} changed ({:?} at binlog {}): a MariaDB capture follows no change of its tables yet; capture into a new topic",
-                                    self.tables[index].quoted(),
-                                    cut(text),
-                                    super::format_lsn(&self.base, end)
-                                )));
+                                let at = super::format_lsn(&self.base, end);
+                                let table = self.tables[index].quoted();
+                                let refuse = |why: String| {
+                                    CaptureFailure::permanent(format!(
+                                        "{table} changed ({:?} at binlog {at}): {why}",
+                                        cut(text),
+                                    ))
+                                };
+                                let Some(change) = self.columns_added(index).map_err(refuse)?
+                                else {
+                                    // Named, but its columns are as they were (an index, a
+                                    // comment, another table's statement): a boundary.
+                                    self.boundary.store(end, Ordering::SeqCst);
+                                    continue;
+                                };
+                                let start = end - header.event_size() as u64;
+                                let events = vec![
+                                    SourceEvent::Begin {
+                                        final_lsn: start,
+                                        commit_ms: header.timestamp() as u64 * 1000,
+                                    },
+                                    change,
+                                    SourceEvent::Commit { end_lsn: end },
+                                ];
+                                if self.tx.send(Ok(events)).is_err() {
+                                    return Ok(());
+                                }
+                                self.boundary.store(end, Ordering::SeqCst);
                             }
                         }
                     }
@@ -383,7 +496,7 @@ impl Reader {
                     let t = &self.tables[index];
                     if tme.columns_count() as usize != t.encoder.columns.len() {
                         return Err(CaptureFailure::permanent(format!(
-                            "the columns of {} changed (the binlog's row has {} columns, the capture {}): a MariaDB capture follows no column change yet; capture into a new topic",
+                            "the columns of {} changed (the binlog's row has {} columns, the capture {}) without a statement the capture followed; capture into a new topic",
                             t.quoted(),
                             tme.columns_count(),
                             t.encoder.columns.len()

@@ -14,14 +14,16 @@ use super::binlog::MyReplication;
 use super::types::row_schema;
 use super::MyTable;
 use crate::capture::job::{
-    finish_manifest, log_partitions, retry, transient, write_durably, Progress, PENDING_MANIFEST,
+    end_session, finish_manifest, log_partitions, open_log, retry, schema_in_force, transient,
+    write_durably, Progress, PENDING_MANIFEST,
 };
-use crate::capture::log::{read_state, KafkaLog, StateRecord};
+use crate::capture::log::StateRecord;
 use crate::capture::pg::unix_ms;
+use crate::capture::report::Positions;
 use crate::capture::{run_session, CaptureFailure};
-use crate::codec::{LogCodec, TableSchema};
+use crate::codec::TableSchema;
 use crate::config::{JobConfig, TableName};
-use crate::core::capture::{Assembler, CaptureConfig};
+use crate::core::capture::{columns_followed, Assembler, CaptureConfig};
 use crate::core::{vnode_of, Epoch, PartitionMap};
 use crate::shutdown::CancellationToken;
 use crate::snapshot::files::{Manifest, ManifestTable, SortedWriter, TablesManifest};
@@ -119,31 +121,19 @@ fn session(
     checkpoints: &mut (Option<u64>, Option<u64>),
 ) -> Result<(), CaptureFailure> {
     let job = s.job;
-    let codecs = s
-        .schemas
-        .iter()
-        .map(|t| LogCodec::new(t.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
     let tables: Vec<(String, Vec<String>)> = (0..s.tables.len())
         .map(|i| (s.tables[i].name.to_string(), s.columns(i)))
         .collect();
     let template = StateRecord::fresh(&job.name, format!("binlog client {}", s.server_id), &tables);
-
-    let mut log = KafkaLog::connect(
+    let (mut log, committed) = open_log(
+        job,
         &s.props,
-        &job.name,
-        &job.topic,
         s.partitions,
-        codecs,
+        &s.schemas,
         template,
-    )
-    .map_err(transient("connecting to Kafka"))?;
-    let (name, meter) = (job.name.clone(), progress.meter.clone());
-    log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
-    log.snapshot_dir = Some(s.dir.clone());
-    let committed = read_state(&s.props, &job.topic, &job.name)
-        .map_err(transient("reading the capture's state"))?;
+        progress,
+        &s.dir,
+    )?;
     let mut conn = super::connect(&s.url).map_err(transient("connecting to MariaDB"))?;
     let (base, _) = super::binlogs(&mut conn).map_err(transient("listing the binary logs"))?;
     let server: Option<u32> =
@@ -152,6 +142,10 @@ fn session(
     drop(conn);
     // What says "the same server" across restarts: its server_id and binlog base name.
     let system = format!("mariadb server_id {} binlog {base}", server.unwrap_or(0));
+    progress.positions = Positions::Binlog { base: base.clone() };
+    // The tables as the stream resumes with them: the catalog's, or (one table) the columns of
+    // the row schema in force at the resume epoch.
+    let mut streams = s.tables.clone();
     let (mut a, initial) = match committed {
         None => {
             progress.set(|r| r.state = "snapshot");
@@ -164,29 +158,24 @@ fn session(
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
             let recorded = record.tables();
+            let several = tables.len() > 1;
             if recorded.len() != tables.len()
-                || recorded
-                    .iter()
-                    .zip(&tables)
-                    .any(|(r, n)| r.0 != n.0 || r.1 != n.1.as_slice())
+                || recorded.iter().zip(&tables).any(|(r, n)| r.0 != n.0)
             {
                 return refuse(format!(
-                    "the log of topic {} was captured from {:?}, the tables are now {:?}: a MariaDB capture follows no change of its tables or their columns yet; capture into a new topic",
-                    job.topic, recorded, tables
+                    "the log of topic {} was captured from {:?}, the tables are now {:?}: a MariaDB capture follows no change of its tables yet; capture into a new topic",
+                    job.topic,
+                    recorded.iter().map(|r| r.0).collect::<Vec<_>>(),
+                    tables.iter().map(|t| &t.0).collect::<Vec<_>>()
                 ));
             }
-            // Types too: a column retyped since would be read with a mapping the log's row
-            // schema does not have.
-            for (t, (schema, then)) in s
-                .tables
-                .iter()
-                .zip(s.schemas.iter().zip(manifest_schemas(&s.dir)))
-            {
-                if schema.json != then {
+            for ((name, captured), (_, now)) in recorded.iter().zip(&tables) {
+                // Columns added since are a statement the binlog brings next (a new version).
+                let captured: Vec<&str> = captured.iter().map(String::as_str).collect();
+                let now: Vec<&str> = now.iter().map(String::as_str).collect();
+                if let Err(why) = columns_followed(several, &captured, &now) {
                     return refuse(format!(
-                        "the columns of {} are now {}, captured as {then}: a MariaDB capture follows no change of its tables yet; capture into a new topic",
-                        t.quoted(),
-                        schema.json
+                        "the columns of {name} are now {now:?}, captured as {captured:?}: {why}; capture into a new topic"
                     ));
                 }
             }
@@ -202,12 +191,34 @@ fn session(
             if let Some(p) = &progress.published {
                 p.tell();
             }
+            streams = if several {
+                // Types too: a column retyped since would be read with a mapping the log's
+                // row schema does not have.
+                for (t, (schema, then)) in s
+                    .tables
+                    .iter()
+                    .zip(s.schemas.iter().zip(manifest_schemas(&s.dir)))
+                {
+                    if schema.json != then {
+                        return refuse(format!(
+                            "the columns of {} are now {}, captured as {then}: a capture of several tables follows no schema change yet; capture into a new topic",
+                            t.quoted(),
+                            schema.json
+                        ));
+                    }
+                }
+                s.tables.clone()
+            } else {
+                let (table, schema) = in_force(s, record.state.epoch)?;
+                log.use_table(schema).map_err(permanent)?;
+                vec![table]
+            };
             log.record = record.clone();
             (Assembler::resume(s.config, s.map, record.state), Vec::new())
         }
     };
     checkpoints.0 = Some(a.committed().checkpoints);
-    let mut repl = MyReplication::new(&s.url, s.server_id, &base, s.tables.clone());
+    let mut repl = MyReplication::new(&s.url, s.server_id, &base, streams, &s.dir);
     let result = run_session(
         &mut a,
         initial,
@@ -218,12 +229,31 @@ fn session(
         progress,
     );
     checkpoints.1 = Some(a.committed().checkpoints);
-    if result.is_err() {
-        if let Err(abort) = log.abort_within(crate::capture::log::ABORT_AFTER_FAILURE) {
-            tracing::warn!(job = %job.name, error = %abort, "aborting the open Kafka transaction");
-        }
+    end_session(job, &mut log, result)
+}
+
+/// The one table with the columns of the row schema in force at `epoch` (the catalog's first
+/// ones, their types unchanged), and that schema.
+fn in_force(s: &Setup, epoch: Epoch) -> Result<(MyTable, TableSchema), CaptureFailure> {
+    let t = &s.tables[0];
+    let schema = schema_in_force(&s.dir, epoch, &s.schemas[0].json.to_string())?;
+    let table = TableSchema::parse(&schema, &t.primary_key)
+        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
+    let n = table.columns.len();
+    let catalog = &t.encoder.columns;
+    let prefix = &catalog[..n.min(catalog.len())];
+    let then: serde_json::Value = serde_json::from_str(&schema)
+        .map_err(|e| CaptureFailure::permanent(format!("the row schema in force: {e}")))?;
+    if n > catalog.len() || row_schema(&t.name.to_string(), prefix) != then {
+        return Err(CaptureFailure::permanent(format!(
+            "the columns of {} are now {}, the log's row schema at epoch {epoch} is {then}: only columns added at the end, nullable without a default, are followed; capture into a new topic",
+            t.quoted(),
+            row_schema(&t.name.to_string(), catalog)
+        )));
     }
-    result.map(|_| ())
+    let mut table_now = t.clone();
+    table_now.encoder.columns = prefix.to_vec();
+    Ok((table_now, table))
 }
 
 /// The row schemas the snapshot folder's manifest (or its pending one) records, in the log's
@@ -266,6 +296,7 @@ fn snapshot(s: &Setup) -> Result<(Epoch, u64)> {
             SortedWriter::new(&dir, schema, vnodes)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    tracing::info!(job = %s.job.name, tables = s.tables.len(), "reading the tables in one consistent snapshot");
     let snap = super::snapshot(&s.url, &s.tables, |i, datum, key| {
         writers[i].add(vnode_of(key, vnodes), key, datum)?;
         Ok(())

@@ -116,7 +116,44 @@ pub fn check_server(conn: &mut mysql::Conn, client_server_id: u32) -> Result<()>
     if server_id == Some(client_server_id) {
         bail!("capture.server_id {client_server_id} is the server's own server_id: a binlog client needs a server_id no server of the replication topology has");
     }
+    let grants: Vec<String> = conn
+        .query("SHOW GRANTS")
+        .context("reading the capture user's privileges (SHOW GRANTS)")?;
+    let missing = missing_privileges(&grants);
+    if !missing.is_empty() {
+        let user: Option<String> = conn.query_first("SELECT CURRENT_USER()")?;
+        let user = user.unwrap_or_default();
+        let (name, host) = user.rsplit_once('@').unwrap_or((&user, "%"));
+        bail!(
+            "the capture's user {user} lacks {}: a binlog client needs them (GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{name}'@'{host}'; BINLOG MONITOR is REPLICATION CLIENT before MariaDB 10.5)",
+            missing.join(" and ")
+        );
+    }
     Ok(())
+}
+
+/// The global privileges a binlog client needs that `grants` (the lines of `SHOW GRANTS`, which
+/// include the active role's) do not give: REPLICATION SLAVE for the binlog dump, BINLOG MONITOR
+/// (REPLICATION CLIENT before 10.5, or SUPER) for `SHOW BINARY LOGS`.
+fn missing_privileges(grants: &[String]) -> Vec<&'static str> {
+    let global: Vec<String> = grants
+        .iter()
+        .map(|g| g.to_ascii_uppercase())
+        .filter(|g| g.contains(" ON *.* "))
+        .collect();
+    let has = |any: &[&str]| {
+        global
+            .iter()
+            .any(|g| g.contains("ALL PRIVILEGES") || any.iter().any(|p| g.contains(p)))
+    };
+    let mut missing = Vec::new();
+    if !has(&["REPLICATION SLAVE", "REPLICATION REPLICA"]) {
+        missing.push("REPLICATION SLAVE");
+    }
+    if !has(&["BINLOG MONITOR", "REPLICATION CLIENT", "SUPER"]) {
+        missing.push("BINLOG MONITOR");
+    }
+    missing
 }
 
 /// Reads `table`'s columns and primary key (inside the snapshot's transaction for the copy, so
@@ -285,4 +322,36 @@ pub fn read_table(url: &str, table: &TableName) -> Result<BTreeMap<Vec<u8>, Vec<
         Ok(())
     })?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_privileges_a_binlog_client_lacks_are_named() {
+        let g = |lines: &[&str]| lines.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        assert!(missing_privileges(&g(&[
+            "GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` WITH GRANT OPTION"
+        ]))
+        .is_empty());
+        assert!(missing_privileges(&g(&[
+            "GRANT USAGE ON *.* TO `kb`@`%`",
+            "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `kb`@`%`",
+            "GRANT SELECT ON `shop`.* TO `kb`@`%`",
+        ]))
+        .is_empty());
+        assert_eq!(
+            missing_privileges(&g(&[
+                "GRANT RELOAD, REPLICATION CLIENT ON *.* TO `kb`@`%`",
+                // A database's ALL is not a global privilege.
+                "GRANT ALL PRIVILEGES ON `shop`.* TO `kb`@`%`",
+            ])),
+            vec!["REPLICATION SLAVE"]
+        );
+        assert_eq!(
+            missing_privileges(&g(&["GRANT SELECT ON *.* TO `kb`@`%`"])),
+            vec!["REPLICATION SLAVE", "BINLOG MONITOR"]
+        );
+    }
 }

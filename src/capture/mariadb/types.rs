@@ -27,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use mysql::Value;
 use serde_json::json;
 
-use crate::capture::types::{days_from_civil, decimal_bytes, encode_fields, put_bytes};
+use crate::capture::types::{days_from_civil, decimal_bytes, encode_fields, put_bytes, put_field};
 use crate::codec::varint::put_long;
 
 /// A column's MariaDB type, as far as the mapping knows it.
@@ -231,18 +231,11 @@ impl MyEncoder {
         }
         encode_fields(self.columns.len(), &self.key, |i, datum| {
             let (c, v) = (&self.columns[i], &values[i]);
-            match (v, c.nullable) {
-                (Value::NULL, true) => put_long(datum, 0),
-                (Value::NULL, false) => bail!("column {} is NULL but NOT NULL", c.name),
-                (v, nullable) => {
-                    if nullable {
-                        put_long(datum, 1);
-                    }
-                    encode_value(&c.ty, v, datum)
-                        .with_context(|| format!("column {} ({:?}) value {v:?}", c.name, c.ty))?;
-                }
-            }
-            Ok(())
+            let value = (*v != Value::NULL).then_some(v);
+            put_field(datum, &c.name, c.nullable, value, |v, datum| {
+                encode_value(&c.ty, v, datum)
+                    .with_context(|| format!("column {} ({:?}) value {v:?}", c.name, c.ty))
+            })
         })
     }
 }
