@@ -16,12 +16,13 @@ pub struct VerifyArgs {
     /// The writer's expected/ folder.
     #[arg(long, required_unless_present = "against_source")]
     pub expected: Option<PathBuf>,
-    /// Compare with the job's captured PostgreSQL table as it is now ([jobs.capture]; the
-    /// source quiet and the job caught up) instead of an expected/ folder.
+    /// Compare with the job's captured table (PostgreSQL or MariaDB) as it is now
+    /// ([jobs.capture]; the source quiet and the job caught up) instead of an expected/ folder.
     #[arg(long, conflicts_with = "expected")]
     pub against_source: bool,
     /// While the replica differs, compare again every second for up to this long (a job still
-    /// catching up after its source or writer stopped); 0 compares once.
+    /// catching up after its source or writer stopped; a captured job whose capture has not
+    /// published its snapshot yet is waited for within the same time); 0 compares once.
     #[arg(long, default_value_t = 0)]
     pub within_secs: u64,
     /// Print the report as one JSON object instead (per table for a job of several).
@@ -45,6 +46,8 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let j = pick_job(&config, job.as_deref())?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
+    wait_for_capture(j, deadline);
     let prepared = job::prepare(j, false)?;
     let mut store = (prepared.open_store)()?;
     if !prepared.store_tables.is_empty() {
@@ -176,6 +179,26 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// A captured job's snapshot folder without its manifest yet (its capture still copying): waits
+/// until the manifest is there or `deadline` passes, then `prepare` says what is missing.
+fn wait_for_capture(j: &kafka_backfill::config::JobConfig, deadline: std::time::Instant) {
+    let (Some(c), SnapshotConfig::Files { dir, .. }) = (&j.capture, &j.snapshot) else {
+        return;
+    };
+    let manifest = dir.join("manifest.json");
+    if c.stores_in_kafka() || manifest.exists() || std::time::Instant::now() >= deadline {
+        return;
+    }
+    eprintln!(
+        "verify {}: waiting for its capture to publish {}",
+        j.name,
+        manifest.display()
+    );
+    while !manifest.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// `verify`'s comparison, run again every second while `clean` says it differs, up to

@@ -235,13 +235,21 @@ pub(crate) fn assert_exact(f: &Fixture, rows: u64, within: Duration) -> String {
     report
 }
 
-/// SIGTERM to a capture, which stops at a checkpoint and exits 0.
+/// SIGTERM to a capture, which stops at a checkpoint and exits 0: the capture itself said so,
+/// not the process's shutdown grace running out (a stop under load once hung in the Kafka abort
+/// until the grace, and the process exited 0 all the same).
 pub(crate) fn stop_capture(capture: &mut Runner) {
     capture.signal("TERM");
     assert!(
         capture.wait_exit(MIN).success(),
         "{}",
         tail(&capture.log_text())
+    );
+    let log = capture.log_text();
+    assert!(
+        log.contains("capture stopped at a checkpoint") && !log.contains("grace period over"),
+        "{}",
+        tail(&log)
     );
 }
 

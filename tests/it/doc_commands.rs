@@ -144,9 +144,9 @@ fn the_readme_walk_through_runs_as_written() {
     assert!(out.contains(" 0 missing, 0 extra, 0 different"), "{out}");
 }
 
-/// docs/CAPTURE.md's quick start: pgbench's accounts captured, replayed and compared with the
-/// source. The database, its slot and the topics it creates (the log and the capture's state topic)
-/// are dropped first, as on a fresh machine.
+/// docs/CAPTURE.md's quick starts: pgbench's accounts captured, replayed and compared with the
+/// source, then a MariaDB table the same way. The databases, the slot and the topics they create
+/// (the logs and the captures' state topics) are dropped first, as on a fresh machine.
 #[test]
 fn the_capture_quick_start_runs_as_written() {
     let _g = serial();
@@ -155,8 +155,14 @@ fn the_capture_quick_start_runs_as_written() {
           \"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = 'bench'\" >/dev/null\n\
         dropdb --if-exists -h 127.0.0.1 -p 15432 -U postgres bench\n\
         topics() { scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:19092 \"$@\"; }\n\
-        for t in pgbench-accounts pgbench-accounts.capture; do topics --delete --if-exists --topic $t; done\n\
-        while topics --list | grep -qE '^pgbench-accounts(\\.capture)?$'; do sleep 0.5; done\n";
+        for t in pgbench-accounts pgbench-accounts.capture shop-orders shop-orders.capture; do topics --delete --if-exists --topic $t; done\n\
+        while topics --list | grep -qE '^(pgbench-accounts|shop-orders)(\\.capture)?$'; do sleep 0.5; done\n\
+        scripts/mariadb.sh start >/dev/null\n\
+        mariadb --no-defaults -h 127.0.0.1 -P 13306 -u root -e 'DROP DATABASE IF EXISTS shop'\n";
     let out = run_file("docs/CAPTURE.md", before);
-    assert!(out.contains(" 0 missing, 0 extra, 0 different"), "{out}");
+    assert_eq!(
+        out.matches(" 0 missing, 0 extra, 0 different").count(),
+        2,
+        "both quick starts end exact: {out}"
+    );
 }

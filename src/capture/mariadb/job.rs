@@ -70,17 +70,10 @@ pub(in crate::capture) fn run(
     // The preconditions, once: each failure names its fix.
     let mut conn = super::connect(&url)?;
     super::check_server(&mut conn, server_id)?;
-    let mut tables = Vec::new();
-    let mut schemas = Vec::new();
-    for name in names {
-        let t = super::table_info(&mut conn, &super::database_of(name, &url), name)?;
-        let json = row_schema(&name.to_string(), &t.encoder.columns);
-        schemas.push(TableSchema::parse(&json.to_string(), &t.primary_key)?);
-        tables.push(t);
-    }
+    let (tables, schemas) = catalog(&mut conn, &url, names)?;
     drop(conn);
     let (partitions, map) = log_partitions(job, &props)?;
-    let setup = Setup {
+    let mut setup = Setup {
         job,
         dir: dir.to_path_buf(),
         url,
@@ -104,8 +97,25 @@ pub(in crate::capture) fn run(
         &shown.join(", "),
         stop,
         progress,
-        |progress, checkpoints| session(&setup, stop, progress, checkpoints),
+        |progress, checkpoints| session(&mut setup, stop, progress, checkpoints),
     )
+}
+
+/// The tables' columns and keys as the catalog has them now, and their row schemas.
+fn catalog(
+    conn: &mut mysql::Conn,
+    url: &str,
+    names: &[TableName],
+) -> Result<(Vec<MyTable>, Vec<TableSchema>)> {
+    let mut tables = Vec::new();
+    let mut schemas = Vec::new();
+    for name in names {
+        let t = super::table_info(conn, &super::database_of(name, url), name)?;
+        let json = row_schema(&name.to_string(), &t.encoder.columns);
+        schemas.push(TableSchema::parse(&json.to_string(), &t.primary_key)?);
+        tables.push(t);
+    }
+    Ok((tables, schemas))
 }
 
 fn permanent(e: anyhow::Error) -> CaptureFailure {
@@ -115,7 +125,7 @@ fn permanent(e: anyhow::Error) -> CaptureFailure {
 /// One session: fence every older capture and read what Kafka committed, then a fresh start (the
 /// snapshot) or a resume, then the loop.
 fn session(
-    s: &Setup,
+    s: &mut Setup,
     stop: &CancellationToken,
     progress: &mut Progress,
     checkpoints: &mut (Option<u64>, Option<u64>),
@@ -149,7 +159,23 @@ fn session(
     let (mut a, initial) = match committed {
         None => {
             progress.set(|r| r.state = "snapshot");
-            let (es, consistent) = snapshot(s).map_err(permanent)?;
+            let (es, consistent) = match snapshot(s) {
+                Ok(done) => done,
+                // A table changed between the catalog read and the snapshot (nothing is
+                // committed yet): the next session starts from the catalog as it is now.
+                Err(e) if e.downcast_ref::<super::ColumnsMoved>().is_some() => {
+                    let names: Vec<TableName> = s.tables.iter().map(|t| t.name.clone()).collect();
+                    let mut conn =
+                        super::connect(&s.url).map_err(transient("connecting to MariaDB"))?;
+                    (s.tables, s.schemas) =
+                        catalog(&mut conn, &s.url, &names).map_err(permanent)?;
+                    return Err(CaptureFailure::transient_from(
+                        "taking the first snapshot",
+                        e,
+                    ));
+                }
+                Err(e) => return Err(permanent(e)),
+            };
             log.record.system_id = system;
             log.record.snapshot_epoch = es;
             log.on_initial_commit = Some(progress.publish_on_initial_commit(&s.dir));

@@ -249,6 +249,14 @@ pub fn binlogs(conn: &mut mysql::Conn) -> Result<(String, Vec<String>)> {
     Ok((base, files))
 }
 
+/// A table's columns changed between the capture's catalog read and its snapshot: the caller
+/// reads the catalog again and takes the snapshot again (nothing was committed from it).
+#[derive(Debug, thiserror::Error)]
+#[error("the columns of {table} changed between the catalog read and the snapshot")]
+pub struct ColumnsMoved {
+    pub table: String,
+}
+
 /// What a snapshot read: the consistent binlog position, the server's clock and the rows read.
 pub struct Snapshot {
     pub lsn: Lsn,
@@ -286,10 +294,7 @@ pub fn snapshot(
     for (i, t) in tables.iter().enumerate() {
         let now = table_info(&mut conn, &t.database, &t.name)?;
         if now.encoder != t.encoder {
-            bail!(
-                "the columns of {} changed since the capture started; start it again",
-                t.quoted()
-            );
+            return Err(ColumnsMoved { table: t.quoted() }.into());
         }
         let mut result = conn
             .exec_iter(t.select(), ())
