@@ -43,3 +43,5 @@ if ! command -v helm >/dev/null; then
   GOBIN="$HOME/.local/bin" GOFLAGS=-mod=mod go install helm.sh/helm/v3/cmd/helm@v3.22.0
 fi
 command -v kubernetes-validate >/dev/null || pip install -q kubernetes-validate==1.37.0
+# The MariaDB capture's second reader (scripts/mariadb-second-reader.py): mysql-replication from PyPI.
+python3 -c 'import pymysqlreplication' 2>/dev/null || pip install -q mysql-replication==1.0.17

@@ -1,182 +1,30 @@
-//! One job's capture, wired: preconditions, the fence and the state read, the snapshot on a fresh
-//! start, the resume checks otherwise, and the sessions of [`super::run_session`] with a bounded
-//! retry of transient failures. Owns the process side of the capture; decisions stay in the core.
+//! One job's capture from PostgreSQL, wired: preconditions, the fence and the state read, the
+//! snapshot on a fresh start, the resume checks otherwise, and the sessions of
+//! [`super::run_session`] with the bounded retry of `session.rs`; a MariaDB `source_url` is handed
+//! to `mariadb::job`. Also `InProcess`, the captures of `run --capture`. Owns the process side of
+//! the capture; decisions stay in the core.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use crate::shutdown::{wait_blocking, CancellationToken};
+use crate::shutdown::CancellationToken;
 use anyhow::{bail, Context, Result};
 
-use super::log::{read_state, KafkaLog, StateRecord};
+use super::log::StateRecord;
 use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
-use super::report::{CaptureBoard, CaptureMeter, CaptureReport, Positions};
+use super::report::{CaptureBoard, CaptureMeter};
+use super::session::{
+    end_session, finish_manifest, log_partitions, open_log, retry, schema_in_force, transient,
+    write_durably, Progress, Published, Started, PENDING_MANIFEST,
+};
 use super::snapshots::{CopySpec, CopyTable, OnDemand};
-use super::{run_session, CaptureFailure, CaptureObserver, SessionStats};
-use crate::codec::{LogCodec, TableSchema};
+use super::{run_session, CaptureFailure};
+use crate::codec::TableSchema;
 use crate::config::{JobConfig, SnapshotConfig};
-use crate::core::capture::{Assembler, CaptureConfig, CaptureState};
+use crate::core::capture::{Assembler, CaptureConfig};
 use crate::core::{Epoch, PartitionMap};
-use crate::snapshot::files::{write_manifest, write_tables_manifest, Manifest, TablesManifest};
-
-pub(super) const PENDING_MANIFEST: &str = "manifest.pending.json";
-
-pub(super) struct Progress {
-    job: String,
-    last_log_ms: u64,
-    /// The session totals last counted (a new session starts again from zero).
-    counted: SessionStats,
-    board: CaptureBoard,
-    pub(super) meter: Arc<dyn CaptureMeter>,
-    /// Told each time a session finds the snapshot published (`manifest.json` written).
-    pub(super) published: Option<Published>,
-    /// How the source's positions read (set by the MariaDB capture).
-    pub(super) positions: Positions,
-}
-
-/// Tells [`InProcess::start`] that a job's capture has published its snapshot.
-#[derive(Clone)]
-pub struct Published {
-    job: String,
-    tx: mpsc::Sender<Started>,
-}
-
-impl Published {
-    pub(super) fn tell(&self) {
-        // The receiver is gone once every job it waited for has started: nothing is listening.
-        let _ = self.tx.send(Started::Published(self.job.clone()));
-    }
-}
-
-/// What [`InProcess::start`] waits for, per job.
-enum Started {
-    Published(String),
-    Stopped(String),
-}
-
-impl Progress {
-    fn new(
-        job: &JobConfig,
-        board: CaptureBoard,
-        meter: Arc<dyn CaptureMeter>,
-        published: Option<Published>,
-    ) -> Progress {
-        Progress {
-            job: job.name.clone(),
-            last_log_ms: 0,
-            counted: SessionStats::default(),
-            board,
-            meter,
-            published,
-            positions: Positions::Wal,
-        }
-    }
-
-    /// The hook of a fresh capture's first commit: `manifest.json` written into `dir` from the
-    /// pending one, and the publication told.
-    pub(super) fn publish_on_initial_commit(&self, dir: &Path) -> super::log::InitialCommitHook {
-        let (dir, published) = (dir.to_path_buf(), self.published.clone());
-        Box::new(move |r: &StateRecord| {
-            finish_manifest(&dir, r)?;
-            if let Some(p) = &published {
-                p.tell();
-            }
-            Ok(())
-        })
-    }
-
-    pub(super) fn set(&self, f: impl FnOnce(&mut CaptureReport)) {
-        let mut b = self.board.lock().unwrap();
-        f(b.entry(self.job.clone()).or_default());
-    }
-}
-
-impl CaptureObserver for Progress {
-    fn committed(&mut self, state: &CaptureState, stats: &SessionStats) {
-        if stats.checkpoints < self.counted.checkpoints {
-            self.counted = SessionStats::default();
-        }
-        let (transactions, changes) = (
-            stats.transactions - self.counted.transactions,
-            stats.changes - self.counted.changes,
-        );
-        let source = stats.source_lsn.max(state.lsn);
-        let lag_bytes = self.positions.lag_bytes(state.lsn, source);
-        self.meter
-            .committed(&self.job, state, stats, transactions, changes, lag_bytes);
-        let (committed, source) = (
-            self.positions.format(state.lsn),
-            self.positions.format(source),
-        );
-        self.set(|r| {
-            r.state = "streaming";
-            r.committed_lsn = committed.clone();
-            r.source_lsn = source;
-            r.lag_bytes = lag_bytes;
-            if stats.last_source_commit_ms > 0 {
-                r.last_source_commit_unix_ms = stats.last_source_commit_ms;
-            }
-            r.checkpoints = state.checkpoints;
-            r.transactions += transactions;
-            r.changes += changes;
-        });
-        self.counted = *stats;
-        let now = unix_ms();
-        tracing::debug!(job = %self.job, lsn = %committed, epoch = state.epoch.0, checkpoint = state.checkpoints, "capture checkpoint committed");
-        if now.saturating_sub(self.last_log_ms) >= 10_000 || state.checkpoints <= 1 {
-            self.last_log_ms = now;
-            tracing::info!(
-                job = %self.job,
-                lsn = %committed,
-                epoch = state.epoch.0,
-                checkpoints = state.checkpoints,
-                transactions = stats.transactions,
-                changes = stats.changes,
-                "capture progress"
-            );
-        }
-    }
-}
-
-/// Writes `bytes` to `path` and syncs it (the pending manifest must outlive a crash after the
-/// initial transaction's commit).
-pub(super) fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-/// Writes `manifest.json` from the pending manifest and the state record's start offsets.
-pub(super) fn finish_manifest(dir: &Path, record: &StateRecord) -> Result<()> {
-    let pending = dir.join(PENDING_MANIFEST);
-    let bytes =
-        std::fs::read(&pending).with_context(|| format!("reading {}", pending.display()))?;
-    // The initial barrier's `curr`, which the first state recorded; later states moved on, so it
-    // is the successor of the snapshot epoch the initial barrier named.
-    let start = super::snapshots::start_after(&record.start_offsets, record.initial_epoch);
-    let not_a_manifest = || format!("{}: not a manifest", pending.display());
-    if record.other_tables.is_empty() {
-        let mut manifest: Manifest = serde_json::from_slice(&bytes).with_context(not_a_manifest)?;
-        manifest.start = start;
-        write_manifest(dir, &manifest)?;
-    } else {
-        let mut manifest: TablesManifest =
-            serde_json::from_slice(&bytes).with_context(not_a_manifest)?;
-        manifest.start = start;
-        write_tables_manifest(dir, &manifest)?;
-    }
-    std::fs::remove_file(&pending).with_context(|| format!("removing {}", pending.display()))?;
-    Ok(())
-}
-
-/// How long transient failures are retried without a checkpoint committed before the capture
-/// gives up (a broker or database outage shorter than this is ridden out).
-const RETRY_FOR: Duration = Duration::from_secs(180);
 
 /// One captured table, as the catalog had it when the capture started.
 struct Captured {
@@ -349,88 +197,6 @@ fn run_telling(
     )
 }
 
-/// Runs `session` again after each transient failure, with backoff, until it stops at a
-/// checkpoint, fails for good, or commits no checkpoint for [`RETRY_FOR`]. `session` gets the
-/// progress and a slot for the checkpoint counts at its start and end.
-pub(super) fn retry(
-    job: &JobConfig,
-    names: &str,
-    stop: &CancellationToken,
-    progress: &mut Progress,
-    mut session: impl FnMut(
-        &mut Progress,
-        &mut (Option<u64>, Option<u64>),
-    ) -> Result<(), CaptureFailure>,
-) -> Result<()> {
-    let mut failures = 0u32;
-    let mut last_progress = std::time::Instant::now();
-    loop {
-        let mut checkpoints = (None, None);
-        match session(progress, &mut checkpoints) {
-            Ok(()) => {
-                tracing::info!(job = %job.name, "capture stopped at a checkpoint");
-                return Ok(());
-            }
-            Err(e @ CaptureFailure::Permanent { .. }) => {
-                // One line, each cause said once (`describe`).
-                bail!(
-                    "capture of {} for job {} stopped: {}",
-                    names,
-                    job.name,
-                    e.describe()
-                )
-            }
-            Err(e @ CaptureFailure::Transient { .. }) => {
-                let e = e.describe();
-                if checkpoints.1 > checkpoints.0 {
-                    failures = 0;
-                    last_progress = std::time::Instant::now();
-                }
-                failures += 1;
-                if last_progress.elapsed() > RETRY_FOR {
-                    bail!(
-                        "capture of {} for job {}: no checkpoint committed for {} s of retries, the last failure: {e}",
-                        names,
-                        job.name,
-                        RETRY_FOR.as_secs()
-                    );
-                }
-                progress.meter.restarted(&job.name);
-                let backoff = Duration::from_millis((100u64 << failures.min(6)).min(5_000));
-                tracing::warn!(job = %job.name, error = %e, attempt = failures, backoff_ms = backoff.as_millis() as u64, "capture session failed; resuming from the last committed state");
-                // Waits out the backoff, or stops at once when asked to.
-                if wait_blocking(stop, backoff) {
-                    tracing::info!(job = %job.name, "capture stopped while retrying");
-                    return Ok(());
-                }
-            }
-        }
-    }
-}
-
-/// The log topic's partitions (the topic created with `capture.partitions` when absent) and the
-/// vnodes' map onto them.
-pub(super) fn log_partitions(
-    job: &JobConfig,
-    props: &BTreeMap<String, String>,
-) -> Result<(u32, PartitionMap)> {
-    let c = job.capture.as_ref().context("no [jobs.capture]")?;
-    let partitions = match crate::kafka::admin::partition_count(props, &job.topic)? {
-        Some(n) => n,
-        None => {
-            crate::kafka::admin::ensure_topic(props, &job.topic, c.partitions)?;
-            c.partitions
-        }
-    };
-    let map = PartitionMap::new(job.vnode_count, partitions)
-        .with_context(|| format!("topic {} against vnode_count", job.topic))?;
-    Ok((partitions, map))
-}
-
-pub(super) fn transient(what: &str) -> impl FnOnce(anyhow::Error) -> CaptureFailure + '_ {
-    move |e| CaptureFailure::transient_from(what, e)
-}
-
 /// One session: fence every older capture and read what Kafka really committed (so a commit whose
 /// outcome was unknown is never repeated), then a fresh start or a resume, then the loop.
 /// `checkpoints` gets the committed checkpoint count at the start and at the end.
@@ -596,76 +362,6 @@ fn session(
     );
     checkpoints.1 = Some(a.committed().checkpoints);
     end_session(job, &mut log, result)
-}
-
-/// A session's Kafka log, connected (which fences every older producer of the job), its commit
-/// times told to the meter and its snapshot folder set, and the state Kafka really committed
-/// (none on a fresh start). Both sources' sessions start here.
-pub(super) fn open_log(
-    job: &JobConfig,
-    props: &BTreeMap<String, String>,
-    partitions: u32,
-    schemas: &[TableSchema],
-    template: StateRecord,
-    progress: &Progress,
-    dir: &Path,
-) -> Result<(KafkaLog, Option<StateRecord>), CaptureFailure> {
-    let codecs = schemas
-        .iter()
-        .map(|t| LogCodec::new(t.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
-    let mut log = KafkaLog::connect(props, &job.name, &job.topic, partitions, codecs, template)
-        .map_err(transient("connecting to Kafka"))?;
-    let (name, meter) = (job.name.clone(), progress.meter.clone());
-    log.on_commit = Some(Box::new(move |d| meter.commit_took(&name, d)));
-    log.snapshot_dir = Some(dir.to_path_buf());
-    let committed = read_state(props, &job.topic, &job.name)
-        .map_err(transient("reading the capture's state"))?;
-    Ok((log, committed))
-}
-
-/// Ends a session with its loop's `result`: after a failure the open Kafka transaction is aborted
-/// within a bound (nothing past the last checkpoint is committed, and the next session's producer
-/// would abort it anyway, so the wait is short).
-pub(super) fn end_session<T>(
-    job: &JobConfig,
-    log: &mut KafkaLog,
-    result: Result<T, CaptureFailure>,
-) -> Result<(), CaptureFailure> {
-    if result.is_err() {
-        if let Err(abort) = log.abort_within(super::log::ABORT_AFTER_FAILURE) {
-            tracing::warn!(job = %job.name, error = %abort, "aborting the open Kafka transaction");
-        }
-    }
-    result.map(|_| ())
-}
-
-/// The row schema (Avro JSON) of a one-table capture in force at `epoch`: the last version
-/// announced into `dir` from an epoch at or before it, else the manifest's, else `catalog` (a
-/// capture whose manifest is not written yet). Both sources resume with it.
-pub(super) fn schema_in_force(
-    dir: &Path,
-    epoch: Epoch,
-    catalog: &str,
-) -> Result<String, CaptureFailure> {
-    let permanent = |e: String| CaptureFailure::permanent(e);
-    let manifest = dir.join("manifest.json");
-    let mut schema = match std::fs::read(&manifest) {
-        Ok(text) => serde_json::from_slice::<serde_json::Value>(&text)
-            .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?["row_schema"]
-            .to_string(),
-        Err(_) => catalog.to_string(),
-    };
-    let versions = crate::snapshot::versions::read(dir).map_err(|e| permanent(e.to_string()))?;
-    if let Some(v) = versions
-        .iter()
-        .filter(|v| v.from_epoch <= epoch)
-        .max_by_key(|v| v.from_epoch)
-    {
-        schema = v.row_schema.clone();
-    }
-    Ok(schema)
 }
 
 /// The row schema in force at `epoch` ([`schema_in_force`]) and the encoder of its columns, which

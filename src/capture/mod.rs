@@ -16,6 +16,8 @@ use crate::core::capture::{
 use crate::core::{Barrier, Epoch, Op, PartitionId, Vnode};
 
 pub mod job;
+mod session;
+pub use session::unix_ms;
 pub mod log;
 pub mod mariadb;
 pub mod pg;

@@ -33,13 +33,7 @@ impl TableName {
     }
 }
 
-/// The wall clock in Unix milliseconds (0 before 1970): the capture's epochs and lag.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use super::unix_ms;
 
 pub fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))

@@ -40,13 +40,42 @@ fn mariadb_url() -> String {
     .clone()
 }
 
+/// The test server's port.
+fn mariadb_port() -> String {
+    let url = mariadb_url();
+    url.rsplit_once(':')
+        .unwrap()
+        .1
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
 /// The `mariadb` client, as root on the test server.
 fn mariadb_client() -> Command {
-    let url = mariadb_url();
-    let port = url.rsplit_once(':').unwrap().1.split('/').next().unwrap();
     let mut c = Command::new("mariadb");
-    c.args(["--no-defaults", "-h", "127.0.0.1", "-P", port, "-u", "root"]);
+    c.args([
+        "--no-defaults",
+        "-h",
+        "127.0.0.1",
+        "-P",
+        &mariadb_port(),
+        "-u",
+        "root",
+    ]);
     c
+}
+
+/// A job `name` capturing table `t` of `url` into SQLite at full speed: its capture, started and
+/// past its first checkpoint, and its `run`.
+fn pipeline(name: &str, url: &str) -> (Fixture, Runner, Runner) {
+    let f = capture_fixture(name, url, "t");
+    f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
+    let mut capture = spawn_capture(&f, "c1");
+    capture.wait_for("capture checkpoint committed", MIN);
+    let run = f.spawn_run("r1", &[]);
+    (f, capture, run)
 }
 
 /// Runs `sql` in database `db` as root.
@@ -122,8 +151,11 @@ fn mariadb_types_key_moves_a_rotation_and_a_kill_9_stay_exact() {
         &db.name,
         &format!("INSERT INTO t VALUES {}", values.join(",")),
     );
-    let f = capture_fixture("cap-my-mix", &db.url, "t");
+    // Into the PostgreSQL store (the other MariaDB tests write SQLite): every mapped type through
+    // both. The store outlives the run: a job and a table of its own each time.
+    let f = capture_fixture(&format!("cap-my-mix-{}", stamp() % 1_000_000), &db.url, "t");
     f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
+    f.use_postgres(&pg_url());
     let mut capture = spawn_capture(&f, "c1");
     capture.wait_for("capture checkpoint committed", MIN);
     let values: Vec<String> = (201..=400).map(row).collect();
@@ -197,11 +229,7 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
         &db.name,
         "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT seq, seq FROM seq_1_to_1000",
     );
-    let f = capture_fixture("cap-my-cols", &db.url, "t");
-    f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
-    let mut capture = spawn_capture(&f, "c1");
-    capture.wait_for("capture checkpoint committed", MIN);
-    let mut run = f.spawn_run("r1", &[]);
+    let (f, mut capture, mut run) = pipeline("cap-my-cols", &db.url);
     sql(
         &db.name,
         "ALTER TABLE t ADD COLUMN note varchar(20) NULL;          UPDATE t SET note = CONCAT('n', id) WHERE id % 7 = 0;          ALTER TABLE t ADD INDEX iv (v); INSERT INTO t (id, v) VALUES (5000, 1)",
@@ -248,6 +276,80 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     );
     run.signal("TERM");
     run.wait_exit(MIN);
+}
+
+/// The server's `binlog_row_metadata` set for one test and put back when it ends.
+struct RowMetadata(String);
+
+impl RowMetadata {
+    fn full() -> RowMetadata {
+        let was = sql("kafka_backfill", "SELECT @@GLOBAL.binlog_row_metadata");
+        sql("kafka_backfill", "SET GLOBAL binlog_row_metadata = 'FULL'");
+        RowMetadata(was)
+    }
+}
+
+impl Drop for RowMetadata {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/mariadb.sh"))
+            .args([
+                "sql",
+                &format!("SET GLOBAL binlog_row_metadata = '{}'", self.0),
+            ])
+            .status();
+    }
+}
+
+/// A second reader nobody here wrote checks the content: PyPI's mysql-replication decodes the same
+/// binlog (`scripts/mariadb-second-reader.py`), replays its row events and TRUNCATE into a table
+/// of its own and compares it value by value with the replica's typed columns, where
+/// `verify --against-source` compares encodings the capture's own mapping made of both sides. The
+/// server logs `binlog_row_metadata = FULL` here (the reader needs its column names and labels), so
+/// the capture also reads row events that carry signedness and charset metadata, which the other
+/// tests' default binlog does not.
+#[test]
+fn mariadb_a_second_reader_of_the_binlog_finds_the_replica_equal() {
+    let _serial = serial();
+    let _mariadb = mariadb_lane();
+    let _metadata = RowMetadata::full();
+    let db = database("my-second");
+    // Where the reader starts: before the table exists (the server's binlog holds every other
+    // test's and benchmark's changes before it).
+    let from = sql("kafka_backfill", "SELECT @@gtid_binlog_pos");
+    sql(
+        &db.name,
+        "CREATE TABLE t (id bigint PRIMARY KEY, ti tinyint, tu tinyint unsigned, iu int unsigned,          bu bigint unsigned, d decimal(12,3), f float, dbl double, vc varchar(40), l1 varchar(20) CHARACTER SET latin1,          tx text, vb varbinary(16), day date, dt datetime(6), ts timestamp(3) NULL, tm time(6), yr year,          e enum('sad','ok','happy'), st set('a','it''s','d'), bt bit(12), j json, nn int NULL);          INSERT INTO t SELECT seq, -(seq % 100), seq % 256, 4000000000 + seq, 18446744073709551615 - seq,          seq * 1.125 - 100, 1.5, -2.25 * seq, CONCAT('v', seq, ' é'), 'café', REPEAT('t', seq % 50),          UNHEX(LPAD(HEX(seq), 8, '0')), '2024-02-29' + INTERVAL seq DAY, '1969-12-31 23:59:59.999999' + INTERVAL seq SECOND,          '2024-01-01 05:30:00.250' + INTERVAL seq MINUTE, SEC_TO_TIME(seq * 37 - 5000), 1901 + seq % 200,          1 + seq % 3, seq % 8, seq % 4096, CONCAT('{\"k\": ', seq, '}'), IF(seq % 3 = 0, NULL, seq)          FROM (SELECT CAST(seq AS SIGNED) AS seq FROM seq_1_to_300) s",
+    );
+    let (f, mut capture, mut run) = pipeline("cap-my-second", &db.url);
+    sql(
+        &db.name,
+        "UPDATE t SET tu = 255 - tu, iu = iu + 1, bu = bu - 7, e = 'sad', st = 'it''s,d', l1 = 'über' WHERE id % 3 = 0;          UPDATE t SET id = id + 10000, tm = '-838:59:59', ts = NULL WHERE id % 11 = 0;          DELETE FROM t WHERE id % 5 = 0;          CREATE TABLE keep AS SELECT * FROM t WHERE id % 2 = 0; TRUNCATE TABLE t; INSERT INTO t SELECT * FROM keep;          UPDATE t SET bt = b'111100001111', dbl = dbl / 3, f = 0.5 WHERE id % 7 = 0",
+    );
+    let rows: u64 = sql(&db.name, "SELECT count(*) FROM t").parse().unwrap();
+    assert_exact(&f, rows, MIN);
+    let port = mariadb_port();
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/mariadb-second-reader.py"
+        ))
+        .args(["--port", &port, "--database", &db.name, "--table", "t"])
+        .arg("--replica")
+        .arg(f.db())
+        .args(["--replica-table", "accounts", "--from-gtid", &from])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && text.contains(&format!("{rows} rows; replica {rows} rows; 0 differences")),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.signal("TERM");
+    run.wait_exit(MIN);
+    stop_capture(&mut capture);
 }
 
 /// What a MariaDB capture cannot carry stops it naming the table and the way out.
@@ -388,7 +490,7 @@ fn wait_load(child: &mut Child) {
 
 /// Issue 44's proof in small: pgbench's four tables in MariaDB under a TPC-B-like load, captured
 /// into one log and materialised by one job of all four at whole epochs (`consistency = "epoch"`,
-/// two workers); a reader of the replica finds Σ abalance = Σ tbalance = Σ bbalance = Σ delta at
+/// two `run` processes, the second joining under load); a reader of the replica finds Σ abalance = Σ tbalance = Σ bbalance = Σ delta at
 /// every published sample while the capture is killed with `kill -9` during the copy and mid-stream,
 /// MariaDB restarts
 /// under it and the binlog rotates; at the end every table equals its source.
@@ -425,6 +527,9 @@ fn mariadb_tpcb_four_tables_keep_the_sums_equal_across_kill_9_a_restart_and_a_ro
     capture.wait_for_count("capture checkpoint committed", 5, MIN);
     let mut run = f.spawn_run("a", &[]);
     run.wait_for("to=\"streaming\"", MIN);
+    // A second `run` process of the job joins while the load writes.
+    let mut second = f.spawn_run("b", &[]);
+    second.wait_for("partitions assigned", MIN);
     // kill -9 of the capture mid-stream, and its restart.
     capture.signal("KILL");
     capture.wait_exit(MIN);
@@ -472,8 +577,10 @@ fn mariadb_tpcb_four_tables_keep_the_sums_equal_across_kill_9_a_restart_and_a_ro
         sums.published,
         sums.epochs.len()
     );
-    run.signal("TERM");
-    run.wait_exit(MIN);
+    for r in [&mut run, &mut second] {
+        r.signal("TERM");
+        r.wait_exit(MIN);
+    }
     // Stopped while the load writes: at a checkpoint, its open Kafka transaction aborted at once
     // (the abort once waited out the shutdown grace with records in flight).
     let mut load = tpcb_load(&db.name, 300, 150, 3);

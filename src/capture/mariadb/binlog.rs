@@ -140,7 +140,7 @@ impl ReplicationPort for MyReplication {
                     Ok(Err(e)) => Err(e),
                     Err(_) => Ok(SourceEvent::Idle {
                         wal_end,
-                        now_ms: crate::capture::pg::unix_ms(),
+                        now_ms: crate::capture::unix_ms(),
                     }),
                 }
             }
@@ -346,7 +346,7 @@ impl Reader {
         Ok(Some(SourceEvent::SchemaChange {
             row_schema: row_schema.to_string(),
             announced,
-            now_ms: crate::capture::pg::unix_ms(),
+            now_ms: crate::capture::unix_ms(),
         }))
     }
 

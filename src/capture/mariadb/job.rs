@@ -1,7 +1,7 @@
 //! One job's capture from MariaDB, wired: the preconditions, the state read, the snapshot in one
 //! consistent snapshot on a fresh start, the resume checks otherwise, and the sessions of
 //! [`crate::capture::run_session`] with the PostgreSQL capture's bounded retry
-//! (`capture::job::retry`). Not yet here (refused by check-config): snapshots of a running
+//! (`capture::session::retry`). Not yet here (refused by check-config): snapshots of a running
 //! capture, Kafka snapshot storage, column changes (a changed table stops the capture, naming it).
 
 use std::collections::BTreeMap;
@@ -13,13 +13,13 @@ use anyhow::{Context, Result};
 use super::binlog::MyReplication;
 use super::types::row_schema;
 use super::MyTable;
-use crate::capture::job::{
+use crate::capture::log::StateRecord;
+use crate::capture::report::Positions;
+use crate::capture::session::{
     end_session, finish_manifest, log_partitions, open_log, retry, schema_in_force, transient,
     write_durably, Progress, PENDING_MANIFEST,
 };
-use crate::capture::log::StateRecord;
-use crate::capture::pg::unix_ms;
-use crate::capture::report::Positions;
+use crate::capture::unix_ms;
 use crate::capture::{run_session, CaptureFailure};
 use crate::codec::TableSchema;
 use crate::config::{JobConfig, TableName};
