@@ -720,11 +720,16 @@ pub fn doctor_line<'a>(out: &'a str, mark: &str, what: &str) -> &'a str {
 
 /// The number after `epoch=` in a log line (the first such field).
 pub fn epoch_in(line: &str) -> u64 {
-    line.split("epoch=")
+    number_after(line, "epoch=")
+}
+
+/// The number a log line gives after `key` (as `to=` in `… from=1 to=2`).
+pub fn number_after(line: &str, key: &str) -> u64 {
+    line.split(key)
         .nth(1)
         .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("no epoch= in {line}"))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
 }
 
 /// The metric families docs/OPERATIONS.md's reference table names (its first column; a row naming
