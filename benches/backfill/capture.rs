@@ -125,11 +125,13 @@ fn stop(mut child: Child) {
 
 /// The seconds field of the capture's "snapshot copied" line.
 pub(super) fn snapshot_seconds(log: &Path) -> f64 {
+    seconds_at(log, "snapshot copied")
+}
+
+/// The `seconds=` field of the capture log's first line containing `needle`.
+pub(super) fn seconds_at(log: &Path, needle: &str) -> f64 {
     let text = std::fs::read_to_string(log).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.contains("snapshot copied"))
-        .unwrap();
+    let line = text.lines().find(|l| l.contains(needle)).unwrap();
     line.split("seconds=")
         .nth(1)
         .unwrap()

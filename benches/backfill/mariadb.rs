@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::capture::seconds_at;
 use super::several_tables::{capture_config, job, spawn, wait_log};
 use super::{dir, fmt_rate, rand_suffix, sh, Report};
 
@@ -47,19 +48,6 @@ fn sql(port: &str, db: &str, sql: &str) -> String {
 }
 
 /// The `seconds=` field of the first line of `log` holding `needle`.
-fn seconds_at(log: &Path, needle: &str) -> f64 {
-    let text = std::fs::read_to_string(log).unwrap();
-    let line = text.lines().find(|l| l.contains(needle)).unwrap();
-    line.split("seconds=")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 fn stop(child: &mut std::process::Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

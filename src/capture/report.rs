@@ -52,13 +52,14 @@ impl Positions {
         }
     }
 
-    /// The bytes from `committed` to `source`: across binlog files, the bytes written to the
-    /// source's file so far (a lower bound: the earlier files' sizes are not known here).
+    /// The bytes from `committed` to `source` (0 when `source` is not past it): across binlog files, the bytes written to the source's file so far (a lower
+    /// bound: the earlier files' sizes are not known here).
     pub fn lag_bytes(&self, committed: u64, source: u64) -> u64 {
-        let source = source.max(committed);
         match self {
-            Positions::Wal => source - committed,
-            Positions::Binlog { .. } if source >> 32 == committed >> 32 => source - committed,
+            Positions::Wal => source.saturating_sub(committed),
+            Positions::Binlog { .. } if source >> 32 <= committed >> 32 => {
+                source.saturating_sub(committed)
+            }
             Positions::Binlog { .. } => source & 0xffff_ffff,
         }
     }
@@ -125,5 +126,24 @@ impl SnapshotOutcome {
             SnapshotOutcome::StoreFailed => "store_failed",
             SnapshotOutcome::Retired => "retired",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Positions;
+
+    #[test]
+    fn lag_is_the_bytes_between_the_positions_and_never_below_zero() {
+        let binlog = Positions::Binlog {
+            base: "mariadb-bin".into(),
+        };
+        assert_eq!(Positions::Wal.lag_bytes(100, 350), 250);
+        assert_eq!(Positions::Wal.lag_bytes(350, 100), 0);
+        assert_eq!(binlog.lag_bytes((3 << 32) | 100, (3 << 32) | 350), 250);
+        assert_eq!(binlog.lag_bytes((3 << 32) | 350, (3 << 32) | 100), 0);
+        // Across a file's end: the bytes into the newer file (the older file's rest unknown).
+        assert_eq!(binlog.lag_bytes((3 << 32) | 350, (4 << 32) | 40), 40);
+        assert_eq!(binlog.lag_bytes((4 << 32) | 40, (3 << 32) | 350), 0);
     }
 }

@@ -3,6 +3,7 @@
 use super::*;
 use kafka_backfill::config::SnapshotConfig;
 use kafka_backfill::service::job;
+use std::time::Instant;
 
 /// `verify`'s flags.
 #[derive(clap::Args)]
@@ -46,8 +47,8 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let j = pick_job(&config, job.as_deref())?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
-    wait_for_capture(j, deadline);
+    let deadline = Instant::now() + std::time::Duration::from_secs(within_secs);
+    wait_for_capture(j, deadline)?;
     let prepared = job::prepare(j, false)?;
     let mut store = (prepared.open_store)()?;
     if !prepared.store_tables.is_empty() {
@@ -61,7 +62,7 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
             )
         };
         let reports = compared_within(
-            within_secs,
+            deadline,
             || {
                 kafka_backfill::verify::verify_several(
                     store.as_mut(),
@@ -106,7 +107,7 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
         });
     }
     let report = compared_within(
-        within_secs,
+        deadline,
         || match (&expected, against_source) {
             (_, true) => {
                 kafka_backfill::verify::verify_against_source(store.as_mut(), j, &config.jobs)
@@ -181,37 +182,33 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
     })
 }
 
-/// A captured job's snapshot folder without its manifest yet (its capture still copying): waits
-/// until the manifest is there or `deadline` passes, then `prepare` says what is missing.
-fn wait_for_capture(j: &kafka_backfill::config::JobConfig, deadline: std::time::Instant) {
-    let (Some(c), SnapshotConfig::Files { dir, .. }) = (&j.capture, &j.snapshot) else {
-        return;
-    };
-    let manifest = dir.join("manifest.json");
-    if c.stores_in_kafka() || manifest.exists() || std::time::Instant::now() >= deadline {
-        return;
+/// A captured job whose capture has not published its snapshot yet (still copying): waits until
+/// it is published or `deadline` passes, then `prepare` says what is missing.
+fn wait_for_capture(j: &kafka_backfill::config::JobConfig, deadline: Instant) -> Result<()> {
+    if job::snapshot_published(j)? || Instant::now() >= deadline {
+        return Ok(());
     }
     eprintln!(
-        "verify {}: waiting for its capture to publish {}",
-        j.name,
-        manifest.display()
+        "verify {}: waiting for its capture to publish its snapshot",
+        j.name
     );
-    while !manifest.exists() && std::time::Instant::now() < deadline {
+    while !job::snapshot_published(j)? && Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    Ok(())
 }
 
-/// `verify`'s comparison, run again every second while `clean` says it differs, up to
-/// `within_secs` (a replica still catching up after its source stopped): the last result.
+/// `verify`'s comparison, run again every second while `clean` says it differs, until `deadline`
+/// (`--within-secs` from verify's start, shared with the wait for the snapshot: a replica still
+/// catching up after its source stopped): the last result.
 fn compared_within<T>(
-    within_secs: u64,
+    deadline: Instant,
     mut compare: impl FnMut() -> Result<T>,
     clean: impl Fn(&T) -> bool,
 ) -> Result<T> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(within_secs);
     loop {
         let result = compare()?;
-        if clean(&result) || std::time::Instant::now() >= deadline {
+        if clean(&result) || Instant::now() >= deadline {
             return Ok(result);
         }
         std::thread::sleep(std::time::Duration::from_secs(1));

@@ -98,13 +98,7 @@ fn wait_for_snapshot(
     };
     let manifest = dir.join("manifest.json");
     let in_kafka = c.stores_in_kafka();
-    let published = || -> Result<bool> {
-        Ok(if in_kafka {
-            kafka_stored(job)?.is_some_and(|s| !s.list.is_empty())
-        } else {
-            manifest.exists()
-        })
-    };
+    let published = || snapshot_published(job);
     if published()? {
         return Ok(true);
     }
@@ -143,6 +137,22 @@ fn wait_for_snapshot(
     runtimes.clear_waiting(&job.name);
     info!(job = %job.name, waited_ms = started.elapsed().as_millis() as u64, "the snapshot is published; starting the job");
     Ok(true)
+}
+
+/// Whether the snapshot a job starts from is published: always for a job without a capture (a
+/// missing snapshot is an error `prepare` names); for a captured one, its manifest in the snapshot
+/// folder (renamed into place whole by `snapshot::files::write_manifest`, so its existence is the
+/// publication), or with `snapshot_storage = "kafka"` a snapshot listed by the capture's state
+/// record.
+pub fn snapshot_published(job: &JobConfig) -> Result<bool> {
+    let (Some(c), SnapshotConfig::Files { dir, .. }) = (&job.capture, &job.snapshot) else {
+        return Ok(true);
+    };
+    Ok(if c.stores_in_kafka() {
+        kafka_stored(job)?.is_some_and(|s| !s.list.is_empty())
+    } else {
+        dir.join("manifest.json").exists()
+    })
 }
 
 /// `snapshot_storage = "kafka"`: the schema versions of the job's log come from the versions topic

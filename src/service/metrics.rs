@@ -182,7 +182,7 @@ impl Metrics {
             capture_changes: counter(&r, "kafka_backfill_capture_changes_total", "Change records the capture wrote (counted at each checkpoint).", &["job_name"]),
             capture_restarts: counter(&r, "kafka_backfill_capture_session_restarts_total", "Capture sessions that failed transiently and resumed from the last checkpoint.", &["job_name"]),
             capture_source_lsn: gauge(&r, "kafka_backfill_capture_source_lsn", "The source's WAL position as the capture last heard it (LSN as a number).", &["job_name"]),
-            capture_lag_bytes: gauge(&r, "kafka_backfill_capture_lag_bytes", "WAL bytes between the source's position and the capture's committed one.", &["job_name"]),
+            capture_lag_bytes: gauge(&r, "kafka_backfill_capture_lag_bytes", "Bytes between the source's position and the capture's committed one: WAL bytes from PostgreSQL, binlog bytes from MariaDB (across a binlog file's end, the bytes into the newer file).", &["job_name"]),
             capture_last_source_commit: {
                 let g = GaugeVec::new(Opts::new("kafka_backfill_capture_last_source_commit_timestamp_seconds", "Commit time (Unix seconds) of the last source transaction the capture read."), &["job_name"]).expect("metric");
                 r.register(Box::new(g.clone())).expect("register");

@@ -366,6 +366,6 @@ fn snapshot(s: &Setup) -> Result<(Epoch, u64)> {
         })?
     };
     write_durably(&s.dir.join(PENDING_MANIFEST), &pending)?;
-    tracing::info!(job = %s.job.name, rows = snap.rows, seconds = started.elapsed().as_secs_f64(), lsn = %format!("{:#x}", snap.lsn), "snapshot read in one consistent snapshot");
+    tracing::info!(job = %s.job.name, rows = snap.rows, seconds = started.elapsed().as_secs_f64(), binlog = %snap.position, "snapshot read in one consistent snapshot");
     Ok((es, snap.lsn))
 }

@@ -260,6 +260,8 @@ pub struct ColumnsMoved {
 /// What a snapshot read: the consistent binlog position, the server's clock and the rows read.
 pub struct Snapshot {
     pub lsn: Lsn,
+    /// The same position as `file:offset`, for the log.
+    pub position: String,
     pub now_ms: u64,
     pub rows: u64,
 }
@@ -312,6 +314,7 @@ pub fn snapshot(
     conn.query_drop("COMMIT")?;
     Ok(Snapshot {
         lsn: lsn(file_seq(&file)?, pos),
+        position: format!("{file}:{pos}"),
         now_ms,
         rows,
     })
