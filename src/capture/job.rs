@@ -59,6 +59,8 @@ struct Setup<'a> {
     config: CaptureConfig,
     /// The copy of the tables, for the first snapshot and every later one.
     spec: CopySpec,
+    /// Column changes a session found inside a transaction, for the next to announce.
+    announcements: pg::Announcements,
 }
 
 impl Setup<'_> {
@@ -183,6 +185,7 @@ fn run_telling(
             ..CaptureConfig::default()
         },
         spec,
+        announcements: pg::Announcements::default(),
     };
     let mut progress = Progress::new(job, board, meter, published);
     progress.set(|r| r.state = "starting");
@@ -224,6 +227,7 @@ fn session(
         progress,
         &s.dir,
     )?;
+    log.table_names = s.tables.iter().map(|t| t.table.table.clone()).collect();
     log.on_snapshot_placed = Some(on_demand.placed_sender());
     log.published = Some(on_demand.published.clone());
     on_demand.session_started(committed.as_ref());
@@ -239,6 +243,10 @@ fn session(
     }
     let connect = |create: bool, tables: Vec<StreamTable>| {
         PgReplication::connect(&s.url, &s.slot, &s.publication, tables, create, &s.dir)
+            .map(|mut r| {
+                r.announcements = s.announcements.clone();
+                r
+            })
             .map_err(transient("opening the replication connection"))
     };
     let (mut a, initial, mut repl) = match committed {
@@ -289,9 +297,7 @@ fn session(
                 // version); the reason a change is not followed is the stream's own.
                 let captured: Vec<&str> = columns.iter().map(String::as_str).collect();
                 let now: Vec<&str> = t.columns.iter().map(String::as_str).collect();
-                if let Err(why) =
-                    crate::core::capture::columns_followed(s.several(), &captured, &now)
-                {
+                if let Err(why) = crate::core::capture::columns_followed(&captured, &now) {
                     return refuse(format!(
                         "the columns of {} are now {:?}, captured as {:?}: {why}",
                         t.table, t.columns, columns
@@ -326,14 +332,14 @@ fn session(
                     .and_then(|mut m| m.sync())
                     .map_err(transient("reading the schema versions from Kafka"))?;
             }
-            let streams = if s.several() {
-                s.catalog_streams()
-            } else {
-                let (encoder, table) = in_force(s, record.state.epoch)?;
-                log.use_table(table)
+            // Each table with the columns of its row schema in force at the resume epoch.
+            let mut streams = Vec::new();
+            for i in 0..s.tables.len() {
+                let (encoder, table) = in_force(s, i, record.state.epoch)?;
+                log.use_table(i, table)
                     .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
-                vec![s.tables[0].stream_table(encoder)]
-            };
+                streams.push(s.tables[i].stream_table(encoder));
+            }
             let repl = connect(false, streams)?;
             let (sys, tli) = repl.identity();
             if record.system_id != sys.to_string() || record.timeline != tli {
@@ -368,11 +374,13 @@ fn session(
 /// are the catalog's first ones.
 fn in_force(
     s: &Setup,
+    i: usize,
     epoch: Epoch,
 ) -> Result<(super::types::RowEncoder, TableSchema), CaptureFailure> {
-    let t = &s.tables[0];
+    let t = &s.tables[i];
     let permanent = |e: String| CaptureFailure::permanent(e);
-    let schema = schema_in_force(&s.dir, epoch, &t.table_schema.json.to_string())?;
+    let name = s.several().then_some(t.table.table.as_str());
+    let schema = schema_in_force(&s.dir, i, name, epoch, &t.table_schema.json.to_string())?;
     let table =
         TableSchema::parse(&schema, &t.info.primary_key).map_err(|e| permanent(e.to_string()))?;
     let catalog = &t.info.encoder.columns;

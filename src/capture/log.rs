@@ -249,6 +249,9 @@ pub struct KafkaLog {
     /// The snapshots published and not retired (the committed record's, and those published or
     /// stored since it was read): the record lists them from the next commit on.
     pub published: Option<std::sync::Arc<Mutex<Listed>>>,
+    /// A log of several tables: each table's name in the manifest (`tables[].name`), in the
+    /// capture's order, which its schema versions name (docs/WIRE.md "Schema changes").
+    pub table_names: Vec<String>,
 }
 
 /// A producer error as the loop sees it. Permanent once librdkafka has put the producer in its
@@ -309,6 +312,7 @@ impl KafkaLog {
             snapshot_point: None,
             on_snapshot_placed: None,
             published: None,
+            table_names: Vec::new(),
         })
     }
 
@@ -347,10 +351,10 @@ impl KafkaLog {
 }
 
 impl KafkaLog {
-    /// Writes the first table's changes with `table`'s row schema (the version in force where a
-    /// one-table capture resumes).
-    pub fn use_table(&mut self, table: crate::codec::TableSchema) -> Result<()> {
-        self.codecs[0] = LogCodec::new(table)?;
+    /// Writes table `t`'s changes with `table`'s row schema (the version in force where the
+    /// capture resumes).
+    pub fn use_table(&mut self, t: usize, table: crate::codec::TableSchema) -> Result<()> {
+        self.codecs[t] = LogCodec::new(table)?;
         Ok(())
     }
 
@@ -389,6 +393,7 @@ impl KafkaLog {
 impl LogPort for KafkaLog {
     fn announce_schema(
         &mut self,
+        t: TableIndex,
         from_epoch: Epoch,
         row_schema: &str,
     ) -> Result<(), CaptureFailure> {
@@ -396,22 +401,29 @@ impl LogPort for KafkaLog {
         let dir = self.snapshot_dir.clone().ok_or_else(|| {
             permanent("no snapshot folder to announce a schema version in".into())
         })?;
-        if self.codecs.len() > 1 {
-            return Err(permanent(format!(
-                "a schema version announced from epoch {from_epoch} in a capture of several tables: not supported yet"
-            )));
-        }
-        let table = crate::codec::TableSchema::parse(row_schema, &self.codecs[0].table.primary_key)
-            .map_err(|e| permanent(format!("the new row schema: {e}")))?;
-        crate::codec::versions::compatible(&self.codecs[0].table, &table).map_err(|why| {
+        let t = t as usize;
+        let (captured, _) = self.record.tables()[t];
+        let captured = captured.to_string();
+        let name = if self.codecs.len() > 1 {
+            Some(self.table_names.get(t).cloned().ok_or_else(|| {
+                permanent(format!(
+                    "no manifest name for table {captured} of a capture of several tables"
+                ))
+            })?)
+        } else {
+            None
+        };
+        let previous = &self.codecs[t].table;
+        let table = crate::codec::TableSchema::parse(row_schema, &previous.primary_key)
+            .map_err(|e| permanent(format!("the new row schema of {captured}: {e}")))?;
+        crate::codec::versions::compatible(previous, &table).map_err(|why| {
             permanent(format!(
-                "incompatible schema change of {} at epoch {from_epoch}: {why}",
-                self.record.table
+                "incompatible schema change of {captured} at epoch {from_epoch}: {why}"
             ))
         })?;
         let codec = LogCodec::new(table.clone()).map_err(|e| permanent(e.to_string()))?;
         let file = crate::snapshot::versions::VersionFile {
-            table: None,
+            table: name,
             from_epoch,
             row_schema: table.json.clone(),
         };
@@ -428,9 +440,13 @@ impl LogPort for KafkaLog {
         }
         crate::snapshot::versions::write(&dir, &codec.fingerprint_hex(), &file)
             .map_err(|e| CaptureFailure::transient_from("writing the schema version file", e))?;
-        tracing::info!(table = %self.record.table, %from_epoch, fingerprint = %codec.fingerprint_hex(), "schema version announced");
-        self.record.columns = table.columns.iter().map(|c| c.name.clone()).collect();
-        self.codecs[0] = codec;
+        tracing::info!(table = %captured, %from_epoch, fingerprint = %codec.fingerprint_hex(), "schema version announced");
+        let columns = table.columns.iter().map(|c| c.name.clone()).collect();
+        match t {
+            0 => self.record.columns = columns,
+            _ => self.record.other_tables[t - 1].columns = columns,
+        }
+        self.codecs[t] = codec;
         Ok(())
     }
 

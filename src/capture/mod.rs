@@ -151,6 +151,7 @@ pub trait LogPort {
     /// it) and writes the changes after that barrier with it (docs/WIRE.md "Schema changes").
     fn announce_schema(
         &mut self,
+        table: TableIndex,
         from_epoch: Epoch,
         row_schema: &str,
     ) -> Result<(), CaptureFailure>;
@@ -230,9 +231,10 @@ fn carry_out(
             }
             Action::Ack(lsn) => repl.ack(*lsn)?,
             Action::AnnounceSchema {
+                table,
                 from_epoch,
                 row_schema,
-            } => log.announce_schema(*from_epoch, row_schema)?,
+            } => log.announce_schema(*table, *from_epoch, row_schema)?,
             Action::SnapshotPoint {
                 snapshot_epoch,
                 next_epoch,

@@ -664,7 +664,31 @@ pub struct PgReplication {
     /// snapshot folder (where an announced schema version is found again).
     source_url: String,
     snapshot_dir: std::path::PathBuf,
+    /// Column changes to announce at a transaction's start, kept across sessions.
+    pub announcements: Announcements,
+    /// The open transaction: its commit position and the tables it changed so far.
+    tx_final_lsn: Lsn,
+    tx_changed: Vec<bool>,
+    /// An event to hand out before reading the stream again (an announcement after its Begin).
+    pending: Option<SourceEvent>,
 }
+
+/// A table whose columns changed inside a transaction that had already changed another captured
+/// table: its new version must start at an epoch before that transaction, whose earlier changes
+/// are already in the open Kafka transaction. The session fails transiently, and the next one
+/// (resuming from the last checkpoint, before this transaction) announces the version as the
+/// transaction begins, before any of its changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnnounceAt {
+    /// The transaction's commit position (its Begin message's `final_lsn`).
+    pub final_lsn: Lsn,
+    pub table: usize,
+    /// The table's columns from that transaction on (its Relation message).
+    pub names: Vec<String>,
+}
+
+/// [`AnnounceAt`]s, shared by a capture's sessions.
+pub type Announcements = std::sync::Arc<std::sync::Mutex<Vec<AnnounceAt>>>;
 
 impl PgReplication {
     /// Connects the replication session; `create` makes the slot with an exported snapshot (whose
@@ -754,6 +778,10 @@ impl PgReplication {
             last_lsn: 0,
             source_url: url.to_string(),
             snapshot_dir: snapshot_dir.to_path_buf(),
+            announcements: Announcements::default(),
+            tx_final_lsn: 0,
+            tx_changed: Vec::new(),
+            pending: None,
         })
     }
 
@@ -782,8 +810,7 @@ impl PgReplication {
             ))
         };
         let now: Vec<&str> = names.iter().map(String::as_str).collect();
-        crate::core::capture::columns_followed(self.tables.len() > 1, &ours, &now)
-            .map_err(|why| refuse(why.into()))?;
+        crate::core::capture::columns_followed(&ours, &now).map_err(|why| refuse(why.into()))?;
         let mut client = connect(&self.source_url)
             .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?;
         let info =
@@ -828,10 +855,36 @@ impl PgReplication {
             .map(|v| v.from_epoch);
         self.tables[t].encoder = info.encoder;
         Ok(SourceEvent::SchemaChange {
+            table: t as TableIndex,
             row_schema: row_schema.to_string(),
             announced,
             now_ms: unix_ms(),
         })
+    }
+
+    /// The open transaction changed captured table `t`.
+    fn changed(&mut self, t: usize) {
+        if let Some(c) = self.tx_changed.get_mut(t) {
+            *c = true;
+        }
+    }
+
+    /// Table `t`'s columns changed to `names` inside the open transaction after it changed other
+    /// captured tables (never `t`: a change of `t` before its new columns stops the capture in
+    /// [`Self::columns_changed`]'s caller, the core): remembered for the next session, which
+    /// announces the version as this transaction begins ([`AnnounceAt`]); this one fails
+    /// transiently, and its Kafka transaction is aborted.
+    fn announce_at_begin(&mut self, t: usize, names: Vec<String>) -> CaptureFailure {
+        let table = self.tables[t].name.to_string();
+        let at = format_lsn(self.tx_final_lsn);
+        self.announcements.lock().unwrap().push(AnnounceAt {
+            final_lsn: self.tx_final_lsn,
+            table: t,
+            names,
+        });
+        CaptureFailure::transient(format!(
+            "the columns of {table} changed inside the transaction committing at {at}, after its changes to another captured table: resuming from the last checkpoint to announce the new version as that transaction begins"
+        ))
     }
 
     pub fn exported_snapshot(&self) -> Option<String> {
@@ -926,6 +979,9 @@ impl ReplicationPort for PgReplication {
     }
 
     fn next(&mut self, idle: Duration) -> Result<SourceEvent, CaptureFailure> {
+        if let Some(event) = self.pending.take() {
+            return Ok(event);
+        }
         loop {
             let (stream, cancel) = (&mut self.stream, &self.cancel);
             let event = match self
@@ -951,10 +1007,22 @@ impl ReplicationPort for PgReplication {
                     commit_timestamp,
                     ..
                 } => {
+                    self.tx_final_lsn = final_lsn.0;
+                    self.tx_changed = vec![false; self.tables.len()];
+                    let due = {
+                        let mut list = self.announcements.lock().unwrap();
+                        let due = list.iter().position(|a| a.final_lsn == final_lsn.0);
+                        due.map(|i| list.remove(i))
+                    };
+                    if let Some(a) = due {
+                        // Before any change of the transaction: the version starts at the
+                        // barrier the core puts before it.
+                        self.pending = Some(self.columns_changed(a.table, &a.names)?);
+                    }
                     return Ok(SourceEvent::Begin {
                         final_lsn: final_lsn.0,
                         commit_ms: commit_timestamp.timestamp_millis().max(0) as u64,
-                    })
+                    });
                 }
                 EventType::Commit { end_lsn, .. } => {
                     return Ok(SourceEvent::Commit { end_lsn: end_lsn.0 })
@@ -968,6 +1036,7 @@ impl ReplicationPort for PgReplication {
                     let Some(t) = self.table_of(relation_oid, &schema, &table)? else {
                         continue;
                     };
+                    self.changed(t);
                     let (row, key) = self.row(t, &data, None)?;
                     let change = RowChange::Insert { key, row };
                     return Ok(SourceEvent::Change {
@@ -986,6 +1055,7 @@ impl ReplicationPort for PgReplication {
                     let Some(t) = self.table_of(relation_oid, &schema, &table)? else {
                         continue;
                     };
+                    self.changed(t);
                     let old = old_data.ok_or_else(|| {
                         CaptureFailure::permanent(format!("{}: an update at LSN {} came without its old row: the table's REPLICA IDENTITY is no longer FULL", self.tables[t].name, format_lsn(self.last_lsn)))
                     })?;
@@ -1012,6 +1082,7 @@ impl ReplicationPort for PgReplication {
                     let Some(t) = self.table_of(relation_oid, &schema, &table)? else {
                         continue;
                     };
+                    self.changed(t);
                     let (row, key) = self.row(t, &old_data, None)?;
                     let change = RowChange::Delete { key, row };
                     return Ok(SourceEvent::Change {
@@ -1050,6 +1121,9 @@ impl ReplicationPort for PgReplication {
                     if !same {
                         let names: Vec<String> =
                             columns.iter().map(|c| c.name.to_string()).collect();
+                        if self.tx_changed.iter().any(|c| *c) && !self.tx_changed[t] {
+                            return Err(self.announce_at_begin(t, names));
+                        }
                         return self.columns_changed(t, &names);
                     }
                 }

@@ -107,7 +107,9 @@ impl Progress {
 
 impl CaptureObserver for Progress {
     fn committed(&mut self, state: &CaptureState, stats: &SessionStats) {
-        if stats.checkpoints < self.counted.checkpoints {
+        // Each commit of a session counts one more checkpoint: a count not past the last one
+        // told is a new session's, whose counts start again from 0.
+        if stats.checkpoints <= self.counted.checkpoints {
             self.counted = SessionStats::default();
         }
         let (transactions, changes) = (
@@ -317,29 +319,105 @@ pub(in crate::capture) fn end_session<T>(
     result.map(|_| ())
 }
 
-/// The row schema (Avro JSON) of a one-table capture in force at `epoch`: the last version
-/// announced into `dir` from an epoch at or before it, else the manifest's, else `catalog` (a
-/// capture whose manifest is not written yet). Both sources resume with it.
+/// The row schema (Avro JSON) of captured table `t` in force at `epoch`: the last version
+/// announced into `dir` for it from an epoch at or before it, else the manifest's, else `catalog`
+/// (a capture whose manifest is not written yet). `name`: the table's name in the manifest of a
+/// capture of several tables (its versions name it), `None` for one table. Both sources resume
+/// with it.
 pub(in crate::capture) fn schema_in_force(
     dir: &Path,
+    t: usize,
+    name: Option<&str>,
     epoch: Epoch,
     catalog: &str,
 ) -> Result<String, CaptureFailure> {
     let permanent = |e: String| CaptureFailure::permanent(e);
     let manifest = dir.join("manifest.json");
     let mut schema = match std::fs::read(&manifest) {
-        Ok(text) => serde_json::from_slice::<serde_json::Value>(&text)
-            .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?["row_schema"]
-            .to_string(),
+        Ok(text) => {
+            let m = serde_json::from_slice::<serde_json::Value>(&text)
+                .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?;
+            let row = match name {
+                Some(_) => &m["tables"][t]["row_schema"],
+                None => &m["row_schema"],
+            };
+            if row.is_null() {
+                return Err(permanent(format!(
+                    "{}: no row schema for table {}",
+                    manifest.display(),
+                    name.unwrap_or("")
+                )));
+            }
+            row.to_string()
+        }
         Err(_) => catalog.to_string(),
     };
     let versions = crate::snapshot::versions::read(dir).map_err(|e| permanent(e.to_string()))?;
     if let Some(v) = versions
         .iter()
-        .filter(|v| v.from_epoch <= epoch)
+        .filter(|v| v.table.as_deref() == name && v.from_epoch <= epoch)
         .max_by_key(|v| v.from_epoch)
     {
         schema = v.row_schema.clone();
     }
     Ok(schema)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts what [`CaptureMeter::committed`] is told.
+    #[derive(Default)]
+    struct Counted(std::sync::Mutex<(u64, u64)>);
+
+    impl CaptureMeter for Counted {
+        fn committed(
+            &self,
+            _: &str,
+            _: &CaptureState,
+            _: &SessionStats,
+            transactions: u64,
+            changes: u64,
+            _: u64,
+        ) {
+            let mut c = self.0.lock().unwrap();
+            c.0 += transactions;
+            c.1 += changes;
+        }
+        fn restarted(&self, _: &str) {}
+        fn commit_took(&self, _: &str, _: Duration) {}
+        fn started(&self, _: &str) {}
+        fn snapshot(&self, _: &str, _: super::super::report::SnapshotOutcome, _: Option<Duration>) {
+        }
+    }
+
+    /// A session that committed once, then a new session whose first commit read fewer
+    /// transactions: each commit counted once, none negative (it overflowed when the new
+    /// session's first commit had as many checkpoints as the old one's last).
+    #[test]
+    fn a_new_session_counts_from_zero_whatever_the_last_one_counted() {
+        let meter = Arc::new(Counted::default());
+        let job: JobConfig = toml::from_str(
+            "name = \"j\"\ntopic = \"t\"\nsnapshot = { kind = \"files\", dir = \"s\" }\nstore = { kind = \"sqlite\", path = \"r.sqlite\", table = \"t\" }\n[kafka]\n\"bootstrap.servers\" = \"k:9092\"\n",
+        )
+        .unwrap();
+        let mut p = Progress::new(&job, CaptureBoard::default(), meter.clone(), None);
+        let state = CaptureState {
+            lsn: 10,
+            epoch: Epoch(1 << 16),
+            checkpoints: 1,
+        };
+        let stats = |checkpoints, transactions| SessionStats {
+            transactions,
+            changes: transactions * 2,
+            checkpoints,
+            ..SessionStats::default()
+        };
+        p.committed(&state, &stats(1, 100));
+        // The next session.
+        p.committed(&state, &stats(1, 40));
+        p.committed(&state, &stats(2, 50));
+        assert_eq!(*meter.0.lock().unwrap(), (150, 300));
+    }
 }

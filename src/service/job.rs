@@ -216,8 +216,11 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
             let opened = SnapshotFiles::open_tables(dir, &names).with_context(|| {
                 format!("job {}: opening the snapshot of store.tables", job.name)
             })?;
+            // The manifest's names, which the schema versions name (not the row records').
+            let mut log_names: Vec<Option<String>> = Vec::new();
             for ((name, sql), s) in job.store.tables().iter().zip(opened) {
                 log_tables = s.tables.iter().map(|t| t.schema.clone()).collect();
+                log_names = s.tables.iter().map(|t| Some(t.name.clone())).collect();
                 store_tables.push(crate::store::StoreTable {
                     index: s.table_index as u16,
                     source: name.clone(),
@@ -231,14 +234,17 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
             let ev = crate::snapshot::versions::evolution(
                 dir,
                 log_tables.clone(),
-                log_tables.iter().map(|t| Some(t.name.clone())).collect(),
+                log_names,
                 parts[0].1.info().snapshot_epoch,
                 versions_sync(job, dir)?,
             )
             .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
             for t in &store_tables {
-                check_versions_allowed(job, &ev.current(), t.index as usize)?;
+                check_versions_allowed(job, &ev.current(), t.index as usize, true)?;
             }
+            // The codec knows every table's versions (the others' changes are passed over);
+            // the store refuses a version of its own tables ([`store_factory`]).
+            evolution = Some(ev);
             let s = crate::snapshot::tables::TablesSnapshot::new(parts, &manifest)
                 .with_context(|| format!("job {}: opening the snapshot", job.name))?;
             (Arc::new(s), store_tables[0].schema.clone(), manifest)
@@ -257,7 +263,7 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
                 versions_sync(job, dir)?,
             )
             .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
-            check_versions_allowed(job, &ev.current(), table_index)?;
+            check_versions_allowed(job, &ev.current(), table_index, false)?;
             evolution = Some(ev);
             (
                 Arc::new(s),
@@ -855,12 +861,15 @@ fn check_versions_allowed(
     job: &JobConfig,
     versions: &crate::codec::versions::SchemaVersions,
     table: usize,
+    several: bool,
 ) -> Result<()> {
     let all = versions.of(table);
     let Some(first) = all.get(1) else {
         return Ok(());
     };
-    let setting = if matches!(
+    let setting = if several {
+        "the job materialises several tables, and a job of several tables follows no schema versions yet: materialise that table in a job of its own (snapshot.table), which follows them"
+    } else if matches!(
         job.store,
         StoreConfig::Sqlite {
             store_datum: false,
@@ -874,9 +883,10 @@ fn check_versions_allowed(
         return Ok(());
     };
     bail!(
-        "job {}: the log announces {} schema version(s) of its table (the first from epoch {}), and {setting}",
+        "job {}: the log announces {} schema version(s) of its table {} (the first from epoch {}), and {setting}",
         job.name,
         all.len() - 1,
+        all[0].table.name,
         first.from_epoch
     )
 }
@@ -910,8 +920,12 @@ pub fn store_factory(
             };
             if !several.is_empty() {
                 return Ok(Arc::new(move || {
-                    SqliteStore::open_tables(&path, several.clone(), options)
-                        .map(|s| Box::new(s) as Box<dyn StateStore>)
+                    SqliteStore::open_tables(&path, several.clone(), options).map(|s| {
+                        Box::new(match &evolution {
+                            Some((ev, t)) => s.with_evolution(ev.clone(), *t),
+                            None => s,
+                        }) as Box<dyn StateStore>
+                    })
                 }));
             }
             Arc::new(move || {
@@ -929,7 +943,12 @@ pub fn store_factory(
                 several.clone(),
                 publication,
             )
-            .map(|s| Box::new(s) as Box<dyn StateStore>)
+            .map(|s| {
+                Box::new(match &evolution {
+                    Some((ev, t)) => s.with_evolution(ev.clone(), *t),
+                    None => s,
+                }) as Box<dyn StateStore>
+            })
         }),
         StoreConfig::Postgres { url, table, .. } => Arc::new(move || {
             crate::store::postgres::PostgresStore::open_with(

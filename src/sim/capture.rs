@@ -351,7 +351,12 @@ impl SimLog {
 }
 
 impl LogPort for SimLog {
-    fn announce_schema(&mut self, from_epoch: Epoch, _: &str) -> Result<(), CaptureFailure> {
+    fn announce_schema(
+        &mut self,
+        _: TableIndex,
+        from_epoch: Epoch,
+        _: &str,
+    ) -> Result<(), CaptureFailure> {
         // The model source never changes its table's columns.
         Err(CaptureFailure::permanent(format!(
             "the simulated log has no schema versions (one announced from epoch {from_epoch})"

@@ -648,6 +648,32 @@ pub fn evolve(
     }))
 }
 
+/// A job of several tables follows no schema versions yet (its store records one version per
+/// job): a checkpoint at or past a version of one of its own tables is refused before anything of
+/// it is written, naming the table and the way out. Versions of the log's other tables are
+/// nothing to it (their changes are passed over).
+pub fn refuse_versions_of_several(
+    job: &str,
+    versions: &crate::codec::versions::SchemaVersions,
+    several: &[crate::store::StoreTable],
+    cp: &Checkpoint,
+) -> Result<(), StoreError> {
+    let Some(epoch) = cp.epoch else {
+        return Ok(());
+    };
+    for t in several {
+        let k = versions.at(t.index as usize, epoch);
+        if k > 0 {
+            let from = versions.of(t.index as usize)[k].from_epoch;
+            return Err(StoreError::rejected(format!(
+                "job {job}: table {} (store table {}) has a new row-schema version from epoch {from}, and a job of several tables follows no schema versions yet: nothing of epoch {epoch} is applied; materialise that table in a job of its own (snapshot.table), which follows them",
+                t.source, t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The columns a schema change adds and drops, by name.
 pub fn column_changes(
     from: &crate::codec::TableSchema,

@@ -215,6 +215,10 @@ pub fn commit_group(
         let decoded = decoded.next().unwrap_or_default();
         let row = protocol::check_commit(tx, job, cp, several)?;
         let evolved = match versions {
+            Some((vs, _)) if !several.is_empty() => {
+                protocol::refuse_versions_of_several(job, vs, several, cp)?;
+                None
+            }
             Some((vs, t)) => protocol::evolve(tx, job, vs, t, cp, publication)?,
             None => None,
         };

@@ -93,11 +93,12 @@ pub enum SourceEvent {
     /// Nothing arrived for a while: the source has sent everything before `wal_end` (0 when it
     /// did not say), and the wall clock reads `now_ms`.
     Idle { wal_end: Lsn, now_ms: u64 },
-    /// Inside a transaction, before its first change: the table's row schema changed to a new,
+    /// Inside a transaction, before its first change: table `table`'s row schema changed to a new,
     /// compatible version (`row_schema`, opaque to the core). `announced`: the epoch a version of
     /// that schema was already announced from (a session that failed after announcing it), which
     /// the new version must start at again.
     SchemaChange {
+        table: TableIndex,
         row_schema: String,
         announced: Option<Epoch>,
         now_ms: u64,
@@ -132,6 +133,7 @@ pub enum Action {
     /// durably, before the barrier into `from_epoch`; the changes after that barrier are written
     /// with it.
     AnnounceSchema {
+        table: TableIndex,
         from_epoch: Epoch,
         row_schema: String,
     },
@@ -402,6 +404,7 @@ impl Assembler {
                 }
             }
             SourceEvent::SchemaChange {
+                table,
                 row_schema,
                 announced,
                 now_ms,
@@ -416,7 +419,7 @@ impl Assembler {
                 if self.open_wrote {
                     return Err(CaptureError::SchemaChangeMidTransaction { open });
                 }
-                self.change_schema(row_schema, announced, now_ms, out)?;
+                self.change_schema(table, row_schema, announced, now_ms, out)?;
             }
             SourceEvent::Commit { end_lsn } => {
                 let Some((_, skip)) = self.open.take() else {
@@ -501,6 +504,7 @@ impl Assembler {
     /// changes follow in the new epoch.
     fn change_schema(
         &mut self,
+        table: TableIndex,
         row_schema: String,
         announced: Option<Epoch>,
         now_ms: u64,
@@ -517,6 +521,7 @@ impl Assembler {
             None => self.epoch.next_at(now_ms),
         };
         out.push(Action::AnnounceSchema {
+            table,
             from_epoch: next,
             row_schema,
         });
@@ -586,20 +591,12 @@ impl Assembler {
 }
 
 /// Whether a capture follows a table whose columns were `captured` and are `now` — the one answer
-/// the stream (a Relation message) and a restart (the catalog against the state record) both give,
-/// so a capture that stops says the same reason when it is started again. `Err` is why not.
-/// Columns added at the end of a one-table capture are followed (the stream then checks each new
-/// column has no default and is nullable); nothing else yet.
-pub fn columns_followed(
-    several: bool,
-    captured: &[&str],
-    now: &[&str],
-) -> Result<(), &'static str> {
-    if now == captured {
-        Ok(())
-    } else if several {
-        Err("a capture of several tables follows no schema change yet; capture the tables again into a new topic")
-    } else if now.len() > captured.len() && now[..captured.len()] == *captured {
+/// the stream (a Relation message, a binlog DDL) and a restart (the catalog against the state
+/// record) both give, so a capture that stops says the same reason when it is started again. `Err`
+/// is why not. Columns added at the end are followed, in a capture of one table or of several
+/// (the stream then checks each new column has no default and is nullable); nothing else yet.
+pub fn columns_followed(captured: &[&str], now: &[&str]) -> Result<(), &'static str> {
+    if now == captured || (now.len() > captured.len() && now[..captured.len()] == *captured) {
         Ok(())
     } else {
         Err("only columns added at the end are followed (ALTER TABLE … ADD COLUMN); a column dropped, renamed or retyped stops the capture")
@@ -690,6 +687,7 @@ mod tests {
         let open = a.epoch();
         a.on_event(
             SourceEvent::SchemaChange {
+                table: 0,
                 row_schema: "v1".into(),
                 announced: None,
                 now_ms: t + 30,
@@ -719,6 +717,7 @@ mod tests {
         let e = a
             .on_event(
                 SourceEvent::SchemaChange {
+                    table: 0,
                     row_schema: "v2".into(),
                     announced: None,
                     now_ms: t + 40,
@@ -735,6 +734,7 @@ mod tests {
         out.clear();
         b2.on_event(
             SourceEvent::SchemaChange {
+                table: 0,
                 row_schema: "v1".into(),
                 announced: Some(again),
                 now_ms: t + 11,
@@ -750,6 +750,7 @@ mod tests {
         let e = b3
             .on_event(
                 SourceEvent::SchemaChange {
+                    table: 0,
                     row_schema: "v1".into(),
                     announced: Some(open),
                     now_ms: t + 11,
@@ -1165,15 +1166,12 @@ mod tests {
     }
 
     #[test]
-    fn columns_are_followed_only_when_added_at_the_end_of_one_table() {
+    fn columns_are_followed_only_when_added_at_the_end() {
         let (ab, abc, ac) = (["a", "b"], ["a", "b", "c"], ["a", "c"]);
-        assert_eq!(columns_followed(false, &ab, &ab), Ok(()));
-        assert_eq!(columns_followed(true, &ab, &ab), Ok(()));
-        assert_eq!(columns_followed(false, &ab, &abc), Ok(()));
-        let several = columns_followed(true, &ab, &abc).unwrap_err();
-        assert!(several.contains("several tables"), "{several}");
+        assert_eq!(columns_followed(&ab, &ab), Ok(()));
+        assert_eq!(columns_followed(&ab, &abc), Ok(()));
         for now in [&ac[..], &["a"][..], &["b", "a"][..]] {
-            let e = columns_followed(false, &ab, now).unwrap_err();
+            let e = columns_followed(&ab, now).unwrap_err();
             assert!(e.contains("only columns added at the end"), "{now:?}: {e}");
         }
     }

@@ -279,7 +279,7 @@ fn values(row: mysql::binlog::row::BinlogRow) -> Result<Vec<Value>, String> {
 impl Reader {
     /// A statement named captured table `index`: the table's columns as the catalog has them now
     /// against the capture's. The same columns are no change (`None`); columns added at the end,
-    /// each nullable without a default, of a one-table capture are a new schema version (its
+    /// each nullable without a default, are a new schema version of the table (its
     /// event, and the reader's mapping moves to the new columns); anything else is the reason
     /// the capture stops (docs/CAPTURE.md, "MariaDB"). The catalog is read after the statement:
     /// if the table changed again since, a later row's column count differs and stops the
@@ -299,17 +299,14 @@ impl Reader {
         let ours_: Vec<&str> = ours.iter().map(String::as_str).collect();
         let theirs_: Vec<&str> = theirs.iter().map(String::as_str).collect();
         let n = ours.len();
-        let followed =
-            crate::core::capture::columns_followed(self.tables.len() > 1, &ours_, &theirs_)
-                .and_then(|()| {
-                    if now.encoder.columns[..n] == t.encoder.columns[..]
-                        && now.encoder.key == t.encoder.key
-                    {
-                        Ok(())
-                    } else {
-                        Err("a column was retyped; only columns added at the end are followed")
-                    }
-                });
+        let followed = crate::core::capture::columns_followed(&ours_, &theirs_).and_then(|()| {
+            if now.encoder.columns[..n] == t.encoder.columns[..] && now.encoder.key == t.encoder.key
+            {
+                Ok(())
+            } else {
+                Err("a column was retyped; only columns added at the end are followed")
+            }
+        });
         if let Err(why) = followed {
             return Err(format!(
                 "its columns are now {theirs:?}, captured {ours:?}: {why} (nothing after the last checkpoint is committed; capture into a new topic)"
@@ -344,6 +341,7 @@ impl Reader {
         tracing::info!(table = %now.quoted(), columns = ?theirs, "columns added at the end: a new schema version");
         self.tables[index].encoder = now.encoder;
         Ok(Some(SourceEvent::SchemaChange {
+            table: index as crate::core::capture::TableIndex,
             row_schema: row_schema.to_string(),
             announced,
             now_ms: crate::capture::unix_ms(),

@@ -144,6 +144,7 @@ fn session(
         progress,
         &s.dir,
     )?;
+    log.table_names = s.tables.iter().map(|t| t.name.table.clone()).collect();
     let mut conn = super::connect(&s.url).map_err(transient("connecting to MariaDB"))?;
     let (base, _) = super::binlogs(&mut conn).map_err(transient("listing the binary logs"))?;
     let server: Option<u32> =
@@ -184,7 +185,6 @@ fn session(
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
             let recorded = record.tables();
-            let several = tables.len() > 1;
             if recorded.len() != tables.len()
                 || recorded.iter().zip(&tables).any(|(r, n)| r.0 != n.0)
             {
@@ -199,7 +199,7 @@ fn session(
                 // Columns added since are a statement the binlog brings next (a new version).
                 let captured: Vec<&str> = captured.iter().map(String::as_str).collect();
                 let now: Vec<&str> = now.iter().map(String::as_str).collect();
-                if let Err(why) = columns_followed(several, &captured, &now) {
+                if let Err(why) = columns_followed(&captured, &now) {
                     return refuse(format!(
                         "the columns of {name} are now {now:?}, captured as {captured:?}: {why}; capture into a new topic"
                     ));
@@ -217,28 +217,13 @@ fn session(
             if let Some(p) = &progress.published {
                 p.tell();
             }
-            streams = if several {
-                // Types too: a column retyped since would be read with a mapping the log's
-                // row schema does not have.
-                for (t, (schema, then)) in s
-                    .tables
-                    .iter()
-                    .zip(s.schemas.iter().zip(manifest_schemas(&s.dir)))
-                {
-                    if schema.json != then {
-                        return refuse(format!(
-                            "the columns of {} are now {}, captured as {then}: a capture of several tables follows no schema change yet; capture into a new topic",
-                            t.quoted(),
-                            schema.json
-                        ));
-                    }
-                }
-                s.tables.clone()
-            } else {
-                let (table, schema) = in_force(s, record.state.epoch)?;
-                log.use_table(schema).map_err(permanent)?;
-                vec![table]
-            };
+            // Each table with the columns of its row schema in force at the resume epoch.
+            streams = Vec::new();
+            for i in 0..s.tables.len() {
+                let (table, schema) = in_force(s, i, record.state.epoch)?;
+                log.use_table(i, schema).map_err(permanent)?;
+                streams.push(table);
+            }
             log.record = record.clone();
             (Assembler::resume(s.config, s.map, record.state), Vec::new())
         }
@@ -260,9 +245,10 @@ fn session(
 
 /// The one table with the columns of the row schema in force at `epoch` (the catalog's first
 /// ones, their types unchanged), and that schema.
-fn in_force(s: &Setup, epoch: Epoch) -> Result<(MyTable, TableSchema), CaptureFailure> {
-    let t = &s.tables[0];
-    let schema = schema_in_force(&s.dir, epoch, &s.schemas[0].json.to_string())?;
+fn in_force(s: &Setup, i: usize, epoch: Epoch) -> Result<(MyTable, TableSchema), CaptureFailure> {
+    let t = &s.tables[i];
+    let name = (s.tables.len() > 1).then_some(t.name.table.as_str());
+    let schema = schema_in_force(&s.dir, i, name, epoch, &s.schemas[i].json.to_string())?;
     let table = TableSchema::parse(&schema, &t.primary_key)
         .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
     let n = table.columns.len();
@@ -280,23 +266,6 @@ fn in_force(s: &Setup, epoch: Epoch) -> Result<(MyTable, TableSchema), CaptureFa
     let mut table_now = t.clone();
     table_now.encoder.columns = prefix.to_vec();
     Ok((table_now, table))
-}
-
-/// The row schemas the snapshot folder's manifest (or its pending one) records, in the log's
-/// order; none when it has neither (a capture whose snapshot is elsewhere).
-fn manifest_schemas(dir: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read(dir.join("manifest.json"))
-        .or_else(|_| std::fs::read(dir.join(PENDING_MANIFEST)));
-    let Ok(m) = text.map(|t| serde_json::from_slice::<serde_json::Value>(&t)) else {
-        return Vec::new();
-    };
-    let Ok(m) = m else {
-        return Vec::new();
-    };
-    match m["tables"].as_array() {
-        Some(tables) => tables.iter().map(|t| t["row_schema"].clone()).collect(),
-        None => vec![m["row_schema"].clone()],
-    }
 }
 
 /// Reads every table in one consistent snapshot into sorted per-vnode files in the snapshot
