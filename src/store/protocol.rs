@@ -732,3 +732,80 @@ pub fn resolve_stored_row(
         .collect();
     Ok((next, added))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::versions::{AnnouncedVersion, SchemaVersions};
+    use crate::codec::TableSchema;
+    use crate::core::{CheckpointCause, Epoch, Generation};
+    use crate::store::StoreTable;
+
+    fn table(name: &str, extra: &str) -> TableSchema {
+        TableSchema::parse(
+            &format!(
+                r#"{{"type":"record","name":"{name}","fields":[{{"name":"id","type":"long"}}{extra}]}}"#
+            ),
+            &["id".to_string()],
+        )
+        .unwrap()
+    }
+
+    fn checkpoint(epoch: Option<u64>) -> Checkpoint {
+        Checkpoint {
+            generation: Generation(1),
+            worker: "w".into(),
+            cause: CheckpointCause::Barrier,
+            epoch: epoch.map(Epoch),
+            leases: Vec::new(),
+            rows: Vec::new(),
+            vnodes: Vec::new(),
+            partitions: Vec::new(),
+            dead_letters: Vec::new(),
+            max_dead_letters: 0,
+        }
+    }
+
+    /// A job of several tables is refused a checkpoint at or past a version of one of its own
+    /// tables, named; the log's other tables' versions and the epochs before are nothing to it.
+    #[test]
+    fn a_job_of_several_tables_refuses_its_own_tables_versions_only() {
+        let base = [table("a", ""), table("b", "")];
+        let v1 = table(
+            "b",
+            r#",{"name":"note","type":["null","string"],"default":null}"#,
+        );
+        let vs = SchemaVersions::new(
+            &base,
+            &[Some("a".into()), Some("b".into())],
+            Epoch(10),
+            &[AnnouncedVersion {
+                source: "b.json".into(),
+                table: Some("b".into()),
+                from_epoch: Epoch(20),
+                row_schema: v1.json.to_string(),
+                named_fingerprint: None,
+            }],
+        )
+        .unwrap();
+        let own = |i: u16, name: &str| StoreTable {
+            index: i,
+            source: name.into(),
+            name: format!("{name}_replica"),
+            schema: base[i as usize].clone(),
+        };
+        let both = [own(0, "a"), own(1, "b")];
+        for ok in [None, Some(15), Some(19)] {
+            refuse_versions_of_several("j", &vs, &both, &checkpoint(ok)).unwrap();
+        }
+        let e = refuse_versions_of_several("j", &vs, &both, &checkpoint(Some(20))).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "table b (store table b_replica) has a new row-schema version from epoch 20"
+            ) && text.contains("a job of its own (snapshot.table)"),
+            "{text}"
+        );
+        refuse_versions_of_several("j", &vs, &both[..1], &checkpoint(Some(30))).unwrap();
+    }
+}
