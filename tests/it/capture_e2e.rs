@@ -136,14 +136,29 @@ fn pgbench_run_with(f: &Fixture, url: &str, rate: u32, secs: u32, extra: &[&str]
 }
 
 pub(crate) fn capture_fixture(name: &str, source: &str, table: &str) -> Fixture {
+    capture_fixture_of(name, source, &format!("table = \"{table}\""), None)
+}
+
+/// [`capture_fixture`] of the capture's `table = …` or `tables = […]` line `tables`; with
+/// `snapshot_table`, the job materialises that one of the log's tables.
+pub(crate) fn capture_fixture_of(
+    name: &str,
+    source: &str,
+    tables: &str,
+    snapshot_table: Option<&str>,
+) -> Fixture {
     let f = Fixture::new(name, 1, "vnode_count = 64\nmax_rows_per_second = 2000");
-    let text = std::fs::read_to_string(&f.config).unwrap();
+    let mut text = std::fs::read_to_string(&f.config).unwrap();
+    if let Some(t) = snapshot_table {
+        text = text.replacen(
+            "[jobs.snapshot]\n",
+            &format!("[jobs.snapshot]\ntable = \"{t}\"\n"),
+            1,
+        );
+    }
     std::fs::write(
         &f.config,
-        format!(
-            "{text}{}",
-            capture_section(&f, source, &format!("table = \"{table}\""))
-        ),
+        format!("{text}{}", capture_section(&f, source, tables)),
     )
     .unwrap();
     f

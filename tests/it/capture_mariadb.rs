@@ -6,8 +6,8 @@
 //! `check-log` finds the topic a valid log store.
 
 use crate::capture_e2e::{
-    assert_exact, capture_fixture, four_tables_config, pgbench_checker, spawn_capture,
-    stop_capture, verify_job_eventually, Replica, MIN,
+    assert_exact, capture_fixture, capture_fixture_of, four_tables_config, pgbench_checker,
+    spawn_capture, stop_capture, verify_job_eventually, Replica, MIN,
 };
 use crate::support::*;
 
@@ -70,7 +70,11 @@ fn mariadb_client() -> Command {
 /// A job `name` capturing table `t` of `url` into SQLite at full speed: its capture, started and
 /// past its first checkpoint, and its `run`.
 fn pipeline(name: &str, url: &str) -> (Fixture, Runner, Runner) {
-    let f = capture_fixture(name, url, "t");
+    pipeline_of(capture_fixture(name, url, "t"))
+}
+
+/// [`pipeline`] of the fixture `f`.
+fn pipeline_of(f: Fixture) -> (Fixture, Runner, Runner) {
     f.edit_config("max_rows_per_second = 2000", "max_rows_per_second = 0");
     let mut capture = spawn_capture(&f, "c1");
     capture.wait_for("capture checkpoint committed", MIN);
@@ -214,9 +218,10 @@ fn mariadb_types_key_moves_a_rotation_and_a_kill_9_stay_exact() {
     stop_capture(&mut capture);
 }
 
-/// Columns added at the end of a one-table MariaDB capture, nullable without a default, are new
-/// row-schema versions as in PostgreSQL's capture (a statement in the binlog, followed by reading
-/// the catalog); a statement that leaves the columns as they were (an index) changes nothing; a
+/// Columns added at the end of the tables of a MariaDB capture of two tables, nullable without a
+/// default, are new row-schema versions of each as in PostgreSQL's capture (a statement in the
+/// binlog, followed by reading the catalog), and the job of one of them passes over the other's
+/// changes and versions; a statement that leaves the columns as they were (an index) changes nothing; a
 /// `kill -9` between two versions resumes with the one in force; the replica ends equal to the
 /// source with the new columns; a column added with a default stops the capture naming it, and
 /// its restart stops for the same reason.
@@ -227,14 +232,20 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     let db = database("my-cols");
     sql(
         &db.name,
-        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT seq, seq FROM seq_1_to_1000",
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT seq, seq FROM seq_1_to_1000;          CREATE TABLE u (id int PRIMARY KEY, w int NOT NULL); INSERT INTO u SELECT seq, seq FROM seq_1_to_100",
     );
-    let (f, mut capture, mut run) = pipeline("cap-my-cols", &db.url);
+    // Two tables into one log; the job materialises t, and passes over u's changes and versions.
+    let (f, mut capture, mut run) = pipeline_of(capture_fixture_of(
+        "cap-my-cols",
+        &db.url,
+        "tables = [\"t\", \"u\"]",
+        Some("t"),
+    ));
     sql(
         &db.name,
-        "ALTER TABLE t ADD COLUMN note varchar(20) NULL;          UPDATE t SET note = CONCAT('n', id) WHERE id % 7 = 0;          ALTER TABLE t ADD INDEX iv (v); INSERT INTO t (id, v) VALUES (5000, 1)",
+        "ALTER TABLE t ADD COLUMN note varchar(20) NULL;          UPDATE t SET note = CONCAT('n', id) WHERE id % 7 = 0;          ALTER TABLE t ADD INDEX iv (v); INSERT INTO t (id, v) VALUES (5000, 1);          ALTER TABLE u ADD COLUMN extra int NULL; UPDATE u SET extra = id, w = w + 1",
     );
-    capture.wait_for("schema version announced", MIN);
+    capture.wait_for_count("schema version announced", 2, MIN);
     capture.signal("KILL");
     capture.wait_exit(MIN);
     let mut capture = spawn_capture(&f, "c2");
@@ -246,7 +257,8 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     capture.wait_for("schema version announced", MIN);
     assert_exact(&f, 1001, MIN);
     let log = f.check_log();
-    assert!(log.contains("3 row-schema versions: 0 violations"), "{log}");
+    // t's three, u's two.
+    assert!(log.contains("5 row-schema versions: 0 violations"), "{log}");
     let columns: Vec<Vec<String>> =
         f.sql("SELECT name FROM pragma_table_info('accounts') ORDER BY cid");
     let columns: Vec<&str> = columns
