@@ -813,7 +813,7 @@ impl PgReplication {
         crate::core::capture::columns_followed(&ours, &now).map_err(|why| refuse(why.into()))?;
         let mut client = connect(&self.source_url)
             .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?;
-        let info =
+        let mut info =
             table_info(&mut client, &captured.name).map_err(|e| refuse(crate::error::line(&e)))?;
         let now: Vec<&str> = info
             .encoder
@@ -821,28 +821,72 @@ impl PgReplication {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        if now != names {
+        // Columns added since by a later statement (a capture behind its source meets them in a
+        // later Relation message): this version has the message's columns.
+        let later = now.len() > names.len() && now[..names.len()] == *names;
+        if later {
+            info.encoder.columns.truncate(names.len());
+        } else if now != names {
             return Err(refuse(format!(
                 "the catalog now has {now:?}: the table changed again since"
             )));
         }
+        // The value a NOT NULL column added with a default holds in the rows already there.
+        let mut defaults: Vec<(String, serde_json::Value)> = Vec::new();
         for c in &info.encoder.columns[ours.len()..] {
-            let has_default: bool = client
+            let row = client
                 .query_one(
-                    "SELECT a.atthasdef FROM pg_attribute a WHERE a.attrelid = $1 AND a.attname = $2",
+                    "SELECT a.atthasdef, a.atthasmissing, a.attmissingval::text, format_type(a.atttypid, a.atttypmod) \
+                     FROM pg_attribute a WHERE a.attrelid = $1 AND a.attname = $2",
                     &[&info.oid, &c.name],
                 )
-                .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?
-                .get(0);
-            if has_default || !c.nullable {
-                return Err(refuse(format!(
-                    "column {} was added with a default or NOT NULL: the rows already there hold a value the log cannot carry; add it nullable without a default (then UPDATE it, which the log carries)",
-                    c.name
-                )));
+                .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?;
+            let (has_default, has_missing): (bool, bool) = (row.get(0), row.get(1));
+            match (has_default, c.nullable) {
+                (false, true) => {}
+                (true, false) if has_missing => {
+                    let (missing, ty): (Option<String>, String) = (row.get(2), row.get(3));
+                    let text: Option<String> = client
+                        .query_one(&format!("SELECT (($1::text)::{ty}[])[1]::text"), &[&missing])
+                        .map_err(|e| CaptureFailure::transient_from("reading the catalog", e))?
+                        .get(0);
+                    let value = text
+                        .as_deref()
+                        .map(|t| super::types::avro_default(&c.ty, t))
+                        .transpose()
+                        .map_err(|e| refuse(format!("column {}'s default: {e:#}", c.name)))?
+                        .flatten()
+                        .ok_or_else(|| {
+                            refuse(format!(
+                                "column {} was added NOT NULL with a default of type {ty}, whose value the log does not carry yet (bytes, numeric with a scale, arrays): add it nullable without a default (then UPDATE it, which the log carries)",
+                                c.name
+                            ))
+                        })?;
+                    defaults.push((c.name.clone(), value));
+                }
+                (true, false) => {
+                    return Err(refuse(format!(
+                        "column {} was added NOT NULL with a volatile default (or the table was rewritten since): the rows already there hold values the log cannot carry; add it nullable without a default (then UPDATE it, which the log carries)",
+                        c.name
+                    )))
+                }
+                (true, true) => {
+                    return Err(refuse(format!(
+                        "column {} was added with a default but nullable: the rows already there hold a value the log cannot carry as a nullable column; add it NOT NULL with the default, or nullable without a default (then UPDATE it, which the log carries)",
+                        c.name
+                    )))
+                }
+                (false, false) => {
+                    return Err(refuse(format!(
+                        "column {} was added NOT NULL without a default: the log cannot carry what the rows already there hold; add it with a default, or nullable (then UPDATE it, which the log carries)",
+                        c.name
+                    )))
+                }
             }
         }
-        let row_schema =
+        let mut row_schema =
             super::types::row_schema(&captured.name.to_string(), &info.encoder.columns);
+        with_defaults(&mut row_schema, &defaults);
         let table = crate::codec::TableSchema::parse(&row_schema.to_string(), &info.primary_key)
             .map_err(|e| refuse(e.to_string()))?;
         let fingerprint = crate::codec::LogCodec::new(table)
@@ -956,6 +1000,19 @@ impl PgReplication {
                 e,
             )
         })
+    }
+}
+
+/// Sets the `default` of each named field of `row_schema` (a record's JSON): the value the rows
+/// already there hold for a `NOT NULL` column added with a default.
+fn with_defaults(row_schema: &mut serde_json::Value, defaults: &[(String, serde_json::Value)]) {
+    let Some(fields) = row_schema["fields"].as_array_mut() else {
+        return;
+    };
+    for (name, value) in defaults {
+        if let Some(f) = fields.iter_mut().find(|f| f["name"] == name.as_str()) {
+            f["default"] = value.clone();
+        }
     }
 }
 

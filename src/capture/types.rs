@@ -23,6 +23,7 @@
 //! | an enum type | string |
 //! | a one-dimensional array of the above | array of the element's type (elements nullable) |
 //! | a nullable column | union `["null", T]`, default null |
+//! | a `NOT NULL` column added later with a default | T, with that value as its default ([`avro_default`]) |
 //!
 //! Anything else is refused at start with an error naming the column and its type. No I/O here.
 
@@ -165,6 +166,25 @@ pub fn record_schema<'a>(
         .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
         .collect();
     json!({"type": "record", "name": name, "namespace": "kafka_backfill.capture", "fields": fields})
+}
+
+/// The Avro default (JSON) of a column of type `ty` whose value is `text` (PostgreSQL's text form):
+/// what the rows already there hold when a `NOT NULL` column is added with a default, which the
+/// new row-schema version declares so that a reader resolves the older rows to it (docs/WIRE.md
+/// "Schema changes"). `None` for a type whose Avro default is not written here (bytes, decimal,
+/// arrays: their JSON form is not the value's).
+pub fn avro_default(ty: &PgType, text: &str) -> Result<Option<serde_json::Value>> {
+    if matches!(
+        ty,
+        PgType::Bytea | PgType::Numeric { .. } | PgType::Array(_)
+    ) {
+        return Ok(None);
+    }
+    let mut datum = Vec::new();
+    encode_value(ty, text, &mut datum)?;
+    let schema = apache_avro::Schema::parse(&ty.avro())?;
+    let value = apache_avro::from_avro_datum(&schema, &mut &datum[..], None)?;
+    Ok(Some(serde_json::Value::try_from(value)?))
 }
 
 /// Encodes rows of one table: text values in, row datum and key bytes out.
@@ -489,6 +509,35 @@ mod tests {
     use super::*;
     use crate::codec::TableSchema;
     use apache_avro::types::Value;
+
+    /// A NOT NULL column's default as the version declares it: the JSON an Avro reader resolves
+    /// older rows with, equal to what the column's own encoding of the value decodes to.
+    #[test]
+    fn defaults_are_the_avro_json_of_the_value_and_none_where_its_json_is_not_the_value() {
+        let d = |ty: PgType, text: &str| avro_default(&ty, text).unwrap();
+        assert_eq!(d(PgType::Bool, "t"), Some(json!(true)));
+        assert_eq!(d(PgType::Int4, "5"), Some(json!(5)));
+        assert_eq!(d(PgType::Int8, "-1099511627776"), Some(json!(-1099511627776i64)));
+        assert_eq!(d(PgType::Float8, "1.5"), Some(json!(1.5)));
+        assert_eq!(d(PgType::Text, "x \"y\""), Some(json!("x \"y\"")));
+        assert_eq!(d(PgType::Date, "1970-01-03"), Some(json!(2)));
+        assert_eq!(
+            d(PgType::Timestamptz, "1970-01-01 00:00:01.5+00"),
+            Some(json!(1_500_000))
+        );
+        assert_eq!(d(PgType::Bytea, "\\x00"), None);
+        assert_eq!(
+            d(
+                PgType::Numeric {
+                    precision: 10,
+                    scale: 2
+                },
+                "1.50"
+            ),
+            None
+        );
+        assert!(avro_default(&PgType::Int4, "five").is_err());
+    }
 
     fn col(name: &str, ty: PgType, nullable: bool) -> PgColumn {
         PgColumn {

@@ -780,22 +780,44 @@ fn columns_added_upstream_are_schema_versions_the_replica_follows() {
         "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
     );
     capture.wait_for("schema version announced", MIN);
-    let mut capture = tier_added_after_a_kill_9(&f, &url, capture, "capture2");
+    // NOT NULL columns added with a default: the version declares the value the rows already
+    // there hold (PostgreSQL's missing value, now() evaluated once at the ALTER), and the replica's
+    // older rows resolve to it. Added after `tier` while the capture is paused, so it reads a
+    // catalog that has them when it meets `tier` (it stopped there: "the table changed again
+    // since").
+    let mut capture = tier_added_after_a_kill_9(
+        &f,
+        &url,
+        capture,
+        "capture2",
+        &[
+            "ALTER TABLE pgbench_accounts ADD COLUMN active boolean NOT NULL DEFAULT true, ADD COLUMN since timestamptz NOT NULL DEFAULT now()",
+            "UPDATE pgbench_accounts SET active = false, since = now() WHERE aid % 11 = 0",
+        ],
+        3,
+    );
     wait_child(&mut bench, MIN);
     let report = verify_source_eventually(&f, MIN);
     assert!(report.contains("10000 rows compared"), "{report}");
     let log = check_log(&f);
-    assert!(log.contains("3 row-schema versions: 0 violations"), "{log}");
+    assert!(log.contains("4 row-schema versions: 0 violations"), "{log}");
     let history: Vec<Vec<i64>> = f.sql("SELECT count(*) FROM kb_schema_history");
-    assert_eq!(history[0][0], 2);
+    assert_eq!(history[0][0], 3);
     let columns: Vec<Vec<String>> =
         f.sql("SELECT name FROM pragma_table_info('accounts') ORDER BY cid");
     let columns: Vec<&str> = columns.iter().map(|c| c[0].as_str()).collect();
-    assert!(
-        columns.contains(&"note") && columns.contains(&"tier"),
-        "{columns:?}"
+    for c in ["note", "tier", "active", "since"] {
+        assert!(columns.contains(&c), "{c}: {columns:?}");
+    }
+    let active: Vec<Vec<i64>> =
+        f.sql("SELECT count(*) FROM accounts WHERE active = 1 AND aid % 11 <> 0");
+    assert_eq!(
+        active[0][0],
+        10_000 - 10_000 / 11,
+        "older rows hold the default"
     );
-    // A column with a default: the rows already there hold a value the log cannot carry.
+    // A nullable column with a default: the rows already there hold a value the log cannot carry
+    // as a nullable column's.
     psql(
         &url,
         "ALTER TABLE pgbench_accounts ADD COLUMN flag int DEFAULT 1",
@@ -807,7 +829,7 @@ fn columns_added_upstream_are_schema_versions_the_replica_follows() {
     assert!(!capture.wait_exit(MIN).success());
     let text = capture.log_text();
     assert!(
-        text.contains("column flag was added with a default or NOT NULL"),
+        text.contains("column flag was added with a default but nullable"),
         "{}",
         tail(&text)
     );
@@ -816,18 +838,40 @@ fn columns_added_upstream_are_schema_versions_the_replica_follows() {
 }
 
 /// `capture` killed with `kill -9` and started again as `prefix`; then a column `tier` added to
-/// pgbench_accounts and written, and the restarted capture's announcement of it awaited.
-fn tier_added_after_a_kill_9(f: &Fixture, url: &str, mut capture: Runner, prefix: &str) -> Runner {
+/// pgbench_accounts and written, and each statement of `then` run after it, each in a transaction
+/// of its own, while the capture is paused (SIGSTOP): it meets `tier` with the catalog already
+/// past it. Returns once the snapshot folder holds `versions` schema versions.
+fn tier_added_after_a_kill_9(
+    f: &Fixture,
+    url: &str,
+    mut capture: Runner,
+    prefix: &str,
+    then: &[&str],
+    versions: usize,
+) -> Runner {
     capture.signal("KILL");
     assert!(!capture.wait_exit(MIN).success());
     let mut capture = spawn_capture(f, prefix);
     capture.wait_for("capture checkpoint committed", MIN);
+    capture.signal("STOP");
     psql(url, "ALTER TABLE pgbench_accounts ADD COLUMN tier bigint");
     psql(
         url,
         "UPDATE pgbench_accounts SET tier = aid * 1099511627776 WHERE aid % 5 = 0",
     );
-    capture.wait_for("schema version announced", MIN);
+    for statement in then {
+        psql(url, statement);
+    }
+    capture.signal("CONT");
+    let deadline = Instant::now() + MIN;
+    while crate::schema_changes_e2e::version_files(f) < versions {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {versions} schema versions: {}",
+            tail(&capture.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     capture
 }
 
@@ -947,7 +991,7 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
         .matches("capture checkpoint committed")
         .count();
     capture.wait_for_count("capture checkpoint committed", committed + 2, MIN);
-    let mut capture = tier_added_after_a_kill_9(&f, &url, capture, "c2b");
+    let mut capture = tier_added_after_a_kill_9(&f, &url, capture, "c2b", &[], 2);
     wait_child(&mut bench, MIN);
     psql(&url, "DELETE FROM other");
     let expected_rows = [10_000, 10, 1];
@@ -1002,7 +1046,7 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
     }
     // A column change the log cannot carry stops the capture, and a restart stops with the same
     // reason.
-    const WHY: &str = "column note was added with a default or NOT NULL";
+    const WHY: &str = "column note was added with a default but nullable";
     psql(
         &url,
         "ALTER TABLE pgbench_branches ADD COLUMN note text DEFAULT 'x'",

@@ -26,7 +26,7 @@ const EVOLVING_LOG: [&str; 9] = [
 ];
 
 /// The versions `produce --evolve` announced, as files.
-fn version_files(f: &Fixture) -> usize {
+pub(crate) fn version_files(f: &Fixture) -> usize {
     std::fs::read_dir(f.dir.join("out/snapshot/schema_versions"))
         .map(|d| {
             d.filter(|e| {
