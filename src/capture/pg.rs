@@ -886,7 +886,7 @@ impl PgReplication {
         }
         let mut row_schema =
             super::types::row_schema(&captured.name.to_string(), &info.encoder.columns);
-        with_defaults(&mut row_schema, &defaults);
+        super::types::with_defaults(&mut row_schema, &defaults);
         let table = crate::codec::TableSchema::parse(&row_schema.to_string(), &info.primary_key)
             .map_err(|e| refuse(e.to_string()))?;
         let fingerprint = crate::codec::LogCodec::new(table)
@@ -1000,19 +1000,6 @@ impl PgReplication {
                 e,
             )
         })
-    }
-}
-
-/// Sets the `default` of each named field of `row_schema` (a record's JSON): the value the rows
-/// already there hold for a `NOT NULL` column added with a default.
-fn with_defaults(row_schema: &mut serde_json::Value, defaults: &[(String, serde_json::Value)]) {
-    let Some(fields) = row_schema["fields"].as_array_mut() else {
-        return;
-    };
-    for (name, value) in defaults {
-        if let Some(f) = fields.iter_mut().find(|f| f["name"] == name.as_str()) {
-            f["default"] = value.clone();
-        }
     }
 }
 

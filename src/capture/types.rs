@@ -171,20 +171,50 @@ pub fn record_schema<'a>(
 /// The Avro default (JSON) of a column of type `ty` whose value is `text` (PostgreSQL's text form):
 /// what the rows already there hold when a `NOT NULL` column is added with a default, which the
 /// new row-schema version declares so that a reader resolves the older rows to it (docs/WIRE.md
-/// "Schema changes"). `None` for a type whose Avro default is not written here (bytes, decimal,
-/// arrays: their JSON form is not the value's).
+/// "Schema changes"). `None` for a type whose Avro default is not written here ([`avro_json`]).
 pub fn avro_default(ty: &PgType, text: &str) -> Result<Option<serde_json::Value>> {
+    let mut datum = Vec::new();
+    encode_value(ty, text, &mut datum)?;
+    avro_json(&ty.avro(), &datum)
+}
+
+/// The JSON an Avro reader takes as the default of a field of type `avro` for the value encoded as
+/// `datum` (either source's mapping); `None` where that JSON is not the value's (bytes, fixed,
+/// decimal, arrays: the JSON of their bytes is not written here).
+pub(crate) fn avro_json(
+    avro: &serde_json::Value,
+    datum: &[u8],
+) -> Result<Option<serde_json::Value>> {
+    use apache_avro::Schema;
+    let schema = Schema::parse(avro)?;
     if matches!(
-        ty,
-        PgType::Bytea | PgType::Numeric { .. } | PgType::Array(_)
+        schema,
+        Schema::Bytes
+            | Schema::Fixed(_)
+            | Schema::Decimal(_)
+            | Schema::BigDecimal
+            | Schema::Array(_)
     ) {
         return Ok(None);
     }
-    let mut datum = Vec::new();
-    encode_value(ty, text, &mut datum)?;
-    let schema = apache_avro::Schema::parse(&ty.avro())?;
     let value = apache_avro::from_avro_datum(&schema, &mut &datum[..], None)?;
     Ok(Some(serde_json::Value::try_from(value)?))
+}
+
+/// Sets the `default` of each named field of `row_schema` (a record's JSON): the value the rows
+/// already there hold for a `NOT NULL` column added with a default.
+pub(crate) fn with_defaults(
+    row_schema: &mut serde_json::Value,
+    defaults: &[(String, serde_json::Value)],
+) {
+    let Some(fields) = row_schema["fields"].as_array_mut() else {
+        return;
+    };
+    for (name, value) in defaults {
+        if let Some(f) = fields.iter_mut().find(|f| f["name"] == name.as_str()) {
+            f["default"] = value.clone();
+        }
+    }
 }
 
 /// Encodes rows of one table: text values in, row datum and key bytes out.
@@ -517,7 +547,10 @@ mod tests {
         let d = |ty: PgType, text: &str| avro_default(&ty, text).unwrap();
         assert_eq!(d(PgType::Bool, "t"), Some(json!(true)));
         assert_eq!(d(PgType::Int4, "5"), Some(json!(5)));
-        assert_eq!(d(PgType::Int8, "-1099511627776"), Some(json!(-1099511627776i64)));
+        assert_eq!(
+            d(PgType::Int8, "-1099511627776"),
+            Some(json!(-1099511627776i64))
+        );
         assert_eq!(d(PgType::Float8, "1.5"), Some(json!(1.5)));
         assert_eq!(d(PgType::Text, "x \"y\""), Some(json!("x \"y\"")));
         assert_eq!(d(PgType::Date, "1970-01-03"), Some(json!(2)));

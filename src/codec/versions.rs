@@ -277,12 +277,57 @@ fn field_change(old: &Schema, new: &Schema) -> Result<(), String> {
     }
 }
 
-/// A row datum written with `from`, as `to` reads it (Avro schema resolution), re-encoded with `to`.
+/// A row datum written with `from`, as `to` reads it (Avro schema resolution for the changes
+/// [`compatible`] allows: fields added with their default, fields dropped, int to long, float to
+/// double, enum symbols appended, the same in a union's branch), re-encoded with `to`.
+///
+/// Resolved here field by field, not by apache-avro's reader-schema decode: that one refuses a
+/// `bytes` decimal whose value takes fewer bytes than the largest value of its precision ("Precision
+/// 20 too small to hold decimal values with 7 bytes"), so a table with a decimal column (a MariaDB
+/// `bigint unsigned`, a PostgreSQL `numeric(p,s)`) could take no second schema version.
 pub fn resolve(datum: &[u8], from: &TableSchema, to: &TableSchema) -> Result<Vec<u8>, CodecError> {
+    use apache_avro::types::Value;
+    let bad = |e: String| CodecError::Decode(format!("resolving the row to the new schema: {e}"));
     let mut r = datum;
-    let value = apache_avro::from_avro_datum(&from.schema, &mut r, Some(&to.schema))
-        .map_err(|e| CodecError::Decode(format!("resolving the row to the new schema: {e}")))?;
-    to.encode_row(&value)
+    let Value::Record(fields) =
+        apache_avro::from_avro_datum(&from.schema, &mut r, None).map_err(|e| bad(e.to_string()))?
+    else {
+        return Err(bad("not a record".into()));
+    };
+    let Schema::Record(record) = &to.schema else {
+        unreachable!("row schemas are records")
+    };
+    let mut out = Vec::with_capacity(record.fields.len());
+    for f in &record.fields {
+        let value = match fields.iter().find(|(name, _)| *name == f.name) {
+            Some((_, v)) => widen(v.clone(), &f.schema),
+            None => {
+                let default = f
+                    .default
+                    .clone()
+                    .ok_or_else(|| bad(format!("field {} has no default", f.name)))?;
+                Value::from(default)
+                    .resolve(&f.schema)
+                    .map_err(|e| bad(format!("field {}'s default: {e}", f.name)))?
+            }
+        };
+        out.push((f.name.clone(), value));
+    }
+    to.encode_row(&Value::Record(out))
+}
+
+/// A value of a field as a compatible later type of it reads it ([`field_change`]).
+fn widen(v: apache_avro::types::Value, to: &Schema) -> apache_avro::types::Value {
+    use apache_avro::types::Value;
+    match (v, to) {
+        (Value::Int(i), Schema::Long) => Value::Long(i as i64),
+        (Value::Float(x), Schema::Double) => Value::Double(x as f64),
+        (Value::Union(i, inner), Schema::Union(u)) => match u.variants().get(i as usize) {
+            Some(branch) => Value::Union(i, Box::new(widen(*inner, branch))),
+            None => Value::Union(i, inner),
+        },
+        (v, _) => v,
+    }
 }
 
 type Loader =
@@ -409,6 +454,44 @@ impl Evolution {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row with a short `bytes` decimal (a bigint unsigned of 7 bytes, precision 20) resolves
+    /// to a version adding a field: apache-avro's reader-schema decode refused it; an int widens
+    /// to long, and the added field takes its default.
+    #[test]
+    fn a_short_decimal_resolves_and_fields_widen_and_take_their_defaults() {
+        use apache_avro::types::Value;
+        let key = ["id".to_string()];
+        let from = TableSchema::parse(
+            r#"{"type":"record","name":"T","fields":[{"name":"id","type":"int"},{"name":"tier","type":["null",{"type":"bytes","logicalType":"decimal","precision":20,"scale":0}],"default":null}]}"#,
+            &key,
+        )
+        .unwrap();
+        let to = TableSchema::parse(
+            r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"},{"name":"tier","type":["null",{"type":"bytes","logicalType":"decimal","precision":20,"scale":0}],"default":null},{"name":"active","type":"boolean","default":true}]}"#,
+            &key,
+        )
+        .unwrap();
+        let tier = apache_avro::Decimal::from(vec![3, 232, 0, 0, 0, 0, 0]);
+        let datum = from
+            .encode_row(&Value::Record(vec![
+                ("id".into(), Value::Int(5)),
+                (
+                    "tier".into(),
+                    Value::Union(1, Box::new(Value::Decimal(tier.clone()))),
+                ),
+            ]))
+            .unwrap();
+        let resolved = resolve(&datum, &from, &to).unwrap();
+        assert_eq!(
+            to.decode_row(&resolved).unwrap(),
+            vec![
+                Value::Long(5),
+                Value::Union(1, Box::new(Value::Decimal(tier))),
+                Value::Boolean(true)
+            ]
+        );
+    }
 
     fn schema(fields: &str) -> TableSchema {
         TableSchema::parse(

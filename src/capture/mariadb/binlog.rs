@@ -312,6 +312,8 @@ impl Reader {
                 "its columns are now {theirs:?}, captured {ours:?}: {why} (nothing after the last checkpoint is committed; capture into a new topic)"
             ));
         }
+        // The value a NOT NULL column added with a literal default holds in the rows already there.
+        let mut defaults: Vec<(String, serde_json::Value)> = Vec::new();
         for c in &now.encoder.columns[n..] {
             let default: Option<Option<String>> = conn
                 .exec_first(
@@ -319,15 +321,60 @@ impl Reader {
                     (&t.database, &t.name.table, &c.name),
                 )
                 .map_err(|e| format!("reading the catalog: {e}"))?;
-            let no_default = matches!(default.flatten().as_deref(), None | Some("NULL"));
-            if !c.nullable || !no_default {
-                return Err(format!(
-                    "column {} was added with a default or NOT NULL: the rows already there hold a value the log cannot carry; add it nullable without a default (then UPDATE it, which the log carries)",
-                    c.name
-                ));
+            let default = default.flatten().filter(|d| d != "NULL");
+            let literal = default
+                .as_deref()
+                .is_some_and(|d| d.starts_with('\'') || d.parse::<f64>().is_ok());
+            match (c.nullable, &default) {
+                (true, None) => {}
+                (false, Some(_)) if literal => {
+                    let column = format!("`{}`", c.name.replace('`', "``"));
+                    let select = format!(
+                        "SELECT {} FROM {} LIMIT 1",
+                        c.ty.select(&format!("DEFAULT({column})")),
+                        t.quoted()
+                    );
+                    let value: Option<mysql::Value> = conn
+                        .exec_first(&select, ())
+                        .map_err(|e| format!("reading column {}'s default: {e}", c.name))?;
+                    let Some(value) = value else {
+                        return Err(format!(
+                            "column {} was added NOT NULL with a default to an empty table: add it nullable without a default (then UPDATE it, which the log carries)",
+                            c.name
+                        ));
+                    };
+                    let json = super::types::avro_default(&c.ty, &value)
+                        .map_err(|e| format!("column {}'s default: {e:#}", c.name))?
+                        .ok_or_else(|| {
+                            format!(
+                                "column {} was added NOT NULL with a default of a type whose value the log does not carry yet (binary, decimal): add it nullable without a default (then UPDATE it, which the log carries)",
+                                c.name
+                            )
+                        })?;
+                    defaults.push((c.name.clone(), json));
+                }
+                (false, Some(d)) => {
+                    return Err(format!(
+                        "column {} was added NOT NULL with the default {d}, an expression: the rows already there hold its value at the ALTER, which the catalog does not keep; add it nullable without a default (then UPDATE it, which the log carries)",
+                        c.name
+                    ))
+                }
+                (true, Some(_)) => {
+                    return Err(format!(
+                        "column {} was added with a default but nullable: the rows already there hold a value the log cannot carry as a nullable column; add it NOT NULL with the default, or nullable without a default (then UPDATE it, which the log carries)",
+                        c.name
+                    ))
+                }
+                (false, None) => {
+                    return Err(format!(
+                        "column {} was added NOT NULL without a default: the log cannot carry what the rows already there hold; add it with a default, or nullable (then UPDATE it, which the log carries)",
+                        c.name
+                    ))
+                }
             }
         }
-        let row_schema = super::types::row_schema(&t.name.to_string(), &now.encoder.columns);
+        let mut row_schema = super::types::row_schema(&t.name.to_string(), &now.encoder.columns);
+        crate::capture::types::with_defaults(&mut row_schema, &defaults);
         let table = crate::codec::TableSchema::parse(&row_schema.to_string(), &now.primary_key)
             .map_err(|e| e.to_string())?;
         let fingerprint = crate::codec::LogCodec::new(table)

@@ -256,7 +256,21 @@ fn in_force(s: &Setup, i: usize, epoch: Epoch) -> Result<(MyTable, TableSchema),
     let prefix = &catalog[..n.min(catalog.len())];
     let then: serde_json::Value = serde_json::from_str(&schema)
         .map_err(|e| CaptureFailure::permanent(format!("the row schema in force: {e}")))?;
-    if n > catalog.len() || row_schema(&t.name.to_string(), prefix) != then {
+    // A NOT NULL column added with a default declares it in the version (the value the rows
+    // already there hold); the catalog's mapping has no defaults.
+    let required_defaults_out = |mut schema: serde_json::Value| {
+        if let Some(fields) = schema["fields"].as_array_mut() {
+            for f in fields.iter_mut().filter(|f| !f["type"].is_array()) {
+                if let Some(o) = f.as_object_mut() {
+                    o.remove("default");
+                }
+            }
+        }
+        schema
+    };
+    if n > catalog.len()
+        || row_schema(&t.name.to_string(), prefix) != required_defaults_out(then.clone())
+    {
         return Err(CaptureFailure::permanent(format!(
             "the columns of {} are now {}, the log's row schema at epoch {epoch} is {then}: only columns added at the end, nullable without a default, are followed; capture into a new topic",
             t.quoted(),

@@ -275,6 +275,16 @@ fn number(ty: &MyType, v: &Value) -> Result<u64> {
     })
 }
 
+/// The Avro default (JSON) of a column of type `ty` whose value is `v` (as the server returns
+/// `DEFAULT(column)`): what the rows already there hold when a `NOT NULL` column is added with a
+/// literal default. `None` for a type whose Avro default is not written here
+/// (`capture::types::avro_json`).
+pub fn avro_default(ty: &MyType, v: &Value) -> Result<Option<serde_json::Value>> {
+    let mut datum = Vec::new();
+    encode_value(ty, v, &mut datum)?;
+    crate::capture::types::avro_json(&ty.avro(), &datum)
+}
+
 fn encode_value(ty: &MyType, v: &Value, out: &mut Vec<u8>) -> Result<()> {
     match ty {
         MyType::Int { unsigned_bits } => {
