@@ -251,8 +251,10 @@ fn rotated_seq(name: &str, base: &str) -> Option<u32> {
         .as_bytes()
         .strip_prefix(format!("{base}.").as_bytes())?;
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    // Six digits then the checksum: the checksum's own bytes may look like digits.
-    let n = if rest.len() == 10 { 6 } else { digits };
+    // Six digits then the checksum: the checksum's own bytes may look like digits, and the name
+    // reaches here converted lossily (a byte that is not UTF-8 becomes the 3-byte U+FFFD), so
+    // the checksum takes 4 to 12 bytes: ten or more after the base name are six digits and it.
+    let n = if rest.len() >= 10 { 6 } else { digits };
     std::str::from_utf8(&rest[..n.min(digits)])
         .ok()?
         .parse()
@@ -645,6 +647,16 @@ mod tests {
         assert_eq!(
             rotated_seq("mariadb-bin.1000000", "mariadb-bin"),
             Some(1_000_000)
+        );
+        // A checksum whose first byte is a digit and the others not UTF-8, as the lossy name
+        // has it (a test run resumed at mariadb-bin.000167 for .000016: "purged").
+        assert_eq!(
+            rotated_seq("mariadb-bin.0000167\u{FFFD}\u{FFFD}\u{FFFD}", "mariadb-bin"),
+            Some(16)
+        );
+        assert_eq!(
+            rotated_seq("mariadb-bin.00001678\u{FFFD}\u{FFFD}", "mariadb-bin"),
+            Some(16)
         );
         assert_eq!(rotated_seq("other.000001", "mariadb-bin"), None);
     }
