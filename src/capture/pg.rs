@@ -1052,7 +1052,8 @@ impl ReplicationPort for PgReplication {
                     ..
                 } => {
                     self.tx_final_lsn = final_lsn.0;
-                    self.tx_changed = vec![false; self.tables.len()];
+                    self.tx_changed.clear();
+                    self.tx_changed.resize(self.tables.len(), false);
                     let due = {
                         let mut list = self.announcements.lock().unwrap();
                         let due = list.iter().position(|a| a.final_lsn == final_lsn.0);

@@ -863,15 +863,7 @@ fn tier_added_after_a_kill_9(
         psql(url, statement);
     }
     capture.signal("CONT");
-    let deadline = Instant::now() + MIN;
-    while crate::schema_changes_e2e::version_files(f) < versions {
-        assert!(
-            Instant::now() < deadline,
-            "fewer than {versions} schema versions: {}",
-            tail(&capture.log_text())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::schema_changes_e2e::wait_for_versions(f, &capture, versions);
     capture
 }
 

@@ -256,12 +256,12 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     );
     // The next statement once the capture has read the catalog after this one (a capture behind
     // both reads the second's columns at the first, and its rows then stop it: docs/CAPTURE.md).
-    wait_for_versions(&f, &capture, 3);
+    crate::schema_changes_e2e::wait_for_versions(&f, &capture, 3);
     sql(
         &db.name,
         "ALTER TABLE t ADD COLUMN active tinyint NOT NULL DEFAULT 1, ADD COLUMN label varchar(10) NOT NULL DEFAULT 'x y';          UPDATE t SET active = 0, label = 'z' WHERE id % 11 = 0",
     );
-    wait_for_versions(&f, &capture, 4);
+    crate::schema_changes_e2e::wait_for_versions(&f, &capture, 4);
     // Across a restart past both statements: the version in force declares the defaults the
     // catalog's mapping lacks. (A restart before them reads the catalog with both at the first:
     // its rows then have fewer columns, which stops the capture; docs/CAPTURE.md.)
@@ -314,19 +314,6 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     );
     run.signal("TERM");
     run.wait_exit(MIN);
-}
-
-/// Waits until the snapshot folder holds `n` schema versions.
-fn wait_for_versions(f: &Fixture, capture: &Runner, n: usize) {
-    let deadline = std::time::Instant::now() + MIN;
-    while crate::schema_changes_e2e::version_files(f) < n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "fewer than {n} schema versions: {}",
-            tail(&capture.log_text())
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
 }
 
 /// The server's `binlog_row_metadata` set for one test and put back when it ends.

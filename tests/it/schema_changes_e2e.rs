@@ -9,7 +9,7 @@ use crate::support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{pg_url, serial, tail, Fixture, BIN};
+use support::{pg_url, serial, tail, Fixture, Runner, BIN};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -26,6 +26,20 @@ const EVOLVING_LOG: [&str; 9] = [
 ];
 
 /// The versions `produce --evolve` announced, as files.
+/// Waits until `f`'s snapshot folder holds `n` schema versions; on a timeout, the tail of
+/// `capture`'s log says why.
+pub(crate) fn wait_for_versions(f: &Fixture, capture: &Runner, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while version_files(f) < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than {n} schema versions: {}",
+            tail(&capture.log_text())
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub(crate) fn version_files(f: &Fixture) -> usize {
     std::fs::read_dir(f.dir.join("out/snapshot/schema_versions"))
         .map(|d| {
