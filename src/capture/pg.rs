@@ -464,6 +464,14 @@ impl SnapshotSession {
         })
     }
 
+    /// The columns and key of `table` in this session's snapshot.
+    pub fn info(&mut self, table: &TableName) -> Result<TableInfo> {
+        let mut tx = snapshot_transaction(&mut self.client, &self.snapshot_name)?;
+        let info = table_info(&mut tx, table)?;
+        tx.commit()?;
+        Ok(info)
+    }
+
     /// [`copy_snapshot`] of `table` in this session's snapshot.
     pub fn copy(
         &mut self,

@@ -101,16 +101,42 @@ impl CopySpec {
             } else {
                 folder.to_path_buf()
             };
-            let mut writer = SortedWriter::new(&dir, &t.schema, self.vnode_count)?;
+            // The table as the snapshot has it: columns added since the capture started are
+            // copied (the log's version in force at the snapshot's epoch must have them: checked
+            // at publication, [`in_force`]); any other change is the stream's to refuse.
+            let at = session.info(&t.table)?;
+            let n = t.columns.len();
+            let schema = if at.encoder.columns == t.columns {
+                t.schema.clone()
+            } else if at.encoder.columns.len() > n && at.encoder.columns[..n] == t.columns[..] {
+                let json = super::types::row_schema(&t.table.to_string(), &at.encoder.columns);
+                TableSchema::parse(&json.to_string(), &t.schema.primary_key)?
+            } else {
+                bail!(
+                    "the columns of {} changed since the capture started other than by columns added at the end; start it again",
+                    t.table
+                );
+            };
+            let mut writer = SortedWriter::new(&dir, &schema, self.vnode_count)?;
             let (info, now_ms, rows) =
                 session.copy(&t.table, self.copy_connections, |datum, key| {
                     writer.add(vnode_of(key, self.vnode_count), key, datum)?;
                     Ok(())
                 })?;
-            if info.encoder.columns != t.columns {
+            if info.encoder.columns != at.encoder.columns {
                 bail!(
-                    "the columns of {} changed since the capture started; start it again",
-                    t.table
+                    "the columns of {} differ within one snapshot (read {:?}, copied {:?})",
+                    t.table,
+                    at.encoder
+                        .columns
+                        .iter()
+                        .map(|c| &c.name)
+                        .collect::<Vec<_>>(),
+                    info.encoder
+                        .columns
+                        .iter()
+                        .map(|c| &c.name)
+                        .collect::<Vec<_>>()
                 );
             }
             tracing::debug!(table = %t.table, rows, seconds = started.elapsed().as_secs_f64(), "snapshot rows read and spilled; sorting");
@@ -124,8 +150,8 @@ impl CopySpec {
             total += rows;
             tables.push(ManifestTable {
                 name: t.table.table.clone(),
-                row_schema: t.schema.json.clone(),
-                primary_key: t.schema.primary_key.clone(),
+                row_schema: schema.json.clone(),
+                primary_key: schema.primary_key.clone(),
                 files,
             });
         }
@@ -946,6 +972,44 @@ impl OnDemand {
         }
     }
 
+    /// `copied` with each table's row schema the log's version in force at `epoch` (the changes
+    /// after the snapshot are written with it; its defaults resolve the rows of older versions),
+    /// which must have the columns the copy found. A column added before the snapshot's point
+    /// whose version the log announces only at the table's next change (later than `epoch`) fails
+    /// the snapshot: the next one has it.
+    fn in_force(&self, mut copied: Copied, epoch: Epoch) -> Result<Copied> {
+        let several = self.spec.several();
+        for (i, t) in copied.tables.iter_mut().enumerate() {
+            let name = several.then_some(t.name.as_str());
+            let text = super::session::schema_in_force(
+                &self.dir,
+                i,
+                name,
+                epoch,
+                &t.row_schema.to_string(),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let log: serde_json::Value = serde_json::from_str(&text)?;
+            let fields = |v: &serde_json::Value| -> Vec<String> {
+                v["fields"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| f["name"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            };
+            let (copied_fields, log_fields) = (fields(&t.row_schema), fields(&log));
+            if copied_fields != log_fields {
+                bail!(
+                    "table {}: the snapshot copied columns {copied_fields:?}, but the log's version in force at epoch {epoch} has {log_fields:?} (a column change the log announces with the table's next change): the next snapshot holds it",
+                    self.spec.tables[i].table
+                );
+            }
+            t.row_schema = log;
+        }
+        Ok(copied)
+    }
+
     /// Writes the manifest into the copy's folder and renames it to `<snapshots>/<epoch>`.
     fn publish(
         &self,
@@ -955,6 +1019,7 @@ impl OnDemand {
         request: Option<i64>,
     ) -> Result<()> {
         let rows = copied.rows;
+        let copied = self.in_force(copied, placed.snapshot_epoch)?;
         let manifest = self.spec.manifest(
             copied,
             placed.snapshot_epoch,

@@ -59,6 +59,8 @@ pub enum SchemaChangeError {
 #[derive(Clone, Debug)]
 pub struct SchemaVersions {
     tables: Vec<Vec<RowVersion>>,
+    /// Versions at or before the snapshot epoch, which the snapshot holds (counted, not kept).
+    history: usize,
 }
 
 impl SchemaVersions {
@@ -85,6 +87,9 @@ impl SchemaVersions {
         }
         let mut sorted: Vec<&AnnouncedVersion> = announced.iter().collect();
         sorted.sort_by_key(|a| a.from_epoch);
+        // Per table, the last version at or before the snapshot epoch (the one in force at it).
+        let mut history: Vec<Option<&AnnouncedVersion>> = vec![None; base.len()];
+        let mut skipped = 0;
         for a in sorted {
             let bad = |why: String| SchemaChangeError::Bad {
                 place: a.source.clone(),
@@ -108,10 +113,12 @@ impl SchemaVersions {
                 .clone()
                 .unwrap_or_else(|| previous.table.name.clone());
             if a.from_epoch <= snapshot_epoch {
-                return Err(bad(format!(
-                    "from_epoch {} is not after the snapshot epoch {snapshot_epoch}",
-                    a.from_epoch
-                )));
+                // History the snapshot already holds: a later snapshot of a capture reads the
+                // versions announced before it too (they are its capture's). The last of them is
+                // checked against the manifest below.
+                history[index] = Some(a);
+                skipped += 1;
+                continue;
             }
             if previous.from_epoch == a.from_epoch {
                 return Err(bad(format!(
@@ -129,14 +136,7 @@ impl SchemaVersions {
                 .map_err(|e| incompatible(e.to_string()))?;
             compatible(&previous.table, &table).map_err(incompatible)?;
             let fingerprint = fingerprint_of(&table).map_err(|e| bad(e.to_string()))?;
-            if let Some(named) = &a.named_fingerprint {
-                if *named != super::wire::hex(&fingerprint) {
-                    return Err(bad(format!(
-                        "named by fingerprint {named}, but its log-record schema's fingerprint is {}",
-                        super::wire::hex(&fingerprint)
-                    )));
-                }
-            }
+            check_named(a, &fingerprint)?;
             if tables
                 .iter()
                 .flatten()
@@ -153,7 +153,14 @@ impl SchemaVersions {
                 fingerprint,
             });
         }
-        Ok(SchemaVersions { tables })
+        for (index, a) in history.into_iter().enumerate() {
+            let Some(a) = a else { continue };
+            in_force_at_snapshot(&mut tables[index][0], a, snapshot_epoch)?;
+        }
+        Ok(SchemaVersions {
+            tables,
+            history: skipped,
+        })
     }
 
     /// The versions of table `table` (index 0: the manifest's).
@@ -191,9 +198,67 @@ impl SchemaVersions {
             .any(|v| v.from_epoch == epoch && epoch > Epoch(0))
     }
 
+    /// Every version read, the manifest's and the history included: what the source holds.
     fn count(&self) -> usize {
-        self.tables.iter().map(Vec::len).sum()
+        self.tables.iter().map(Vec::len).sum::<usize>() + self.history
     }
+}
+
+/// A version file is named by its fingerprint: the name must be its schema's.
+fn check_named(a: &AnnouncedVersion, fingerprint: &[u8; 8]) -> Result<(), SchemaChangeError> {
+    match &a.named_fingerprint {
+        Some(named) if *named != super::wire::hex(fingerprint) => Err(SchemaChangeError::Bad {
+            place: a.source.clone(),
+            why: format!(
+                "named by fingerprint {named}, but its log-record schema's fingerprint is {}",
+                super::wire::hex(fingerprint)
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A later snapshot of a capture holds its table at the version in force at its epoch (`a`, the
+/// last announced at or before it): the manifest's row schema has that version's fields, and the
+/// changes after the snapshot carry that version's fingerprint, which is the manifest's version
+/// from then on. Its fields in another order, or other fields, are refused: the snapshot is not of
+/// this log.
+fn in_force_at_snapshot(
+    base: &mut RowVersion,
+    a: &AnnouncedVersion,
+    snapshot_epoch: Epoch,
+) -> Result<(), SchemaChangeError> {
+    let bad = |why: String| SchemaChangeError::Bad {
+        place: a.source.clone(),
+        why,
+    };
+    let table = TableSchema::parse(&a.row_schema, &base.table.primary_key)
+        .map_err(|e| bad(e.to_string()))?;
+    let fields = |t: &TableSchema| -> Vec<String> {
+        t.json["fields"]
+            .as_array()
+            .map(|fs| {
+                fs.iter()
+                    .map(|f| f["name"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (held, in_force) = (fields(&base.table), fields(&table));
+    if held != in_force {
+        return Err(bad(format!(
+            "this version (from epoch {}) is in force at the snapshot epoch {snapshot_epoch} with fields {in_force:?}, but the snapshot holds {held:?}: the snapshot is not of this log",
+            a.from_epoch
+        )));
+    }
+    let fingerprint = fingerprint_of(&table).map_err(|e| bad(e.to_string()))?;
+    check_named(a, &fingerprint)?;
+    *base = RowVersion {
+        from_epoch: Epoch(0),
+        table,
+        fingerprint,
+    };
+    Ok(())
 }
 
 fn fingerprint_of(table: &TableSchema) -> Result<[u8; 8], CodecError> {
@@ -376,7 +441,10 @@ impl Evolution {
             snapshot_epoch,
             loader,
             probe,
-            current: RwLock::new(Arc::new(SchemaVersions { tables: Vec::new() })),
+            current: RwLock::new(Arc::new(SchemaVersions {
+                tables: Vec::new(),
+                history: 0,
+            })),
             first_change: AtomicU64::new(u64::MAX),
             refreshing: Mutex::new(()),
         };
@@ -584,11 +652,37 @@ mod tests {
         assert_eq!(vs.until(0, 1), Some(Epoch(30)));
         let fp = vs.of(0)[2].fingerprint;
         assert_eq!(vs.by_fingerprint(&fp), Some((0, 2)));
-        // At or before the snapshot epoch: refused.
-        let e = SchemaVersions::new(std::slice::from_ref(&v0), &[None], Epoch(20), &[a(20, v1)])
-            .unwrap_err();
+        // At or before the snapshot epoch (a later snapshot of a capture): the history the
+        // snapshot holds. The last of it is in force at the snapshot and must have the snapshot's
+        // fields; the changes after the snapshot carry its fingerprint, read as the manifest's
+        // version; the versions after it follow as usual.
+        let vs = SchemaVersions::new(
+            std::slice::from_ref(&v0),
+            &[None],
+            Epoch(20),
+            &[a(15, v2), a(20, v1), a(30, v2)],
+        )
+        .unwrap();
+        let v1_fp = fingerprint_of(&TableSchema::parse(v1, &["id".to_string()]).unwrap()).unwrap();
+        assert_eq!(vs.by_fingerprint(&v1_fp), Some((0, 0)));
+        assert_eq!(vs.of(0).len(), 2);
+        assert_eq!(vs.at(0, Epoch(29)), 0);
+        assert_eq!(vs.at(0, Epoch(30)), 1);
+        assert_eq!(
+            vs.count(),
+            4,
+            "every version read is counted (no re-read at each barrier)"
+        );
+        let e = SchemaVersions::new(
+            std::slice::from_ref(&v0),
+            &[None],
+            Epoch(40),
+            &[a(20, v1), a(30, v2)],
+        )
+        .unwrap_err();
         assert!(
-            e.to_string().contains("not after the snapshot epoch"),
+            e.to_string().contains("the snapshot is not of this log")
+                && e.to_string().contains("v@30"),
             "{e}"
         );
         // int back to... a change from the version before, not the manifest's: long to int is not.

@@ -157,7 +157,8 @@ pub fn snapshot_published(job: &JobConfig) -> Result<bool> {
 
 /// `snapshot_storage = "kafka"`: the schema versions of the job's log come from the versions topic
 /// (`<topic>.schema-versions`, [`crate::snapshot::kafka::versions_topic`]) into the snapshot folder
-/// `dir` before each look at them (the capture's folder is elsewhere).
+/// of `dir` ([`crate::snapshot::versions::home`]) before each look at them (the capture's folder
+/// is elsewhere).
 fn versions_sync(
     job: &JobConfig,
     dir: &std::path::Path,
@@ -170,7 +171,8 @@ fn versions_sync(
         return Ok(None);
     }
     let props = crate::kafka::producer_properties(&job.kafka);
-    let mirror = crate::snapshot::kafka::VersionsMirror::new(&props, &job.topic, dir)
+    let home = crate::snapshot::versions::home(dir);
+    let mirror = crate::snapshot::kafka::VersionsMirror::new(&props, &job.topic, &home)
         .with_context(|| format!("job {}: reading the schema versions from Kafka", job.name))?;
     let mirror = Mutex::new(mirror);
     Ok(Some(Arc::new(move || {
@@ -346,16 +348,24 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 mark(&folder);
                 Ok(Some((e, folder)))
             };
+            // Opened at the newest first: a new job's table is created from the snapshot it will
+            // read (a later one may have columns the first has not); a job that started before
+            // moves to the one its store recorded.
+            let newest = crate::snapshot::published::choose(&first, None)
+                .expect("a later snapshot is published");
             prepare_at(
-                job,
+                &job_at(job, newest.1.clone()),
                 check_topic,
                 Some(&|recorded| {
-                    let Some((epoch, later)) = crate::snapshot::published::choose(&first, recorded)
-                    else {
-                        return Ok(None);
+                    let (epoch, folder) = match recorded {
+                        None => newest.clone(),
+                        Some(e) => crate::snapshot::published::choose(&first, Some(e))
+                            .unwrap_or((e, first.clone())),
                     };
-                    mark(&later);
-                    Ok(Some((epoch, later)))
+                    if folder != first {
+                        mark(&folder);
+                    }
+                    Ok(Some((epoch, folder)))
                 }),
                 Some(&newer),
             )
@@ -772,7 +782,11 @@ fn prepare_at(
             .map(|r| r.snapshot_epoch);
         if let Some((epoch, folder)) = redirect(recorded)? {
             drop(store);
-            info!(job = %job.name, %epoch, dir = %folder.display(), opened = %info.snapshot_epoch, "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
+            if crate::snapshot::versions::home(&folder) == folder {
+                info!(job = %job.name, %epoch, dir = %folder.display(), "reading the capture's first snapshot: the one the job started from");
+            } else {
+                info!(job = %job.name, %epoch, dir = %folder.display(), "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
+            }
             return prepare_at(&job_at(job, folder), check_topic, None, newer);
         }
     }

@@ -98,7 +98,25 @@ pub fn write(dir: &Path, fingerprint_hex: &str, file: &VersionFile) -> std::io::
 /// before it is read; the error says why it could not.
 pub type SyncVersions = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-/// The schema versions of the log whose snapshot is in `dir` (its tables `tables`, named `names`),
+/// The folder whose versions a snapshot in `dir` reads: its own; for a later snapshot of a capture
+/// (`<snapshot.dir>/snapshots/<epoch>`, [`crate::snapshot::published`]) the first snapshot's
+/// folder, beside whose manifest the capture announces every version of the log (those at or
+/// before the later snapshot's epoch it holds already: `codec::versions`).
+pub fn home(dir: &Path) -> PathBuf {
+    match dir.parent() {
+        Some(parent)
+            if parent.file_name()
+                == Some(std::ffi::OsStr::new(crate::snapshot::published::SNAPSHOTS)) =>
+        {
+            parent
+                .parent()
+                .map_or_else(|| dir.to_path_buf(), Path::to_path_buf)
+        }
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// The schema versions of the log whose snapshot is in `dir` (read from [`home`]`(dir)`) (its tables `tables`, named `names`),
 /// re-read from the folder whenever the codec or a store needs a version it does not know; with
 /// `sync`, the folder is brought up to date first (when it cannot be at a checkpoint's look, the
 /// look says so in a warning and reads what the folder has).
@@ -109,8 +127,8 @@ pub fn evolution(
     snapshot_epoch: Epoch,
     sync: Option<SyncVersions>,
 ) -> Result<Arc<Evolution>, SchemaChangeError> {
+    let dir = home(dir);
     let folder = dir.join(VERSIONS_DIR);
-    let dir = dir.to_path_buf();
     let (load_sync, probe_sync) = (sync.clone(), sync);
     Ok(Arc::new(Evolution::new(
         tables,
@@ -143,4 +161,19 @@ pub fn evolution(
             })
         }),
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_later_snapshot_reads_the_versions_of_its_capture_folder() {
+        let root = Path::new("/data/snap");
+        assert_eq!(home(root), root);
+        assert_eq!(home(&root.join("snapshots/4096")), root);
+        // Only a folder directly under `snapshots` is a later snapshot.
+        assert_eq!(home(&root.join("snapshots")), root.join("snapshots"));
+        assert_eq!(home(&root.join("other/4096")), root.join("other/4096"));
+    }
 }

@@ -698,3 +698,58 @@ fn a_kill_9_of_a_runner_restoring_from_kafka_leaves_nothing_visible_and_the_rest
     assert!(run.wait_exit(MIN).success());
     stop_capture(&mut capture);
 }
+
+/// A column added while a job reads a later snapshot (file storage, one shared folder): the job
+/// follows the new version, which the capture announces beside its first snapshot; the capture's
+/// next snapshot, taken without a restart, copies the new column, and a job created then reads
+/// it; both equal the source.
+#[test]
+fn a_column_added_after_a_later_snapshot_reaches_its_job_and_the_next_snapshot_copies_it() {
+    let _serial = serial();
+    let name = &format!("snapcol-{}", stamp() % 1_000_000);
+    let (source, f, mut capture, mut bench) = streaming_capture(name, "", 4);
+    let said = snapshot_command(&f, 60);
+    let first = published(&f);
+    assert_eq!(first.len(), 1, "{said}");
+    let (late, mut run) = start_late_job(&f, name);
+    let line = chosen_line(&mut run);
+    assert!(line.contains(&format!("epoch={}", first[0].0)), "{line}");
+    run.wait_for("partitions assigned", MIN);
+    wait_child(&mut bench, MIN);
+    psql(
+        &source.url,
+        "ALTER TABLE pgbench_accounts ADD COLUMN note text",
+    );
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
+    let said = snapshot_command(&f, 60);
+    let after = published(&f);
+    assert_eq!(after.len(), 2, "{said}");
+    let newest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(after[1].1.join("manifest.json")).unwrap()).unwrap();
+    assert!(
+        newest["row_schema"].to_string().contains("\"note\""),
+        "the snapshot after the column was added copies it: {newest}"
+    );
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET note = 'later ' || aid WHERE aid % 11 = 0",
+    );
+    let (newer, mut run2) = start_late_job(&f, &format!("{name}-2"));
+    let line = chosen_line(&mut run2);
+    assert!(line.contains(&format!("epoch={}", after[1].0)), "{line}");
+    for job in [&late, &newer] {
+        let report = verify_job_eventually(job, None, MIN);
+        assert!(report.contains("10000 rows compared"), "{report}");
+    }
+    for r in [&mut run, &mut run2] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success());
+    }
+    stop_capture(&mut capture);
+}
