@@ -750,6 +750,7 @@ pub fn produce(w: &Workload) -> Result<WorkloadReport> {
                         table: None,
                         from_epoch: next,
                         row_schema: to.json.clone(),
+                        primary_key: None,
                     },
                 )
                 .with_context(|| format!("writing schema version {}", version + 1))?;

@@ -426,6 +426,7 @@ impl LogPort for KafkaLog {
             table: name,
             from_epoch,
             row_schema: table.json.clone(),
+            primary_key: None,
         };
         if let Some(props) = &self.versions_to_kafka {
             crate::snapshot::kafka::store_version(

@@ -38,6 +38,9 @@ pub struct AnnouncedVersion {
     pub row_schema: String,
     /// The fingerprint the source names it by (its file name), checked against the schema.
     pub named_fingerprint: Option<String>,
+    /// The table's primary key, in the versions of a table added to the log after its first
+    /// snapshot (docs/WIRE.md "Tables added").
+    pub primary_key: Option<Vec<String>>,
 }
 
 /// Why a schema change is refused: the job stops before anything of it is applied.
@@ -90,22 +93,63 @@ impl SchemaVersions {
         // Per table, the last version at or before the snapshot epoch (the one in force at it).
         let mut history: Vec<Option<&AnnouncedVersion>> = vec![None; base.len()];
         let mut skipped = 0;
+        // The manifest's names, then those of the tables added to the log since.
+        let mut names: Vec<Option<String>> = names.to_vec();
+        let began_with_one = base.len() == 1 && names[0].is_none();
         for a in sorted {
             let bad = |why: String| SchemaChangeError::Bad {
                 place: a.source.clone(),
                 why,
             };
-            let index = match (&a.table, base.len()) {
-                (None, 1) => 0,
-                (None, _) => {
+            let index = match &a.table {
+                // A one-table log; or a log that began with one table and gained others: the
+                // versions of its first table before that (history to a later snapshot).
+                None if base.len() == 1 || a.from_epoch <= snapshot_epoch => 0,
+                None => {
                     return Err(bad(
                         "the log has several tables: name the version's table".into()
                     ))
                 }
-                (Some(name), _) => names
+                Some(name) => match names
                     .iter()
                     .position(|n| n.as_deref() == Some(name.as_str()))
-                    .ok_or_else(|| bad(format!("the log has no table {name}")))?,
+                {
+                    Some(i) => i,
+                    None => match &a.primary_key {
+                        // A table added to the log: passed over by a job of this snapshot.
+                        Some(key) => {
+                            let table = TableSchema::parse(&a.row_schema, key).map_err(|e| {
+                                bad(format!(
+                                    "the row schema of table {name}, added to the log: {e}"
+                                ))
+                            })?;
+                            let fingerprint =
+                                fingerprint_of(&table).map_err(|e| bad(e.to_string()))?;
+                            check_named(a, &fingerprint)?;
+                            if tables
+                                .iter()
+                                .flatten()
+                                .any(|v| v.fingerprint == fingerprint)
+                            {
+                                return Err(bad(format!(
+                                    "its row schema is already a version of the log (fingerprint {})",
+                                    super::wire::hex(&fingerprint)
+                                )));
+                            }
+                            names.push(Some(name.clone()));
+                            history.push(None);
+                            tables.push(vec![RowVersion {
+                                from_epoch: a.from_epoch,
+                                table,
+                                fingerprint,
+                            }]);
+                            continue;
+                        }
+                        // A log that began with one table names it once it has several.
+                        None if began_with_one => 0,
+                        None => return Err(bad(format!("the log has no table {name}"))),
+                    },
+                },
             };
             let versions = &mut tables[index];
             let previous = versions.last().expect("the manifest's version");
@@ -183,6 +227,11 @@ impl SchemaVersions {
             .iter()
             .rposition(|v| v.from_epoch <= epoch)
             .unwrap_or(0)
+    }
+
+    /// How many tables the log has: the manifest's and those added since.
+    pub fn table_count(&self) -> usize {
+        self.tables.len()
     }
 
     /// The first epoch of the version after `version` of `table`, if one is announced.
@@ -625,6 +674,125 @@ mod tests {
         );
     }
 
+    /// A table added to the log after the snapshot (a version naming a table the manifest has not,
+    /// with its primary key) is a table of its own, known by its fingerprint (its changes passed
+    /// over); a log that began with one table names that table once it has several.
+    #[test]
+    fn a_table_added_to_the_log_is_known_and_the_first_table_keeps_its_versions() {
+        let v0 = schema(r#"{"name":"id","type":"long"},{"name":"n","type":"int"}"#);
+        let e = r#"{"type":"record","name":"E","fields":[{"name":"k","type":"string"}]}"#;
+        let t1 = r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"},{"name":"n","type":"int"},{"name":"x","type":["null","string"],"default":null}]}"#;
+        let a = |e: u64, table: Option<&str>, s: &str, key: Option<&str>| AnnouncedVersion {
+            source: format!("v@{e}"),
+            table: table.map(str::to_string),
+            from_epoch: Epoch(e),
+            row_schema: s.into(),
+            named_fingerprint: None,
+            primary_key: key.map(|k| vec![k.to_string()]),
+        };
+        let vs = SchemaVersions::new(
+            std::slice::from_ref(&v0),
+            &[None],
+            Epoch(10),
+            &[a(30, Some("e"), e, Some("k")), a(40, Some("t"), t1, None)],
+        )
+        .unwrap();
+        assert_eq!(vs.table_count(), 2);
+        let e_fp = vs.of(1)[0].fingerprint;
+        assert_eq!(vs.by_fingerprint(&e_fp), Some((1, 0)));
+        assert_eq!(
+            vs.of(0).len(),
+            2,
+            "t's version named once the log has several tables"
+        );
+        assert_eq!(vs.at(0, Epoch(40)), 1);
+        // Without its primary key, an unknown table is refused, as before.
+        let err = SchemaVersions::new(
+            std::slice::from_ref(&v0),
+            &[Some("t".into())],
+            Epoch(10),
+            &[a(30, Some("e"), e, None)],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("the log has no table e"), "{err}");
+        // A version naming no table, in a log of several: the first table's history before a
+        // later snapshot; after it, refused.
+        let two = [v0.clone(), schema(r#"{"name":"id","type":"long"}"#)];
+        let names = [Some("t".to_string()), Some("u".to_string())];
+        let wide = r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"},{"name":"n","type":"long"}]}"#;
+        let vs = SchemaVersions::new(&two, &names, Epoch(50), &[a(40, None, wide, None)]).unwrap();
+        assert_eq!(
+            vs.of(0)[0].table.json,
+            serde_json::from_str::<serde_json::Value>(wide).unwrap()
+        );
+        let vs = SchemaVersions::new(&two, &names, Epoch(50), &[a(40, None, t1, None)]);
+        assert!(
+            vs.is_err(),
+            "t1's fields are not the snapshot's: checked as history"
+        );
+        let err =
+            SchemaVersions::new(&two, &names, Epoch(10), &[a(40, None, t1, None)]).unwrap_err();
+        assert!(
+            err.to_string().contains("name the version's table"),
+            "{err}"
+        );
+    }
+
+    /// A job's codec passes over the changes and truncations of a table added to the log after its
+    /// snapshot; a truncation of a table the log has not is still refused.
+    #[test]
+    fn a_codec_passes_over_a_table_added_after_its_snapshot() {
+        use crate::core::{LogRecord, Op};
+        let v0 = schema(r#"{"name":"id","type":"long"}"#);
+        let e = TableSchema::parse(
+            r#"{"type":"record","name":"E","fields":[{"name":"k","type":"string"}]}"#,
+            &["k".to_string()],
+        )
+        .unwrap();
+        let added = AnnouncedVersion {
+            source: "e.json".into(),
+            table: Some("e".into()),
+            from_epoch: Epoch(30),
+            row_schema: e.json.to_string(),
+            named_fingerprint: None,
+            primary_key: Some(vec!["k".into()]),
+        };
+        let ev = Evolution::new(
+            vec![v0.clone()],
+            vec![None],
+            Epoch(10),
+            Box::new(move || Ok(vec![added.clone()])),
+            Box::new(|| 1),
+        )
+        .unwrap();
+        let codec = LogCodec::new(v0).unwrap().with_evolution(Arc::new(ev));
+        let datum = e
+            .encode_row(&apache_avro::types::Value::Record(vec![(
+                "k".into(),
+                apache_avro::types::Value::String("x".into()),
+            )]))
+            .unwrap();
+        let key = e.key_of_datum(&datum).unwrap();
+        let change = LogCodec::new(e)
+            .unwrap()
+            .encode_change(Epoch(40), Op::Insert, 3, &datum);
+        match codec.decode(&change, Some(&key)).unwrap() {
+            LogRecord::Change(c) => assert_eq!((c.table, c.row.value.len()), (1, 0)),
+            other => panic!("{other:?}"),
+        }
+        match codec
+            .decode(&LogCodec::encode_truncate(Epoch(40), 1), None)
+            .unwrap()
+        {
+            LogRecord::Truncate(t) => assert_eq!(t.table, 1),
+            other => panic!("{other:?}"),
+        }
+        let err = codec
+            .decode(&LogCodec::encode_truncate(Epoch(40), 2), None)
+            .unwrap_err();
+        assert!(err.to_string().contains("no table 2"), "{err}");
+    }
+
     #[test]
     fn versions_are_ordered_checked_and_looked_up_by_fingerprint_and_epoch() {
         let v0 = schema(r#"{"name":"id","type":"long"},{"name":"n","type":"int"}"#);
@@ -636,6 +804,7 @@ mod tests {
             from_epoch: Epoch(e),
             row_schema: s.into(),
             named_fingerprint: None,
+            primary_key: None,
         };
         // Announced out of order: sorted by epoch.
         let vs = SchemaVersions::new(

@@ -225,13 +225,19 @@ impl LogCodec {
                 buf.len()
             )));
         }
-        match u16::try_from(table) {
-            Ok(t) if (t as usize) < self.log_tables() => {
-                Ok(LogRecord::Truncate(Truncate { epoch, table: t }))
+        // The manifest's tables, and those added to the log since (docs/WIRE.md "Tables added").
+        let mut tables = self.log_tables();
+        if let Some(ev) = &self.evolution {
+            let mut vs = ev.current();
+            if table >= vs.table_count() as i64 {
+                vs = ev.refresh()?;
             }
+            tables = tables.max(vs.table_count());
+        }
+        match u16::try_from(table) {
+            Ok(t) if (t as usize) < tables => Ok(LogRecord::Truncate(Truncate { epoch, table: t })),
             _ => Err(CodecError::Decode(format!(
-                "Truncate.table: the log has {} table(s), no table {table}",
-                self.log_tables()
+                "Truncate.table: the log has {tables} table(s), no table {table}"
             ))),
         }
     }

@@ -28,6 +28,11 @@ pub struct VersionFile {
     pub from_epoch: Epoch,
     /// The row schema (an Avro record), as the manifest's `row_schema`.
     pub row_schema: serde_json::Value,
+    /// The table's primary key: present in the versions of a table added to the log after its
+    /// first snapshot (the first of them announces the table: docs/WIRE.md "Tables added"), absent
+    /// otherwise. A release before tables could be added refuses a file with it, naming the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_key: Option<Vec<String>>,
 }
 
 /// Every version file of the snapshot in `dir` (none when the folder does not exist: a log
@@ -74,6 +79,7 @@ pub fn read(dir: &Path) -> Result<Vec<AnnouncedVersion>, SchemaChangeError> {
             from_epoch: file.from_epoch,
             row_schema: file.row_schema.to_string(),
             named_fingerprint: Some(fingerprint.to_string()),
+            primary_key: file.primary_key,
         });
     }
     out.sort_by(|a, b| a.source.cmp(&b.source));

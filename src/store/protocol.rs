@@ -785,6 +785,7 @@ mod tests {
                 from_epoch: Epoch(20),
                 row_schema: v1.json.to_string(),
                 named_fingerprint: None,
+                primary_key: None,
             }],
         )
         .unwrap();

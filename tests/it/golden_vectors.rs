@@ -166,6 +166,7 @@ fn the_schema_change_vector_reads_each_epoch_with_its_own_version() {
             .strip_prefix("schema_versions/")
             .and_then(|n| n.strip_suffix(".json"))
             .map(str::to_string),
+        primary_key: None,
     };
     let v0 = TableKind::Accounts.schema().unwrap();
     let known = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

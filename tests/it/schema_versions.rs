@@ -32,6 +32,7 @@ fn what_the_writer_writes_validates_and_reads_back() {
             table: None,
             from_epoch: Epoch(1_000 + i as u64),
             row_schema: schema.json.clone(),
+            primary_key: None,
         };
         let path = write(&dir, &fp, &file).unwrap();
         let doc: serde_json::Value =
@@ -70,6 +71,7 @@ fn what_the_reader_refuses_the_schema_refuses() {
                     from_epoch: f.from_epoch,
                     row_schema: f.row_schema.to_string(),
                     named_fingerprint: None,
+                    primary_key: None,
                 }],
             )
             .is_err(),

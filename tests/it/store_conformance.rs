@@ -1504,6 +1504,7 @@ fn evolution() -> std::sync::Arc<kafka_backfill::codec::versions::Evolution> {
             from_epoch: E2,
             row_schema: v1.json.to_string(),
             named_fingerprint: None,
+            primary_key: None,
         },
         AnnouncedVersion {
             source: "v2".into(),
@@ -1511,6 +1512,7 @@ fn evolution() -> std::sync::Arc<kafka_backfill::codec::versions::Evolution> {
             from_epoch: E3,
             row_schema: v2.to_string(),
             named_fingerprint: None,
+            primary_key: None,
         },
     ];
     std::sync::Arc::new(
