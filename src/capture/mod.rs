@@ -283,6 +283,7 @@ pub fn run_session(
             SourceEvent::Idle { wal_end, .. } => stats.source_lsn = stats.source_lsn.max(*wal_end),
             SourceEvent::Change { .. }
             | SourceEvent::SchemaChange { .. }
+            | SourceEvent::TablesAdded { .. }
             | SourceEvent::Truncate { .. } => {}
         }
         a.on_event(event, &mut actions)?;

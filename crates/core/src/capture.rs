@@ -103,6 +103,14 @@ pub enum SourceEvent {
         announced: Option<Epoch>,
         now_ms: u64,
     },
+    /// Between transactions (a session's first event): these tables join the capture, each with
+    /// its row schema (opaque) and the epoch it was already announced from, if a session that
+    /// failed after announcing it did. Their first versions start together at the next epoch,
+    /// before any of their changes (docs/WIRE.md "Tables added").
+    TablesAdded {
+        tables: Vec<(TableIndex, String, Option<Epoch>)>,
+        now_ms: u64,
+    },
 }
 
 /// A decision for the shell, in order.
@@ -160,6 +168,10 @@ pub enum CaptureError {
     CommitPending { checkpoint: u64 },
     #[error("the table's row schema changed inside transaction {open:#x} after it changed rows: a schema change must come before a transaction's changes (ALTER TABLE in its own transaction)")]
     SchemaChangeMidTransaction { open: Lsn },
+    #[error("tables can join a capture only between source transactions")]
+    TablesAddedInTransaction,
+    #[error("tables joining a capture were announced from different epochs ({first} and {second}): they join at one")]
+    TablesAddedApart { first: Epoch, second: Epoch },
     #[error("a schema version announced from epoch {announced} cannot start after the open epoch {open}: it must be later")]
     SchemaChangeEpoch { announced: Epoch, open: Epoch },
     #[error("the slot's confirmed position {confirmed:#x} is past the log's resume position {resume:#x}: changes between them were acknowledged but are not in the log (a new snapshot into a new topic is needed)")]
@@ -421,6 +433,12 @@ impl Assembler {
                 }
                 self.change_schema(table, row_schema, announced, now_ms, out)?;
             }
+            SourceEvent::TablesAdded { tables, now_ms } => {
+                if self.open.is_some() {
+                    return Err(CaptureError::TablesAddedInTransaction);
+                }
+                self.add_tables(tables, now_ms, out)?;
+            }
             SourceEvent::Commit { end_lsn } => {
                 let Some((_, skip)) = self.open.take() else {
                     return Err(CaptureError::ChangeOutsideTransaction);
@@ -496,6 +514,48 @@ impl Assembler {
             out.push(Action::CommitLog(state));
             self.pending = Some(state);
         }
+    }
+
+    /// Tables joining the capture: each one's first version announced from one next epoch, then
+    /// the checkpoint barrier into it and its commit, as [`Self::change_schema`] does for one.
+    fn add_tables(
+        &mut self,
+        tables: Vec<(TableIndex, String, Option<Epoch>)>,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), CaptureError> {
+        let mut announced: Option<Epoch> = None;
+        for (_, _, a) in &tables {
+            match (announced, a) {
+                (Some(first), Some(second)) if first != *second => {
+                    return Err(CaptureError::TablesAddedApart {
+                        first,
+                        second: *second,
+                    })
+                }
+                (None, Some(a)) => announced = Some(*a),
+                _ => {}
+            }
+        }
+        let mut rest = tables.into_iter();
+        let Some((table, row_schema, _)) = rest.next() else {
+            return Ok(());
+        };
+        let mut actions = Vec::new();
+        self.change_schema(table, row_schema, announced, now_ms, &mut actions)?;
+        let Some(Action::AnnounceSchema { from_epoch, .. }) = actions.first().cloned() else {
+            unreachable!("change_schema announces first");
+        };
+        out.push(actions.remove(0));
+        for (table, row_schema, _) in rest {
+            out.push(Action::AnnounceSchema {
+                table,
+                from_epoch,
+                row_schema,
+            });
+        }
+        out.extend(actions);
+        Ok(())
     }
 
     /// A new row-schema version from the next epoch: announced, then a checkpoint barrier into it
@@ -666,6 +726,76 @@ mod tests {
         a.log_committed(&mut out);
         assert_eq!(out, vec![Action::Ack(100)]);
         a
+    }
+
+    /// Tables joining a capture between transactions: every first version announced from one next
+    /// epoch, then one checkpoint barrier into it (marked as a switch) and its commit; announced
+    /// before by a failed session, they start at that epoch again; never inside a transaction,
+    /// never from two epochs.
+    #[test]
+    fn tables_added_are_announced_together_at_one_checkpoint() {
+        let t = 1_000_000;
+        let mut a = committed_start(t);
+        let open = a.epoch();
+        let mut out = Vec::new();
+        let added = |announced: Option<Epoch>| SourceEvent::TablesAdded {
+            tables: vec![(2, "e".into(), announced), (3, "f".into(), None)],
+            now_ms: t + 30,
+        };
+        a.on_event(added(None), &mut out).unwrap();
+        let Action::AnnounceSchema { from_epoch, .. } = out[0].clone() else {
+            panic!("{out:?}")
+        };
+        assert!(from_epoch > open);
+        assert_eq!(
+            out,
+            vec![
+                Action::AnnounceSchema {
+                    table: 2,
+                    from_epoch,
+                    row_schema: "e".into()
+                },
+                Action::AnnounceSchema {
+                    table: 3,
+                    from_epoch,
+                    row_schema: "f".into()
+                },
+                Action::Barrier(Barrier {
+                    prev: open,
+                    curr: from_epoch,
+                    kind: BarrierKind::Checkpoint,
+                    schema_change: true,
+                }),
+                Action::CommitLog(CaptureState {
+                    lsn: 100,
+                    epoch: from_epoch,
+                    checkpoints: 1,
+                }),
+            ]
+        );
+        // A session that failed after announcing them: the same epoch again.
+        let mut b = committed_start(t);
+        let mut again = Vec::new();
+        b.on_event(added(Some(from_epoch)), &mut again).unwrap();
+        assert_eq!(again, out);
+        let mut c = committed_start(t);
+        let apart = SourceEvent::TablesAdded {
+            tables: vec![
+                (2, "e".into(), Some(from_epoch)),
+                (3, "f".into(), Some(from_epoch.next_at(t + 99))),
+            ],
+            now_ms: t + 30,
+        };
+        assert!(matches!(
+            c.on_event(apart, &mut Vec::new()),
+            Err(CaptureError::TablesAddedApart { .. })
+        ));
+        let mut d = committed_start(t);
+        begin(&mut d, 200, t + 10, &mut Vec::new());
+        assert_eq!(
+            d.on_event(added(None), &mut Vec::new()),
+            Err(CaptureError::TablesAddedInTransaction)
+        );
     }
 
     /// A schema change before a transaction's first change: the version is announced, then a
