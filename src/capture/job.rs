@@ -140,7 +140,9 @@ fn run_telling(
         });
     }
     let all: Vec<TableName> = tables.iter().map(|t| t.table.clone()).collect();
-    pg::ensure_publication(&mut client, &c.publication_name(&job.name), &all)?;
+    // The capture's own publication (none named in capture.publication) follows `tables`.
+    let owned = c.publication.is_none();
+    pg::ensure_publication(&mut client, &c.publication_name(&job.name), &all, owned)?;
     drop(client);
     let (partitions, map) = log_partitions(job, &props)?;
     let spec = CopySpec {
@@ -283,15 +285,18 @@ fn session(
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
             let recorded = record.tables();
             let recorded_names: Vec<&str> = recorded.iter().map(|r| r.0).collect();
+            // Tables listed after the recorded ones join the capture (docs/CAPTURE.md "Adding a
+            // table"); any other change of the list needs a new topic.
             if record.slot != s.slot
-                || recorded_names.len() != s.tables.len()
+                || recorded_names.len() > s.tables.len()
                 || recorded_names
                     .iter()
                     .zip(&s.tables)
                     .any(|(r, t)| *r != t.table.to_string())
             {
-                return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: capture into a new topic", job.topic, recorded_names.join(", "), record.slot, s.names(), s.slot));
+                return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: tables may only be added at the end of [jobs.capture] tables (the recorded ones first, in their order, through the same slot); for any other change capture into a new topic", job.topic, recorded_names.join(", "), record.slot, s.names(), s.slot));
             }
+            let added: Vec<usize> = (recorded_names.len()..s.tables.len()).collect();
             for ((_, columns), t) in recorded.iter().zip(&s.tables) {
                 // Columns added since are the Relation message the stream brings next (a new
                 // version); the reason a change is not followed is the stream's own.
@@ -346,11 +351,12 @@ fn session(
                 return refuse(format!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline));
             }
             log.record = record.clone();
-            (
-                Assembler::resume(s.config, s.map, record.state),
-                Vec::new(),
-                repl,
-            )
+            let mut a = Assembler::resume(s.config, s.map, record.state);
+            let mut initial = Vec::new();
+            if !added.is_empty() {
+                join_tables(s, &mut log, &mut a, &added, &mut initial)?;
+            }
+            (a, initial, repl)
         }
     };
     checkpoints.0 = Some(a.committed().checkpoints);
@@ -368,6 +374,60 @@ fn session(
     );
     checkpoints.1 = Some(a.committed().checkpoints);
     end_session(job, &mut log, result)
+}
+
+/// Tables listed after the recorded ones join the capture at this session's start: recorded as
+/// added (their versions name their primary key), their first versions announced from one next
+/// epoch before any of their changes (the first actions of the session), and a snapshot asked
+/// for, which holds them: a job of an added table starts from it (docs/CAPTURE.md "Adding a
+/// table"). A version announced by a session that failed before its commit starts at that epoch
+/// again.
+fn join_tables(
+    s: &Setup,
+    log: &mut super::log::KafkaLog,
+    a: &mut Assembler,
+    added: &[usize],
+    initial: &mut Vec<crate::core::capture::Action>,
+) -> Result<(), CaptureFailure> {
+    let announced = crate::snapshot::versions::read(&s.dir)
+        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
+    let mut tables = Vec::new();
+    for &i in added {
+        let t = &s.tables[i];
+        log.record.other_tables.push(super::log::StateTable {
+            table: t.table.to_string(),
+            columns: t.columns.clone(),
+            added: true,
+        });
+        let (_, schema) = in_force(s, i, log.record.state.epoch)?;
+        let name = t.table.table.as_str();
+        let before = announced
+            .iter()
+            .find(|v| v.table.as_deref() == Some(name) && v.primary_key.is_some())
+            .map(|v| v.from_epoch);
+        tables.push((
+            i as crate::core::capture::TableIndex,
+            schema.json.to_string(),
+            before,
+        ));
+    }
+    a.on_event(
+        crate::core::capture::SourceEvent::TablesAdded {
+            tables,
+            now_ms: unix_ms(),
+        },
+        initial,
+    )
+    .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
+    let names: Vec<String> = added
+        .iter()
+        .map(|&i| s.tables[i].table.to_string())
+        .collect();
+    tracing::info!(job = %s.job.name, tables = %names.join(", "), "tables join the capture; asking for a snapshot that holds them");
+    super::snapshots::request(&s.props, &s.job.topic, &s.job.name).map_err(|e| {
+        CaptureFailure::transient_from("asking for a snapshot of the added tables", e)
+    })?;
+    Ok(())
 }
 
 /// The row schema in force at `epoch` ([`schema_in_force`]) and the encoder of its columns, which

@@ -83,6 +83,7 @@ impl StateRecord {
                 .map(|(table, columns)| StateTable {
                     table: table.clone(),
                     columns: columns.clone(),
+                    added: false,
                 })
                 .collect(),
             state: CaptureState {
@@ -184,6 +185,11 @@ pub struct SnapshotPlaced {
 pub struct StateTable {
     pub table: String,
     pub columns: Vec<String>,
+    /// The table joined the capture after its first snapshot (docs/CAPTURE.md "Adding a table"):
+    /// its versions name its primary key (docs/WIRE.md "Tables added"). Left out when false (as
+    /// every record before).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub added: bool,
 }
 
 #[derive(Default)]
@@ -422,11 +428,13 @@ impl LogPort for KafkaLog {
             ))
         })?;
         let codec = LogCodec::new(table.clone()).map_err(|e| permanent(e.to_string()))?;
+        // A table that joined the capture after its first snapshot: its versions name its key.
+        let added = t > 0 && self.record.other_tables[t - 1].added;
         let file = crate::snapshot::versions::VersionFile {
             table: name,
             from_epoch,
             row_schema: table.json.clone(),
-            primary_key: None,
+            primary_key: added.then(|| table.primary_key.clone()),
         };
         if let Some(props) = &self.versions_to_kafka {
             crate::snapshot::kafka::store_version(

@@ -155,12 +155,14 @@ pub fn table_info(
     })
 }
 
-/// Creates the publication for the tables when absent; refuses one that does not publish each of
-/// them (one that publishes others too is fine: their changes are passed over).
+/// Creates the publication for the tables when absent. One that does not publish each of them
+/// gains those it lacks when it is the capture's own (`owned`: a table added to `tables`), and is
+/// refused otherwise (one that publishes others too is fine: their changes are passed over).
 pub fn ensure_publication(
     client: &mut postgres::Client,
     publication: &str,
     tables: &[TableName],
+    owned: bool,
 ) -> Result<()> {
     let exists = client
         .query_opt(
@@ -184,7 +186,15 @@ pub fn ensure_publication(
                 &[&publication, &table.schema, &table.table],
             )?
             .is_some();
-        if !has {
+        if !has && owned {
+            // The capture's own publication (`kb_<job>`): a table added to `tables` joins it.
+            client.batch_execute(&format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(publication),
+                table.sql()
+            ))?;
+            tracing::info!(%publication, %table, "table added to the capture's publication");
+        } else if !has {
             bail!("publication {publication} exists but does not publish {table} (ALTER PUBLICATION {} ADD TABLE {}, or name another publication in capture.publication)", quote_ident(publication), table.sql());
         }
     }

@@ -337,25 +337,34 @@ pub(in crate::capture) fn schema_in_force(
         Ok(text) => {
             let m = serde_json::from_slice::<serde_json::Value>(&text)
                 .map_err(|e| permanent(format!("{}: {e}", manifest.display())))?;
-            let row = match name {
-                Some(_) => &m["tables"][t]["row_schema"],
-                None => &m["row_schema"],
+            // The manifest of several tables lists each by name; a one-table manifest is its
+            // log's first table (a log that began with one table and gained others). A table
+            // added since is in no manifest: its versions say (from the catalog's, its first).
+            let row = match (name, m["tables"].as_array()) {
+                (Some(n), Some(tables)) => tables
+                    .iter()
+                    .find(|x| x["name"].as_str() == Some(n))
+                    .map(|x| x["row_schema"].clone())
+                    .unwrap_or_default(),
+                (None, _) | (Some(_), None) if t == 0 => m["row_schema"].clone(),
+                _ => serde_json::Value::Null,
             };
             if row.is_null() {
-                return Err(permanent(format!(
-                    "{}: no row schema for table {}",
-                    manifest.display(),
-                    name.unwrap_or("")
-                )));
+                catalog.to_string()
+            } else {
+                row.to_string()
             }
-            row.to_string()
         }
         Err(_) => catalog.to_string(),
     };
     let versions = crate::snapshot::versions::read(dir).map_err(|e| permanent(e.to_string()))?;
+    // A log that began with one table wrote its versions without a name until it had several.
+    let ours = |v: &crate::codec::versions::AnnouncedVersion| {
+        v.table.as_deref() == name || (t == 0 && v.table.is_none())
+    };
     if let Some(v) = versions
         .iter()
-        .filter(|v| v.table.as_deref() == name && v.from_epoch <= epoch)
+        .filter(|v| ours(v) && v.from_epoch <= epoch)
         .max_by_key(|v| v.from_epoch)
     {
         schema = v.row_schema.clone();

@@ -95,7 +95,9 @@ impl SchemaVersions {
         let mut skipped = 0;
         // The manifest's names, then those of the tables added to the log since.
         let mut names: Vec<Option<String>> = names.to_vec();
-        let began_with_one = base.len() == 1 && names[0].is_none();
+        // A one-table manifest (named by its row record, or not at all): the log may have
+        // gained tables since, and then names its first in the versions it writes.
+        let began_with_one = base.len() == 1;
         for a in sorted {
             let bad = |why: String| SchemaChangeError::Bad {
                 place: a.source.clone(),
@@ -706,19 +708,26 @@ mod tests {
             "t's version named once the log has several tables"
         );
         assert_eq!(vs.at(0, Epoch(40)), 1);
-        // Without its primary key, an unknown table is refused, as before.
+        // Without its primary key, an unknown table is refused in a log of several; in a
+        // one-table log it is the table's (named by its row record), here an incompatible one.
+        let two = [v0.clone(), schema(r#"{"name":"id","type":"long"}"#)];
+        let names = [Some("t".to_string()), Some("u".to_string())];
+        let err =
+            SchemaVersions::new(&two, &names, Epoch(10), &[a(30, Some("e"), e, None)]).unwrap_err();
+        assert!(err.to_string().contains("the log has no table e"), "{err}");
         let err = SchemaVersions::new(
             std::slice::from_ref(&v0),
-            &[Some("t".into())],
+            &[Some("public_t".into())],
             Epoch(10),
             &[a(30, Some("e"), e, None)],
         )
         .unwrap_err();
-        assert!(err.to_string().contains("the log has no table e"), "{err}");
+        assert!(
+            matches!(err, SchemaChangeError::Incompatible { .. }),
+            "{err}"
+        );
         // A version naming no table, in a log of several: the first table's history before a
         // later snapshot; after it, refused.
-        let two = [v0.clone(), schema(r#"{"name":"id","type":"long"}"#)];
-        let names = [Some("t".to_string()), Some("u".to_string())];
         let wide = r#"{"type":"record","name":"T","fields":[{"name":"id","type":"long"},{"name":"n","type":"long"}]}"#;
         let vs = SchemaVersions::new(&two, &names, Epoch(50), &[a(40, None, wide, None)]).unwrap();
         assert_eq!(

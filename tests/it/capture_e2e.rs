@@ -165,6 +165,27 @@ pub(crate) fn capture_fixture_of(
 }
 
 /// The `[jobs.capture]` section of `f`'s job: `tables` is its `table = …` or `tables = […]` line.
+/// The fixture's `[[jobs]]` text `job` as job `<name>-<i>` in group `<group>-<i>`, materialising
+/// the log's table `source_table` into the store table `store_table`.
+fn job_of_table(f: &Fixture, job: &str, source_table: &str, store_table: &str, i: usize) -> String {
+    job.replacen(
+        &format!("name = \"{}\"", f.name),
+        &format!("name = \"{}-{i}\"", f.name),
+        1,
+    )
+    .replacen(&f.group, &format!("{}-{i}", f.group), 1)
+    .replacen(
+        "table = \"accounts\"",
+        &format!("table = \"{store_table}\""),
+        1,
+    )
+    .replacen(
+        "[jobs.snapshot]\n",
+        &format!("[jobs.snapshot]\ntable = \"{source_table}\"\n"),
+        1,
+    )
+}
+
 fn capture_section(f: &Fixture, source: &str, tables: &str) -> String {
     let id = f.name.replace('-', "_");
     format!("[jobs.capture]\nsource_url = \"{source}\"\n{tables}\nslot = \"kb_{id}\"\npublication = \"kb_{id}\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\n")
@@ -905,22 +926,7 @@ fn a_publication_of_four_pgbench_tables_is_one_log_backfilled_one_job_per_table(
     let at = text.find("[[jobs]]").unwrap();
     let (head, job) = text.split_at(at);
     let job_of = |(source_table, store_table): (&str, &str), i: usize| {
-        job.replacen(
-            &format!("name = \"{}\"", f.name),
-            &format!("name = \"{}-{i}\"", f.name),
-            1,
-        )
-        .replacen(&f.group, &format!("{}-{i}", f.group), 1)
-        .replacen(
-            "table = \"accounts\"",
-            &format!("table = \"{store_table}\""),
-            1,
-        )
-        .replacen(
-            "[jobs.snapshot]\n",
-            &format!("[jobs.snapshot]\ntable = \"{source_table}\"\n"),
-            1,
-        )
+        job_of_table(&f, job, source_table, store_table, i)
     };
     let mut config = format!("{head}{}", job_of(tables[0], 0));
     let list: Vec<String> = tables
@@ -1501,4 +1507,144 @@ fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {
         r.signal("TERM");
         assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
     }
+}
+
+/// Tables added to a running capture (docs/CAPTURE.md "Adding a table"): pgbench writes
+/// throughout; the capture of `pgbench_accounts` alone is stopped, `tables` gains
+/// `pgbench_branches` and `pgbench_tellers`, and the restarted capture adds them to its own
+/// publication, announces both at one checkpoint barrier before any of their changes and takes a
+/// snapshot holding them. The running job of accounts passes over their changes, untouched, and
+/// follows a column added to its table afterwards (a version the log, now of several tables,
+/// names); jobs of the new tables start from that snapshot. All three equal the source, the log
+/// keeps its contract, a kill -9 of the capture afterwards resumes with the tables recorded, and a
+/// list changed other than at its end is refused.
+#[test]
+fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
+    let _serial = serial();
+    let source = database("cap-add");
+    let url = source.url.clone();
+    pgbench_init_four(&url);
+    let f = Fixture::new("cap-add", 1, "vnode_count = 64\nmax_rows_per_second = 0");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let at = text.find("[[jobs]]").unwrap();
+    let (head, job) = text.split_at(at);
+    let job_of = |source_table: &str, store_table: &str, i: usize| {
+        job_of_table(&f, job, source_table, store_table, i)
+    };
+    // No `publication`: the capture's own, which follows `tables`.
+    let capture_of = |tables: &str| {
+        format!(
+            "[jobs.capture]\nsource_url = \"{url}\"\ntables = [{tables}]\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\n"
+        )
+    };
+    // A one-table capture: its first manifest names no table, its job names none either.
+    let one = "\"public.pgbench_accounts\"";
+    let named = job_of("pgbench_accounts", "accounts", 0);
+    let accounts = named.replacen("table = \"pgbench_accounts\"\n", "", 1);
+    std::fs::write(&f.config, format!("{head}{accounts}{}", capture_of(one))).unwrap();
+    let mut capture = spawn_capture(&f, "c1");
+    capture.wait_for("snapshot copied", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 20);
+    let mut run = f.spawn_run("r", &[]);
+    capture.wait_for_count("capture checkpoint committed", 6, MIN);
+    stop_capture(&mut capture);
+    let three = format!("{one}, \"public.pgbench_branches\", \"public.pgbench_tellers\"");
+    // Once the capture has several tables, its job names the one it materialises.
+    let after = format!(
+        "{head}{named}{}{}{}",
+        capture_of(&three),
+        job_of("pgbench_branches", "branches", 1),
+        job_of("pgbench_tellers", "tellers", 2)
+    );
+    std::fs::write(&f.config, &after).unwrap();
+    let mut capture = spawn_capture(&f, "c2");
+    capture.wait_for("tables join the capture", MIN);
+    capture.wait_for("snapshot of the running capture published", MIN);
+    let publication = format!("kb_{}_0", f.name.replace('-', "_"));
+    assert_eq!(
+        psql(
+            &url,
+            &format!("SELECT count(*) FROM pg_publication_tables WHERE pubname = '{publication}'")
+        ),
+        "3"
+    );
+    // The new jobs run in a process of their own (`run` runs every job of its configuration).
+    let own = f.dir.join("added.toml");
+    std::fs::write(
+        &own,
+        format!(
+            "{head}{}{}",
+            job_of("pgbench_branches", "branches", 1),
+            job_of("pgbench_tellers", "tellers", 2)
+        ),
+    )
+    .unwrap();
+    let log = f.dir.join("t.log");
+    let child = Command::new(BIN)
+        .args(["run", "--worker-prefix", "t", "--config"])
+        .arg(&own)
+        .env("RUST_LOG", "info,kafka_backfill=debug,librdkafka=warn")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut added = Runner { child, log };
+    added.wait_for("reading a later snapshot of the capture", MIN);
+    // A column of the first table, once the log has several: its version names the table, and
+    // the job of the one-table manifest follows it.
+    psql(&url, "ALTER TABLE pgbench_accounts ADD COLUMN note text");
+    psql(
+        &url,
+        "UPDATE pgbench_accounts SET note = 'n' || aid WHERE aid % 13 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    wait_child(&mut bench, MIN);
+    for (i, rows) in [(0, 10_000), (1, 1), (2, 10)] {
+        let job = format!("{}-{i}", f.name);
+        let report = verify_job_eventually(&f, Some(&job), MIN);
+        assert!(
+            report.contains(&format!("{rows} rows compared")),
+            "{job}: {report}"
+        );
+    }
+    let text = run.log_text();
+    assert!(
+        !text.contains("job stopped") && !text.contains("recreat"),
+        "the running job was untouched: {}",
+        tail(&text)
+    );
+    capture.signal("KILL");
+    assert!(!capture.wait_exit(MIN).success());
+    let mut capture = spawn_capture(&f, "c3");
+    capture.wait_for("capture checkpoint committed", MIN);
+    assert!(!capture.log_text().contains("tables join the capture"));
+    psql(
+        &url,
+        "UPDATE pgbench_tellers SET tbalance = tbalance + 7 WHERE tid % 2 = 0",
+    );
+    let report = verify_job_eventually(&f, Some(&format!("{}-2", f.name)), MIN);
+    assert!(report.contains("10 rows compared"), "{report}");
+    let log = check_log(&f);
+    assert!(log.contains(" 0 violations"), "{log}");
+    for r in [&mut run, &mut added] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success());
+    }
+    stop_capture(&mut capture);
+    // Any change of the list but an addition at its end is refused, naming the way.
+    let dropped = after.replace(
+        &three,
+        "\"public.pgbench_accounts\", \"public.pgbench_tellers\"",
+    );
+    assert_ne!(dropped, after);
+    std::fs::write(&f.config, &dropped).unwrap();
+    let mut refused = spawn_capture(&f, "c4");
+    assert!(!refused.wait_exit(MIN).success());
+    let text = refused.log_text();
+    assert!(
+        text.contains("tables may only be added at the end of [jobs.capture] tables"),
+        "{}",
+        tail(&text)
+    );
 }

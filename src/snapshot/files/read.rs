@@ -159,8 +159,17 @@ impl ParsedManifest {
                 (m.table_view(index), index)
             }
             Form::One(m) => {
+                // Named by its row record; a capture's record is `<schema>_<table>`, and a job of
+                // a capture that gained tables names it by the table alone, as the capture's
+                // later manifests do (docs/CAPTURE.md "Adding a table").
                 let table_name = &tables[0].name;
-                if let Some(n) = name.filter(|n| n != table_name) {
+                let same = |n: &str| {
+                    n == table_name
+                        || table_name
+                            .strip_suffix(n)
+                            .is_some_and(|schema| schema.ends_with('_') && schema.len() > 1)
+                };
+                if let Some(n) = name.filter(|n| !same(n)) {
                     return Err(file_err(
                         mpath,
                         format!("no table {n} in the manifest (its one table is {table_name})"),
