@@ -994,6 +994,86 @@ struct RunningJob {
     handles: Vec<(String, JoinHandle<Result<()>>)>,
 }
 
+/// The names of the tables in the manifest in `dir` (a one-table manifest: its row record's).
+fn manifest_tables(dir: &std::path::Path) -> Vec<String> {
+    let Ok(text) = std::fs::read(dir.join("manifest.json")) else {
+        return Vec::new();
+    };
+    let Ok(m) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return Vec::new();
+    };
+    match m["tables"].as_array() {
+        Some(tables) => tables
+            .iter()
+            .filter_map(|t| t["name"].as_str().map(str::to_string))
+            .collect(),
+        None => m["row_schema"]["name"]
+            .as_str()
+            .map(|n| vec![n.to_string()])
+            .unwrap_or_default(),
+    }
+}
+
+/// A job of a table added to its capture (docs/CAPTURE.md "Adding a table") started before the
+/// snapshot holding that table is published: the log announces the table (a version file naming
+/// it with its primary key), no published snapshot has it yet, and the capture took that snapshot
+/// on itself when the table joined. The job waits for it (bounded, saying so in its log and in
+/// `/readyz`) instead of failing on a manifest without its table. False when the process is told
+/// to stop first. Snapshots in files only (with Kafka storage the state record lists them).
+fn wait_for_added_table(
+    job: &JobConfig,
+    shutdown: &CancellationToken,
+    runtimes: &Runtimes,
+) -> Result<bool> {
+    let SnapshotConfig::Files {
+        dir,
+        table: Some(table),
+    } = &job.snapshot
+    else {
+        return Ok(true);
+    };
+    let newest_has_it = || {
+        let newest = crate::snapshot::published::choose(dir, None)
+            .map_or_else(|| dir.clone(), |(_, folder)| folder);
+        manifest_tables(&newest).iter().any(|n| n == table)
+    };
+    if newest_has_it() {
+        return Ok(true);
+    }
+    let added = crate::snapshot::versions::read(dir)
+        .with_context(|| format!("job {}: reading its log's schema versions", job.name))?
+        .into_iter()
+        .find(|v| v.table.as_deref() == Some(table) && v.primary_key.is_some());
+    let Some(added) = added else {
+        // Not a table added to the log: `prepare` names what the snapshot has.
+        return Ok(true);
+    };
+    let what = format!(
+        "a snapshot of its capture holding table {table}, which joined the log at epoch {} (the capture takes it when a table joins)",
+        added.from_epoch
+    );
+    info!(job = %job.name, "waiting for {what}");
+    runtimes.set_waiting(&job.name, what);
+    let started = std::time::Instant::now();
+    while !newest_has_it() {
+        if started.elapsed() >= ASKED_SNAPSHOT_WITHIN {
+            bail!(
+                "job {}: table {table} joined its capture's log at epoch {}, and no snapshot holding it was published under {} within {} s: is its capture running? Its log says why a snapshot failed (`kafka-backfill snapshot` asks for one)",
+                job.name,
+                added.from_epoch,
+                dir.display(),
+                ASKED_SNAPSHOT_WITHIN.as_secs()
+            );
+        }
+        if crate::shutdown::wait_blocking(shutdown, SNAPSHOT_LOOK_EVERY * 4) {
+            return Ok(false);
+        }
+    }
+    runtimes.clear_waiting(&job.name);
+    info!(job = %job.name, waited_ms = started.elapsed().as_millis() as u64, %table, "a snapshot holding the job's added table is published");
+    Ok(true)
+}
+
 /// A job checked and its store prepared ([`prepare`]), after waiting for its capture's snapshot
 /// (and, when its log is gone, asking for a newer one); `None` when the process is told to stop
 /// first.
@@ -1004,6 +1084,10 @@ fn prepare_to_run(
 ) -> Result<Option<PreparedJob>> {
     if !wait_for_snapshot(job, shutdown, runtimes)? {
         info!(job = %job.name, "stopped while waiting for the snapshot");
+        return Ok(None);
+    }
+    if !wait_for_added_table(job, shutdown, runtimes)? {
+        info!(job = %job.name, "stopped while waiting for a snapshot of its added table");
         return Ok(None);
     }
     match prepare(job, true) {

@@ -165,6 +165,29 @@ pub(crate) fn capture_fixture_of(
 }
 
 /// The `[jobs.capture]` section of `f`'s job: `tables` is its `table = …` or `tables = […]` line.
+/// `run` of the jobs `config` (a whole configuration) in a process of its own, logging to
+/// `<prefix>.log` in `f`'s folder: `run` runs every job of its configuration.
+fn spawn_run_of(f: &Fixture, config: &str, prefix: &str) -> Runner {
+    let path = f.dir.join(format!("{prefix}.toml"));
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--worker-prefix", prefix, "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "info,kafka_backfill=debug,librdkafka=warn");
+    spawn_logged(cmd, f.dir.join(format!("{prefix}.log")))
+}
+
+/// `cmd` started without colours, its log (stderr) in `log`.
+fn spawn_logged(mut cmd: Command, log: std::path::PathBuf) -> Runner {
+    let child = cmd
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Runner { child, log }
+}
+
 /// The fixture's `[[jobs]]` text `job` as job `<name>-<i>` in group `<group>-<i>`, materialising
 /// the log's table `source_table` into the store table `store_table`.
 fn job_of_table(f: &Fixture, job: &str, source_table: &str, store_table: &str, i: usize) -> String {
@@ -197,21 +220,15 @@ pub(crate) fn spawn_capture(f: &Fixture, prefix: &str) -> Runner {
 
 /// A capture serving `/metrics` on `http` (an override of `http.listen`; "" = none).
 pub(crate) fn spawn_capture_serving(f: &Fixture, prefix: &str, http: &str) -> Runner {
-    let log = f.dir.join(format!("{prefix}.log"));
-    let child = Command::new(BIN)
-        .args(["capture", "--config"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["capture", "--config"])
         .arg(&f.config)
         .env("KAFKA_BACKFILL__HTTP__LISTEN", http)
         .env(
             "RUST_LOG",
             "info,kafka_backfill=debug,librdkafka=warn,pg_walstream=warn",
-        )
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Runner { child, log }
+        );
+    spawn_logged(cmd, f.dir.join(format!("{prefix}.log")))
 }
 
 /// `verify --against-source` of `job` (the config's first when `None`).
@@ -1559,6 +1576,26 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
     std::fs::write(&f.config, &after).unwrap();
     let mut capture = spawn_capture(&f, "c2");
     capture.wait_for("tables join the capture", MIN);
+    capture.wait_for_count("schema version announced", 2, MIN);
+    // The capture held (SIGSTOP) once both tables are announced, before the snapshot holding them
+    // is published (unless its copy was quicker): jobs of the new tables started now wait for it.
+    capture.signal("STOP");
+    let early = !capture
+        .log_text()
+        .contains("snapshot of the running capture published");
+    let added_jobs = format!(
+        "{head}{}{}",
+        job_of("pgbench_branches", "branches", 1),
+        job_of("pgbench_tellers", "tellers", 2)
+    );
+    let mut added = spawn_run_of(&f, &added_jobs, "t");
+    if early {
+        added.wait_for(
+            "waiting for a snapshot of its capture holding table pgbench_branches",
+            MIN,
+        );
+    }
+    capture.signal("CONT");
     capture.wait_for("snapshot of the running capture published", MIN);
     let publication = format!("kb_{}_0", f.name.replace('-', "_"));
     assert_eq!(
@@ -1568,28 +1605,6 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
         ),
         "3"
     );
-    // The new jobs run in a process of their own (`run` runs every job of its configuration).
-    let own = f.dir.join("added.toml");
-    std::fs::write(
-        &own,
-        format!(
-            "{head}{}{}",
-            job_of("pgbench_branches", "branches", 1),
-            job_of("pgbench_tellers", "tellers", 2)
-        ),
-    )
-    .unwrap();
-    let log = f.dir.join("t.log");
-    let child = Command::new(BIN)
-        .args(["run", "--worker-prefix", "t", "--config"])
-        .arg(&own)
-        .env("RUST_LOG", "info,kafka_backfill=debug,librdkafka=warn")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut added = Runner { child, log };
     added.wait_for("reading a later snapshot of the capture", MIN);
     // A column of the first table, once the log has several: its version names the table, and
     // the job of the one-table manifest follows it.
