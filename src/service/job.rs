@@ -994,23 +994,35 @@ struct RunningJob {
     handles: Vec<(String, JoinHandle<Result<()>>)>,
 }
 
-/// The names of the tables in the manifest in `dir` (a one-table manifest: its row record's).
-fn manifest_tables(dir: &std::path::Path) -> Vec<String> {
+/// Per topic, the tables a capture section of the configuration lists (their names without the
+/// schema, as manifests name them).
+type CapturedTables = std::collections::HashMap<String, Vec<String>>;
+
+fn captured_tables(config: &crate::config::Config) -> CapturedTables {
+    let mut out = CapturedTables::new();
+    for job in &config.jobs {
+        if let Some(names) = job.capture.as_ref().and_then(|c| c.table_names().ok()) {
+            out.entry(job.topic.clone())
+                .or_default()
+                .extend(names.into_iter().map(|n| n.table));
+        }
+    }
+    out
+}
+
+/// Whether the manifest in `dir` holds table `table` (as `snapshot.table` names it).
+fn manifest_holds(dir: &std::path::Path, table: &str) -> bool {
     let Ok(text) = std::fs::read(dir.join("manifest.json")) else {
-        return Vec::new();
+        return false;
     };
     let Ok(m) = serde_json::from_slice::<serde_json::Value>(&text) else {
-        return Vec::new();
+        return false;
     };
     match m["tables"].as_array() {
-        Some(tables) => tables
-            .iter()
-            .filter_map(|t| t["name"].as_str().map(str::to_string))
-            .collect(),
+        Some(tables) => tables.iter().any(|t| t["name"].as_str() == Some(table)),
         None => m["row_schema"]["name"]
             .as_str()
-            .map(|n| vec![n.to_string()])
-            .unwrap_or_default(),
+            .is_some_and(|record| crate::snapshot::files::one_table_answers_to(record, table)),
     }
 }
 
@@ -1022,6 +1034,7 @@ fn manifest_tables(dir: &std::path::Path) -> Vec<String> {
 /// to stop first. Snapshots in files only (with Kafka storage the state record lists them).
 fn wait_for_added_table(
     job: &JobConfig,
+    captured: &CapturedTables,
     shutdown: &CancellationToken,
     runtimes: &Runtimes,
 ) -> Result<bool> {
@@ -1035,22 +1048,31 @@ fn wait_for_added_table(
     let newest_has_it = || {
         let newest = crate::snapshot::published::choose(dir, None)
             .map_or_else(|| dir.clone(), |(_, folder)| folder);
-        manifest_tables(&newest).iter().any(|n| n == table)
+        manifest_holds(&newest, table)
     };
     if newest_has_it() {
         return Ok(true);
     }
-    let added = crate::snapshot::versions::read(dir)
+    let announced = crate::snapshot::versions::read(dir)
         .with_context(|| format!("job {}: reading its log's schema versions", job.name))?
         .into_iter()
-        .find(|v| v.table.as_deref() == Some(table) && v.primary_key.is_some());
-    let Some(added) = added else {
+        .find(|v| v.table.as_deref() == Some(table) && v.primary_key.is_some())
+        .map(|v| format!("joined the log at epoch {}", v.from_epoch));
+    // A capture of this configuration (`run --capture`) that lists the table and has not
+    // announced it yet: it does at its start.
+    let listed = || {
+        captured
+            .get(&job.topic)
+            .is_some_and(|ts| ts.iter().any(|t| t == table))
+    };
+    let Some(joined) =
+        announced.or_else(|| listed().then(|| "is listed by its capture".to_string()))
+    else {
         // Not a table added to the log: `prepare` names what the snapshot has.
         return Ok(true);
     };
     let what = format!(
-        "a snapshot of its capture holding table {table}, which joined the log at epoch {} (the capture takes it when a table joins)",
-        added.from_epoch
+        "a snapshot of its capture holding table {table}, which {joined} (the capture takes it when a table joins)"
     );
     info!(job = %job.name, "waiting for {what}");
     runtimes.set_waiting(&job.name, what);
@@ -1058,9 +1080,8 @@ fn wait_for_added_table(
     while !newest_has_it() {
         if started.elapsed() >= ASKED_SNAPSHOT_WITHIN {
             bail!(
-                "job {}: table {table} joined its capture's log at epoch {}, and no snapshot holding it was published under {} within {} s: is its capture running? Its log says why a snapshot failed (`kafka-backfill snapshot` asks for one)",
+                "job {}: table {table} {joined}, and no snapshot holding it was published under {} within {} s: is its capture running? Its log says why a snapshot failed (`kafka-backfill snapshot` asks for one)",
                 job.name,
-                added.from_epoch,
                 dir.display(),
                 ASKED_SNAPSHOT_WITHIN.as_secs()
             );
@@ -1079,6 +1100,7 @@ fn wait_for_added_table(
 /// first.
 fn prepare_to_run(
     job: &JobConfig,
+    captured: &CapturedTables,
     shutdown: &CancellationToken,
     runtimes: &Runtimes,
 ) -> Result<Option<PreparedJob>> {
@@ -1086,7 +1108,7 @@ fn prepare_to_run(
         info!(job = %job.name, "stopped while waiting for the snapshot");
         return Ok(None);
     }
-    if !wait_for_added_table(job, shutdown, runtimes)? {
+    if !wait_for_added_table(job, captured, shutdown, runtimes)? {
         info!(job = %job.name, "stopped while waiting for a snapshot of its added table");
         return Ok(None);
     }
@@ -1232,10 +1254,11 @@ pub fn run(
         board: &board,
         runtimes: &runtimes,
     };
+    let captured = captured_tables(config);
     let mut running: Vec<RunningJob> = Vec::new();
     let mut expected = 0usize;
     for (index, job) in config.jobs.iter().enumerate() {
-        let Some(prepared) = prepare_to_run(job, &shutdown, &runtimes)? else {
+        let Some(prepared) = prepare_to_run(job, &captured, &shutdown, &runtimes)? else {
             return Ok(());
         };
         running.push(start_job(index, job, &prepared, &shared)?);
@@ -1291,7 +1314,7 @@ pub fn run(
                                 Ok(Ok(())) => {}
                             }
                         }
-                        match prepare_to_run(job, &shutdown, &runtimes) {
+                        match prepare_to_run(job, &captured, &shutdown, &runtimes) {
                             Ok(Some(prepared)) => {
                                 running.push(start_job(old.index, job, &prepared, &shared)?)
                             }

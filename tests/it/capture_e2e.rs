@@ -590,7 +590,7 @@ fn a_second_capture_of_a_job_fences_the_first() {
 /// `run --capture`: the capture and the job in one process (the embedded case); SIGTERM stops
 /// both, the capture at a checkpoint.
 #[test]
-fn run_with_capture_in_one_process_equals_the_source() {
+fn run_with_capture_in_one_process_equals_the_source_and_takes_a_table_added_later() {
     let _serial = serial();
     let source = database("cap-inproc");
     let url = source.url.clone();
@@ -610,6 +610,52 @@ fn run_with_capture_in_one_process_equals_the_source() {
         "{}",
         tail(&run.log_text())
     );
+    // A table added, and a job of it, in the same process (docs/CAPTURE.md "Adding a table"):
+    // the new job is prepared while the capture starts, before it announces the table, and
+    // waits for the snapshot holding it. The publication is named in the configuration, so the
+    // user adds the table to it.
+    psql(&url, "ALTER TABLE pgbench_branches REPLICA IDENTITY FULL");
+    let id = f.name.replace('-', "_");
+    psql(
+        &url,
+        &format!("ALTER PUBLICATION kb_{id} ADD TABLE pgbench_branches"),
+    );
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let at = text.find("[[jobs]]").unwrap();
+    let capture_at = text.find("[jobs.capture]").unwrap();
+    let job = &text[at..capture_at];
+    let capture = text[capture_at..].replacen(
+        "table = \"public.pgbench_accounts\"",
+        "tables = [\"public.pgbench_accounts\", \"public.pgbench_branches\"]",
+        1,
+    );
+    let named = job.replacen(
+        "[jobs.snapshot]\n",
+        "[jobs.snapshot]\ntable = \"pgbench_accounts\"\n",
+        1,
+    );
+    std::fs::write(
+        &f.config,
+        format!(
+            "{}{named}{capture}{}",
+            &text[..at],
+            job_of_table(&f, job, "pgbench_branches", "branches", 2)
+        ),
+    )
+    .unwrap();
+    let mut run = f.spawn_run("b", &["--capture"]);
+    run.wait_for("a snapshot holding the job's added table is published", MIN);
+    let mut bench = pgbench_run(&f, &url, 100, 3);
+    wait_child(&mut bench, MIN);
+    for (job, rows) in [(f.name.clone(), 10_000), (format!("{}-2", f.name), 1)] {
+        let report = verify_job_eventually(&f, Some(&job), MIN);
+        assert!(
+            report.contains(&format!("{rows} rows compared")),
+            "{job}: {report}"
+        );
+    }
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success(), "{}", tail(&run.log_text()));
 }
 
 /// docs/CAPTURE.md's order: `run` started before its `capture` has published the snapshot waits

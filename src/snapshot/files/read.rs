@@ -163,13 +163,7 @@ impl ParsedManifest {
                 // a capture that gained tables names it by the table alone, as the capture's
                 // later manifests do (docs/CAPTURE.md "Adding a table").
                 let table_name = &tables[0].name;
-                let same = |n: &str| {
-                    n == table_name
-                        || table_name
-                            .strip_suffix(n)
-                            .is_some_and(|schema| schema.ends_with('_') && schema.len() > 1)
-                };
-                if let Some(n) = name.filter(|n| !same(n)) {
+                if let Some(n) = name.filter(|n| !one_table_answers_to(table_name, n)) {
                     return Err(file_err(
                         mpath,
                         format!("no table {n} in the manifest (its one table is {table_name})"),
@@ -606,4 +600,13 @@ impl SnapshotSource for SnapshotFiles {
         }
         Ok(Box::new(rows.into_iter().map(Ok)))
     }
+}
+
+/// Whether a one-table manifest whose row record is named `record` answers to `name`: its record's
+/// name, or the table's alone when the record is a capture's `<schema>_<table>`.
+pub fn one_table_answers_to(record: &str, name: &str) -> bool {
+    name == record
+        || record
+            .strip_suffix(name)
+            .is_some_and(|schema| schema.ends_with('_') && schema.len() > 1)
 }

@@ -477,3 +477,26 @@ fn a_header_schema_other_than_the_manifests_or_a_row_of_an_unlisted_vnode_is_an_
         "{e}"
     );
 }
+
+/// A capture's one-table manifest (its row record `<schema>_<table>`) answers to the table's plain
+/// name, as the capture's later manifests of several tables name it; nothing else does.
+#[test]
+fn a_one_table_manifest_answers_to_its_record_and_its_plain_table_name() {
+    assert!(one_table_answers_to(
+        "public_pgbench_accounts",
+        "public_pgbench_accounts"
+    ));
+    assert!(one_table_answers_to(
+        "public_pgbench_accounts",
+        "pgbench_accounts"
+    ));
+    assert!(!one_table_answers_to(
+        "public_pgbench_accounts",
+        "accounts_x"
+    ));
+    assert!(!one_table_answers_to(
+        "public_pgbench_accounts",
+        "bench_accounts"
+    ));
+    assert!(!one_table_answers_to("_accounts", "accounts"));
+}
