@@ -1028,10 +1028,13 @@ fn manifest_holds(dir: &std::path::Path, table: &str) -> bool {
 
 /// A job of a table added to its capture (docs/CAPTURE.md "Adding a table") started before the
 /// snapshot holding that table is published: the log announces the table (a version file naming
-/// it with its primary key), no published snapshot has it yet, and the capture took that snapshot
-/// on itself when the table joined. The job waits for it (bounded, saying so in its log and in
-/// `/readyz`) instead of failing on a manifest without its table. False when the process is told
-/// to stop first. Snapshots in files only (with Kafka storage the state record lists them).
+/// it with its primary key, from epoch `F`), or a capture of this configuration lists it and has
+/// not announced it yet (`run --capture`), and no snapshot has it yet; the capture took that
+/// snapshot on itself when the table joined. The job waits for it (bounded, saying so in its log
+/// and in `/readyz`) instead of failing on a manifest without its table. Published files are
+/// looked at in their manifests; with `snapshot_storage = "kafka"`, a stored snapshot holds the
+/// table when its epoch is at or past `F` (every snapshot placed after the table joined copies it).
+/// False when the process is told to stop first.
 fn wait_for_added_table(
     job: &JobConfig,
     captured: &CapturedTables,
@@ -1045,49 +1048,66 @@ fn wait_for_added_table(
     else {
         return Ok(true);
     };
-    let newest_has_it = || {
-        let newest = crate::snapshot::published::choose(dir, None)
-            .map_or_else(|| dir.clone(), |(_, folder)| folder);
-        manifest_holds(&newest, table)
+    let in_kafka = job
+        .capture
+        .as_ref()
+        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
+    let sync = versions_sync(job, dir)?;
+    let home = crate::snapshot::versions::home(dir);
+    // The epoch the table joined the log at, once announced.
+    let joined_at = || -> Result<Option<crate::core::Epoch>> {
+        if let Some(sync) = &sync {
+            sync().map_err(|e| anyhow::anyhow!("job {}: {e}", job.name))?;
+        }
+        Ok(crate::snapshot::versions::read(&home)
+            .with_context(|| format!("job {}: reading its log's schema versions", job.name))?
+            .into_iter()
+            .find(|v| v.table.as_deref() == Some(table) && v.primary_key.is_some())
+            .map(|v| v.from_epoch))
     };
-    if newest_has_it() {
+    let held = |joined: Option<crate::core::Epoch>| -> Result<bool> {
+        if !in_kafka {
+            let newest = crate::snapshot::published::choose(dir, None)
+                .map_or_else(|| dir.clone(), |(_, folder)| folder);
+            return Ok(manifest_holds(&newest, table));
+        }
+        let newest = kafka_stored(job)?.and_then(|s| s.list.last().map(|l| l.epoch));
+        Ok(matches!((joined, newest), (Some(f), Some(e)) if e >= f))
+    };
+    let mut joined = joined_at()?;
+    if held(joined)? {
         return Ok(true);
     }
-    let announced = crate::snapshot::versions::read(dir)
-        .with_context(|| format!("job {}: reading its log's schema versions", job.name))?
-        .into_iter()
-        .find(|v| v.table.as_deref() == Some(table) && v.primary_key.is_some())
-        .map(|v| format!("joined the log at epoch {}", v.from_epoch));
     // A capture of this configuration (`run --capture`) that lists the table and has not
     // announced it yet: it does at its start.
-    let listed = || {
-        captured
-            .get(&job.topic)
-            .is_some_and(|ts| ts.iter().any(|t| t == table))
-    };
-    let Some(joined) =
-        announced.or_else(|| listed().then(|| "is listed by its capture".to_string()))
-    else {
+    let listed = captured
+        .get(&job.topic)
+        .is_some_and(|ts| ts.iter().any(|t| t == table));
+    if joined.is_none() && !listed {
         // Not a table added to the log: `prepare` names what the snapshot has.
         return Ok(true);
-    };
+    }
     let what = format!(
-        "a snapshot of its capture holding table {table}, which {joined} (the capture takes it when a table joins)"
+        "a snapshot of its capture holding table {table}, which joined its log (the capture takes one when a table joins)"
     );
     info!(job = %job.name, "waiting for {what}");
     runtimes.set_waiting(&job.name, what);
     let started = std::time::Instant::now();
-    while !newest_has_it() {
+    while !held(joined)? {
         if started.elapsed() >= ASKED_SNAPSHOT_WITHIN {
             bail!(
-                "job {}: table {table} {joined}, and no snapshot holding it was published under {} within {} s: is its capture running? Its log says why a snapshot failed (`kafka-backfill snapshot` asks for one)",
+                "job {}: table {table} joined its capture's log{}, and no snapshot holding it was {} within {} s: is its capture running? Its log says why a snapshot failed (`kafka-backfill snapshot` asks for one)",
                 job.name,
-                dir.display(),
+                joined.map_or(String::new(), |f| format!(" at epoch {f}")),
+                if in_kafka { "stored in Kafka".to_string() } else { format!("published under {}", dir.display()) },
                 ASKED_SNAPSHOT_WITHIN.as_secs()
             );
         }
         if crate::shutdown::wait_blocking(shutdown, SNAPSHOT_LOOK_EVERY * 4) {
             return Ok(false);
+        }
+        if joined.is_none() {
+            joined = joined_at()?;
         }
     }
     runtimes.clear_waiting(&job.name);

@@ -188,6 +188,23 @@ fn spawn_logged(mut cmd: Command, log: std::path::PathBuf) -> Runner {
     Runner { child, log }
 }
 
+/// A capture held (SIGSTOP) before it published the snapshot holding an added table (`early`):
+/// the runner `run` of a job of `table` says it waits for that snapshot; then the capture goes on.
+pub(crate) fn released_after_the_wait(
+    capture: &mut Runner,
+    run: &mut Runner,
+    early: bool,
+    table: &str,
+) {
+    if early {
+        run.wait_for(
+            &format!("waiting for a snapshot of its capture holding table {table}"),
+            MIN,
+        );
+    }
+    capture.signal("CONT");
+}
+
 /// The fixture's `[[jobs]]` text `job` as job `<name>-<i>` in group `<group>-<i>`, materialising
 /// the log's table `source_table` into the store table `store_table`.
 fn job_of_table(f: &Fixture, job: &str, source_table: &str, store_table: &str, i: usize) -> String {
@@ -1635,13 +1652,7 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
         job_of("pgbench_tellers", "tellers", 2)
     );
     let mut added = spawn_run_of(&f, &added_jobs, "t");
-    if early {
-        added.wait_for(
-            "waiting for a snapshot of its capture holding table pgbench_branches",
-            MIN,
-        );
-    }
-    capture.signal("CONT");
+    released_after_the_wait(&mut capture, &mut added, early, "pgbench_branches");
     capture.wait_for("snapshot of the running capture published", MIN);
     let publication = format!("kb_{}_0", f.name.replace('-', "_"));
     assert_eq!(

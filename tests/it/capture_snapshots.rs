@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::capture_e2e::{
-    big_table_capture, capture_fixture, database, pgbench_init, pgbench_run, psql, spawn_capture,
-    spawn_capture_serving, stop_capture, verify_job_eventually, wait_child, SourceDb, MIN,
+    big_table_capture, capture_fixture, database, pgbench_init, pgbench_run, psql,
+    released_after_the_wait, spawn_capture, spawn_capture_serving, stop_capture,
+    verify_job_eventually, wait_child, SourceDb, MIN,
 };
 use crate::contract_e2e::check_log;
 use crate::support::*;
@@ -637,8 +638,61 @@ fn schema_versions_reach_a_runner_without_the_capture_folder() {
         })
         .count();
     assert_eq!(versions, 2, "both versions reached the runner's folder");
-    run.signal("TERM");
-    assert!(run.wait_exit(MIN).success());
+    // A table added (docs/CAPTURE.md "Adding a table"): a runner of it on another machine, started
+    // while the capture is held before it stores the snapshot holding the table, waits for that
+    // snapshot in Kafka, restores it and equals the source.
+    stop_capture(&mut capture);
+    psql(
+        &source.url,
+        "ALTER TABLE pgbench_branches REPLICA IDENTITY FULL",
+    );
+    psql(
+        &source.url,
+        &format!(
+            "ALTER PUBLICATION kb_{} ADD TABLE pgbench_branches",
+            f.name.replace('-', "_")
+        ),
+    );
+    let text = std::fs::read_to_string(&f.config).unwrap().replacen(
+        "table = \"public.pgbench_accounts\"",
+        "tables = [\"public.pgbench_accounts\", \"public.pgbench_branches\"]",
+        1,
+    );
+    let text = text.replacen(
+        "[jobs.snapshot]\n",
+        "[jobs.snapshot]\ntable = \"pgbench_accounts\"\n",
+        1,
+    );
+    std::fs::write(&f.config, text).unwrap();
+    let mut capture = spawn_capture(&f, "capture-added");
+    capture.wait_for("schema version announced", MIN);
+    capture.signal("STOP");
+    let early = !capture.log_text().contains("snapshot stored in Kafka");
+    let branches = Fixture::new(&format!("{name}-br"), 1, "vnode_count = 64");
+    let own = std::fs::read_to_string(&branches.config)
+        .unwrap()
+        .replace(
+            &format!("topic = \"{}\"", branches.topic),
+            &format!("topic = \"{}\"", f.topic),
+        )
+        .replacen(
+            "[jobs.snapshot]\n",
+            "[jobs.snapshot]\ntable = \"pgbench_branches\"\n",
+            1,
+        )
+        .replacen("table = \"accounts\"", "table = \"branches\"", 1);
+    let config = std::fs::read_to_string(&f.config).unwrap();
+    let capture_section = &config[config.find("[jobs.capture]").unwrap()..];
+    std::fs::write(&branches.config, format!("{own}{capture_section}")).unwrap();
+    let mut br = branches.spawn_run("br", &[]);
+    released_after_the_wait(&mut capture, &mut br, early, "pgbench_branches");
+    br.wait_for("snapshot restored from Kafka", MIN);
+    let report = verify_job_eventually(&branches, None, MIN);
+    assert!(report.contains("1 rows compared"), "{report}");
+    for r in [&mut run, &mut br] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success());
+    }
     stop_capture(&mut capture);
 }
 
