@@ -155,6 +155,45 @@ pub fn table_info(
     })
 }
 
+/// The tables of `tables` that `publication` does not publish; `None` when it does not exist.
+pub fn unpublished(
+    client: &mut postgres::Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<Option<Vec<TableName>>> {
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )?
+        .is_some();
+    if !exists {
+        return Ok(None);
+    }
+    let mut lacking = Vec::new();
+    for table in tables {
+        let has = client
+            .query_opt(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[&publication, &table.schema, &table.table],
+            )?
+            .is_some();
+        if !has {
+            lacking.push(table.clone());
+        }
+    }
+    Ok(Some(lacking))
+}
+
+/// What to do about a publication that does not publish `table`, which the capture refuses.
+pub fn unpublished_fix(publication: &str, table: &TableName) -> String {
+    format!(
+        "publication {publication} exists but does not publish {table} (ALTER PUBLICATION {} ADD TABLE {}, or name another publication in capture.publication; the capture's own, when capture.publication is not set, gains a table added to tables itself)",
+        quote_ident(publication),
+        table.sql()
+    )
+}
+
 /// Creates the publication for the tables when absent. One that does not publish each of them
 /// gains those it lacks when it is the capture's own (`owned`: a table added to `tables`), and is
 /// refused otherwise (one that publishes others too is fine: their changes are passed over).
@@ -164,13 +203,7 @@ pub fn ensure_publication(
     tables: &[TableName],
     owned: bool,
 ) -> Result<()> {
-    let exists = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&publication],
-        )?
-        .is_some();
-    if !exists {
+    let Some(lacking) = unpublished(client, publication, tables)? else {
         let list: Vec<String> = tables.iter().map(TableName::sql).collect();
         client.batch_execute(&format!(
             "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate')",
@@ -178,25 +211,18 @@ pub fn ensure_publication(
             list.join(", ")
         ))?;
         return Ok(());
-    }
-    for table in tables {
-        let has = client
-            .query_opt(
-                "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                &[&publication, &table.schema, &table.table],
-            )?
-            .is_some();
-        if !has && owned {
-            // The capture's own publication (`kb_<job>`): a table added to `tables` joins it.
-            client.batch_execute(&format!(
-                "ALTER PUBLICATION {} ADD TABLE {}",
-                quote_ident(publication),
-                table.sql()
-            ))?;
-            tracing::info!(%publication, %table, "table added to the capture's publication");
-        } else if !has {
-            bail!("publication {publication} exists but does not publish {table} (ALTER PUBLICATION {} ADD TABLE {}, or name another publication in capture.publication)", quote_ident(publication), table.sql());
+    };
+    for table in lacking {
+        if !owned {
+            bail!("{}", unpublished_fix(publication, &table));
         }
+        // The capture's own publication (`kb_<job>`): a table added to `tables` joins it.
+        client.batch_execute(&format!(
+            "ALTER PUBLICATION {} ADD TABLE {}",
+            quote_ident(publication),
+            table.sql()
+        ))?;
+        tracing::info!(%publication, %table, "table added to the capture's publication");
     }
     Ok(())
 }

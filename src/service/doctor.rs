@@ -49,6 +49,7 @@ impl std::fmt::Display for Check {
 /// Runs every check of every job of `config`, printing each line as it completes; the checks.
 pub fn run(config: &Config, mut each: impl FnMut(&Check)) -> Vec<Check> {
     let mut out = Vec::new();
+    let captured = super::job::captured_tables(config);
     for job in &config.jobs {
         let mut check = |what: String, f: &mut dyn FnMut() -> Result<String>| {
             let started = Instant::now();
@@ -79,7 +80,7 @@ pub fn run(config: &Config, mut each: impl FnMut(&Check)) -> Vec<Check> {
         check(format!("store ({})", job.store.describe()), &mut || {
             store(job)
         });
-        check("snapshot".to_string(), &mut || snapshot(job));
+        check("snapshot".to_string(), &mut || snapshot(job, &captured));
         if let Some(capture) = &job.capture {
             check(
                 format!(
@@ -321,10 +322,23 @@ fn store(job: &JobConfig) -> Result<String> {
     }
 }
 
-fn snapshot(job: &JobConfig) -> Result<String> {
+fn snapshot(job: &JobConfig, captured: &super::job::CapturedTables) -> Result<String> {
     match &job.snapshot {
-        SnapshotConfig::Files { dir, .. } => {
+        SnapshotConfig::Files { dir, table } => {
             let manifest = dir.join("manifest.json");
+            // A table that joined (or joins) the capture after the snapshots published so far:
+            // `run` waits for the one the capture takes.
+            if let Some(added) = super::job::AddedTable::of(job)? {
+                if let Some(joined) = added.pending(captured)? {
+                    return Ok(format!(
+                        "table {} is in no published snapshot yet: {}; run waits for the snapshot its capture takes",
+                        table.as_deref().unwrap_or_default(),
+                        joined.map_or("its capture lists it".to_string(), |f| format!(
+                            "it joined its capture's log at epoch {f}"
+                        ))
+                    ));
+                }
+            }
             if manifest.exists() {
                 return match super::job::check_snapshot_files(job)? {
                     None => Ok(format!("{} read and matches the job", manifest.display())),
@@ -366,6 +380,14 @@ fn capture_source(job: &JobConfig) -> Result<String> {
         .map_err(|(key, why)| anyhow::anyhow!("capture.{key}: {why}"))?;
     for t in &tables {
         crate::capture::pg::table_info(&mut client, t)?;
+    }
+    // A publication named in the configuration must publish every table (the capture refuses to
+    // start otherwise); the capture's own gains a table added to `tables` itself.
+    if let Some(publication) = &capture.publication {
+        let lacking = crate::capture::pg::unpublished(&mut client, publication, &tables)?;
+        if let Some(t) = lacking.unwrap_or_default().first() {
+            bail!("{}", crate::capture::pg::unpublished_fix(publication, t));
+        }
     }
     let row = client.query_one(
         "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",

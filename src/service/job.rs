@@ -996,9 +996,9 @@ struct RunningJob {
 
 /// Per topic, the tables a capture section of the configuration lists (their names without the
 /// schema, as manifests name them).
-type CapturedTables = std::collections::HashMap<String, Vec<String>>;
+pub(crate) type CapturedTables = std::collections::HashMap<String, Vec<String>>;
 
-fn captured_tables(config: &crate::config::Config) -> CapturedTables {
+pub(crate) fn captured_tables(config: &crate::config::Config) -> CapturedTables {
     let mut out = CapturedTables::new();
     for job in &config.jobs {
         if let Some(names) = job.capture.as_ref().and_then(|c| c.table_names().ok()) {
@@ -1026,80 +1026,114 @@ fn manifest_holds(dir: &std::path::Path, table: &str) -> bool {
     }
 }
 
-/// A job of a table added to its capture (docs/CAPTURE.md "Adding a table") started before the
-/// snapshot holding that table is published: the log announces the table (a version file naming
-/// it with its primary key, from epoch `F`), or a capture of this configuration lists it and has
-/// not announced it yet (`run --capture`), and no snapshot has it yet; the capture took that
-/// snapshot on itself when the table joined. The job waits for it (bounded, saying so in its log
-/// and in `/readyz`) instead of failing on a manifest without its table. Published files are
-/// looked at in their manifests; with `snapshot_storage = "kafka"`, a stored snapshot holds the
-/// table when its epoch is at or past `F` (every snapshot placed after the table joined copies it).
-/// False when the process is told to stop first.
+/// A job's table that may have joined its capture after the snapshots published so far
+/// (docs/CAPTURE.md "Adding a table"): where to look for the table's announcement and for a
+/// snapshot that holds it.
+pub(crate) struct AddedTable<'a> {
+    job: &'a JobConfig,
+    table: &'a str,
+    dir: &'a std::path::Path,
+    in_kafka: bool,
+    sync: Option<crate::snapshot::versions::SyncVersions>,
+    home: std::path::PathBuf,
+}
+
+impl<'a> AddedTable<'a> {
+    /// `None` for a job that names no table of a snapshot in files.
+    pub(crate) fn of(job: &'a JobConfig) -> Result<Option<Self>> {
+        let SnapshotConfig::Files {
+            dir,
+            table: Some(table),
+        } = &job.snapshot
+        else {
+            return Ok(None);
+        };
+        Ok(Some(AddedTable {
+            job,
+            table,
+            dir,
+            in_kafka: job
+                .capture
+                .as_ref()
+                .is_some_and(crate::config::CaptureSection::stores_in_kafka),
+            sync: versions_sync(job, dir)?,
+            home: crate::snapshot::versions::home(dir),
+        }))
+    }
+
+    /// The epoch the table joined the log at, once announced (a version naming it with its key).
+    fn joined_at(&self) -> Result<Option<crate::core::Epoch>> {
+        if let Some(sync) = &self.sync {
+            sync().map_err(|e| anyhow::anyhow!("job {}: {e}", self.job.name))?;
+        }
+        Ok(crate::snapshot::versions::read(&self.home)
+            .with_context(|| format!("job {}: reading its log's schema versions", self.job.name))?
+            .into_iter()
+            .find(|v| v.table.as_deref() == Some(self.table) && v.primary_key.is_some())
+            .map(|v| v.from_epoch))
+    }
+
+    /// Whether the newest snapshot holds the table: published files are looked at in their
+    /// manifests; a snapshot stored in Kafka holds it when its epoch is at or past the one the
+    /// table joined at (every snapshot placed after that copies it).
+    fn held(&self, joined: Option<crate::core::Epoch>) -> Result<bool> {
+        if !self.in_kafka {
+            let newest = crate::snapshot::published::choose(self.dir, None)
+                .map_or_else(|| self.dir.to_path_buf(), |(_, folder)| folder);
+            return Ok(manifest_holds(&newest, self.table));
+        }
+        let newest = kafka_stored(self.job)?.and_then(|s| s.list.last().map(|l| l.epoch));
+        Ok(matches!((joined, newest), (Some(f), Some(e)) if e >= f))
+    }
+
+    /// `Some(joined)` when the job must wait for a snapshot holding its table: no snapshot has it,
+    /// and the log announces it (from `joined`) or a capture of this configuration lists it and
+    /// has not announced it yet (`run --capture`: it does at its start; `joined` is `None`).
+    pub(crate) fn pending(
+        &self,
+        captured: &CapturedTables,
+    ) -> Result<Option<Option<crate::core::Epoch>>> {
+        let joined = self.joined_at()?;
+        if self.held(joined)? {
+            return Ok(None);
+        }
+        let listed = captured
+            .get(&self.job.topic)
+            .is_some_and(|ts| ts.iter().any(|t| t == self.table));
+        Ok((joined.is_some() || listed).then_some(joined))
+    }
+}
+
+/// A job of a table added to its capture started before the snapshot holding that table is
+/// published ([`AddedTable::pending`]); the capture took that snapshot on itself when the table
+/// joined. The job waits for it (bounded, saying so in its log and in `/readyz`) instead of
+/// failing on a manifest without its table. False when the process is told to stop first.
 fn wait_for_added_table(
     job: &JobConfig,
     captured: &CapturedTables,
     shutdown: &CancellationToken,
     runtimes: &Runtimes,
 ) -> Result<bool> {
-    let SnapshotConfig::Files {
-        dir,
-        table: Some(table),
-    } = &job.snapshot
-    else {
+    let Some(added) = AddedTable::of(job)? else {
         return Ok(true);
     };
-    let in_kafka = job
-        .capture
-        .as_ref()
-        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
-    let sync = versions_sync(job, dir)?;
-    let home = crate::snapshot::versions::home(dir);
-    // The epoch the table joined the log at, once announced.
-    let joined_at = || -> Result<Option<crate::core::Epoch>> {
-        if let Some(sync) = &sync {
-            sync().map_err(|e| anyhow::anyhow!("job {}: {e}", job.name))?;
-        }
-        Ok(crate::snapshot::versions::read(&home)
-            .with_context(|| format!("job {}: reading its log's schema versions", job.name))?
-            .into_iter()
-            .find(|v| v.table.as_deref() == Some(table) && v.primary_key.is_some())
-            .map(|v| v.from_epoch))
-    };
-    let held = |joined: Option<crate::core::Epoch>| -> Result<bool> {
-        if !in_kafka {
-            let newest = crate::snapshot::published::choose(dir, None)
-                .map_or_else(|| dir.clone(), |(_, folder)| folder);
-            return Ok(manifest_holds(&newest, table));
-        }
-        let newest = kafka_stored(job)?.and_then(|s| s.list.last().map(|l| l.epoch));
-        Ok(matches!((joined, newest), (Some(f), Some(e)) if e >= f))
-    };
-    let mut joined = joined_at()?;
-    if held(joined)? {
+    let Some(mut joined) = added.pending(captured)? else {
         return Ok(true);
-    }
-    // A capture of this configuration (`run --capture`) that lists the table and has not
-    // announced it yet: it does at its start.
-    let listed = captured
-        .get(&job.topic)
-        .is_some_and(|ts| ts.iter().any(|t| t == table));
-    if joined.is_none() && !listed {
-        // Not a table added to the log: `prepare` names what the snapshot has.
-        return Ok(true);
-    }
+    };
+    let table = added.table;
     let what = format!(
         "a snapshot of its capture holding table {table}, which joined its log (the capture takes one when a table joins)"
     );
     info!(job = %job.name, "waiting for {what}");
     runtimes.set_waiting(&job.name, what);
     let started = std::time::Instant::now();
-    while !held(joined)? {
+    while !added.held(joined)? {
         if started.elapsed() >= ASKED_SNAPSHOT_WITHIN {
             bail!(
                 "job {}: table {table} joined its capture's log{}, and no snapshot holding it was {} within {} s: is its capture running? Its log says why a snapshot failed (`kafka-backfill snapshot` asks for one)",
                 job.name,
                 joined.map_or(String::new(), |f| format!(" at epoch {f}")),
-                if in_kafka { "stored in Kafka".to_string() } else { format!("published under {}", dir.display()) },
+                if added.in_kafka { "stored in Kafka".to_string() } else { format!("published under {}", added.dir.display()) },
                 ASKED_SNAPSHOT_WITHIN.as_secs()
             );
         }
@@ -1107,7 +1141,7 @@ fn wait_for_added_table(
             return Ok(false);
         }
         if joined.is_none() {
-            joined = joined_at()?;
+            joined = added.joined_at()?;
         }
     }
     runtimes.clear_waiting(&job.name);

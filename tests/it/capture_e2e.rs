@@ -632,11 +632,6 @@ fn run_with_capture_in_one_process_equals_the_source_and_takes_a_table_added_lat
     // waits for the snapshot holding it. The publication is named in the configuration, so the
     // user adds the table to it.
     psql(&url, "ALTER TABLE pgbench_branches REPLICA IDENTITY FULL");
-    let id = f.name.replace('-', "_");
-    psql(
-        &url,
-        &format!("ALTER PUBLICATION kb_{id} ADD TABLE pgbench_branches"),
-    );
     let text = std::fs::read_to_string(&f.config).unwrap();
     let at = text.find("[[jobs]]").unwrap();
     let capture_at = text.find("[jobs.capture]").unwrap();
@@ -660,6 +655,28 @@ fn run_with_capture_in_one_process_equals_the_source_and_takes_a_table_added_lat
         ),
     )
     .unwrap();
+    // `doctor` names what the capture would refuse: the named publication lacks the table.
+    let id = f.name.replace('-', "_");
+    let (code, out, _) = doctor(&f);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        doctor_line(&out, "FAIL", "capture source").contains(&format!(
+            "publication kb_{id} exists but does not publish public.pgbench_branches (ALTER PUBLICATION"
+        )),
+        "{out}"
+    );
+    psql(
+        &url,
+        &format!("ALTER PUBLICATION kb_{id} ADD TABLE pgbench_branches"),
+    );
+    let (code, out, _) = doctor(&f);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        doctor_line(&out, "ok", &format!("{}-2: snapshot", f.name)).contains(
+            "table pgbench_branches is in no published snapshot yet: its capture lists it"
+        ),
+        "{out}"
+    );
     let mut run = f.spawn_run("b", &["--capture"]);
     run.wait_for("a snapshot holding the job's added table is published", MIN);
     let mut bench = pgbench_run(&f, &url, 100, 3);
