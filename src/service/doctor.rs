@@ -328,7 +328,7 @@ fn snapshot(job: &JobConfig, captured: &super::job::CapturedTables) -> Result<St
             let manifest = dir.join("manifest.json");
             // A table that joined (or joins) the capture after the snapshots published so far:
             // `run` waits for the one the capture takes.
-            if let Some(added) = super::job::AddedTable::of(job)? {
+            if let Some(added) = super::job::AddedTable::of(job, false)? {
                 if let Some(joined) = added.pending(captured)? {
                     return Ok(format!(
                         "table {} is in no published snapshot yet: {}; run waits for the snapshot its capture takes",

@@ -1039,8 +1039,10 @@ pub(crate) struct AddedTable<'a> {
 }
 
 impl<'a> AddedTable<'a> {
-    /// `None` for a job that names no table of a snapshot in files.
-    pub(crate) fn of(job: &'a JobConfig) -> Result<Option<Self>> {
+    /// `None` for a job that names no table of a snapshot in files. With `mirror`, the versions
+    /// topic of Kafka storage is mirrored into the folder before each look (`doctor` only reads:
+    /// it looks at what the folder has).
+    pub(crate) fn of(job: &'a JobConfig, mirror: bool) -> Result<Option<Self>> {
         let SnapshotConfig::Files {
             dir,
             table: Some(table),
@@ -1056,7 +1058,11 @@ impl<'a> AddedTable<'a> {
                 .capture
                 .as_ref()
                 .is_some_and(crate::config::CaptureSection::stores_in_kafka),
-            sync: versions_sync(job, dir)?,
+            sync: if mirror {
+                versions_sync(job, dir)?
+            } else {
+                None
+            },
             home: crate::snapshot::versions::home(dir),
         }))
     }
@@ -1074,16 +1080,29 @@ impl<'a> AddedTable<'a> {
     }
 
     /// Whether the newest snapshot holds the table: published files are looked at in their
-    /// manifests; a snapshot stored in Kafka holds it when its epoch is at or past the one the
-    /// table joined at (every snapshot placed after that copies it).
+    /// manifests. With Kafka storage, a table announced as joining (from `joined`) is held by a
+    /// stored snapshot at or past that epoch (every snapshot placed after it copies it); one not
+    /// announced is held when the capture's state record lists it (a table of its first snapshot).
     fn held(&self, joined: Option<crate::core::Epoch>) -> Result<bool> {
         if !self.in_kafka {
             let newest = crate::snapshot::published::choose(self.dir, None)
                 .map_or_else(|| self.dir.to_path_buf(), |(_, folder)| folder);
             return Ok(manifest_holds(&newest, self.table));
         }
-        let newest = kafka_stored(self.job)?.and_then(|s| s.list.last().map(|l| l.epoch));
-        Ok(matches!((joined, newest), (Some(f), Some(e)) if e >= f))
+        if let Some(f) = joined {
+            let newest = kafka_stored(self.job)?.and_then(|s| s.list.last().map(|l| l.epoch));
+            return Ok(newest.is_some_and(|e| e >= f));
+        }
+        let props = crate::kafka::producer_properties(&self.job.kafka);
+        let record = crate::capture::log::read_capture_state(&props, &self.job.topic)
+            .with_context(|| {
+                format!("job {}: reading its capture's state record", self.job.name)
+            })?;
+        Ok(record.is_some_and(|r| {
+            r.tables()
+                .iter()
+                .any(|(name, _)| name.rsplit_once('.').map_or(*name, |(_, t)| t) == self.table)
+        }))
     }
 
     /// `Some(joined)` when the job must wait for a snapshot holding its table: no snapshot has it,
@@ -1114,7 +1133,7 @@ fn wait_for_added_table(
     shutdown: &CancellationToken,
     runtimes: &Runtimes,
 ) -> Result<bool> {
-    let Some(added) = AddedTable::of(job)? else {
+    let Some(added) = AddedTable::of(job, true)? else {
         return Ok(true);
     };
     let Some(mut joined) = added.pending(captured)? else {

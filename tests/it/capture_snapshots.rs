@@ -689,6 +689,25 @@ fn schema_versions_reach_a_runner_without_the_capture_folder() {
     br.wait_for("snapshot restored from Kafka", MIN);
     let report = verify_job_eventually(&branches, None, MIN);
     assert!(report.contains("1 rows compared"), "{report}");
+    // The runner of accounts, restarted with the capture's new section (a log of several tables:
+    // it names its table), starts at once: accounts is a table of the first snapshot, not one to
+    // wait for.
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success());
+    let mine = std::fs::read_to_string(&late.config).unwrap();
+    let mine = mine[..mine.find("[jobs.capture]").unwrap()].replacen(
+        "[jobs.snapshot]\n",
+        "[jobs.snapshot]\ntable = \"pgbench_accounts\"\n",
+        1,
+    );
+    std::fs::write(&late.config, format!("{mine}{capture_section}")).unwrap();
+    let mut run = late.spawn_run("late-again", &[]);
+    run.wait_for("partitions assigned", MIN);
+    assert!(!run
+        .log_text()
+        .contains("waiting for a snapshot of its capture holding table"));
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(report.contains("10000 rows compared"), "{report}");
     for r in [&mut run, &mut br] {
         r.signal("TERM");
         assert!(r.wait_exit(MIN).success());
