@@ -125,19 +125,7 @@ impl SchemaVersions {
                                     "the row schema of table {name}, added to the log: {e}"
                                 ))
                             })?;
-                            let fingerprint =
-                                fingerprint_of(&table).map_err(|e| bad(e.to_string()))?;
-                            check_named(a, &fingerprint)?;
-                            if tables
-                                .iter()
-                                .flatten()
-                                .any(|v| v.fingerprint == fingerprint)
-                            {
-                                return Err(bad(format!(
-                                    "its row schema is already a version of the log (fingerprint {})",
-                                    super::wire::hex(&fingerprint)
-                                )));
-                            }
+                            let fingerprint = new_fingerprint(a, &table, &tables)?;
                             names.push(Some(name.clone()));
                             history.push(None);
                             tables.push(vec![RowVersion {
@@ -181,18 +169,7 @@ impl SchemaVersions {
             let table = TableSchema::parse(&a.row_schema, &previous.table.primary_key)
                 .map_err(|e| incompatible(e.to_string()))?;
             compatible(&previous.table, &table).map_err(incompatible)?;
-            let fingerprint = fingerprint_of(&table).map_err(|e| bad(e.to_string()))?;
-            check_named(a, &fingerprint)?;
-            if tables
-                .iter()
-                .flatten()
-                .any(|v| v.fingerprint == fingerprint)
-            {
-                return Err(bad(format!(
-                    "its row schema is already a version of the log (fingerprint {})",
-                    super::wire::hex(&fingerprint)
-                )));
-            }
+            let fingerprint = new_fingerprint(a, &table, &tables)?;
             tables[index].push(RowVersion {
                 from_epoch: a.from_epoch,
                 table,
@@ -253,6 +230,28 @@ impl SchemaVersions {
     fn count(&self) -> usize {
         self.tables.iter().map(Vec::len).sum::<usize>() + self.history
     }
+}
+
+/// The fingerprint of `a`'s row schema `table`: the one its file is named by, and no version of
+/// the log (`known`) has it already.
+fn new_fingerprint(
+    a: &AnnouncedVersion,
+    table: &TableSchema,
+    known: &[Vec<RowVersion>],
+) -> Result<[u8; 8], SchemaChangeError> {
+    let bad = |why: String| SchemaChangeError::Bad {
+        place: a.source.clone(),
+        why,
+    };
+    let fingerprint = fingerprint_of(table).map_err(|e| bad(e.to_string()))?;
+    check_named(a, &fingerprint)?;
+    if known.iter().flatten().any(|v| v.fingerprint == fingerprint) {
+        return Err(bad(format!(
+            "its row schema is already a version of the log (fingerprint {})",
+            super::wire::hex(&fingerprint)
+        )));
+    }
+    Ok(fingerprint)
 }
 
 /// A version file is named by its fingerprint: the name must be its schema's.

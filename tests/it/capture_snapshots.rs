@@ -98,6 +98,20 @@ fn start_job_of(f: &Fixture, name: &str, share_folder: bool) -> (Fixture, Runner
     (late, run)
 }
 
+/// `ALTER TABLE pgbench_accounts ADD COLUMN note text`, some rows given a note, and the capture's
+/// announcement of that version.
+fn add_a_note_column(source: &SourceDb, capture: &mut Runner) {
+    psql(
+        &source.url,
+        "ALTER TABLE pgbench_accounts ADD COLUMN note text",
+    );
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+}
+
 /// `kafka-backfill snapshot --within-secs <within>` of `f`'s job, which must succeed; its output.
 fn snapshot_command(f: &Fixture, within: u32) -> String {
     let out = std::process::Command::new(BIN)
@@ -592,15 +606,7 @@ fn schema_versions_reach_a_runner_without_the_capture_folder() {
     let (late, mut run) = start_job_of(&f, name, false);
     run.wait_for("snapshot restored from Kafka", MIN);
     run.wait_for("partitions assigned", MIN);
-    psql(
-        &source.url,
-        "ALTER TABLE pgbench_accounts ADD COLUMN note text",
-    );
-    psql(
-        &source.url,
-        "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
-    );
-    capture.wait_for("schema version announced", MIN);
+    add_a_note_column(&source, &mut capture);
     capture.signal("KILL");
     capture.wait_exit(MIN);
     std::fs::remove_dir_all(f.dir.join("out/snapshot")).unwrap();
@@ -789,15 +795,7 @@ fn a_column_added_after_a_later_snapshot_reaches_its_job_and_the_next_snapshot_c
     assert!(line.contains(&format!("epoch={}", first[0].0)), "{line}");
     run.wait_for("partitions assigned", MIN);
     wait_child(&mut bench, MIN);
-    psql(
-        &source.url,
-        "ALTER TABLE pgbench_accounts ADD COLUMN note text",
-    );
-    psql(
-        &source.url,
-        "UPDATE pgbench_accounts SET note = 'note ' || aid WHERE aid % 7 = 0",
-    );
-    capture.wait_for("schema version announced", MIN);
+    add_a_note_column(&source, &mut capture);
     let report = verify_job_eventually(&late, None, MIN);
     assert!(report.contains("10000 rows compared"), "{report}");
     let said = snapshot_command(&f, 60);
