@@ -29,7 +29,10 @@ cargo test --workspace --features testing --lib --bins -- --nocapture 2>&1 \
 # --report-time is unstable: RUSTC_BOOTSTRAP=1 for this process only, the build is untouched).
 it() { RUSTC_BOOTSTRAP=1 "$bin" -Z unstable-options --report-time --nocapture "$@" 2>&1 | tee -a "$times" \
   | grep --line-buffered -vE '^test .* \.\.\. ok <[0-9.]+s>$'; return "${PIPESTATUS[0]}"; }
-it --skip outages:: || status=1
+# libtest runs as many tests at once as the machine has cores (two here) unless told: one more
+# thread than lanes, so the real-process tests fill their lanes while a pure one runs beside them.
+lanes="${KB_TEST_LANES:-3}"
+it --skip outages:: --test-threads="$((lanes + 1))" || status=1
 # The outage tests stop and restart the broker: they get a fresh one, so a restart does not load
 # again the hundreds of topics the main pass left (a clean CI run's first outage test took 294 s
 # where it takes 60 s alone, and its replica had not caught up within the test's two minutes).

@@ -16,10 +16,10 @@ use super::log::StateRecord;
 use super::pg::{self, unix_ms, PgReplication, StreamTable, TableName};
 use super::report::{CaptureBoard, CaptureMeter};
 use super::session::{
-    end_session, finish_manifest, log_partitions, open_log, retry, schema_in_force, transient,
-    write_durably, Progress, Published, Started, PENDING_MANIFEST,
+    end_session, first_snapshot_here, log_partitions, open_log, retry, schema_in_force,
+    sync_versions, transient, write_durably, Progress, Published, Started, PENDING_MANIFEST,
 };
-use super::snapshots::{CopySpec, CopyTable, OnDemand};
+use super::snapshots::{CopySpec, CopyTable, OnDemand, PgExporter};
 use super::{run_session, CaptureFailure};
 use crate::codec::TableSchema;
 use crate::config::{JobConfig, SnapshotConfig};
@@ -160,10 +160,14 @@ fn run_telling(
         topic: job.topic.clone(),
         copy_connections: c.copy_connections,
     };
+    let exporter = PgExporter {
+        spec: spec.clone(),
+        slot: c.slot_name(&job.name),
+        publication: c.publication_name(&job.name),
+    };
     let mut on_demand = OnDemand::new(
-        spec.clone(),
-        &c.slot_name(&job.name),
-        &c.publication_name(&job.name),
+        spec.shape(),
+        Box::new(exporter),
         dir,
         c.snapshot_interval_ms.map(Duration::from_millis),
         super::snapshots::Requests::new(&props, &job.topic, &job.name)?,
@@ -230,19 +234,11 @@ fn session(
         &s.dir,
     )?;
     log.table_names = s.tables.iter().map(|t| t.table.table.clone()).collect();
-    log.on_snapshot_placed = Some(on_demand.placed_sender());
-    log.published = Some(on_demand.published.clone());
-    on_demand.session_started(committed.as_ref());
+    on_demand.session_started(&mut log, committed.as_ref());
     let mut client = pg::connect(&s.url).map_err(transient("connecting to PostgreSQL"))?;
     let slot_state = pg::slot_state(&mut client, &s.slot)
         .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
-    let in_kafka = job
-        .capture
-        .as_ref()
-        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
-    if in_kafka {
-        log.versions_to_kafka = Some(s.props.clone());
-    }
+    let in_kafka = on_demand.stores_in_kafka();
     let connect = |create: bool, tables: Vec<StreamTable>| {
         PgReplication::connect(&s.url, &s.slot, &s.publication, tables, create, &s.dir)
             .map(|mut r| {
@@ -309,21 +305,7 @@ fn session(
                     ));
                 }
             }
-            if !s.dir.join("manifest.json").exists() {
-                match &record.snapshot_topic {
-                    // Kafka storage, and this capture's disk is not the one it wrote to: the
-                    // first snapshot comes back from its topic (its schema is what the stream
-                    // resumes with; a job of this process may read it).
-                    Some(topic) if !s.dir.join(PENDING_MANIFEST).exists() => {
-                        let moved =
-                            crate::snapshot::kafka::restore(&s.props, topic, &s.dir, &|_| true)
-                                .map_err(transient("restoring the first snapshot from Kafka"))?;
-                        tracing::info!(job = %job.name, %topic, bytes = moved.bytes, seconds = moved.seconds, "the first snapshot restored from Kafka (its folder was not on this disk)");
-                    }
-                    _ => finish_manifest(&s.dir, &record)
-                        .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?,
-                }
-            }
+            first_snapshot_here(&job.name, &s.props, &s.dir, &record)?;
             if let Some(p) = &progress.published {
                 p.tell();
             }
@@ -331,11 +313,7 @@ fn session(
                 return refuse(format!("replication slot {} is gone: the changes since {} cannot be read; capture into a new topic", s.slot, pg::format_lsn(record.state.lsn)));
             }
             if in_kafka {
-                // Versions announced since the first snapshot was stored (a disk that is not the
-                // one the capture wrote to has none of them).
-                crate::snapshot::kafka::VersionsMirror::new(&s.props, &job.topic, &s.dir)
-                    .and_then(|mut m| m.sync())
-                    .map_err(transient("reading the schema versions from Kafka"))?;
+                sync_versions(&s.props, &job.topic, &s.dir)?;
             }
             // Each table with the columns of its row schema in force at the resume epoch.
             let mut streams = Vec::new();

@@ -188,6 +188,45 @@ pub(in crate::capture) fn finish_manifest(dir: &Path, record: &StateRecord) -> R
     Ok(())
 }
 
+/// A resumed capture's first snapshot on this disk: `manifest.json` written from the pending one,
+/// or (Kafka storage, and this disk is not the one the capture wrote to) the first snapshot
+/// restored from its topic (its schema is what the stream resumes with; a job of this process may
+/// read it).
+pub(in crate::capture) fn first_snapshot_here(
+    job: &str,
+    props: &BTreeMap<String, String>,
+    dir: &Path,
+    record: &StateRecord,
+) -> Result<(), CaptureFailure> {
+    if dir.join("manifest.json").exists() {
+        return Ok(());
+    }
+    match &record.snapshot_topic {
+        Some(topic) if !dir.join(PENDING_MANIFEST).exists() => {
+            let moved = crate::snapshot::kafka::restore(props, topic, dir, &|_| true)
+                .map_err(transient("restoring the first snapshot from Kafka"))?;
+            tracing::info!(job, %topic, bytes = moved.bytes, seconds = moved.seconds, "the first snapshot restored from Kafka (its folder was not on this disk)");
+            Ok(())
+        }
+        _ => finish_manifest(dir, record)
+            .map_err(|e| CaptureFailure::permanent(crate::error::line(&e))),
+    }
+}
+
+/// Kafka storage: the versions announced since the first snapshot was stored, from
+/// `<topic>.schema-versions` into `dir` (a disk that is not the one the capture wrote to has none
+/// of them).
+pub(in crate::capture) fn sync_versions(
+    props: &BTreeMap<String, String>,
+    topic: &str,
+    dir: &Path,
+) -> Result<(), CaptureFailure> {
+    crate::snapshot::kafka::VersionsMirror::new(props, topic, dir)
+        .and_then(|mut m| m.sync())
+        .map(drop)
+        .map_err(transient("reading the schema versions from Kafka"))
+}
+
 /// How long transient failures are retried without a checkpoint committed before the capture
 /// gives up (a broker or database outage shorter than this is ridden out).
 pub(in crate::capture) const RETRY_FOR: Duration = Duration::from_secs(180);

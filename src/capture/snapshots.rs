@@ -1,8 +1,9 @@
 //! The capture's snapshots: the copy of its tables in an exported snapshot into sorted per-vnode
 //! files (the first snapshot's and every later one's), and the snapshots of a running capture
-//! ([`OnDemand`], docs/CAPTURE.md "Snapshots of a running capture"): a temporary slot exports a
-//! snapshot at its consistent point `C`; the assembler places a checkpoint barrier between the
-//! source transactions committed below `C` and those at or past it
+//! ([`OnDemand`], docs/CAPTURE.md "Snapshots of a running capture"): the source opens a consistent
+//! snapshot at a point `C` ([`Exporter`]: PostgreSQL a temporary slot's exported snapshot, MariaDB
+//! a consistent-snapshot transaction and its binlog position); the assembler places a checkpoint
+//! barrier between the source transactions committed below `C` and those at or past it
 //! ([`Assembler::snapshot_at`]); the tables are copied in that snapshot on a thread of their own
 //! while the stream goes on; once the copy is done and the barrier's Kafka transaction committed,
 //! the manifest (start offsets: just after that barrier) is written and the folder renamed into
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::log::{Listed, SnapshotPlaced, SnapshotRecord};
+use super::log::{KafkaLog, Listed, SnapshotPlaced, SnapshotRecord};
 use super::pg::{self, unix_ms, PgReplication, TableName};
 use super::report::{CaptureMeter, SnapshotOutcome};
 use super::types::PgColumn;
@@ -51,7 +52,7 @@ pub struct CopySpec {
 
 /// What a copy wrote into its folder.
 pub struct Copied {
-    tables: Vec<ManifestTable>,
+    pub tables: Vec<ManifestTable>,
     pub rows: u64,
     /// The server's clock (Unix ms) at the snapshot's import.
     pub import_ms: u64,
@@ -81,9 +82,116 @@ impl AnyManifest {
     }
 }
 
+/// What a snapshot's manifest says of the log, whatever the source: its tables (in the log's
+/// order), vnodes, partitions and topic.
+#[derive(Clone, Debug)]
+pub struct LogShape {
+    pub tables: Vec<TableName>,
+    pub vnode_count: u32,
+    pub partitions: u32,
+    pub topic: String,
+}
+
+impl LogShape {
+    fn several(&self) -> bool {
+        self.tables.len() > 1
+    }
+
+    /// The manifest of `copied` at `snapshot_epoch`, starting at `start`.
+    pub fn manifest(
+        &self,
+        mut copied: Copied,
+        snapshot_epoch: Epoch,
+        start: Vec<ManifestStart>,
+    ) -> AnyManifest {
+        if self.several() {
+            AnyManifest::Tables(TablesManifest {
+                snapshot_epoch,
+                vnode_count: self.vnode_count,
+                partition_count: self.partitions,
+                topic: Some(self.topic.clone()),
+                tables: copied.tables,
+                start,
+            })
+        } else {
+            let t = copied.tables.remove(0);
+            AnyManifest::One(Manifest {
+                snapshot_epoch,
+                vnode_count: self.vnode_count,
+                partition_count: self.partitions,
+                topic: Some(self.topic.clone()),
+                row_schema: t.row_schema,
+                primary_key: t.primary_key,
+                files: t.files,
+                start,
+            })
+        }
+    }
+}
+
+/// A source's consistent snapshot of the captured tables, opened for a snapshot of the running
+/// capture. Called between source transactions on the capture's thread.
+pub trait Exporter {
+    /// Opens a consistent snapshot now: its point (the transactions committed below it are in
+    /// it, none at or past it) and the copy into a folder, run on a thread of its own.
+    fn export(&mut self) -> Result<Exported>;
+    /// A point as the source writes it (an LSN, `file:position`), for logs.
+    fn show(&self, point: Lsn) -> String;
+}
+
+/// A snapshot's copy into a folder, run on a thread of its own.
+pub type CopyJob = Box<dyn FnOnce(&Path) -> Result<Copied> + Send>;
+
+/// An opened snapshot ([`Exporter::export`]).
+pub struct Exported {
+    pub point: Lsn,
+    /// Held until the copy is done (PostgreSQL: the session that exported the snapshot).
+    pub side: Option<Box<dyn std::any::Any>>,
+    pub copy: CopyJob,
+}
+
+/// PostgreSQL's [`Exporter`]: a temporary slot on the capture's publication exports a snapshot at
+/// its consistent point; the copy imports it ([`CopySpec::copy`]).
+pub struct PgExporter {
+    pub spec: CopySpec,
+    pub slot: String,
+    pub publication: String,
+}
+
+impl Exporter for PgExporter {
+    fn export(&mut self) -> Result<Exported> {
+        let mut client = pg::connect(&self.spec.url)?;
+        // At most 63 bytes, as every slot name.
+        let base = &self.slot[..self.slot.len().min(52)];
+        let slot = format!("{base}_s{}", unix_ms() % 1_000_000_000);
+        let (side, name, point) =
+            PgReplication::export_snapshot(&self.spec.url, &slot, &self.publication, &mut client)?;
+        let spec = self.spec.clone();
+        Ok(Exported {
+            point,
+            side: Some(Box::new(side)),
+            copy: Box::new(move |folder: &Path| spec.copy(&name, folder)),
+        })
+    }
+
+    fn show(&self, point: Lsn) -> String {
+        pg::format_lsn(point)
+    }
+}
+
 impl CopySpec {
     fn several(&self) -> bool {
         self.tables.len() > 1
+    }
+
+    /// What its manifests say of the log.
+    pub fn shape(&self) -> LogShape {
+        LogShape {
+            tables: self.tables.iter().map(|t| t.table.clone()).collect(),
+            vnode_count: self.vnode_count,
+            partitions: self.partitions,
+            topic: self.topic.clone(),
+        }
     }
 
     /// Copies every table in the exported snapshot `snapshot_name` into sorted per-vnode files in
@@ -165,32 +273,11 @@ impl CopySpec {
     /// The manifest of `copied` at `snapshot_epoch`, starting at `start`.
     pub fn manifest(
         &self,
-        mut copied: Copied,
+        copied: Copied,
         snapshot_epoch: Epoch,
         start: Vec<ManifestStart>,
     ) -> AnyManifest {
-        if self.several() {
-            AnyManifest::Tables(TablesManifest {
-                snapshot_epoch,
-                vnode_count: self.vnode_count,
-                partition_count: self.partitions,
-                topic: Some(self.topic.clone()),
-                tables: copied.tables,
-                start,
-            })
-        } else {
-            let t = copied.tables.remove(0);
-            AnyManifest::One(Manifest {
-                snapshot_epoch,
-                vnode_count: self.vnode_count,
-                partition_count: self.partitions,
-                topic: Some(self.topic.clone()),
-                row_schema: t.row_schema,
-                primary_key: t.primary_key,
-                files: t.files,
-                start,
-            })
-        }
+        self.shape().manifest(copied, snapshot_epoch, start)
     }
 }
 
@@ -451,8 +538,8 @@ struct Copying {
     request: Option<i64>,
     /// `<snapshots>/.pending-<C>`: renamed to `<snapshots>/<epoch>` once published.
     folder: PathBuf,
-    /// The session that exported the snapshot (it lives until the copy is done).
-    side: Option<PgReplication>,
+    /// What the export holds until the copy is done ([`Exported::side`]).
+    side: Option<Box<dyn std::any::Any>>,
     /// The copy, until it is done; then what it wrote.
     thread: Option<std::thread::JoinHandle<Result<Copied>>>,
     copied: Option<Copied>,
@@ -463,9 +550,8 @@ struct Copying {
 /// The snapshots of a running capture: every `interval`, one exported, placed, copied and
 /// published. Lives as long as the capture (across its sessions).
 pub struct OnDemand {
-    spec: CopySpec,
-    slot: String,
-    publication: String,
+    shape: LogShape,
+    exporter: Box<dyn Exporter>,
     interval: Option<Duration>,
     last: Instant,
     copying: Option<Copying>,
@@ -556,15 +642,14 @@ pub fn retire_after_grace(
 }
 
 impl OnDemand {
-    /// Snapshots of the capture of `spec` through `slot`'s publication into `<dir>/snapshots`,
-    /// one every `interval` (none without) and one for each request read by `requests`, each
-    /// stored in Kafka too with `kafka` (the job's producer properties). Folders of copies a crash
-    /// left are removed.
+    /// Snapshots of the log of `shape`, each opened by `exporter`, into `<dir>/snapshots`, one
+    /// every `interval` (none without) and one for each request read by `requests`, each stored
+    /// in Kafka too with `kafka` (the job's producer properties). Folders of copies a crash left
+    /// are removed.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        spec: CopySpec,
-        slot: &str,
-        publication: &str,
+        shape: LogShape,
+        exporter: Box<dyn Exporter>,
         dir: &Path,
         interval: Option<Duration>,
         requests: Requests,
@@ -583,9 +668,8 @@ impl OnDemand {
         }
         let (placed_tx, placed_rx) = mpsc::channel();
         Ok(OnDemand {
-            spec,
-            slot: slot.to_string(),
-            publication: publication.to_string(),
+            shape,
+            exporter,
             interval,
             last: Instant::now(),
             copying: None,
@@ -622,15 +706,26 @@ impl OnDemand {
         self.dir.join(crate::snapshot::published::SNAPSHOTS)
     }
 
-    /// Where the log reports a snapshot barrier's commit.
-    pub fn placed_sender(&self) -> mpsc::Sender<SnapshotPlaced> {
-        self.placed_tx.clone()
+    /// Whether each snapshot is stored in Kafka too (`snapshot_storage = "kafka"`).
+    pub fn stores_in_kafka(&self) -> bool {
+        self.kafka.is_some()
     }
 
-    /// A new session begins, from the committed state `record`: its snapshots answered the requests
-    /// they name; a copy whose barrier did not commit is abandoned (the assembler that held its
-    /// point is gone; a new snapshot has a new point).
-    pub fn session_started(&mut self, record: Option<&super::log::StateRecord>) {
+    /// A new session begins with `log`, from the committed state `record`: the log tells this
+    /// where each snapshot barrier committed and lists the published snapshots (with Kafka
+    /// storage it announces versions on the state topic too); the snapshots in `record` answered
+    /// the requests they name; a copy whose barrier did not commit is abandoned (the assembler that
+    /// held its point is gone; a new snapshot has a new point).
+    pub fn session_started(
+        &mut self,
+        log: &mut KafkaLog,
+        record: Option<&super::log::StateRecord>,
+    ) {
+        log.on_snapshot_placed = Some(self.placed_tx.clone());
+        log.published = Some(self.published.clone());
+        if let Some(props) = &self.kafka {
+            log.versions_to_kafka = Some(props.clone());
+        }
         if let Some(r) = record {
             self.answered = self
                 .answered
@@ -672,7 +767,7 @@ impl OnDemand {
         }
         self.take_placed();
         if let Some(c) = self.copying.as_ref().filter(|c| c.placed.is_none()) {
-            tracing::warn!(lsn = %pg::format_lsn(c.consistent), "a snapshot whose barrier did not commit is abandoned; the next one is taken at the next interval");
+            tracing::warn!(at = %self.exporter.show(c.consistent), "a snapshot whose barrier did not commit is abandoned; the next one is taken at the next interval");
             self.tell(SnapshotOutcome::Failed, None);
             self.copying = None;
             self.last = Instant::now();
@@ -686,7 +781,7 @@ impl OnDemand {
                 .as_mut()
                 .filter(|c| c.consistent == p.consistent)
             {
-                tracing::info!(epoch = %p.snapshot_epoch, lsn = %pg::format_lsn(p.consistent), "snapshot barrier committed");
+                tracing::info!(epoch = %p.snapshot_epoch, at = %self.exporter.show(p.consistent), "snapshot barrier committed");
                 c.placed = Some(p);
             }
         }
@@ -754,37 +849,32 @@ impl OnDemand {
         }
     }
 
-    /// Exports a snapshot on a temporary slot, hands its point to the assembler and starts the
-    /// copy. Runs between transactions on the capture's thread, which reads nothing meanwhile: the
-    /// stream cannot pass the point before the assembler holds it.
+    /// Opens a snapshot at the source, hands its point to the assembler and starts the copy. Runs
+    /// between transactions on the capture's thread, which reads nothing meanwhile: the stream
+    /// cannot pass the point before the assembler holds it.
     fn start(&mut self, a: &mut Assembler, request: Option<i64>) -> Result<()> {
-        let mut client = pg::connect(&self.spec.url)?;
-        // At most 63 bytes, as every slot name.
-        let base = &self.slot[..self.slot.len().min(52)];
-        let slot = format!("{base}_s{}", unix_ms() % 1_000_000_000);
-        let (side, name, consistent) =
-            PgReplication::export_snapshot(&self.spec.url, &slot, &self.publication, &mut client)?;
-        a.snapshot_at(consistent)?;
-        let folder = self.root().join(format!(
-            ".pending-{}",
-            pg::format_lsn(consistent).replace('/', "-")
-        ));
+        let Exported { point, side, copy } = self.exporter.export()?;
+        a.snapshot_at(point)?;
+        let shown = self.exporter.show(point);
+        let folder = self
+            .root()
+            .join(format!(".pending-{}", shown.replace(['/', ':'], "-")));
         std::fs::create_dir_all(&folder)
             .with_context(|| format!("creating {}", folder.display()))?;
-        let (spec, f) = (self.spec.clone(), folder.clone());
+        let f = folder.clone();
         let thread = std::thread::Builder::new()
             .name("capture-snapshot".into())
-            .spawn(move || spec.copy(&name, &f))
+            .spawn(move || copy(&f))
             .context("starting the snapshot's copy")?;
-        tracing::info!(lsn = %pg::format_lsn(consistent), folder = %folder.display(), "snapshot of the running capture started");
+        tracing::info!(at = %shown, folder = %folder.display(), "snapshot of the running capture started");
         if let Some(r) = request {
             tracing::info!(request = r, "a snapshot was requested");
         }
         self.copying = Some(Copying {
-            consistent,
+            consistent: point,
             request,
             folder,
-            side: Some(side),
+            side,
             thread: Some(thread),
             copied: None,
             placed: None,
@@ -951,7 +1041,7 @@ impl OnDemand {
         let Some((later, epoch, folder)) = next else {
             return;
         };
-        let topic = crate::snapshot::kafka::topic_of(&self.spec.topic, epoch);
+        let topic = crate::snapshot::kafka::topic_of(&self.shape.topic, epoch);
         let t = topic.clone();
         let spawned = std::thread::Builder::new()
             .name("capture-snapshot-store".into())
@@ -978,7 +1068,7 @@ impl OnDemand {
     /// whose version the log announces only at the table's next change (later than `epoch`) fails
     /// the snapshot: the next one has it.
     fn in_force(&self, mut copied: Copied, epoch: Epoch) -> Result<Copied> {
-        let several = self.spec.several();
+        let several = self.shape.several();
         for (i, t) in copied.tables.iter_mut().enumerate() {
             let name = several.then_some(t.name.as_str());
             let text = super::session::schema_in_force(
@@ -1002,7 +1092,7 @@ impl OnDemand {
             if copied_fields != log_fields {
                 bail!(
                     "table {}: the snapshot copied columns {copied_fields:?}, but the log's version in force at epoch {epoch} has {log_fields:?} (a column change the log announces with the table's next change): the next snapshot holds it",
-                    self.spec.tables[i].table
+                    self.shape.tables[i]
                 );
             }
             t.row_schema = log;
@@ -1020,7 +1110,7 @@ impl OnDemand {
     ) -> Result<()> {
         let rows = copied.rows;
         let copied = self.in_force(copied, placed.snapshot_epoch)?;
-        let manifest = self.spec.manifest(
+        let manifest = self.shape.manifest(
             copied,
             placed.snapshot_epoch,
             start_after(&placed.start_offsets, placed.next_epoch),

@@ -244,8 +244,8 @@ fn dead_letter_settings_name_the_key() {
         .starts_with("jobs[0].on_bad_record: unknown variant `skip`"));
 }
 
-/// A MariaDB source: its URL checked, what it does not have yet refused naming the key, and
-/// `server_id` only for it.
+/// A MariaDB source: its URL checked, snapshots of the running capture (stored in Kafka too)
+/// taken, and `server_id` only for it.
 #[test]
 fn a_mariadb_source_names_what_it_refuses() {
     let capture = |url: &str, extra: &str| {
@@ -272,16 +272,15 @@ fn a_mariadb_source_names_what_it_refuses() {
         capture("mariadb://root@127.0.0.1:3306", "").unwrap_err(),
         "jobs[0].capture.source_url: the URL names no database (mariadb://user@host:port/database)"
     );
-    assert!(
-        capture("mysql://root@h/shop", "snapshot_interval_ms = 60000")
-            .unwrap_err()
-            .starts_with("jobs[0].capture.snapshot_interval_ms: not yet for a MariaDB source")
-    );
-    assert!(
-        capture("mysql://root@h/shop", "snapshot_storage = \"kafka\"")
-            .unwrap_err()
-            .starts_with("jobs[0].capture.snapshot_storage: not yet for a MariaDB source")
-    );
+    // Snapshots of the running capture, stored in Kafka too.
+    let later = capture(
+        "mysql://root@h/shop",
+        "snapshot_interval_ms = 60000\nsnapshot_storage = \"kafka\"",
+    )
+    .unwrap();
+    let c = later.jobs[0].capture.as_ref().unwrap();
+    assert_eq!(c.snapshot_interval_ms, Some(60000));
+    assert!(c.stores_in_kafka());
     assert!(capture("postgresql://u@h/db", "server_id = 42")
         .unwrap_err()
         .starts_with("jobs[0].capture.server_id: a MariaDB source's setting"));

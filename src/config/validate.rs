@@ -200,19 +200,6 @@ impl Config {
                 if super::is_mariadb_url(c.source_url.expose()) {
                     super::mariadb_opts(c.source_url.expose())
                         .map_err(|m| err(at("capture.source_url"), m))?;
-                    let not_yet = |key: &str| {
-                        err(
-                            at(key),
-                            "not yet for a MariaDB source (docs/CAPTURE.md \"MariaDB\")"
-                                .to_string(),
-                        )
-                    };
-                    if c.snapshot_interval_ms.is_some() {
-                        return Err(not_yet("capture.snapshot_interval_ms"));
-                    }
-                    if c.snapshot_storage != crate::config::SnapshotStorage::Files {
-                        return Err(not_yet("capture.snapshot_storage"));
-                    }
                 } else {
                     crate::pg_tls::check_url(c.source_url.expose())
                         .map_err(|m| err(at("capture.source_url"), m))?;

@@ -249,7 +249,7 @@ pub(crate) fn spawn_capture_serving(f: &Fixture, prefix: &str, http: &str) -> Ru
 }
 
 /// `verify --against-source` of `job` (the config's first when `None`).
-fn verify_against_source(f: &Fixture, job: Option<&str>) -> (bool, String) {
+pub(crate) fn verify_against_source(f: &Fixture, job: Option<&str>) -> (bool, String) {
     let out = Command::new(BIN)
         .args(["verify", "--against-source", "--config"])
         .arg(&f.config)
@@ -1393,23 +1393,7 @@ fn four_pgbench_tables_from_a_later_snapshot_keep_the_sums_equal_at_every_commit
     let (clean, damaged) = verify_against_source(&f, None);
     assert!(!clean, "verify did not see the damage: {damaged}");
     let mut bench = pgbench_run_with(&f, &url, 100, 14, &["-n"]);
-    let resync = Command::new(BIN)
-        .args(["resync", "--within-secs", "60", "--config"])
-        .arg(&f.config)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&resync.stdout).to_string();
-    assert!(
-        resync.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&resync.stderr)
-    );
-    let to: u64 = said
-        .split("to the one at epoch ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("no new epoch in {said}"));
+    let (said, to) = resync_command(&f);
     assert!(to > epoch, "{said}");
     assert!(said.contains("readers see the old replica"), "{said}");
     run.wait_for("starting it again on that snapshot", MIN);
@@ -1454,6 +1438,29 @@ fn four_pgbench_tables_from_a_later_snapshot_keep_the_sums_equal_at_every_commit
 /// three rows the source never had (keys of vnode 11 with a trailing zero byte, balance 0). An
 /// earlier version emptied vnode 7 and moved its balance onto a row of vnode 8: a later change to
 /// either put a balance back twice or lost it, and the samples tore (found by CI).
+/// `kafka-backfill resync --within-secs 60` of `f`'s job, which must succeed: what it said, and
+/// the epoch of the snapshot it moved the job to.
+pub(crate) fn resync_command(f: &Fixture) -> (String, u64) {
+    let resync = Command::new(BIN)
+        .args(["resync", "--within-secs", "60", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&resync.stdout).to_string();
+    assert!(
+        resync.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&resync.stderr)
+    );
+    let to: u64 = said
+        .split("to the one at epoch ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no new epoch in {said}"));
+    (said, to)
+}
+
 fn damage_pgbench_replica(db: &std::path::Path) {
     let c = rusqlite::Connection::open(db).unwrap();
     c.busy_timeout(Duration::from_secs(10)).unwrap();

@@ -7,16 +7,19 @@
 
 use crate::capture_e2e::{
     assert_exact, capture_fixture, capture_fixture_of, four_tables_config, pgbench_checker,
-    spawn_capture, stop_capture, verify_job_eventually, Replica, MIN,
+    resync_command, spawn_capture, stop_capture, verify_against_source, verify_job_eventually,
+    Replica, MIN,
 };
+use crate::capture_snapshots::{published, snapshot_command, start_job_of, start_offsets};
 use crate::support::*;
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-/// One MariaDB test at a time: one of them restarts the server the others use.
-fn mariadb_lane() -> MutexGuard<'static, ()> {
+/// One MariaDB test at a time: one of them restarts the server the others use, another purges
+/// its binlogs (docs/CAPTURE.md's quick start takes it too).
+pub(crate) fn mariadb_lane() -> MutexGuard<'static, ()> {
     static LANE: Mutex<()> = Mutex::new(());
     LANE.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -463,6 +466,49 @@ fn mariadb_refusals_name_the_fix() {
         "{}",
         tail(&again.log_text())
     );
+    // The binlog holding a stopped capture's resume position purged: the changes since are gone,
+    // and the restart stops naming the file and the way out, as a permanent error (no retry).
+    sql(&db.name, "CREATE TABLE p (id int PRIMARY KEY)");
+    sql(&db.name, "INSERT INTO p VALUES (1)");
+    let f = capture_fixture("cap-my-purged", &db.url, "p");
+    let mut capture = spawn_capture(&f, "c1");
+    capture.wait_for("capture checkpoint committed", MIN);
+    stop_capture(&mut capture);
+    sql(&db.name, "INSERT INTO p VALUES (2)");
+    let files = || sql(&db.name, "SHOW BINARY LOGS");
+    let last = || {
+        let listed = files();
+        let line = listed.lines().last().unwrap_or_default();
+        line.split('\t').next().unwrap_or_default().to_string()
+    };
+    let resumed_in = last();
+    sql(&db.name, "FLUSH BINARY LOGS");
+    let newest = last();
+    assert_ne!(resumed_in, newest);
+    // A file another reader still reads is not purged: tried again until ours is gone.
+    let deadline = std::time::Instant::now() + MIN;
+    while files().contains(&resumed_in) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{resumed_in} was never purged"
+        );
+        let _ = mariadb_client()
+            .arg(&db.name)
+            .args(["-e", &format!("PURGE BINARY LOGS TO '{newest}'")])
+            .output();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let mut again = spawn_capture(&f, "c2");
+    assert!(!again.wait_exit(MIN).success());
+    let log = again.log_text();
+    assert!(
+        log.contains("which holds the capture's resume position")
+            && log.contains("was purged from the server")
+            && log.contains("capture into a new topic")
+            && !log.contains("capture session failed"),
+        "{}",
+        tail(&log)
+    );
 }
 
 /// pgbench's four tables in MariaDB: 1 branch, 10 tellers, 200,000 accounts (enough that a
@@ -483,6 +529,42 @@ fn tpcb_init(db: &str) {
 /// pgbench's TPC-B-like transaction `n` times against `db` from one client, about `rate` a second
 /// (a `SLEEP` between transactions), deltas and rows from a fixed seed.
 fn tpcb_load(db: &str, n: u32, rate: u32, seed: u64) -> Child {
+    load(db, n, rate, seed, |next, _| {
+        let (aid, tid, delta) = (next(10_000) + 1, next(10) + 1, next(10_001) as i64 - 5_000);
+        format!(
+            "UPDATE pgbench_accounts SET abalance = abalance + {delta} WHERE aid = {aid}; \
+             UPDATE pgbench_tellers SET tbalance = tbalance + {delta} WHERE tid = {tid}; \
+             UPDATE pgbench_branches SET bbalance = bbalance + {delta} WHERE bid = 1; \
+             INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES ({tid}, 1, {aid}, {delta}, NOW(6));"
+        )
+    })
+}
+
+/// `n` transactions against table `t (id, v, s)` of `db`, about `rate` a second: each changes a
+/// row of the first 5,000, inserts a row above them and deletes an earlier insert (rows from a
+/// fixed seed).
+fn t_load(db: &str, n: u32, rate: u32, seed: u64) -> Child {
+    load(db, n, rate, seed, |next, i| {
+        let (id, delta, gone) = (next(5_000) + 1, next(100), next(i as u64 + 1));
+        format!(
+            "UPDATE t SET v = v + {delta} WHERE id = {id}; \
+             INSERT INTO t (id, v, s) VALUES ({}, {delta}, 'seed {seed}') ON DUPLICATE KEY UPDATE v = v + 1; \
+             DELETE FROM t WHERE id = {};",
+            1_000_000 * seed + i as u64,
+            1_000_000 * seed + gone
+        )
+    })
+}
+
+/// `n` transactions (`body(random below, i)`'s statements each) against `db` from one client,
+/// about `rate` a second (a `SLEEP` between transactions), randoms from a fixed seed.
+fn load(
+    db: &str,
+    n: u32,
+    rate: u32,
+    seed: u64,
+    mut body: impl FnMut(&mut dyn FnMut(u64) -> u64, u32) -> String,
+) -> Child {
     let mut child = mariadb_client()
         .args([db])
         .stdin(Stdio::piped())
@@ -497,14 +579,10 @@ fn tpcb_load(db: &str, n: u32, rate: u32, seed: u64) -> Child {
         (x >> 33) % m
     };
     let mut script = String::new();
-    for _ in 0..n {
-        let (aid, tid, delta) = (next(10_000) + 1, next(10) + 1, next(10_001) as i64 - 5_000);
+    for i in 0..n {
         script.push_str(&format!(
-            "START TRANSACTION; UPDATE pgbench_accounts SET abalance = abalance + {delta} WHERE aid = {aid}; \
-             UPDATE pgbench_tellers SET tbalance = tbalance + {delta} WHERE tid = {tid}; \
-             UPDATE pgbench_branches SET bbalance = bbalance + {delta} WHERE bid = 1; \
-             INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES ({tid}, 1, {aid}, {delta}, NOW(6)); COMMIT; \
-             DO SLEEP({});\n",
+            "START TRANSACTION; {} COMMIT; DO SLEEP({});\n",
+            body(&mut next, i),
             1.0 / rate as f64
         ));
     }
@@ -635,4 +713,102 @@ fn mariadb_tpcb_four_tables_keep_the_sums_equal_across_kill_9_a_restart_and_a_ro
     capture.wait_for_count("capture checkpoint committed", committed + 2, MIN);
     stop_capture(&mut capture);
     wait_load(&mut load);
+}
+
+/// Snapshots of a running MariaDB capture (docs/CAPTURE.md "Snapshots of a running capture"), stored
+/// in Kafka too: under a load, `kafka-backfill snapshot` publishes one at a barrier of the live
+/// binlog; a column is added after it; retention deletes the log before its start. A job created
+/// then on another machine (its own empty snapshot folder) restores that snapshot from Kafka,
+/// follows the column and equals the source. The first job's replica, damaged by hand, is found by
+/// `verify` and rebuilt online by `kafka-backfill resync` under the load (a second snapshot),
+/// and equals the source.
+#[test]
+fn mariadb_snapshots_of_the_running_capture_reach_a_new_job_and_resync_a_damaged_replica() {
+    let _serial = serial();
+    let _mariadb = mariadb_lane();
+    let db = database("my-snap");
+    sql(
+        &db.name,
+        "CREATE TABLE t (id bigint PRIMARY KEY, v int NOT NULL, s varchar(20)); \
+         INSERT INTO t SELECT seq, 0, CONCAT('s', seq) FROM seq_1_to_5000",
+    );
+    let name = &format!("cap-my-snap-{}", stamp() % 1_000_000);
+    let f = capture_fixture(name, &db.url, "t");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(&f.config, format!("{text}snapshot_storage = \"kafka\"\n")).unwrap();
+    let (f, mut capture, mut run) = pipeline_of(f);
+    let mut writes = t_load(&db.name, 500, 100, 1);
+    let said = snapshot_command(&f, 60);
+    let snaps = published(&f);
+    assert_eq!(snaps.len(), 1, "the one asked for: {snaps:?}");
+    let epoch = snaps[0].0;
+    assert!(
+        said.contains(&format!("snapshot at epoch {epoch} published in")),
+        "{said}"
+    );
+    // The first snapshot and this one.
+    capture.wait_for_count("snapshot stored in Kafka", 2, MIN);
+    sql(&db.name, "ALTER TABLE t ADD COLUMN note varchar(20) NULL");
+    sql(
+        &db.name,
+        "UPDATE t SET note = CONCAT('n', id) WHERE id % 7 = 0",
+    );
+    capture.wait_for("schema version announced", MIN);
+    let below: Vec<(u32, u64)> = (0..).zip(start_offsets(&snaps[0].1)).collect();
+    f.delete_records(&below);
+    let (late, mut late_run) = start_job_of(&f, name, false);
+    late_run.wait_for("snapshot restored from Kafka", MIN);
+    let log = late_run.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("restoring the snapshot from Kafka"))
+        .unwrap();
+    assert!(line.contains(&format!("epoch={epoch}")), "{line}");
+    wait_load(&mut writes);
+    let rows: u64 = sql(&db.name, "SELECT count(*) FROM t").parse().unwrap();
+    let report = verify_job_eventually(&late, None, MIN);
+    assert!(
+        report.contains(&format!("{rows} rows compared")),
+        "{report}"
+    );
+    // The first job's replica damaged by hand: a vnode's rows deleted, a key the source never had.
+    let c = rusqlite::Connection::open(f.db()).unwrap();
+    c.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    c.execute_batch(
+        "BEGIN IMMEDIATE;
+         DELETE FROM accounts WHERE _kb_vnode = 7;
+         CREATE TEMP TABLE extra AS SELECT * FROM accounts WHERE _kb_vnode = 11 ORDER BY _kb_key LIMIT 3;
+         UPDATE extra SET _kb_key = _kb_key || x'00';
+         INSERT INTO accounts SELECT * FROM extra;
+         COMMIT;",
+    )
+    .unwrap();
+    drop(c);
+    let (clean, damaged) = verify_against_source(&f, None);
+    assert!(!clean, "verify did not see the damage: {damaged}");
+    let mut writes = t_load(&db.name, 300, 100, 2);
+    let (_, to) = resync_command(&f);
+    assert!(
+        to > epoch,
+        "a snapshot after the first one asked for: {to} ≤ {epoch}"
+    );
+    run.wait_for("starting it again on that snapshot", MIN);
+    wait_load(&mut writes);
+    let rows: u64 = sql(&db.name, "SELECT count(*) FROM t").parse().unwrap();
+    for job in [&f, &late] {
+        let report = verify_job_eventually(job, None, MIN);
+        assert!(
+            report.contains(&format!("{rows} rows compared")),
+            "{report}"
+        );
+    }
+    // The log from the first snapshot on was deleted: check-log says so.
+    let (code, out) = crate::contract_e2e::check_log(&f);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("but the log now starts at offset"), "{out}");
+    for r in [&mut run, &mut late_run] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success());
+    }
+    stop_capture(&mut capture);
 }

@@ -18,7 +18,7 @@ use crate::support::*;
 
 /// The published snapshots under `<snapshot.dir>/snapshots` (each folder with its manifest), by
 /// epoch.
-fn published(f: &Fixture) -> Vec<(u64, PathBuf)> {
+pub(crate) fn published(f: &Fixture) -> Vec<(u64, PathBuf)> {
     let root = f.dir.join("out/snapshot/snapshots");
     let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
         .into_iter()
@@ -31,7 +31,7 @@ fn published(f: &Fixture) -> Vec<(u64, PathBuf)> {
     found
 }
 
-fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
+pub(crate) fn start_offsets(manifest_dir: &std::path::Path) -> Vec<u64> {
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(manifest_dir.join("manifest.json")).unwrap())
             .unwrap();
@@ -79,7 +79,7 @@ fn start_late_job(f: &Fixture, name: &str) -> (Fixture, Runner) {
 
 /// [`start_late_job`]; with `share_folder` false, the job's `snapshot.dir` is its own (empty): a
 /// runner on another machine.
-fn start_job_of(f: &Fixture, name: &str, share_folder: bool) -> (Fixture, Runner) {
+pub(crate) fn start_job_of(f: &Fixture, name: &str, share_folder: bool) -> (Fixture, Runner) {
     let late = Fixture::new(&format!("{name}-late"), 1, "vnode_count = 64");
     let mut own = std::fs::read_to_string(&late.config).unwrap().replace(
         &format!("topic = \"{}\"", late.topic),
@@ -113,7 +113,7 @@ fn add_a_note_column(source: &SourceDb, capture: &mut Runner) {
 }
 
 /// `kafka-backfill snapshot --within-secs <within>` of `f`'s job, which must succeed; its output.
-fn snapshot_command(f: &Fixture, within: u32) -> String {
+pub(crate) fn snapshot_command(f: &Fixture, within: u32) -> String {
     let out = std::process::Command::new(BIN)
         .args(["snapshot", "--within-secs", &within.to_string(), "--config"])
         .arg(&f.config)
@@ -129,7 +129,7 @@ fn snapshot_command(f: &Fixture, within: u32) -> String {
 }
 
 /// The line in which `run` says which later snapshot it reads.
-fn chosen_line(run: &mut Runner) -> String {
+pub(crate) fn chosen_line(run: &mut Runner) -> String {
     const SAID: &str = "reading a later snapshot of the capture";
     run.wait_for(SAID, MIN);
     let log = run.log_text();

@@ -150,6 +150,7 @@ fn the_readme_walk_through_runs_as_written() {
 #[test]
 fn the_capture_quick_start_runs_as_written() {
     let _g = serial();
+    let _mariadb = crate::capture_mariadb::mariadb_lane();
     let before = "\
         psql -q -h 127.0.0.1 -p 15432 -U postgres -d postgres -c \
           \"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = 'bench'\" >/dev/null\n\

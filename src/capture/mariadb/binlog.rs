@@ -610,7 +610,15 @@ impl Reader {
                 }
                 // Table maps are kept by the stream; format descriptions, heartbeats, MariaDB's
                 // own events (GTID lists, annotations, checkpoints) carry nothing captured.
-                _ => {}
+                // Outside a transaction such an event is a boundary too (a real one: an
+                // artificial event has no position): after a rotation the binlog's end is past
+                // the new file's first events, and a snapshot of the running capture taken on an
+                // idle server there has its point at that end.
+                _ => {
+                    if open.is_none() && header.log_pos() > 0 {
+                        self.boundary.fetch_max(end, Ordering::SeqCst);
+                    }
+                }
             }
         }
     }

@@ -1,8 +1,9 @@
 //! One job's capture from MariaDB, wired: the preconditions, the state read, the snapshot in one
 //! consistent snapshot on a fresh start, the resume checks otherwise, and the sessions of
 //! [`crate::capture::run_session`] with the PostgreSQL capture's bounded retry
-//! (`capture::session::retry`). Not yet here (refused by check-config): snapshots of a running
-//! capture, Kafka snapshot storage, column changes (a changed table stops the capture, naming it).
+//! (`capture::session::retry`); snapshots of the running capture through the shared
+//! [`OnDemand`] with MariaDB's exporter ([`super::snapshots::MyExporter`]), stored in Kafka too
+//! with `snapshot_storage = "kafka"`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,22 +12,23 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::binlog::MyReplication;
+use super::snapshots::{copy, Columns};
 use super::types::row_schema;
 use super::MyTable;
 use crate::capture::log::StateRecord;
 use crate::capture::report::Positions;
 use crate::capture::session::{
-    end_session, finish_manifest, log_partitions, open_log, retry, schema_in_force, transient,
-    write_durably, Progress, PENDING_MANIFEST,
+    end_session, first_snapshot_here, log_partitions, open_log, retry, schema_in_force,
+    sync_versions, transient, write_durably, Progress, PENDING_MANIFEST,
 };
+use crate::capture::snapshots::{LogShape, OnDemand, Requests};
 use crate::capture::unix_ms;
 use crate::capture::{run_session, CaptureFailure};
 use crate::codec::TableSchema;
 use crate::config::{JobConfig, TableName};
 use crate::core::capture::{columns_followed, Assembler, CaptureConfig};
-use crate::core::{vnode_of, Epoch, PartitionMap};
+use crate::core::{Epoch, PartitionMap};
 use crate::shutdown::CancellationToken;
-use crate::snapshot::files::{Manifest, ManifestTable, SortedWriter, TablesManifest};
 
 /// Everything a session needs that does not change between sessions.
 struct Setup<'a> {
@@ -40,6 +42,8 @@ struct Setup<'a> {
     props: BTreeMap<String, String>,
     map: PartitionMap,
     partitions: u32,
+    /// What the snapshots' manifests say of the log.
+    shape: LogShape,
     config: CaptureConfig,
 }
 
@@ -73,6 +77,32 @@ pub(in crate::capture) fn run(
     let (tables, schemas) = catalog(&mut conn, &url, names)?;
     drop(conn);
     let (partitions, map) = log_partitions(job, &props)?;
+    let mut conn = super::connect(&url)?;
+    let (base, _) = super::binlogs(&mut conn)?;
+    drop(conn);
+    let exporter = super::snapshots::MyExporter {
+        url: url.clone(),
+        tables: tables.clone(),
+        schemas: schemas.clone(),
+        vnode_count: map.vnode_count(),
+        base,
+    };
+    let shape = LogShape {
+        tables: names.to_vec(),
+        vnode_count: map.vnode_count(),
+        partitions,
+        topic: job.topic.clone(),
+    };
+    let mut on_demand = OnDemand::new(
+        shape.clone(),
+        Box::new(exporter),
+        dir,
+        c.snapshot_interval_ms.map(Duration::from_millis),
+        Requests::new(&props, &job.topic, &job.name)?,
+        c.snapshot_keep,
+        c.stores_in_kafka().then(|| props.clone()),
+    )?
+    .with_meter(&job.name, progress.meter.clone());
     let mut setup = Setup {
         job,
         dir: dir.to_path_buf(),
@@ -83,6 +113,7 @@ pub(in crate::capture) fn run(
         props,
         map,
         partitions,
+        shape,
         config: CaptureConfig {
             barrier_interval_ms: c.barrier_interval_ms,
             checkpoint_interval_ms: c.checkpoint_interval_ms,
@@ -97,7 +128,7 @@ pub(in crate::capture) fn run(
         &shown.join(", "),
         stop,
         progress,
-        |progress, checkpoints| session(&mut setup, stop, progress, checkpoints),
+        |progress, checkpoints| session(&mut setup, stop, progress, &mut on_demand, checkpoints),
     )
 }
 
@@ -128,6 +159,7 @@ fn session(
     s: &mut Setup,
     stop: &CancellationToken,
     progress: &mut Progress,
+    on_demand: &mut OnDemand,
     checkpoints: &mut (Option<u64>, Option<u64>),
 ) -> Result<(), CaptureFailure> {
     let job = s.job;
@@ -145,6 +177,7 @@ fn session(
         &s.dir,
     )?;
     log.table_names = s.tables.iter().map(|t| t.name.table.clone()).collect();
+    on_demand.session_started(&mut log, committed.as_ref());
     let mut conn = super::connect(&s.url).map_err(transient("connecting to MariaDB"))?;
     let (base, _) = super::binlogs(&mut conn).map_err(transient("listing the binary logs"))?;
     let server: Option<u32> =
@@ -211,11 +244,12 @@ fn session(
                     record.system_id
                 ));
             }
-            if !s.dir.join("manifest.json").exists() {
-                finish_manifest(&s.dir, &record).map_err(permanent)?;
-            }
+            first_snapshot_here(&job.name, &s.props, &s.dir, &record)?;
             if let Some(p) = &progress.published {
                 p.tell();
+            }
+            if on_demand.stores_in_kafka() {
+                sync_versions(&s.props, &job.topic, &s.dir)?;
             }
             // Each table with the columns of its row schema in force at the resume epoch.
             streams = Vec::new();
@@ -236,7 +270,10 @@ fn session(
         &mut repl,
         &mut log,
         Duration::from_millis(100),
-        &mut |_| Ok(stop.is_cancelled()),
+        &mut |a| {
+            on_demand.between(a);
+            Ok(stop.is_cancelled())
+        },
         progress,
     );
     checkpoints.1 = Some(a.committed().checkpoints);
@@ -290,65 +327,22 @@ fn snapshot(s: &Setup) -> Result<(Epoch, u64)> {
         std::fs::remove_dir_all(&s.dir).with_context(|| format!("clearing {}", s.dir.display()))?;
     }
     let started = std::time::Instant::now();
-    let several = s.tables.len() > 1;
-    let vnodes = s.map.vnode_count();
-    let mut writers = s
-        .tables
-        .iter()
-        .zip(&s.schemas)
-        .map(|(t, schema)| {
-            let dir = if several {
-                s.dir.join(&t.name.table)
-            } else {
-                s.dir.clone()
-            };
-            SortedWriter::new(&dir, schema, vnodes)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     tracing::info!(job = %s.job.name, tables = s.tables.len(), "reading the tables in one consistent snapshot");
-    let snap = super::snapshot(&s.url, &s.tables, |i, datum, key| {
-        writers[i].add(vnode_of(key, vnodes), key, datum)?;
-        Ok(())
-    })?;
-    let mut tables = Vec::new();
-    for ((t, schema), w) in s.tables.iter().zip(&s.schemas).zip(writers) {
-        let mut files = w.finish()?;
-        if several {
-            for f in &mut files {
-                f.path = format!("{}/{}", t.name.table, f.path);
-            }
-        }
-        tables.push(ManifestTable {
-            name: t.name.table.clone(),
-            row_schema: schema.json.clone(),
-            primary_key: schema.primary_key.clone(),
-            files,
-        });
-    }
-    let es = Epoch::from_unix_millis(snap.now_ms);
-    let pending = if several {
-        serde_json::to_vec_pretty(&TablesManifest {
-            snapshot_epoch: es,
-            vnode_count: vnodes,
-            partition_count: s.partitions,
-            topic: Some(s.job.topic.clone()),
-            tables,
-            start: Vec::new(),
-        })?
-    } else {
-        let t = tables.remove(0);
-        serde_json::to_vec_pretty(&Manifest {
-            snapshot_epoch: es,
-            vnode_count: vnodes,
-            partition_count: s.partitions,
-            topic: Some(s.job.topic.clone()),
-            row_schema: t.row_schema,
-            primary_key: t.primary_key,
-            files: t.files,
-            start: Vec::new(),
-        })?
-    };
+    let opened = super::Opened::open(&s.url)?;
+    let (lsn, position) = (opened.lsn, opened.position.clone());
+    let vnodes = s.shape.vnode_count;
+    let copied = copy(
+        opened,
+        &s.tables,
+        &s.schemas,
+        vnodes,
+        &s.dir,
+        Columns::AsCaptured,
+    )?;
+    let rows = copied.rows;
+    let es = Epoch::from_unix_millis(copied.import_ms);
+    let pending = s.shape.manifest(copied, es, Vec::new()).to_json()?;
     write_durably(&s.dir.join(PENDING_MANIFEST), &pending)?;
-    tracing::info!(job = %s.job.name, rows = snap.rows, seconds = started.elapsed().as_secs_f64(), binlog = %snap.position, "snapshot read in one consistent snapshot");
-    Ok((es, snap.lsn))
+    tracing::info!(job = %s.job.name, rows, seconds = started.elapsed().as_secs_f64(), binlog = %position, "snapshot read in one consistent snapshot");
+    Ok((es, lsn))
 }

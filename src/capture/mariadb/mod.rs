@@ -20,6 +20,7 @@ use crate::core::capture::Lsn;
 
 pub mod binlog;
 pub mod job;
+pub mod snapshots;
 pub mod types;
 
 use types::{MyColumn, MyEncoder, MyType};
@@ -266,39 +267,63 @@ pub struct Snapshot {
     pub rows: u64,
 }
 
-/// Reads every table of `tables` in one consistent snapshot, calling `row(table index, datum,
-/// key)` per row, and returns the binlog position the snapshot is at: the stream continues there.
-pub fn snapshot(
-    url: &str,
-    tables: &[MyTable],
-    mut row: impl FnMut(usize, &[u8], &[u8]) -> Result<()>,
-) -> Result<Snapshot> {
-    let mut conn = connect(url)?;
-    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")?;
-    conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        .context("starting the consistent snapshot")?;
-    let status: Vec<(String, String)> = conn
-        .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
-        .context("reading the snapshot's binlog position")?;
-    let get = |name: &str| {
-        status
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
-            .with_context(|| format!("the server reports no {name} (MariaDB has it; MySQL needs a global read lock, not supported)"))
-    };
-    let file = get("Binlog_snapshot_file")?;
-    let pos: u64 = get("Binlog_snapshot_position")?.parse()?;
-    let now_ms: u64 = conn
-        .query_first::<u64, _>("SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED)")?
-        .context("the server's clock")?;
-    let mut rows = 0u64;
-    for (i, t) in tables.iter().enumerate() {
-        let now = table_info(&mut conn, &t.database, &t.name)?;
-        if now.encoder != t.encoder {
-            return Err(ColumnsMoved { table: t.quoted() }.into());
-        }
-        let mut result = conn
+/// A consistent snapshot opened on a connection of its own (`START TRANSACTION WITH CONSISTENT
+/// SNAPSHOT`): the binlog position it is at and the server's clock then. Its tables are read with
+/// [`Opened::read`], each after [`Opened::table`] (MariaDB's catalog is not versioned: a table
+/// is described inside the snapshot's transaction, right before its rows are read).
+pub struct Opened {
+    conn: mysql::Conn,
+    pub lsn: Lsn,
+    /// The same position as `file:offset`, for the log.
+    pub position: String,
+    pub now_ms: u64,
+}
+
+impl Opened {
+    /// Opens a consistent snapshot of the server of `url`.
+    pub fn open(url: &str) -> Result<Opened> {
+        let mut conn = connect(url)?;
+        conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")?;
+        conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            .context("starting the consistent snapshot")?;
+        let status: Vec<(String, String)> = conn
+            .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
+            .context("reading the snapshot's binlog position")?;
+        let get = |name: &str| {
+            status
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+                .with_context(|| format!("the server reports no {name} (MariaDB has it; MySQL needs a global read lock, not supported)"))
+        };
+        let file = get("Binlog_snapshot_file")?;
+        let pos: u64 = get("Binlog_snapshot_position")?.parse()?;
+        let now_ms: u64 = conn
+            .query_first::<u64, _>("SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED)")?
+            .context("the server's clock")?;
+        Ok(Opened {
+            conn,
+            lsn: lsn(file_seq(&file)?, pos),
+            position: format!("{file}:{pos}"),
+            now_ms,
+        })
+    }
+
+    /// `t` as the catalog has it now.
+    pub fn table(&mut self, t: &MyTable) -> Result<MyTable> {
+        table_info(&mut self.conn, &t.database, &t.name)
+    }
+
+    /// Reads every row of `t` in the snapshot, calling `row(datum, key)` per row; returns how
+    /// many.
+    pub fn read(
+        &mut self,
+        t: &MyTable,
+        mut row: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let mut rows = 0;
+        let mut result = self
+            .conn
             .exec_iter(t.select(), ())
             .with_context(|| format!("reading {}", t.quoted()))?;
         for r in result.by_ref() {
@@ -307,14 +332,40 @@ pub fn snapshot(
                 .encoder
                 .encode(&values)
                 .with_context(|| format!("a row of {}", t.quoted()))?;
-            row(i, &datum, &key)?;
+            row(&datum, &key)?;
             rows += 1;
         }
+        Ok(rows)
     }
-    conn.query_drop("COMMIT")?;
+
+    /// Ends the snapshot's transaction.
+    pub fn close(mut self) -> Result<()> {
+        self.conn.query_drop("COMMIT")?;
+        Ok(())
+    }
+}
+
+/// Reads every table of `tables` in one consistent snapshot, calling `row(table index, datum,
+/// key)` per row, and returns the binlog position the snapshot is at: the stream continues there.
+/// A table whose columns are not `tables`' fails it with [`ColumnsMoved`].
+pub fn snapshot(
+    url: &str,
+    tables: &[MyTable],
+    mut row: impl FnMut(usize, &[u8], &[u8]) -> Result<()>,
+) -> Result<Snapshot> {
+    let mut opened = Opened::open(url)?;
+    let mut rows = 0u64;
+    for (i, t) in tables.iter().enumerate() {
+        if opened.table(t)?.encoder != t.encoder {
+            return Err(ColumnsMoved { table: t.quoted() }.into());
+        }
+        rows += opened.read(t, |datum, key| row(i, datum, key))?;
+    }
+    let (lsn, position, now_ms) = (opened.lsn, opened.position.clone(), opened.now_ms);
+    opened.close()?;
     Ok(Snapshot {
-        lsn: lsn(file_seq(&file)?, pos),
-        position: format!("{file}:{pos}"),
+        lsn,
+        position,
         now_ms,
         rows,
     })
