@@ -72,7 +72,11 @@ pub fn check_log(job: &JobConfig, max_report: usize) -> Result<Report> {
     let mut evolution = None;
     let (snapshot, table): (Arc<dyn SnapshotSource>, TableSchema) = match &job.snapshot {
         SnapshotConfig::Files { dir, table } => {
-            match crate::snapshot::files::SnapshotFiles::open_table(dir, table.as_deref()) {
+            // A job of several tables names them in `store.tables`: any of them opens the log's.
+            let table = table
+                .as_deref()
+                .or_else(|| job.store.tables().keys().next().map(String::as_str));
+            match crate::snapshot::files::SnapshotFiles::open_table(dir, table) {
                 Ok(s) => {
                     let t = s.table.clone();
                     for lt in s.tables.iter() {

@@ -226,7 +226,7 @@ fn job_of_table(f: &Fixture, job: &str, source_table: &str, store_table: &str, i
     )
 }
 
-fn capture_section(f: &Fixture, source: &str, tables: &str) -> String {
+pub(crate) fn capture_section(f: &Fixture, source: &str, tables: &str) -> String {
     let id = f.name.replace('-', "_");
     format!("[jobs.capture]\nsource_url = \"{source}\"\n{tables}\nslot = \"kb_{id}\"\npublication = \"kb_{id}\"\nbarrier_interval_ms = 100\ncheckpoint_interval_ms = 300\n")
 }
@@ -1320,22 +1320,32 @@ fn four_tables_source(name: &str, workers: u32) -> (SourceDb, Fixture) {
 /// Writes `f`'s configuration as one job of pgbench's four tables (store tables named with
 /// `suffix`) and their capture from `url`, with `capture_extra` keys in `[jobs.capture]`.
 pub(crate) fn four_tables_config(f: &Fixture, url: &str, suffix: &str, capture_extra: &str) {
+    tables_config(
+        f,
+        url,
+        &format!("pgbench_accounts = \"accounts{suffix}\", pgbench_tellers = \"tellers{suffix}\", pgbench_branches = \"branches{suffix}\", pgbench_history = \"history{suffix}\""),
+        "tables = [\"public.pgbench_accounts\", \"public.pgbench_tellers\", \"public.pgbench_branches\", \"public.pgbench_history\"]",
+        capture_extra,
+    );
+}
+
+/// `f`'s job made one of several tables: `store_tables` (`log table = "SQL table", …`) in its
+/// store, a capture of `url`'s `capture_tables` line (`tables = […]`) and `capture_extra`.
+pub(crate) fn tables_config(
+    f: &Fixture,
+    url: &str,
+    store_tables: &str,
+    capture_tables: &str,
+    capture_extra: &str,
+) {
     let text = std::fs::read_to_string(&f.config).unwrap();
     let table_line = text
         .lines()
         .find(|l| l.starts_with("table = "))
         .unwrap()
         .to_string();
-    let text = text.replacen(
-        &table_line,
-        &format!("tables = {{ pgbench_accounts = \"accounts{suffix}\", pgbench_tellers = \"tellers{suffix}\", pgbench_branches = \"branches{suffix}\", pgbench_history = \"history{suffix}\" }}"),
-        1,
-    );
-    let capture = capture_section(
-        f,
-        url,
-        "tables = [\"public.pgbench_accounts\", \"public.pgbench_tellers\", \"public.pgbench_branches\", \"public.pgbench_history\"]",
-    );
+    let text = text.replacen(&table_line, &format!("tables = {{ {store_tables} }}"), 1);
+    let capture = capture_section(f, url, capture_tables);
     std::fs::write(&f.config, format!("{text}{capture}{capture_extra}")).unwrap();
 }
 

@@ -13,8 +13,7 @@ use crate::capture_e2e::{
 use crate::capture_snapshots::{published, snapshot_command, start_job_of, start_offsets};
 use crate::support::*;
 
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// One MariaDB test at a time: one of them restarts the server the others use, another purges
@@ -565,12 +564,6 @@ fn load(
     seed: u64,
     mut body: impl FnMut(&mut dyn FnMut(u64) -> u64, u32) -> String,
 ) -> Child {
-    let mut child = mariadb_client()
-        .args([db])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("mariadb");
     let mut x = seed;
     let mut next = |m: u64| {
         x = x
@@ -586,13 +579,9 @@ fn load(
             1.0 / rate as f64
         ));
     }
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    child
+    let mut client = mariadb_client();
+    client.arg(db);
+    fed(client, &script)
 }
 
 fn wait_load(child: &mut Child) {

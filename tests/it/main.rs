@@ -22,6 +22,7 @@ mod docs;
 mod golden_vectors;
 mod http_limits;
 mod kafka_e2e;
+mod key_order;
 mod manifest_schema;
 mod mock_faults;
 mod outages;

@@ -45,32 +45,62 @@ fn lanes() -> usize {
     })
 }
 
-/// A lane of the real-process tests, held for the test's length (see [`serial`]).
-pub struct Lane(());
+/// A lane of the real-process tests (or all of them: [`alone`]), held for the test's length (see
+/// [`serial`]).
+pub struct Lane(usize);
 
 impl Drop for Lane {
     fn drop(&mut self) {
         let (m, cv) = &*LANES;
-        *m.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        m.lock().unwrap_or_else(|e| e.into_inner()).busy -= self.0;
         cv.notify_all();
     }
 }
 
-static LANES: std::sync::LazyLock<(Mutex<usize>, std::sync::Condvar)> =
-    std::sync::LazyLock::new(|| (Mutex::new(0), std::sync::Condvar::new()));
+static LANES: std::sync::LazyLock<(Mutex<Lanes>, std::sync::Condvar)> =
+    std::sync::LazyLock::new(|| (Mutex::new(Lanes::default()), std::sync::Condvar::new()));
 
 /// Real-process tests take a lane: at most [`lanes`] run at once. Their topics, groups, folders,
 /// ports, databases and job names are their own, so they do not see each other. Tests that stop
 /// or restart the shared broker or PostgreSQL live in the `outages` module, which
 /// `scripts/test.sh` runs on its own after every other test.
 pub fn serial() -> Lane {
+    take_lanes(1)
+}
+
+/// Every lane: no other real-process test runs meanwhile. For a test that judges the machine's
+/// own timing (commit latencies against a target), which the other lanes' processes would move.
+pub fn alone() -> Lane {
+    take_lanes(lanes())
+}
+
+/// Takes `n` lanes once they are free. A test waiting for every lane is served before any that
+/// asks after it (no lane is handed out meanwhile), so it does not wait for the whole run.
+fn take_lanes(n: usize) -> Lane {
     let (m, cv) = &*LANES;
-    let mut busy = m.lock().unwrap_or_else(|e| e.into_inner());
-    while *busy >= lanes() {
-        busy = cv.wait(busy).unwrap_or_else(|e| e.into_inner());
+    let mut lanes_now = m.lock().unwrap_or_else(|e| e.into_inner());
+    let alone = n == lanes();
+    if alone {
+        while lanes_now.reserved {
+            lanes_now = cv.wait(lanes_now).unwrap_or_else(|e| e.into_inner());
+        }
+        lanes_now.reserved = true;
     }
-    *busy += 1;
-    Lane(())
+    while lanes_now.busy + n > lanes() || (!alone && lanes_now.reserved) {
+        lanes_now = cv.wait(lanes_now).unwrap_or_else(|e| e.into_inner());
+    }
+    lanes_now.busy += n;
+    if alone {
+        lanes_now.reserved = false;
+    }
+    Lane(n)
+}
+
+/// The lanes handed out, and whether a test waits for all of them.
+#[derive(Default)]
+struct Lanes {
+    busy: usize,
+    reserved: bool,
 }
 
 /// One test's topic, folder and configuration.
@@ -758,4 +788,23 @@ pub fn documented_metric_families() -> Vec<String> {
         "the reference table read: {families:?}"
     );
     families
+}
+
+/// `cmd` started with `script` written to its standard input (closed after it), its output
+/// discarded: a client fed a workload.
+pub fn fed(mut cmd: Command, script: &str) -> std::process::Child {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("a client to feed");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    child
 }

@@ -258,17 +258,9 @@ pub struct ColumnsMoved {
     pub table: String,
 }
 
-/// What a snapshot read: the consistent binlog position, the server's clock and the rows read.
-pub struct Snapshot {
-    pub lsn: Lsn,
-    /// The same position as `file:offset`, for the log.
-    pub position: String,
-    pub now_ms: u64,
-    pub rows: u64,
-}
-
 /// A consistent snapshot opened on a connection of its own (`START TRANSACTION WITH CONSISTENT
-/// SNAPSHOT`): the binlog position it is at and the server's clock then. Its tables are read with
+/// SNAPSHOT`): the binlog position it is at and the server's clock then (the stream continues
+/// there after the first snapshot). Its tables are read with
 /// [`Opened::read`], each after [`Opened::table`] (MariaDB's catalog is not versioned: a table
 /// is described inside the snapshot's transaction, right before its rows are read).
 pub struct Opened {
@@ -309,9 +301,9 @@ impl Opened {
         })
     }
 
-    /// `t` as the catalog has it now.
-    pub fn table(&mut self, t: &MyTable) -> Result<MyTable> {
-        table_info(&mut self.conn, &t.database, &t.name)
+    /// Table `name` of `database` as the catalog has it now.
+    pub fn table(&mut self, database: &str, name: &TableName) -> Result<MyTable> {
+        table_info(&mut self.conn, database, name)
     }
 
     /// Reads every row of `t` in the snapshot, calling `row(datum, key)` per row; returns how
@@ -345,41 +337,16 @@ impl Opened {
     }
 }
 
-/// Reads every table of `tables` in one consistent snapshot, calling `row(table index, datum,
-/// key)` per row, and returns the binlog position the snapshot is at: the stream continues there.
-/// A table whose columns are not `tables`' fails it with [`ColumnsMoved`].
-pub fn snapshot(
-    url: &str,
-    tables: &[MyTable],
-    mut row: impl FnMut(usize, &[u8], &[u8]) -> Result<()>,
-) -> Result<Snapshot> {
-    let mut opened = Opened::open(url)?;
-    let mut rows = 0u64;
-    for (i, t) in tables.iter().enumerate() {
-        if opened.table(t)?.encoder != t.encoder {
-            return Err(ColumnsMoved { table: t.quoted() }.into());
-        }
-        rows += opened.read(t, |datum, key| row(i, datum, key))?;
-    }
-    let (lsn, position, now_ms) = (opened.lsn, opened.position.clone(), opened.now_ms);
-    opened.close()?;
-    Ok(Snapshot {
-        lsn,
-        position,
-        now_ms,
-        rows,
-    })
-}
-
 /// The table as it is now, encoded by the capture's mapping: key bytes → row datum (for `verify`).
 pub fn read_table(url: &str, table: &TableName) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
-    let mut conn = connect(url)?;
-    let t = table_info(&mut conn, &database_of(table, url), table)?;
+    let mut opened = Opened::open(url)?;
+    let t = opened.table(&database_of(table, url), table)?;
     let mut rows = BTreeMap::new();
-    snapshot(url, std::slice::from_ref(&t), |_, datum, key| {
+    opened.read(&t, |datum, key| {
         rows.insert(key.to_vec(), datum.to_vec());
         Ok(())
     })?;
+    opened.close()?;
     Ok(rows)
 }
 

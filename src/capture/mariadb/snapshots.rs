@@ -76,7 +76,7 @@ pub fn copy(
     let mut copied = Vec::new();
     let mut total = 0;
     for (t, schema) in tables.iter().zip(schemas) {
-        let at = opened.table(t)?;
+        let at = opened.table(&t.database, &t.name)?;
         let n = t.encoder.columns.len();
         let now = &at.encoder.columns;
         let schema = if at.encoder == t.encoder {
