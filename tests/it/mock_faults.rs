@@ -24,9 +24,12 @@ struct Setup {
     cluster: MockCluster<'static, DefaultProducerContext>,
     dir: PathBuf,
     config: Config,
+    /// A lane of the real-process tests: a job and a broker in this process, timed waits.
+    _lane: crate::support::Lane,
 }
 
 fn setup(name: &str, throttle: u64) -> Setup {
+    let _lane = crate::support::serial();
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic("log", 4, 1).unwrap();
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -109,6 +112,7 @@ fn setup(name: &str, throttle: u64) -> Setup {
         cluster,
         dir,
         config,
+        _lane,
     }
 }
 

@@ -362,6 +362,22 @@ fn an_incompatible_schema_change_announced_while_streaming_stops_the_job() {
     produce_small(&f, "4", &[]);
     let mut run = f.spawn_run("a", &[]);
     run.wait_for("to=\"streaming\"", MIN);
+    let committed = |f: &Fixture| -> Vec<Vec<i64>> {
+        f.sql("SELECT partition, next_offset FROM kb_partition_progress ORDER BY partition")
+    };
+    // The log's last checkpoints commit after the streaming line: the store holds every end
+    // offset before the version is announced.
+    let ends = support::end_offsets(&f, 4);
+    let deadline = Instant::now() + MIN;
+    while committed(&f).len() < ends.len()
+        || committed(&f)
+            .iter()
+            .zip(&ends)
+            .any(|(c, end)| (c[1] as u64) < *end)
+    {
+        assert!(Instant::now() < deadline, "{:?} < {ends:?}", committed(&f));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(f.dir.join("out/snapshot/manifest.json")).unwrap())
             .unwrap();
@@ -377,9 +393,6 @@ fn an_incompatible_schema_change_announced_while_streaming_stops_the_job() {
         serde_json::json!({"from_epoch": u64::MAX / 2, "row_schema": schema}).to_string(),
     )
     .unwrap();
-    let committed = |f: &Fixture| -> Vec<Vec<i64>> {
-        f.sql("SELECT partition, next_offset FROM kb_partition_progress ORDER BY partition")
-    };
     let before = committed(&f);
     let writer = f.append(&["--changes", "1000", "--seed", "5"]);
     assert!(writer.wait_with_output().unwrap().status.success());
