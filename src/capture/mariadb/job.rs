@@ -75,11 +75,10 @@ pub(in crate::capture) fn run(
     let mut conn = super::connect(&url)?;
     super::check_server(&mut conn, server_id)?;
     let (tables, schemas) = catalog(&mut conn, &url, names)?;
-    drop(conn);
-    let (partitions, map) = log_partitions(job, &props)?;
-    let mut conn = super::connect(&url)?;
+    // The binlog's base name, for the positions the snapshots' logs show.
     let (base, _) = super::binlogs(&mut conn)?;
     drop(conn);
+    let (partitions, map) = log_partitions(job, &props)?;
     let exporter = super::snapshots::MyExporter {
         url: url.clone(),
         tables: tables.clone(),
