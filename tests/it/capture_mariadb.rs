@@ -431,12 +431,72 @@ fn mariadb_refusals_name_the_fix() {
         .arg(&f.config)
         .output()
         .unwrap();
-    sql(&db.name, &format!("DROP USER '{user}'@'%'"));
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
         text.contains("lacks REPLICATION SLAVE and BINLOG MONITOR")
             && text.contains("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.*"),
+        "{text}"
+    );
+    // Granted them, it captures; it may not list the server's replicas (REPLICATION MASTER
+    // ADMIN), so its server_id goes unchecked against them, and it says so.
+    sql(
+        &db.name,
+        &format!("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{user}'@'%'"),
+    );
+    let mut capture = spawn_capture(&f, "c1");
+    capture.wait_for("capture checkpoint committed", MIN);
+    stop_capture(&mut capture);
+    assert!(
+        capture
+            .log_text()
+            .contains("the capture's server_id is not checked against the server's replicas"),
+        "{}",
+        tail(&capture.log_text())
+    );
+    sql(&db.name, &format!("DROP USER '{user}'@'%'"));
+    // A server_id a replica of the server holds (registered, as SHOW SLAVE HOSTS lists it: here a
+    // binlog reader of PyPI's mysql-replication reporting itself as a replica) is refused before
+    // the capture asks for a stream, which would cut the replica off.
+    let taken = 4_000_000 + std::process::id() % 100_000;
+    let mut replica = Command::new("timeout")
+        .args(["120", "python3", "-c"])
+        .arg(format!(
+            "from pymysqlreplication import BinLogStreamReader as B\n\
+             s = B(connection_settings={{'host': '127.0.0.1', 'port': {}, 'user': 'root', 'passwd': ''}}, \
+             server_id={taken}, blocking=True, is_mariadb=True, report_slave=('replica-7', 'root', '', 3307))\n\
+             for e in s: pass",
+            mariadb_port()
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + MIN;
+    while !sql(&db.name, "SHOW SLAVE HOSTS").contains(&format!("{taken}\treplica-7\t3307")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never registered: {}",
+            sql(&db.name, "SHOW SLAVE HOSTS")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let f = capture_fixture("cap-my-taken", &db.url, "k");
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(&f.config, format!("{text}server_id = {taken}\n")).unwrap();
+    let out = Command::new(BIN)
+        .args(["capture", "--config"])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let _ = replica.kill();
+    let _ = replica.wait();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        text.contains(&format!(
+            "capture.server_id {taken} is the server_id of the replica at replica-7:3307 (SHOW SLAVE HOSTS)"
+        )),
         "{text}"
     );
     // A column added mid-stream stops the capture, naming the table.

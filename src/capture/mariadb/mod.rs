@@ -130,7 +130,51 @@ pub fn check_server(conn: &mut mysql::Conn, client_server_id: u32) -> Result<()>
             missing.join(" and ")
         );
     }
+    // The replicas registered with the server. Two binlog clients of one server_id cut each other
+    // off (the server ends the older stream when the newer one asks), so a replica's server_id is
+    // refused. A capture registers with no host and port 0 (the `mysql` crate's registration):
+    // such an entry of our server_id is this capture's own earlier stream (after a kill -9 the
+    // server ends it when the new one asks), never refused. Listing them needs REPLICATION MASTER
+    // ADMIN (MariaDB 10.5 on), which a binlog client does not: without it the check is skipped,
+    // saying so.
+    const ACCESS_DENIED: u16 = 1227;
+    match conn.query::<mysql::Row, _>("SHOW SLAVE HOSTS") {
+        Ok(hosts) => {
+            for row in hosts {
+                let id: Option<u32> = row.get("Server_id");
+                let host: Option<String> = row.get("Host");
+                let port: Option<u32> = row.get("Port");
+                if let Some(taken) = replica_taking(client_server_id, id, host.as_deref(), port) {
+                    bail!("capture.server_id {client_server_id} is the server_id of the replica {taken} (SHOW SLAVE HOSTS): two binlog clients of one server_id cut each other off; set [jobs.capture] server_id to one no server of the replication topology has");
+                }
+            }
+        }
+        Err(mysql::Error::MySqlError(e)) if e.code == ACCESS_DENIED => {
+            tracing::warn!(server_id = client_server_id, error = %e.message, "the capture's server_id is not checked against the server's replicas: its user may not list them (SHOW SLAVE HOSTS needs REPLICATION MASTER ADMIN); a replica of the same server_id would cut the capture's stream off");
+        }
+        Err(e) => return Err(e).context("listing the server's replicas (SHOW SLAVE HOSTS)"),
+    }
     Ok(())
+}
+
+/// A registered replica (a row of `SHOW SLAVE HOSTS`: `id`, `host`, `port`) that holds the
+/// capture's `server_id`: its `host:port` — `None` when it holds another one, or is a capture's
+/// own registration (no host, port 0).
+fn replica_taking(
+    server_id: u32,
+    id: Option<u32>,
+    host: Option<&str>,
+    port: Option<u32>,
+) -> Option<String> {
+    let host = host.unwrap_or_default();
+    let port = port.unwrap_or_default();
+    (id == Some(server_id) && (!host.is_empty() || port != 0)).then(|| {
+        if host.is_empty() {
+            format!("registered with no host, port {port}")
+        } else {
+            format!("at {host}:{port}")
+        }
+    })
 }
 
 /// The global privileges a binlog client needs that `grants` (the lines of `SHOW GRANTS`, which
@@ -353,6 +397,25 @@ pub fn read_table(url: &str, table: &TableName) -> Result<BTreeMap<Vec<u8>, Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_holding_the_server_id_is_named_and_a_capture_of_it_is_not() {
+        assert_eq!(
+            replica_taking(42, Some(42), Some("replica-1"), Some(3306)).as_deref(),
+            Some("at replica-1:3306")
+        );
+        assert_eq!(
+            replica_taking(42, Some(42), Some(""), Some(3306)).as_deref(),
+            Some("registered with no host, port 3306")
+        );
+        assert_eq!(
+            replica_taking(42, Some(7), Some("replica-1"), Some(3306)),
+            None
+        );
+        // A capture registers with no host and port 0: its own stream of before a restart.
+        assert_eq!(replica_taking(42, Some(42), Some(""), Some(0)), None);
+        assert_eq!(replica_taking(42, Some(42), None, None), None);
+    }
 
     #[test]
     fn the_privileges_a_binlog_client_lacks_are_named() {
