@@ -132,9 +132,10 @@ pub fn check_server(conn: &mut mysql::Conn, client_server_id: u32) -> Result<()>
     }
     // The replicas registered with the server. Two binlog clients of one server_id cut each other
     // off (the server ends the older stream when the newer one asks), so a replica's server_id is
-    // refused. A capture registers with no host and port 0 (the `mysql` crate's registration):
-    // such an entry of our server_id is this capture's own earlier stream (after a kill -9 the
-    // server ends it when the new one asks), never refused. Listing them needs REPLICATION MASTER
+    // refused: one that reports its port (a server's `report_port`). A capture registers with
+    // port 0 (the `mysql` crate's registration; the server shows the connection's host): such an
+    // entry of our server_id may be this capture's own earlier stream (after a kill -9 the server
+    // ends it when the new one asks), so it is never refused. Listing them needs REPLICATION MASTER
     // ADMIN (MariaDB 10.5 on), which a binlog client does not: without it the check is skipped,
     // saying so.
     const ACCESS_DENIED: u16 = 1227;
@@ -158,8 +159,8 @@ pub fn check_server(conn: &mut mysql::Conn, client_server_id: u32) -> Result<()>
 }
 
 /// A registered replica (a row of `SHOW SLAVE HOSTS`: `id`, `host`, `port`) that holds the
-/// capture's `server_id`: its `host:port` — `None` when it holds another one, or is a capture's
-/// own registration (no host, port 0).
+/// capture's `server_id`: its `host:port` — `None` when it holds another one, or reports no port
+/// (port 0: a capture's own registration, whose host the server fills in).
 fn replica_taking(
     server_id: u32,
     id: Option<u32>,
@@ -168,7 +169,7 @@ fn replica_taking(
 ) -> Option<String> {
     let host = host.unwrap_or_default();
     let port = port.unwrap_or_default();
-    (id == Some(server_id) && (!host.is_empty() || port != 0)).then(|| {
+    (id == Some(server_id) && port != 0).then(|| {
         if host.is_empty() {
             format!("registered with no host, port {port}")
         } else {
@@ -412,7 +413,12 @@ mod tests {
             replica_taking(42, Some(7), Some("replica-1"), Some(3306)),
             None
         );
-        // A capture registers with no host and port 0: its own stream of before a restart.
+        // A capture registers with port 0 (the server shows the connection's host): maybe its
+        // own stream of before a restart.
+        assert_eq!(
+            replica_taking(42, Some(42), Some("localhost"), Some(0)),
+            None
+        );
         assert_eq!(replica_taking(42, Some(42), Some(""), Some(0)), None);
         assert_eq!(replica_taking(42, Some(42), None, None), None);
     }
