@@ -359,8 +359,16 @@ pub fn prepare(job: &JobConfig, check_topic: bool) -> Result<PreparedJob> {
                 Some(&|recorded| {
                     let (epoch, folder) = match recorded {
                         None => newest.clone(),
-                        Some(e) => crate::snapshot::published::choose(&first, Some(e))
-                            .unwrap_or((e, first.clone())),
+                        Some(e) => {
+                            let chosen = crate::snapshot::published::choose(&first, Some(e))
+                                .unwrap_or((e, first.clone()));
+                            if holds_job_tables(job, &chosen.1) {
+                                chosen
+                            } else {
+                                gains_tables(job, e, newest.0);
+                                newest.clone()
+                            }
+                        }
                     };
                     if folder != first {
                         mark(&folder);
@@ -557,6 +565,11 @@ fn prepare_stored_once(
             );
         };
         let folder = restored(job, chosen)?;
+        if !holds_job_tables(job, &folder) {
+            gains_tables(job, chosen.epoch, newest.epoch);
+            chose(newest.epoch);
+            return Ok(None);
+        }
         chose(chosen.epoch);
         Ok(Some((chosen.epoch, folder)))
     };
@@ -785,7 +798,12 @@ fn prepare_at(
             if crate::snapshot::versions::home(&folder) == folder {
                 info!(job = %job.name, %epoch, dir = %folder.display(), "reading the capture's first snapshot: the one the job started from");
             } else {
-                info!(job = %job.name, %epoch, dir = %folder.display(), "reading a later snapshot of the capture: {}", if recorded.is_some() { "the one the job started from" } else { "the newest published" });
+                let which = match recorded {
+                    Some(e) if e == epoch => "the one the job started from",
+                    Some(_) => "the newest, which holds the tables the job gained",
+                    None => "the newest published",
+                };
+                info!(job = %job.name, %epoch, dir = %folder.display(), "reading a later snapshot of the capture: {which}");
             }
             return prepare_at(&job_at(job, folder), check_topic, None, newer);
         }
@@ -1010,6 +1028,23 @@ pub(crate) fn captured_tables(config: &crate::config::Config) -> CapturedTables 
     out
 }
 
+/// Whether the snapshot in `folder` holds every table of a job of several (`store.tables`); true for
+/// a job of one table.
+fn holds_job_tables(job: &JobConfig, folder: &std::path::Path) -> bool {
+    job.store
+        .tables()
+        .keys()
+        .all(|table| manifest_holds(folder, table))
+}
+
+/// A job of several tables whose snapshot lacks a table its configuration added: it reads the
+/// newest snapshot of its capture instead, and its store moves it there (a new generation loading
+/// every table; `store::transactions::ensure_job`).
+fn gains_tables(job: &JobConfig, from: crate::core::Epoch, to: crate::core::Epoch) {
+    let missing: Vec<&str> = job.store.tables().keys().map(String::as_str).collect();
+    info!(job = %job.name, %from, %to, tables = %missing.join(", "), "the job's tables grew: the snapshot it started from lacks one, so it moves to the newest snapshot of its capture and loads every table again from it (under consistency = \"epoch\" readers keep the old replica until the new one is published whole)");
+}
+
 /// Whether the manifest in `dir` holds table `table` (as `snapshot.table` names it).
 fn manifest_holds(dir: &std::path::Path, table: &str) -> bool {
     let Ok(text) = std::fs::read(dir.join("manifest.json")) else {
@@ -1050,7 +1085,44 @@ impl<'a> AddedTable<'a> {
         else {
             return Ok(None);
         };
-        Ok(Some(AddedTable {
+        let sync = if mirror {
+            versions_sync(job, dir)?
+        } else {
+            None
+        };
+        Ok(Some(Self::table(job, dir, table, sync)))
+    }
+
+    /// Every table of `job` that may have joined its capture later: its `snapshot.table`, or each
+    /// of a job of several (`store.tables`), which may gain one. Empty for a snapshot not in files.
+    fn all(job: &'a JobConfig, mirror: bool) -> Result<Vec<Self>> {
+        if let Some(one) = Self::of(job, mirror)? {
+            return Ok(vec![one]);
+        }
+        let SnapshotConfig::Files { dir, .. } = &job.snapshot else {
+            return Ok(Vec::new());
+        };
+        // One mirror of the versions topic for them all.
+        let sync = if mirror {
+            versions_sync(job, dir)?
+        } else {
+            None
+        };
+        Ok(job
+            .store
+            .tables()
+            .keys()
+            .map(|table| Self::table(job, dir, table, sync.clone()))
+            .collect())
+    }
+
+    fn table(
+        job: &'a JobConfig,
+        dir: &'a std::path::Path,
+        table: &'a str,
+        sync: Option<crate::snapshot::versions::SyncVersions>,
+    ) -> Self {
+        AddedTable {
             job,
             table,
             dir,
@@ -1058,13 +1130,9 @@ impl<'a> AddedTable<'a> {
                 .capture
                 .as_ref()
                 .is_some_and(crate::config::CaptureSection::stores_in_kafka),
-            sync: if mirror {
-                versions_sync(job, dir)?
-            } else {
-                None
-            },
+            sync,
             home: crate::snapshot::versions::home(dir),
-        }))
+        }
     }
 
     /// The epoch the table joined the log at, once announced (a version naming it with its key).
@@ -1133,9 +1201,22 @@ fn wait_for_added_table(
     shutdown: &CancellationToken,
     runtimes: &Runtimes,
 ) -> Result<bool> {
-    let Some(added) = AddedTable::of(job, true)? else {
-        return Ok(true);
-    };
+    for added in AddedTable::all(job, true)? {
+        if !wait_for_table(job, &added, captured, shutdown, runtimes)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// [`wait_for_added_table`] of one table.
+fn wait_for_table(
+    job: &JobConfig,
+    added: &AddedTable<'_>,
+    captured: &CapturedTables,
+    shutdown: &CancellationToken,
+    runtimes: &Runtimes,
+) -> Result<bool> {
     let Some(mut joined) = added.pending(captured)? else {
         return Ok(true);
     };

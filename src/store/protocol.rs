@@ -284,9 +284,50 @@ pub fn check_table_owner(
     }
 }
 
-/// A job's set of tables is fixed: a job recorded already (`exists`) must be opened on the tables
-/// it was recorded with (`recorded`, its `kb_job_tables` rows: none for a job of one table) —
-/// a table added later would have no snapshot rows, one left out would go stale unseen.
+/// The tables a job of several tables recorded already (`exists`) gains in this start: every one
+/// of `recorded` (its `kb_job_tables` rows) is `configured` still, with its log index, and
+/// `configured` has more. Empty for any other start (a job of one table records none). A job
+/// gains tables only by moving to a snapshot holding them all ([`check_growth`]).
+pub fn tables_added(
+    exists: bool,
+    configured: &[(String, u16)],
+    recorded: &[(String, u16)],
+) -> Vec<(String, u16)> {
+    if !exists || recorded.is_empty() || !recorded.iter().all(|r| configured.contains(r)) {
+        return Vec::new();
+    }
+    configured
+        .iter()
+        .filter(|c| !recorded.contains(c))
+        .cloned()
+        .collect()
+}
+
+/// A job gaining `added` tables moves to the snapshot `info` it was opened on, which holds them all:
+/// its rows are loaded again from that snapshot in a new generation (the replica readers see stays
+/// until it is published whole under `consistency = "epoch"`). A snapshot older than the job's
+/// would take the replica back: refused.
+pub fn check_growth(
+    row: &JobRow,
+    info: &SnapshotInfo,
+    added: &[(String, u16)],
+) -> Result<(), StoreError> {
+    if info.snapshot_epoch < row.snapshot_epoch {
+        let names: Vec<&str> = added.iter().map(|(t, _)| t.as_str()).collect();
+        return Err(StoreError::rejected(format!(
+            "job {} gains table(s) {}: the snapshot it was opened on (epoch {}) is older than the one it reads (epoch {}); a job gains tables by moving to a newer snapshot of its capture holding them",
+            row.job,
+            names.join(", "),
+            info.snapshot_epoch,
+            row.snapshot_epoch
+        )));
+    }
+    Ok(())
+}
+
+/// A job's set of tables changes only by growing ([`tables_added`]): otherwise a job recorded
+/// already (`exists`) must be opened on the tables it was recorded with (`recorded`, its
+/// `kb_job_tables` rows: none for a job of one table) — one left out would go stale unseen.
 pub fn check_job_tables(
     job: &str,
     exists: bool,
@@ -749,6 +790,48 @@ mod tests {
             &["id".to_string()],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_job_of_several_tables_grows_only_by_tables_added_to_its_set() {
+        let t = |list: &[(&str, u16)]| -> Vec<(String, u16)> {
+            list.iter().map(|(n, i)| (n.to_string(), *i)).collect()
+        };
+        let recorded = t(&[("a", 0), ("b", 1)]);
+        assert_eq!(
+            tables_added(true, &t(&[("a", 0), ("b", 1), ("c", 2)]), &recorded),
+            t(&[("c", 2)])
+        );
+        // Nothing added, one left out, another log index, a new job, a job of one table.
+        assert!(tables_added(true, &recorded, &recorded).is_empty());
+        assert!(tables_added(true, &t(&[("a", 0), ("c", 2)]), &recorded).is_empty());
+        assert!(tables_added(true, &t(&[("a", 0), ("b", 3), ("c", 2)]), &recorded).is_empty());
+        assert!(tables_added(false, &t(&[("a", 0), ("b", 1), ("c", 2)]), &recorded).is_empty());
+        assert!(tables_added(true, &t(&[("a", 0), ("c", 2)]), &[]).is_empty());
+        let row = JobRow {
+            job: "j".into(),
+            snapshot_epoch: Epoch(100),
+            vnode_count: 16,
+            partition_count: 2,
+            generation: Generation(1),
+            phase: "streaming".into(),
+            recreations: 0,
+        };
+        let info = |e: u64| SnapshotInfo {
+            snapshot_epoch: Epoch(e),
+            vnode_count: 16,
+            partition_count: 2,
+            start: Vec::new(),
+        };
+        assert!(check_growth(&row, &info(200), &t(&[("c", 2)])).is_ok());
+        assert!(check_growth(&row, &info(100), &t(&[("c", 2)])).is_ok());
+        let e = check_growth(&row, &info(50), &t(&[("c", 2)])).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "job j gains table(s) c: the snapshot it was opened on (epoch 50) is older"
+            ),
+            "{e}"
+        );
     }
 
     fn checkpoint(epoch: Option<u64>) -> Checkpoint {

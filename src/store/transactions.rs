@@ -66,8 +66,12 @@ pub trait TxJob: TxRead + TxPublish {
     fn move_snapshot(&mut self, job: &str, epoch: Epoch) -> Result<(), StoreError>;
     /// Deletes the job's vnode and partition progress, leases and pending publication units.
     fn delete_job_work(&mut self, job: &str) -> Result<(), StoreError>;
-    /// Each table's [`next_table`](protocol::next_table) dropped and created again, empty.
+    /// Each table's [`next_table`](protocol::next_table) dropped and created again, empty (with
+    /// the columns of the table readers see, or of its schema when they see none yet: a table
+    /// added to a job of several).
     fn create_next_tables(&mut self) -> Result<(), StoreError>;
+    /// Each of the job's tables created from its schema where absent.
+    fn create_missing_tables(&mut self) -> Result<(), StoreError>;
     /// Each of the job's tables emptied.
     fn clear_tables(&mut self) -> Result<(), StoreError>;
     fn delete_publication(&mut self, job: &str) -> Result<(), StoreError>;
@@ -95,7 +99,21 @@ pub fn ensure_job(
     protocol::check_table_owner(job, &table_name, &[], recorded.as_deref())?;
     let job_tables = tx.job_tables(job)?;
     let configured = tx.configured_tables();
-    protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
+    let added = protocol::tables_added(recorded.is_some(), &configured, &job_tables);
+    if added.is_empty() {
+        protocol::check_job_tables(job, recorded.is_some(), &configured, &job_tables)?;
+    } else {
+        // Tables added to a job of several (docs/CAPTURE.md "Adding a table"): the job moves to
+        // the snapshot it was opened on, which holds them, and loads every table again from it.
+        let row = protocol::job_row(tx, job)?;
+        protocol::check_growth(&row, info, &added)?;
+        next_generation(tx, job, Some(info.snapshot_epoch), publication)?;
+    }
+    if !publication || tx.publication(job)?.visible.is_none() {
+        // Tables nobody reads through a publication yet: present before anything is written
+        // (under publication, an open creates none of a job's tables once its first exists).
+        tx.create_missing_tables()?;
+    }
     for (name, index) in &configured {
         tx.insert_job_table(name, job, *index)?;
     }
@@ -152,24 +170,38 @@ pub fn recreate(
 ) -> Result<JobRow, StoreError> {
     let row = protocol::job_row(tx, job)?;
     if protocol::recreation_applies(&row, from_generation) {
-        tx.next_generation(job)?;
-        if let Some(e) = onto {
-            tx.move_snapshot(job, e)?;
-        }
-        tx.delete_job_work(job)?;
-        let mut state = tx.publication(job)?;
-        if publication && state.visible.is_some() {
-            // Under publication the replica readers see stays in the table until the new
-            // generation, building in its own table, reaches its epoch.
-            tx.create_next_tables()?;
-            state.recreated();
-            tx.set_publication(job, &state)?;
-        } else {
-            tx.clear_tables()?;
-            tx.delete_publication(job)?;
-        }
+        next_generation(tx, job, onto, publication)?;
     }
     protocol::job_row(tx, job)
+}
+
+/// The job's next generation, reading the snapshot at `onto` when it moves: its progress, leases
+/// and pending units gone, its tables emptied — or, under publication with a visible replica, the
+/// new generation building in tables of its own beside it.
+fn next_generation(
+    tx: &mut impl TxJob,
+    job: &str,
+    onto: Option<Epoch>,
+    publication: bool,
+) -> Result<(), StoreError> {
+    tx.next_generation(job)?;
+    if let Some(e) = onto {
+        tx.move_snapshot(job, e)?;
+    }
+    tx.delete_job_work(job)?;
+    let mut state = tx.publication(job)?;
+    if publication && state.visible.is_some() {
+        // Under publication the replica readers see stays in the table until the new
+        // generation, building in its own table, reaches its epoch.
+        tx.create_next_tables()?;
+        state.recreated();
+        tx.set_publication(job, &state)?;
+    } else {
+        tx.create_missing_tables()?;
+        tx.clear_tables()?;
+        tx.delete_publication(job)?;
+    }
+    Ok(())
 }
 
 /// The statements of the checkpoints' transaction beside the protocol's reads, publication's and a

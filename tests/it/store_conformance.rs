@@ -1013,7 +1013,13 @@ fn store_tables(tables: &[(&str, u16)]) -> Vec<kafka_backfill::store::StoreTable
 /// tables together, at the same published epoch; a row of a table the job does not have is refused
 /// with nothing written; each table is owned by the job; the set of tables is fixed; a recreation
 /// keeps both tables' old rows visible until the new generation publishes, then replaces both.
-fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str; 3], job: &str) {
+fn several_tables(
+    open: OpenTables,
+    count: &dyn Fn(&str) -> usize,
+    present: &dyn Fn(&str) -> bool,
+    names: [&str; 3],
+    job: &str,
+) {
     let [x, y, _] = names;
     let both = [(x, 0), (y, 1)];
     let (mut a, mut b) = (open(&both), open(&both));
@@ -1041,15 +1047,78 @@ fn several_tables(open: OpenTables, count: &dyn Fn(&str) -> usize, names: [&str;
         ]),
         "rows() reads every table, keyed by (table, key)"
     );
-    several_tables_refused(open, count, names, job, &mut a, la);
+    several_tables_refused(open, names, job, &mut a, la);
     several_tables_across_a_recreation(count, [x, y], job, &mut a, &mut b);
+    several_tables_grown(open, count, present, names, job);
+}
+
+/// Several tables, continued: the job gains a table (docs/CAPTURE.md "Adding a table"). Its start
+/// on the three tables moves it to a new generation that loads every table from the snapshot it was
+/// opened on; readers keep the two old tables, and see none of the added one, until that
+/// generation publishes; then all three at one epoch.
+fn several_tables_grown(
+    open: OpenTables,
+    count: &dyn Fn(&str) -> usize,
+    present: &dyn Fn(&str) -> bool,
+    [x, y, z]: [&str; 3],
+    job: &str,
+) {
+    let info = info();
+    let all = [(x, 0), (y, 1), (z, 2)];
+    let (mut a, mut b) = (open(&all), open(&all));
+    assert!(
+        !present(z),
+        "an open creates no table added to a published job"
+    );
+    assert_eq!(a.ensure_job(job, &info).unwrap().generation, Generation(2));
+    assert_eq!(
+        b.ensure_job(job, &info).unwrap().generation,
+        Generation(2),
+        "grown once"
+    );
+    assert_eq!(
+        (count(x), count(y)),
+        (1, 1),
+        "the old replica stays visible"
+    );
+    assert!(!present(z), "the added table appears with its generation");
+    let la = a.claim(job, Generation(2), "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(2), "b", &[1], &info).unwrap()[0].lease;
+    let (kz, dz, uz) = upsert_in(2, 0, 5);
+    let (kx, dx, ux) = upsert_in(0, 1, 6);
+    let mut snap = checkpoint(2, vec![(0, la)]);
+    snap.rows = vec![uz];
+    a.commit(job, &snap).unwrap();
+    let gen2 = |p: PartitionId, lease: Lease, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
+        let mut cp = log_checkpoint(p, lease, epoch, offset, rows);
+        cp.generation = Generation(2);
+        cp
+    };
+    a.commit(job, &gen2(0, la, E4, 40, vec![])).unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
+    assert!(!present(z));
+    b.commit(job, &gen2(1, lb, E4, 41, vec![ux])).unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E4));
+    assert_eq!((count(x), count(y), count(z)), (1, 0, 1));
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(kx, dx), (kz, dz)]),
+        "the three tables at the new generation's epoch"
+    );
+    // Once grown, the two tables alone are a table left out.
+    match open(&[(x, 0), (y, 1)]).ensure_job(job, &info) {
+        Err(StoreError::JobMismatch {
+            what: "set of tables",
+            ..
+        }) => {}
+        other => panic!("job {job} opened without {z}: {other:?}"),
+    }
 }
 
 /// Several tables, continued: a row of a table the job does not have, another job on one of its
 /// tables, and a changed set of tables are each refused, writing nothing.
 fn several_tables_refused(
     open: OpenTables,
-    count: &dyn Fn(&str) -> usize,
     names: [&str; 3],
     job: &str,
     a: &mut Box<dyn StateStore>,
@@ -1080,8 +1149,9 @@ fn several_tables_refused(
         }
         other => panic!("another job on {y} was not refused: {other:?}"),
     }
-    // The job's set of tables is fixed: one more table, or only the first, is refused.
-    for tables in [vec![(x, 0), (y, 1), (z, 2)], vec![(x, 0)]] {
+    // A table left out, or one under another log index, is refused (one added is a growth:
+    // [`several_tables_grown`]).
+    for tables in [vec![(x, 0)], vec![(x, 0), (y, 2)], vec![(x, 0), (z, 1)]] {
         match open(&tables).ensure_job(job, &info) {
             Err(StoreError::JobMismatch {
                 what: "set of tables",
@@ -1090,7 +1160,6 @@ fn several_tables_refused(
             other => panic!("job {job} opened on {tables:?}: {other:?}"),
         }
     }
-    assert_eq!(count(z), 0, "the refused table got no rows");
 }
 
 /// Several tables, continued: a recreation keeps both tables' old rows visible until the new
@@ -1158,6 +1227,17 @@ fn sqlite_several_tables() {
                 })
                 .unwrap() as usize
         },
+        &|name| {
+            rusqlite::Connection::open(&path)
+                .unwrap()
+                .query_row(
+                    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                    [name],
+                    |r| r.get::<_, i64>(0),
+                )
+                .unwrap()
+                > 0
+        },
         ["xs", "ys", "zs"],
         "several",
     );
@@ -1185,6 +1265,13 @@ fn postgres_several_tables() {
             client
                 .query_one(&format!("SELECT COUNT(*) FROM \"{name}\""), &[])
                 .map(|r| r.get::<_, i64>(0) as usize)
+                .unwrap()
+        },
+        &|name| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            client
+                .query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&name])
+                .map(|r| r.get::<_, bool>(0))
                 .unwrap()
         },
         [&names[0], &names[1], &names[2]],

@@ -205,12 +205,44 @@ impl TxJob for InTx<'_, '_> {
     }
 
     fn create_next_tables(&mut self) -> Result<(), StoreError> {
-        for name in self.table_names() {
-            let next = next_table(&name);
+        for (name, schema) in self.schemas() {
+            let next = next_table(name);
+            let visible: bool = self
+                .tx
+                .query_one(sql::postgres::TABLE_EXISTS, &[&name])
+                .map_err(classify)?
+                .get(0);
+            let ddl = if visible {
+                sql::render(
+                    sql::postgres::TABLE_NEXT_CREATE,
+                    &[("next", &next), ("table", name)],
+                )
+            } else {
+                // A table added to a job of several: readers see none of it before this
+                // generation is published.
+                sql::render(
+                    sql::postgres::TABLE_NEXT_CREATE_FRESH,
+                    &[
+                        ("next", &next),
+                        ("columns", &schema.column_ddl(ColumnType::postgres)),
+                    ],
+                )
+            };
+            self.tx.batch_execute(&ddl).map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    fn create_missing_tables(&mut self) -> Result<(), StoreError> {
+        for (name, schema) in self.schemas() {
             self.tx
                 .batch_execute(&sql::render(
-                    sql::postgres::TABLE_NEXT_CREATE,
-                    &[("next", &next), ("table", &name)],
+                    sql::postgres::TABLE_CREATE,
+                    &[
+                        ("before", ""),
+                        ("table", name),
+                        ("columns", &schema.column_ddl(ColumnType::postgres)),
+                    ],
                 ))
                 .map_err(classify)?;
         }
@@ -321,5 +353,21 @@ impl TxCommit for InTx<'_, '_> {
                 .map_err(classify)?;
         }
         Ok(())
+    }
+}
+
+impl<'a> InTx<'a, '_> {
+    /// Each of the job's tables with its schema.
+    fn schemas(&self) -> Vec<(&'a str, &'a TableSchema)> {
+        let several: &'a Several = self.several;
+        if several.is_empty() {
+            vec![(self.table_name, self.table)]
+        } else {
+            several
+                .tables
+                .iter()
+                .map(|t| (t.name.as_str(), &t.schema))
+                .collect()
+        }
     }
 }

@@ -202,11 +202,31 @@ impl PostgresStore {
         let Some(first) = tables.first() else {
             return Err(StoreError::rejected("a store of no table"));
         };
+        // Under publication a job's tables are created together, at its first open; once one
+        // exists, a table missing from the set is one added to the job, which readers see only
+        // when the generation that loads it is published (`transactions::ensure_job`).
+        let together = !publication || {
+            let mut client = connect(url)?;
+            let mut present = false;
+            for t in &tables {
+                let found: bool = client
+                    .query_one(sql::postgres::TABLE_EXISTS, &[&t.name])
+                    .map_err(classify)?
+                    .get(0);
+                present |= found;
+            }
+            !present
+        };
         let mut store = Self::open_with(url, &first.name, first.schema.clone(), publication)?;
         let mut layouts = vec![store.layout];
         for t in &tables[1..] {
             crate::ports::check_table_name(&t.name)?;
-            layouts.push(create_table(&mut store.client, "", &t.name, &t.schema)?);
+            let layout = if together {
+                create_table(&mut store.client, "", &t.name, &t.schema)?
+            } else {
+                key_layout(&mut store.client, &t.name)?
+            };
+            layouts.push(layout);
         }
         store.several = Arc::new(Several { tables, layouts });
         Ok(store)

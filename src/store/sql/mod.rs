@@ -84,6 +84,7 @@ dialects! {
         SCHEMA_VERSION_LATEST = "schema_version_latest",
         TABLE_CLEAR = "table_clear",
         TABLE_CREATE = "table_create",
+        TABLE_EXISTS = "table_exists",
         TABLE_OWNERS = "table_owners",
         TABLE_ROWS = "table_rows",
         TABLE_SWAP = "table_swap",
@@ -120,6 +121,7 @@ dialects! {
         TABLE_COPY = "table_copy",
         TABLE_KEY_COLUMNS = "table_key_columns",
         TABLE_NEXT_CREATE = "table_next_create",
+        TABLE_NEXT_CREATE_FRESH = "table_next_create_fresh",
         VNODE_PROGRESS_ALL = "vnode_progress_all",
     ],
 }

@@ -196,15 +196,7 @@ impl TxJob for InTx<'_> {
     }
 
     fn create_next_tables(&mut self) -> Result<(), StoreError> {
-        let tables: Vec<(&str, &TableSchema)> = if self.several.is_empty() {
-            vec![(self.table_name, self.table)]
-        } else {
-            self.several
-                .iter()
-                .map(|t| (t.name.as_str(), &t.schema))
-                .collect()
-        };
-        for (name, schema) in tables {
+        for (name, schema) in self.schemas() {
             let next = next_table(name);
             self.tx
                 .execute_batch(&format!(
@@ -212,6 +204,15 @@ impl TxJob for InTx<'_> {
                     sql::render(sql::sqlite::TABLE_DROP, &[("table", &next)]),
                     table_ddl(&next, schema, self.datum)
                 ))
+                .map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    fn create_missing_tables(&mut self) -> Result<(), StoreError> {
+        for (name, schema) in self.schemas() {
+            self.tx
+                .execute_batch(&table_ddl(name, schema, self.datum))
                 .map_err(classify)?;
         }
         Ok(())
@@ -319,5 +320,20 @@ impl TxCommit for InTx<'_> {
                 .map_err(classify)?;
         }
         Ok(())
+    }
+}
+
+impl<'a> InTx<'a> {
+    /// Each of the job's tables with its schema.
+    fn schemas(&self) -> Vec<(&'a str, &'a TableSchema)> {
+        let several: &'a [StoreTable] = self.several;
+        if several.is_empty() {
+            vec![(self.table_name, self.table)]
+        } else {
+            several
+                .iter()
+                .map(|t| (t.name.as_str(), &t.schema))
+                .collect()
+        }
     }
 }

@@ -282,13 +282,30 @@ impl SqliteStore {
                 "store_datum = false is not available to a job of several tables: keep store_datum = true",
             ));
         }
+        // Under publication a job's tables are created together, at its first open; once one
+        // exists, a table missing from the set is one added to the job, which readers see only
+        // when the generation that loads it is published (`transactions::ensure_job`).
+        let together = !options.publication || !path.exists() || {
+            let conn = Connection::open(path)
+                .map_err(|e| StoreError::rejected(format!("{}: {e}", path.display())))?;
+            let mut present = false;
+            for t in &tables {
+                let found: i64 = conn
+                    .query_row(sql::sqlite::TABLE_EXISTS, [&t.name], |r| r.get(0))
+                    .map_err(classify)?;
+                present |= found > 0;
+            }
+            !present
+        };
         let mut store = Self::open_with(path, &first.name, first.schema.clone(), options)?;
         for t in &tables[1..] {
             crate::ports::check_table_name(&t.name)?;
-            store
-                .conn
-                .execute_batch(&table_ddl(&t.name, &t.schema, true))
-                .map_err(classify)?;
+            if together {
+                store
+                    .conn
+                    .execute_batch(&table_ddl(&t.name, &t.schema, true))
+                    .map_err(classify)?;
+            }
         }
         store.several = tables;
         Ok(store)

@@ -1,1 +1,1 @@
-DROP TABLE "{table}"; ALTER TABLE "{next}" RENAME TO "{table}";
+DROP TABLE IF EXISTS "{table}"; ALTER TABLE "{next}" RENAME TO "{table}";

@@ -1,0 +1,1 @@
+SELECT to_regclass(quote_ident($1)) IS NOT NULL

@@ -1,0 +1,1 @@
+SET client_min_messages TO warning; DROP TABLE IF EXISTS "{next}"; CREATE TABLE "{next}" (_kb_key BYTEA NOT NULL, _kb_vnode INT NOT NULL, {columns}, _kb_row BYTEA NOT NULL, PRIMARY KEY (_kb_vnode, _kb_key));
