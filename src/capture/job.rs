@@ -354,12 +354,8 @@ fn session(
     end_session(job, &mut log, result)
 }
 
-/// Tables listed after the recorded ones join the capture at this session's start: recorded as
-/// added (their versions name their primary key), their first versions announced from one next
-/// epoch before any of their changes (the first actions of the session), and a snapshot asked
-/// for, which holds them: a job of an added table starts from it (docs/CAPTURE.md "Adding a
-/// table"). A version announced by a session that failed before its commit starts at that epoch
-/// again.
+/// Tables appended to the capture's list join its log ([`super::session::join_tables`]), each
+/// with its row schema in force.
 fn join_tables(
     s: &Setup,
     log: &mut super::log::KafkaLog,
@@ -367,45 +363,17 @@ fn join_tables(
     added: &[usize],
     initial: &mut Vec<crate::core::capture::Action>,
 ) -> Result<(), CaptureFailure> {
-    let announced = crate::snapshot::versions::read(&s.dir)
-        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
-    let mut tables = Vec::new();
+    let mut joining = Vec::new();
     for &i in added {
-        let t = &s.tables[i];
-        log.record.other_tables.push(super::log::StateTable {
-            table: t.table.to_string(),
-            columns: t.columns.clone(),
-            added: true,
-        });
         let (_, schema) = in_force(s, i, log.record.state.epoch)?;
-        let name = t.table.table.as_str();
-        let before = announced
-            .iter()
-            .find(|v| v.table.as_deref() == Some(name) && v.primary_key.is_some())
-            .map(|v| v.from_epoch);
-        tables.push((
-            i as crate::core::capture::TableIndex,
-            schema.json.to_string(),
-            before,
-        ));
+        joining.push(super::session::Joining {
+            index: i,
+            table: s.tables[i].table.clone(),
+            columns: s.tables[i].columns.clone(),
+            row_schema: schema.json.to_string(),
+        });
     }
-    a.on_event(
-        crate::core::capture::SourceEvent::TablesAdded {
-            tables,
-            now_ms: unix_ms(),
-        },
-        initial,
-    )
-    .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
-    let names: Vec<String> = added
-        .iter()
-        .map(|&i| s.tables[i].table.to_string())
-        .collect();
-    tracing::info!(job = %s.job.name, tables = %names.join(", "), "tables join the capture; asking for a snapshot that holds them");
-    super::snapshots::request(&s.props, &s.job.topic, &s.job.name).map_err(|e| {
-        CaptureFailure::transient_from("asking for a snapshot of the added tables", e)
-    })?;
-    Ok(())
+    super::session::join_tables(s.job, &s.props, &s.dir, log, a, joining, initial)
 }
 
 /// The row schema in force at `epoch` ([`schema_in_force`]) and the encoder of its columns, which

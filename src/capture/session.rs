@@ -411,6 +411,68 @@ pub(in crate::capture) fn schema_in_force(
     Ok(schema)
 }
 
+/// A table appended to a capture's list, as it joins the log: its index among the log's tables,
+/// its name as the state record lists it (`schema.table` or `database.table`), its columns, and
+/// the JSON of its row schema in force.
+pub(in crate::capture) struct Joining {
+    pub index: usize,
+    pub table: crate::config::TableName,
+    pub columns: Vec<String>,
+    pub row_schema: String,
+}
+
+/// Tables appended to a capture's list join its log, for every source (docs/CAPTURE.md "Adding a
+/// table"): each recorded in the state record as added, their first versions (naming their
+/// primary key) announced from one next epoch at a checkpoint barrier before any of their changes —
+/// from the epoch announced already, when a session failed between announcing and committing —
+/// as the session's first actions (`initial`), and a snapshot asked for, which holds them: a job of
+/// an added table starts from it.
+pub(in crate::capture) fn join_tables(
+    job: &JobConfig,
+    props: &BTreeMap<String, String>,
+    dir: &Path,
+    log: &mut KafkaLog,
+    a: &mut crate::core::capture::Assembler,
+    added: Vec<Joining>,
+    initial: &mut Vec<crate::core::capture::Action>,
+) -> Result<(), CaptureFailure> {
+    let announced = crate::snapshot::versions::read(dir)
+        .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
+    let mut tables = Vec::new();
+    let mut names = Vec::new();
+    for t in added {
+        let name = t.table.table.as_str();
+        let before = announced
+            .iter()
+            .find(|v| v.table.as_deref() == Some(name) && v.primary_key.is_some())
+            .map(|v| v.from_epoch);
+        log.record.other_tables.push(super::log::StateTable {
+            table: t.table.to_string(),
+            columns: t.columns,
+            added: true,
+        });
+        tables.push((
+            t.index as crate::core::capture::TableIndex,
+            t.row_schema,
+            before,
+        ));
+        names.push(t.table.to_string());
+    }
+    a.on_event(
+        crate::core::capture::SourceEvent::TablesAdded {
+            tables,
+            now_ms: unix_ms(),
+        },
+        initial,
+    )
+    .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
+    tracing::info!(job = %job.name, tables = %names.join(", "), "tables join the capture; asking for a snapshot that holds them");
+    super::snapshots::request(props, &job.topic, &job.name).map_err(|e| {
+        CaptureFailure::transient_from("asking for a snapshot of the added tables", e)
+    })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

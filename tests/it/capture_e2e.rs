@@ -207,7 +207,13 @@ pub(crate) fn released_after_the_wait(
 
 /// The fixture's `[[jobs]]` text `job` as job `<name>-<i>` in group `<group>-<i>`, materialising
 /// the log's table `source_table` into the store table `store_table`.
-fn job_of_table(f: &Fixture, job: &str, source_table: &str, store_table: &str, i: usize) -> String {
+pub(crate) fn job_of_table(
+    f: &Fixture,
+    job: &str,
+    source_table: &str,
+    store_table: &str,
+    i: usize,
+) -> String {
     job.replacen(
         &format!("name = \"{}\"", f.name),
         &format!("name = \"{}-{i}\"", f.name),
@@ -1197,6 +1203,8 @@ pub(crate) enum Replica {
 impl Replica {
     /// The published epoch and the four sums, in one read transaction (SQLite: one `BEGIN …
     /// COMMIT` of a WAL reader; PostgreSQL: `REPEATABLE READ`); `Err` while the tables are not there.
+    /// SQLite without a `history` table (a job that has not gained it): the branches' sum in its
+    /// place.
     fn sampler(&self, job: &str) -> Sampler {
         let sql = |suffix: &str, p: &str| {
             format!(
@@ -1220,6 +1228,20 @@ impl Replica {
                         conn = Some(c);
                     }
                     let tx = conn.as_mut().unwrap().transaction().unwrap();
+                    // A job that has not gained pgbench_history yet (or not published it): the
+                    // three other sums, the branches' twice, read in the same transaction.
+                    let history: i64 = tx
+                        .query_row(
+                            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'history'",
+                            [],
+                            |r| r.get(0),
+                        )
+                        .map_err(|e| e.to_string())?;
+                    let sql = if history > 0 {
+                        sql.clone()
+                    } else {
+                        sql.replace("delta), 0) FROM history", "bbalance), 0) FROM branches")
+                    };
                     let sample = tx
                         .query_row(&sql, [&job], |r| {
                             Ok((
@@ -1419,10 +1441,102 @@ fn four_pgbench_tables_from_a_later_snapshot_keep_the_sums_equal_at_every_commit
         "the restarted runner did not read the resync's snapshot at {to}: {}",
         tail(&run.log_text())
     );
+    untorn_then_stopped(
+        &stop,
+        checker,
+        &format!("four tables from the later snapshot at {epoch}, resynced at {to}"),
+        [&mut run, &mut capture],
+    );
+}
+
+/// A job of several tables gains a table of its capture (issue 41.1): pgbench's accounts, tellers
+/// and branches captured into one job under `consistency = "epoch"`; then, while pgbench writes,
+/// pgbench_history is appended to the capture's tables and to the job's and both are restarted.
+/// The capture adds it to its publication and takes a snapshot holding it; the job waits for that
+/// snapshot, moves to it and loads all four tables again in a new generation. A reader of the
+/// replica finds the three sums equal at every published sample (no history table) until that
+/// generation is published, then the four; every table equals its source.
+#[test]
+fn a_job_of_several_tables_gains_a_table_of_its_capture_and_keeps_the_sums_equal() {
+    let _serial = serial();
+    let (source, f) = four_tables_source(&format!("cap-grow-{}", stamp() % 1_000_000), 1);
+    let url = source.url.clone();
+    let three = "pgbench_accounts = \"accounts\", pgbench_tellers = \"tellers\", pgbench_branches = \"branches\"";
+    let captured =
+        "\"public.pgbench_accounts\", \"public.pgbench_tellers\", \"public.pgbench_branches\"";
+    tables_config(&f, &url, three, &format!("tables = [{captured}]"), "");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checker = pgbench_checker(Replica::Sqlite(f.db()), f.name.clone(), stop.clone());
+    let mut capture = spawn_capture(&f, "c1");
+    let mut run = f.spawn_run("a", &[]);
+    run.wait_for("partitions assigned", MIN);
+    let mut bench = pgbench_run_with(&f, &url, 100, 5, &["-n"]);
+    wait_child(&mut bench, MIN);
+    let report = verify_source_eventually(&f, MIN);
+    assert!(
+        report.contains("table accounts: 10000 rows compared"),
+        "{report}"
+    );
+    // The table appended to both lists, under load.
+    let mut bench = pgbench_run_with(&f, &url, 100, 20, &["-n"]);
+    for r in [&mut run, &mut capture] {
+        r.signal("TERM");
+        assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
+    }
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let grown = text
+        .replacen(three, &format!("{three}, pgbench_history = \"history\""), 1)
+        .replacen(
+            captured,
+            &format!("{captured}, \"public.pgbench_history\""),
+            1,
+        );
+    assert_ne!(grown, text);
+    std::fs::write(&f.config, grown).unwrap();
+    // The publication is named in the configuration: the user adds the table to it.
+    let id = f.name.replace('-', "_");
+    psql(
+        &url,
+        &format!("ALTER PUBLICATION kb_{id} ADD TABLE pgbench_history"),
+    );
+    let mut capture = spawn_capture(&f, "c2");
+    let mut run = f.spawn_run("b", &[]);
+    run.wait_for("a snapshot holding the job's added table is published", MIN);
+    run.wait_for("the job's tables grew", MIN);
+    run.wait_for("partitions assigned", MIN);
+    wait_child(&mut bench, MIN);
+    let report = verify_source_eventually(&f, MIN);
+    for table in ["accounts", "tellers", "branches", "history"] {
+        assert!(
+            report.contains(&format!("table {table}: ")),
+            "{table}: {report}"
+        );
+    }
+    let history: i64 = rusqlite::Connection::open(f.db())
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM history", [], |r| r.get(0))
+        .unwrap();
+    assert!(history >= 100, "pgbench wrote history rows: {history}");
+    untorn_then_stopped(
+        &stop,
+        checker,
+        "three tables, then four",
+        [&mut run, &mut capture],
+    );
+}
+
+/// Stops a [`pgbench_checker`] and asserts what it saw: no torn sample, no published epoch going
+/// back, enough samples to prove it; then stops `runners` (SIGTERM, exit 0).
+fn untorn_then_stopped(
+    stop: &std::sync::atomic::AtomicBool,
+    checker: std::thread::JoinHandle<Sums>,
+    what: &str,
+    runners: [&mut Runner; 2],
+) {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sums = checker.join().unwrap();
     println!(
-        "four tables from the later snapshot at {epoch}, resynced at {to}: {} published samples at {} epochs, {} torn, {} back",
+        "{what}: {} published samples at {} epochs, {} torn, {} back",
         sums.published,
         sums.epochs.len(),
         sums.torn,
@@ -1434,7 +1548,7 @@ fn four_pgbench_tables_from_a_later_snapshot_keep_the_sums_equal_at_every_commit
         sums.published >= 200 && sums.epochs.len() >= 5,
         "too few observations to prove anything: {sums:?}"
     );
-    for r in [&mut run, &mut capture] {
+    for r in runners {
         r.signal("TERM");
         assert!(r.wait_exit(MIN).success(), "{}", tail(&r.log_text()));
     }

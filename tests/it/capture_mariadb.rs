@@ -6,9 +6,9 @@
 //! `check-log` finds the topic a valid log store.
 
 use crate::capture_e2e::{
-    assert_exact, capture_fixture, capture_fixture_of, four_tables_config, pgbench_checker,
-    resync_command, spawn_capture, stop_capture, verify_against_source, verify_job_eventually,
-    Replica, MIN,
+    assert_exact, capture_fixture, capture_fixture_of, four_tables_config, job_of_table,
+    pgbench_checker, resync_command, spawn_capture, stop_capture, verify_against_source,
+    verify_job_eventually, Replica, MIN,
 };
 use crate::capture_snapshots::{published, snapshot_command, start_job_of, start_offsets};
 use crate::support::*;
@@ -568,6 +568,98 @@ fn mariadb_refusals_name_the_fix() {
         "{}",
         tail(&log)
     );
+}
+
+/// A table appended to a MariaDB capture's list joins it at the restart (docs/CAPTURE.md "Adding a
+/// table", as for PostgreSQL): its first version announced before any of its changes, a snapshot
+/// of the running capture holding it, a job of it started before that snapshot waiting for it;
+/// the job of the first table, now naming it, goes on from where it was; both equal the source
+/// under writes to both tables. A list changed otherwise is refused at the restart.
+#[test]
+fn mariadb_a_table_added_to_a_running_capture_gets_a_snapshot_and_a_job_of_its_own() {
+    let _serial = serial();
+    let _mariadb = mariadb_lane();
+    let db = database("my-join");
+    sql(&db.name, "CREATE TABLE a (id int PRIMARY KEY, v int)");
+    let rows = |table: &str, from: u32, to: u32| {
+        let values: Vec<String> = (from..=to).map(|i| format!("({i}, {i})")).collect();
+        sql(
+            &db.name,
+            &format!("INSERT INTO {table} VALUES {}", values.join(",")),
+        );
+    };
+    rows("a", 1, 100);
+    let f = capture_fixture("cap-my-join", &db.url, "a");
+    let mut capture = spawn_capture(&f, "c1");
+    let mut run = f.spawn_run("r1", &[]);
+    run.wait_for("partitions assigned", MIN);
+    rows("a", 101, 150);
+    assert_exact(&f, 150, MIN);
+    stop_capture(&mut capture);
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success(), "{}", tail(&run.log_text()));
+    // Table b, with rows, appended to the capture's list; a job of it beside the job of a.
+    sql(
+        &db.name,
+        "CREATE TABLE b (id int PRIMARY KEY, w varchar(8))",
+    );
+    sql(
+        &db.name,
+        "INSERT INTO b VALUES (1, 'one'), (2, 'two'), (3, 'three')",
+    );
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    let at = text.find("[[jobs]]").unwrap();
+    let capture_at = text.find("[jobs.capture]").unwrap();
+    let job = &text[at..capture_at];
+    let section = text[capture_at..].replacen("table = \"a\"", "tables = [\"a\", \"b\"]", 1);
+    let named = job.replacen("[jobs.snapshot]\n", "[jobs.snapshot]\ntable = \"a\"\n", 1);
+    std::fs::write(
+        &f.config,
+        format!(
+            "{}{named}{section}{}",
+            &text[..at],
+            job_of_table(&f, job, "b", "b", 2)
+        ),
+    )
+    .unwrap();
+    // The job of b starts first: no snapshot holds b yet, so it waits for the capture's.
+    let mut run = f.spawn_run("r2", &[]);
+    run.wait_for("waiting for a snapshot of its capture holding table b", MIN);
+    let mut capture = spawn_capture(&f, "c2");
+    capture.wait_for("tables join the capture", MIN);
+    run.wait_for("a snapshot holding the job's added table is published", MIN);
+    rows("a", 151, 200);
+    rows("b", 4, 40);
+    sql(
+        &db.name,
+        "UPDATE b SET w = 'x' WHERE id % 2 = 0; DELETE FROM b WHERE id = 3",
+    );
+    for (job, count) in [(f.name.clone(), 200), (format!("{}-2", f.name), 39)] {
+        let report = verify_job_eventually(&f, Some(&job), MIN);
+        assert!(
+            report.contains(&format!("{count} rows compared")),
+            "{job}: {report}"
+        );
+    }
+    stop_capture(&mut capture);
+    // Any other change of the list is refused at the restart, naming the way.
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(
+        &f.config,
+        text.replacen("tables = [\"a\", \"b\"]", "tables = [\"b\", \"a\"]", 1),
+    )
+    .unwrap();
+    let mut refused = spawn_capture(&f, "c3");
+    assert!(!refused.wait_exit(MIN).success());
+    assert!(
+        refused
+            .log_text()
+            .contains("tables may only be added at the end of [jobs.capture] tables"),
+        "{}",
+        tail(&refused.log_text())
+    );
+    run.signal("TERM");
+    assert!(run.wait_exit(MIN).success(), "{}", tail(&run.log_text()));
 }
 
 /// pgbench's four tables in MariaDB: 1 branch, 10 tellers, 200,000 accounts (enough that a

@@ -18,8 +18,8 @@ use super::MyTable;
 use crate::capture::log::StateRecord;
 use crate::capture::report::Positions;
 use crate::capture::session::{
-    end_session, first_snapshot_here, log_partitions, open_log, retry, schema_in_force,
-    sync_versions, transient, write_durably, Progress, PENDING_MANIFEST,
+    end_session, first_snapshot_here, join_tables, log_partitions, open_log, retry,
+    schema_in_force, sync_versions, transient, write_durably, Joining, Progress, PENDING_MANIFEST,
 };
 use crate::capture::snapshots::{LogShape, OnDemand, Requests};
 use crate::capture::unix_ms;
@@ -217,16 +217,19 @@ fn session(
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
             let recorded = record.tables();
-            if recorded.len() != tables.len()
+            // Tables listed after the recorded ones join the capture (docs/CAPTURE.md "Adding
+            // a table"); any other change of the list needs a new topic.
+            if recorded.len() > tables.len()
                 || recorded.iter().zip(&tables).any(|(r, n)| r.0 != n.0)
             {
                 return refuse(format!(
-                    "the log of topic {} was captured from {:?}, the tables are now {:?}: a MariaDB capture follows no change of its tables yet; capture into a new topic",
+                    "the log of topic {} was captured from {:?}, the tables are now {:?}: tables may only be added at the end of [jobs.capture] tables (the recorded ones first, in their order); for any other change capture into a new topic",
                     job.topic,
                     recorded.iter().map(|r| r.0).collect::<Vec<_>>(),
                     tables.iter().map(|t| &t.0).collect::<Vec<_>>()
                 ));
             }
+            let added: Vec<usize> = (recorded.len()..tables.len()).collect();
             for ((name, captured), (_, now)) in recorded.iter().zip(&tables) {
                 // Columns added since are a statement the binlog brings next (a new version).
                 let captured: Vec<&str> = captured.iter().map(String::as_str).collect();
@@ -258,7 +261,29 @@ fn session(
                 streams.push(table);
             }
             log.record = record.clone();
-            (Assembler::resume(s.config, s.map, record.state), Vec::new())
+            let mut a = Assembler::resume(s.config, s.map, record.state);
+            let mut initial = Vec::new();
+            if !added.is_empty() {
+                let mut joining = Vec::new();
+                for &i in &added {
+                    joining.push(Joining {
+                        index: i,
+                        table: s.tables[i].name.clone(),
+                        columns: s.columns(i),
+                        row_schema: in_force(s, i, record.state.epoch)?.1.json.to_string(),
+                    });
+                }
+                join_tables(
+                    job,
+                    &s.props,
+                    &s.dir,
+                    &mut log,
+                    &mut a,
+                    joining,
+                    &mut initial,
+                )?;
+            }
+            (a, initial)
         }
     };
     checkpoints.0 = Some(a.committed().checkpoints);
