@@ -1031,28 +1031,36 @@ pub(crate) fn captured_tables(config: &crate::config::Config) -> CapturedTables 
 /// Whether the snapshot in `folder` holds every table of a job of several (`store.tables`); true for
 /// a job of one table.
 fn holds_job_tables(job: &JobConfig, folder: &std::path::Path) -> bool {
+    let Some(manifest) = read_manifest(folder) else {
+        return false;
+    };
     job.store
         .tables()
         .keys()
-        .all(|table| manifest_holds(folder, table))
+        .all(|table| names_table(&manifest, table))
 }
 
 /// A job of several tables whose snapshot lacks a table its configuration added: it reads the
 /// newest snapshot of its capture instead, and its store moves it there (a new generation loading
 /// every table; `store::transactions::ensure_job`).
 fn gains_tables(job: &JobConfig, from: crate::core::Epoch, to: crate::core::Epoch) {
-    let missing: Vec<&str> = job.store.tables().keys().map(String::as_str).collect();
-    info!(job = %job.name, %from, %to, tables = %missing.join(", "), "the job's tables grew: the snapshot it started from lacks one, so it moves to the newest snapshot of its capture and loads every table again from it (under consistency = \"epoch\" readers keep the old replica until the new one is published whole)");
+    let tables: Vec<&str> = job.store.tables().keys().map(String::as_str).collect();
+    info!(job = %job.name, %from, %to, tables = %tables.join(", "), "the job's tables grew: the snapshot it started from lacks one, so it moves to the newest snapshot of its capture and loads every table again from it (under consistency = \"epoch\" readers keep the old replica until the new one is published whole)");
 }
 
 /// Whether the manifest in `dir` holds table `table` (as `snapshot.table` names it).
 fn manifest_holds(dir: &std::path::Path, table: &str) -> bool {
-    let Ok(text) = std::fs::read(dir.join("manifest.json")) else {
-        return false;
-    };
-    let Ok(m) = serde_json::from_slice::<serde_json::Value>(&text) else {
-        return false;
-    };
+    read_manifest(dir).is_some_and(|m| names_table(&m, table))
+}
+
+/// The manifest in `dir`, as JSON; `None` when there is none yet (or it cannot be read).
+fn read_manifest(dir: &std::path::Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(dir.join("manifest.json")).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Whether manifest `m` holds table `table` (as `snapshot.table` names it).
+fn names_table(m: &serde_json::Value, table: &str) -> bool {
     match m["tables"].as_array() {
         Some(tables) => tables.iter().any(|t| t["name"].as_str() == Some(table)),
         None => m["row_schema"]["name"]
