@@ -10,6 +10,8 @@
 
 #[path = "backfill/capture.rs"]
 mod capture;
+#[path = "backfill/cluster.rs"]
+mod cluster;
 #[path = "backfill/cpu.rs"]
 mod cpu;
 #[path = "backfill/dba_copy.rs"]
@@ -1395,7 +1397,7 @@ fn main() {
         log_topics,
     };
     // The table of sections, in the order they run; `--only` picks among them.
-    let sections: [(&str, Section); 20] = [
+    let sections: [(&str, Section); 21] = [
         ("log", sections::log),
         ("snapshot", sections::snapshot),
         ("commit", sections::commit),
@@ -1416,6 +1418,7 @@ fn main() {
         ("dba-copy", sections::dba_copy),
         ("many-tables", sections::many_tables),
         ("mariadb", sections::mariadb),
+        ("cluster", sections::cluster),
     ];
     // Each section's wall time, printed and in the JSON: what a smaller `--ci` run should trim.
     let mut seconds = serde_json::Map::new();

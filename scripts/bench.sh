@@ -9,7 +9,7 @@
 #   scripts/bench.sh --quick    a tenth of that, one repetition each
 #   scripts/bench.sh --ci       just enough to prove every section still runs (.ci/run uses it;
 #                               never judged on a time). KB_BENCH_PROFILE=dev reuses the test build
-# Extra flags: --only log,snapshot,commit,memory,single-file,recreate,reschedule,adaptive,scale,consistency,pg-key,pg-ceiling,capture,schema,several-tables,staging,peer,dba-copy,many-tables,mariadb
+# Extra flags: --only log,snapshot,commit,memory,single-file,recreate,reschedule,adaptive,scale,consistency,pg-key,pg-ceiling,capture,schema,several-tables,staging,peer,dba-copy,many-tables,mariadb,cluster
 #              --reps N
 #              --log-changes N --snapshot-rows N --memory-small N --memory-large N
 #              --single-file-small N --single-file-large N --commit-samples N --json FILE

@@ -1111,3 +1111,22 @@ pub fn mariadb(c: &Ctx, r: &mut Report) {
     };
     mariadb::run(&c.a.bin, &c.bootstrap, &sizes, r);
 }
+
+/// Section `cluster` (`cluster.rs`): the broker's CPU and the replica's lag at the defaults.
+pub fn cluster(c: &Ctx, r: &mut Report) {
+    let sizes = match c.a.size {
+        "full" => cluster::Sizes {
+            rate: 200,
+            window_secs: 60,
+        },
+        "quick" => cluster::Sizes {
+            rate: 200,
+            window_secs: 30,
+        },
+        _ => cluster::Sizes {
+            rate: 200,
+            window_secs: 5,
+        },
+    };
+    cluster::run(&c.a.bin, &c.bootstrap, &c.pg, &sizes, r);
+}

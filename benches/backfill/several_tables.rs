@@ -184,7 +184,7 @@ pub(super) fn signal(child: &mut Child, sig: &str) {
 
 /// Where a replica is: a SQLite file, or the PostgreSQL store (its URL and the tables' suffix).
 #[derive(Clone)]
-enum Replica {
+pub(super) enum Replica {
     Sqlite(PathBuf),
     Postgres(String, String),
 }
@@ -212,7 +212,7 @@ impl Replica {
     }
 
     /// A sampler of the replica; `job`: the publishing job whose `kb_publication` to read.
-    fn sampler(&self, job: Option<&str>) -> Box<dyn FnMut() -> Sample + Send> {
+    pub(super) fn sampler(&self, job: Option<&str>) -> Box<dyn FnMut() -> Sample + Send> {
         match self.clone() {
             Replica::Sqlite(db) => {
                 let sql = Self::sql("", job, "");
@@ -255,7 +255,7 @@ impl Replica {
     }
 
     /// The `filler` of teller 1 (the staleness probe's row), as the replica shows it.
-    fn probe_reader(&self) -> Box<dyn FnMut() -> Option<String> + Send> {
+    pub(super) fn probe_reader(&self) -> Box<dyn FnMut() -> Option<String> + Send> {
         match self.clone() {
             Replica::Sqlite(db) => {
                 let conn = rusqlite::Connection::open(&db).unwrap();
@@ -285,17 +285,17 @@ impl Replica {
 
 /// What a checker saw.
 #[derive(Default, Debug)]
-struct Seen {
-    samples: u64,
-    torn: u64,
+pub(super) struct Seen {
+    pub samples: u64,
+    pub torn: u64,
     first_torn: Option<[i64; 4]>,
     largest_spread: i64,
-    went_back: u64,
+    pub went_back: u64,
 }
 
 /// Samples `replica` continuously until `stop`: a sample counts once the replica is published (a
 /// publishing job) or readable (one job per table).
-fn checker(
+pub(super) fn checker(
     replica: Replica,
     job: Option<String>,
     stop: Arc<AtomicBool>,
@@ -329,7 +329,7 @@ fn checker(
 }
 
 /// pgbench's built-in TPC-B-like transaction at `rate` per second for `secs`.
-fn pgbench(url: &str, rate: u32, secs: u64) -> Child {
+pub(super) fn pgbench(url: &str, rate: u32, secs: u64) -> Child {
     Command::new("pgbench")
         .args([
             "-n",

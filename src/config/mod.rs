@@ -289,7 +289,9 @@ pub struct CaptureSection {
     /// An epoch closes at the first transaction boundary after it is this old (ms).
     #[serde(default = "default_capture_barrier_ms")]
     pub barrier_interval_ms: u64,
-    /// A checkpoint (and one Kafka transaction) at most this often (ms).
+    /// A checkpoint (and one Kafka transaction) at most this often (ms): how stale the replica
+    /// may be (about half of it at the median). An idle source checkpoints at most once a second
+    /// whatever this is.
     #[serde(default = "default_capture_checkpoint_ms")]
     pub checkpoint_interval_ms: u64,
     /// Connections that copy the snapshot in parallel, each a range of the table's pages (ctid)
@@ -373,7 +375,7 @@ fn default_capture_barrier_ms() -> u64 {
 }
 
 fn default_capture_checkpoint_ms() -> u64 {
-    1000
+    crate::core::capture::CaptureConfig::default().checkpoint_interval_ms
 }
 
 impl CaptureSection {

@@ -36,11 +36,17 @@ pub struct CaptureConfig {
     pub max_epoch_changes: u64,
 }
 
+/// A checkpoint whose Kafka transaction would hold no change (an idle source: it only moves the
+/// epoch on and acknowledges the source's position) comes at most this often, however short
+/// `checkpoint_interval_ms` is: freshness needs short checkpoints only when there is something to
+/// see, and each one costs the broker a transaction.
+pub const IDLE_CHECKPOINT_MS: u64 = 1_000;
+
 impl Default for CaptureConfig {
     fn default() -> Self {
         CaptureConfig {
             barrier_interval_ms: 200,
-            checkpoint_interval_ms: 1000,
+            checkpoint_interval_ms: 200,
             max_epoch_changes: 100_000,
         }
     }
@@ -197,6 +203,9 @@ pub struct Assembler {
     epoch: Epoch,
     epoch_opened_ms: Option<u64>,
     epoch_changes: u64,
+    /// Changes (and truncations) written since the last checkpoint: none, and the next checkpoint is
+    /// an idle one ([`IDLE_CHECKPOINT_MS`]).
+    checkpoint_changes: u64,
     last_checkpoint_ms: Option<u64>,
     /// The end of the last transaction written (or the last idle position): the resume position the
     /// next checkpoint records.
@@ -263,6 +272,7 @@ impl Assembler {
             epoch: state.epoch,
             epoch_opened_ms: None,
             epoch_changes: 0,
+            checkpoint_changes: 0,
             last_checkpoint_ms: None,
             written_lsn: state.lsn,
             open: None,
@@ -411,6 +421,7 @@ impl Assembler {
                             epoch: self.epoch,
                         });
                         self.epoch_changes += 1;
+                        self.checkpoint_changes += 1;
                     }
                     self.open_wrote = true;
                 }
@@ -474,8 +485,12 @@ impl Assembler {
     fn close_epoch_if_due(&mut self, now_ms: u64, out: &mut Vec<Action>) {
         let last_checkpoint = *self.last_checkpoint_ms.get_or_insert(now_ms);
         let opened = *self.epoch_opened_ms.get_or_insert(now_ms);
-        let checkpoint =
-            now_ms.saturating_sub(last_checkpoint) >= self.config.checkpoint_interval_ms;
+        let interval = if self.checkpoint_changes > 0 {
+            self.config.checkpoint_interval_ms
+        } else {
+            self.config.checkpoint_interval_ms.max(IDLE_CHECKPOINT_MS)
+        };
+        let checkpoint = now_ms.saturating_sub(last_checkpoint) >= interval;
         let barrier = self.epoch_changes > 0
             && (now_ms.saturating_sub(opened) >= self.config.barrier_interval_ms
                 || self.epoch_changes >= self.config.max_epoch_changes);
@@ -503,6 +518,7 @@ impl Assembler {
         self.epoch_changes = 0;
         if checkpoint {
             self.last_checkpoint_ms = Some(now_ms);
+            self.checkpoint_changes = 0;
             let state = CaptureState {
                 lsn: self.written_lsn,
                 epoch: next,
@@ -594,6 +610,7 @@ impl Assembler {
         self.epoch = next;
         self.epoch_opened_ms = Some(now_ms);
         self.epoch_changes = 0;
+        self.checkpoint_changes = 0;
         self.last_checkpoint_ms = Some(now_ms);
         let state = CaptureState {
             lsn: self.written_lsn,
@@ -624,6 +641,7 @@ impl Assembler {
             row,
         });
         self.epoch_changes += 1;
+        self.checkpoint_changes += 1;
     }
 
     fn write_change(&mut self, table: TableIndex, change: RowChange, out: &mut Vec<Action>) {
@@ -1050,6 +1068,50 @@ mod tests {
         assert!(matches!(
             out.last(),
             Some(Action::CommitLog(CaptureState { lsn: 6000, .. }))
+        ));
+    }
+
+    #[test]
+    fn a_short_checkpoint_interval_commits_changes_at_it_and_an_idle_source_once_a_second() {
+        let config = CaptureConfig {
+            barrier_interval_ms: 200,
+            checkpoint_interval_ms: 200,
+            max_epoch_changes: 1_000,
+        };
+        let (mut a, _) = Assembler::fresh(config, map(), Epoch(1 << 16), 100, 0);
+        let mut out = Vec::new();
+        a.log_committed(&mut out);
+        out.clear();
+        // Idle: no checkpoint at 200 ms, one at IDLE_CHECKPOINT_MS.
+        let idle = |wal_end, now_ms| SourceEvent::Idle { wal_end, now_ms };
+        a.on_event(idle(100, 0), &mut out).unwrap();
+        a.on_event(idle(200, 200), &mut out).unwrap();
+        a.on_event(idle(300, IDLE_CHECKPOINT_MS - 1), &mut out)
+            .unwrap();
+        assert!(barriers(&out).is_empty(), "{out:?}");
+        a.on_event(idle(400, IDLE_CHECKPOINT_MS), &mut out).unwrap();
+        assert_eq!(barriers(&out).len(), 1);
+        assert!(matches!(
+            out.last(),
+            Some(Action::CommitLog(CaptureState { lsn: 400, .. }))
+        ));
+        a.log_committed(&mut out);
+        out.clear();
+        // A change: the checkpoint that holds it comes at the configured 200 ms.
+        begin(&mut a, 500, IDLE_CHECKPOINT_MS + 50, &mut out);
+        a.on_event(insert(1), &mut out).unwrap();
+        a.on_event(SourceEvent::Commit { end_lsn: 510 }, &mut out)
+            .unwrap();
+        a.on_event(idle(600, IDLE_CHECKPOINT_MS + 200), &mut out)
+            .unwrap();
+        assert_eq!(
+            barriers(&out).last().map(|b| b.kind),
+            Some(BarrierKind::Checkpoint),
+            "{out:?}"
+        );
+        assert!(matches!(
+            out.last(),
+            Some(Action::CommitLog(CaptureState { lsn: 600, .. }))
         ));
     }
 
