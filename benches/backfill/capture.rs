@@ -409,7 +409,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
     let (p50, p99) = (p(0.5), p(0.99));
     r.figure(
         "capture_latency",
-        &format!("source commit → visible in the SQLite replica ({} samples: an UPDATE of account 1 committed at a random moment, then the replica polled every 2 ms), pgbench at {} transactions/s alongside, capture checkpoint_interval_ms 1000, the runner's default checkpointing", lat.len(), sizes.stream_tps),
+        &format!("source commit → visible in the SQLite replica ({} samples: an UPDATE of account 1 committed at a random moment, then the replica polled every 2 ms), pgbench at {} transactions/s alongside, the capture's checkpoint_interval_ms at its default ({} ms), the runner's default checkpointing", lat.len(), sizes.stream_tps, kafka_backfill::core::capture::CaptureConfig::default().checkpoint_interval_ms),
         format!("p50 {p50:.0} ms, p99 {p99:.0} ms"),
         json!({"samples": lat.len(), "p50_ms": p50, "p99_ms": p99}),
     );

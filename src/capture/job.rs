@@ -187,7 +187,7 @@ fn run_telling(
         partitions,
         config: CaptureConfig {
             barrier_interval_ms: c.barrier_interval_ms,
-            checkpoint_interval_ms: c.checkpoint_interval_ms,
+            checkpoint_interval_ms: c.checkpoint_interval_ms(),
             ..CaptureConfig::default()
         },
         spec,

@@ -290,10 +290,11 @@ pub struct CaptureSection {
     #[serde(default = "default_capture_barrier_ms")]
     pub barrier_interval_ms: u64,
     /// A checkpoint (and one Kafka transaction) at most this often (ms): how stale the replica
-    /// may be (about half of it at the median). An idle source checkpoints at most once a second
-    /// whatever this is.
-    #[serde(default = "default_capture_checkpoint_ms")]
-    pub checkpoint_interval_ms: u64,
+    /// may be (about half of it at the median). Default 200, or `barrier_interval_ms` when that is
+    /// set longer ([`CaptureSection::checkpoint_interval_ms`]). An idle source checkpoints at most
+    /// once a second whatever this is.
+    #[serde(default, rename = "checkpoint_interval_ms")]
+    pub checkpoint_interval: Option<u64>,
     /// Connections that copy the snapshot in parallel, each a range of the table's pages (ctid)
     /// in the same exported snapshot; at most one per 16 MiB of the table.
     #[serde(default = "default_copy_connections")]
@@ -318,6 +319,19 @@ pub struct CaptureSection {
     /// the replication topology may have; default derived from the job's name (2^31 and up).
     #[serde(default)]
     pub server_id: Option<u32>,
+}
+
+impl CaptureSection {
+    /// The checkpoint interval in force: the one set, or the default (200 ms) but never below
+    /// `barrier_interval_ms` — a configuration of the last release (whose default was 1000) that
+    /// set only a longer barrier interval keeps validating.
+    pub fn checkpoint_interval_ms(&self) -> u64 {
+        self.checkpoint_interval.unwrap_or_else(|| {
+            crate::core::capture::CaptureConfig::default()
+                .checkpoint_interval_ms
+                .max(self.barrier_interval_ms)
+        })
+    }
 }
 
 /// True when `url` names a MariaDB or MySQL server (`mariadb://` or `mysql://`).
@@ -372,10 +386,6 @@ fn default_capture_partitions() -> u32 {
 
 fn default_capture_barrier_ms() -> u64 {
     200
-}
-
-fn default_capture_checkpoint_ms() -> u64 {
-    crate::core::capture::CaptureConfig::default().checkpoint_interval_ms
 }
 
 impl CaptureSection {

@@ -344,6 +344,32 @@ fn capture_settings_name_the_key() {
         .starts_with("jobs[0].capture.partitions: must be 1..="));
 }
 
+/// The checkpoint interval's default (200 ms) follows a longer barrier interval: a configuration of
+/// the last release (default 1000) that set only `barrier_interval_ms = 500` still validates, at 500;
+/// one set below the barrier interval is refused naming the key.
+#[test]
+fn an_unset_checkpoint_interval_follows_a_longer_barrier_interval() {
+    let capture = |extra: &str| {
+        Config::parse(
+            &format!("{GOOD}[jobs.capture]\nsource_url = \"postgresql://u@h/db\"\ntable = \"a\"\n{extra}\n"),
+            "t.toml",
+        )
+    };
+    let interval = |c: Config| c.jobs[0].capture.as_ref().unwrap().checkpoint_interval_ms();
+    assert_eq!(interval(capture("").unwrap()), 200);
+    assert_eq!(interval(capture("barrier_interval_ms = 500").unwrap()), 500);
+    assert_eq!(
+        interval(capture("barrier_interval_ms = 100\ncheckpoint_interval_ms = 700").unwrap()),
+        700
+    );
+    assert_eq!(
+        capture("barrier_interval_ms = 500\ncheckpoint_interval_ms = 300")
+            .unwrap_err()
+            .to_string(),
+        "jobs[0].capture.checkpoint_interval_ms: barrier_interval_ms must be ≥ 1 and checkpoint_interval_ms ≥ barrier_interval_ms"
+    );
+}
+
 /// A capture of several tables: `table` or `tables`, names distinct without their schema, and
 /// the capturing job names the one it materialises; each refusal names its key.
 #[test]

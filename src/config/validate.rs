@@ -251,7 +251,8 @@ impl Config {
                         format!("must be 1..={} (the job's vnode_count)", job.vnode_count),
                     ));
                 }
-                if c.barrier_interval_ms == 0 || c.checkpoint_interval_ms < c.barrier_interval_ms {
+                if c.barrier_interval_ms == 0 || c.checkpoint_interval_ms() < c.barrier_interval_ms
+                {
                     return Err(err(
                         at("capture.checkpoint_interval_ms"),
                         "barrier_interval_ms must be ≥ 1 and checkpoint_interval_ms ≥ barrier_interval_ms",

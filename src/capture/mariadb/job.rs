@@ -115,7 +115,7 @@ pub(in crate::capture) fn run(
         shape,
         config: CaptureConfig {
             barrier_interval_ms: c.barrier_interval_ms,
-            checkpoint_interval_ms: c.checkpoint_interval_ms,
+            checkpoint_interval_ms: c.checkpoint_interval_ms(),
             ..CaptureConfig::default()
         },
     };
