@@ -327,8 +327,7 @@ impl KafkaLog {
     /// Per partition, the offset just after the last barrier of the open transaction (the last
     /// record written to each partition), from the delivery reports.
     fn offsets_after_barrier(&self, what: &str) -> Result<Vec<u64>, CaptureFailure> {
-        self.producer
-            .flush(Duration::from_secs(60))
+        crate::kafka::flush::flush(&self.producer, Duration::from_secs(60))
             .map_err(|e| txn_failure(&self.producer, &format!("flushing {what}"), e))?;
         let delivered = self.producer.context().delivered.lock().unwrap().clone();
         (0..self.partitions as i32)
@@ -384,7 +383,7 @@ impl KafkaLog {
                 .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
             // The purged records' reports, served; they fail as purged, which says nothing of a
             // transaction that is being aborted.
-            if let Err(e) = self.producer.flush(timeout) {
+            if let Err(e) = crate::kafka::flush::flush(&self.producer, timeout) {
                 tracing::warn!(error = %e, "serving the purged records' delivery reports before the abort");
             }
             self.producer.context().failed.lock().unwrap().take();
@@ -552,8 +551,13 @@ impl LogPort for KafkaLog {
         let state_topic = self.state_topic.clone();
         self.send(&state_topic, 0, self.record.job.as_bytes(), &value)?;
         let started = std::time::Instant::now();
+        // Flushed here, promptly: rdkafka's commit flushes first in steps of 100 ms
+        // (`crate::kafka::flush`), and finds nothing left.
+        crate::kafka::flush::flush(&self.producer, COMMIT_WITHIN)
+            .map_err(|e| txn_failure(&self.producer, "flushing the transaction's records", e))?;
+        let left = COMMIT_WITHIN.saturating_sub(started.elapsed());
         self.producer
-            .commit_transaction(COMMIT_WITHIN)
+            .commit_transaction(left)
             .map_err(|e| txn_failure(&self.producer, "committing the Kafka transaction", e))?;
         if let Some(f) = self.on_commit.as_mut() {
             f(started.elapsed());
@@ -590,13 +594,14 @@ impl LogPort for KafkaLog {
 /// How long a failed session waits for its open transaction's abort.
 pub const ABORT_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
-/// The capture producer's `linger.ms` unless the job's `kafka` table sets it. No reader sees a
-/// record before its transaction commits, so a linger costs no freshness while it stays well under
-/// the commit's own round trips; it saves the broker produce requests (at 200 pgbench
-/// transactions/s, librdkafka's 5 ms sent nearly every change alone). Longer lingers delayed the
-/// commit by about themselves (measured: a commit took 0.10 s at 5 or 50 ms, 0.20 s at 100 ms,
-/// 0.84 s at 1 s): docs/BENCHMARKS.md "What the pipeline costs the cluster".
-pub const PRODUCER_LINGER_MS: u64 = 50;
+/// The capture producer's `linger.ms` unless the job's `kafka` table sets it: longer than the
+/// default checkpoint interval, so a partition's records of a checkpoint go in one produce request,
+/// sent when the commit flushes (which waives the linger: `crate::kafka::flush`), or earlier when a
+/// batch fills (`batch.size`). No reader sees a record before its transaction commits, so the
+/// linger costs no freshness. Measured at 200 pgbench transactions/s, a checkpoint every 200 ms:
+/// the commit 16 ms after its epoch at a 1 s linger as at 50 ms, with fewer produce requests for
+/// the broker (docs/BENCHMARKS.md "What the pipeline costs the cluster").
+pub const PRODUCER_LINGER_MS: u64 = 1000;
 
 /// How long a checkpoint's Kafka commit (its records flushed, then the commit) may take before the
 /// session fails and resumes from the last committed state. A commit that lands after this is found

@@ -5,8 +5,14 @@
 use tracing::{debug, error, warn};
 
 use super::Driver;
-use crate::core::{PartitionProgress, WorkerFailure};
+use crate::core::{PartitionId, PartitionProgress, WorkerFailure};
 use crate::ports::{Clock, CommitDone, CommitPort, ConsumerPort, StoreError, WorkerEvent};
+
+/// The group's offsets are told at most this often (ms): they are informational (the store holds
+/// the offsets a worker resumes from: docs/DESIGN.md), and each commit is a write to the broker's
+/// offsets topic, five a second at the capture's default checkpoint interval. A revocation tells
+/// the revoked partitions' at once; a shutdown tells all, waited for.
+pub const GROUP_OFFSETS_EVERY_MS: u64 = 1000;
 
 impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
     /// Takes in finished commits (all pending ones when `wait`): metrics and group offsets for each
@@ -43,8 +49,13 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                     group_size: d.group_size,
                 });
                 debug!(job = %job, worker = %self.cfg.worker, cause = ?cp.cause, epoch = ?cp.epoch, rows = cp.rows.len(), transaction_ms = d.transaction_ms.map(|ms| ms as u64), group = d.group_size, "committed");
-                if !cp.partitions.is_empty() {
-                    self.consumer.commit_offsets(&cp.partitions, false);
+                for p in cp.partitions {
+                    self.group_offsets.insert(p.partition, p);
+                }
+                let now = self.clock.now_ms();
+                if now.saturating_sub(self.group_told_at) >= GROUP_OFFSETS_EVERY_MS {
+                    self.tell_group(|_| true);
+                    self.group_told_at = now;
                 }
             }
             Err(e) if self.failure.is_some() => {
@@ -63,6 +74,19 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
                 error!(job = %job, worker = %self.cfg.worker, error = %e, "checkpoint refused by the store; stopping");
                 self.fail(WorkerFailure::Fatal(e));
             }
+        }
+    }
+
+    /// Tells the group the committed offsets held back of the partitions `which` takes
+    /// (asynchronously, best effort), and forgets them.
+    pub(super) fn tell_group(&mut self, which: impl Fn(PartitionId) -> bool) {
+        let (told, kept) = std::mem::take(&mut self.group_offsets)
+            .into_iter()
+            .partition(|(p, _)| which(*p));
+        self.group_offsets = kept;
+        let told: Vec<PartitionProgress> = told.into_values().collect();
+        if !told.is_empty() {
+            self.consumer.commit_offsets(&told, false);
         }
     }
 

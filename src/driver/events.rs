@@ -88,6 +88,7 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
         let ack_early =
             crate::core::faults::active(crate::core::faults::Fault::AckRevocationBeforeCommit);
         self.settle(!ack_early);
+        self.tell_group(|p| parts.contains(&p));
         for p in &parts {
             self.position.remove(p);
             self.paused_at.remove(p);

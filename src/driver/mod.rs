@@ -122,6 +122,10 @@ pub struct Driver<C: ConsumerPort, K: CommitPort, T: Clock> {
     position: HashMap<PartitionId, u64>,
     /// When each paused partition was paused (ms).
     paused_at: HashMap<PartitionId, u64>,
+    /// Committed progress not yet told to the group, per partition ([`GROUP_OFFSETS_EVERY_MS`]).
+    group_offsets: std::collections::BTreeMap<PartitionId, crate::core::PartitionProgress>,
+    /// When the group was last told (ms).
+    group_told_at: u64,
     last_error: Option<String>,
     store_reachable: bool,
     /// Records handled per second, for the status report.
@@ -186,6 +190,8 @@ impl<C: ConsumerPort, K: CommitPort, T: Clock> Driver<C, K, T> {
             failure: None,
             position: HashMap::new(),
             paused_at: HashMap::new(),
+            group_offsets: Default::default(),
+            group_told_at: 0,
             last_error: None,
             store_reachable: true,
             rate: Rate::new(now, 500),

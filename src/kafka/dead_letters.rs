@@ -139,8 +139,7 @@ impl DeadLetterSink for KafkaDeadLetters {
                 }
             }
         }
-        self.producer
-            .flush(DELIVERY_TIMEOUT)
+        super::flush::flush(&self.producer, DELIVERY_TIMEOUT)
             .map_err(|e| format!("topic {}: not acknowledged: {e}", self.topic))?;
         let ctx = self.producer.context();
         if ctx.failed.load(Ordering::SeqCst) != failed_before {

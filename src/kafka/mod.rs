@@ -11,6 +11,7 @@ pub mod client_log;
 pub mod consumer;
 pub mod dead_letters;
 pub mod fetch;
+pub mod flush;
 
 /// The job's `kafka` properties a producer takes: all but the consumer's alone.
 pub fn producer_properties(

@@ -416,7 +416,21 @@ impl ConsumerPort for SimConsumer {
         Ok(())
     }
 
-    fn commit_offsets(&mut self, _progress: &[PartitionProgress], _sync: bool) {}
+    /// The group's offsets are the owner's to tell: a partition revoked (and perhaps read by
+    /// another worker since) must not get its old owner's offsets later (the loop holds them back
+    /// between tells, `GROUP_OFFSETS_EVERY_MS`).
+    fn commit_offsets(&mut self, progress: &[PartitionProgress], _sync: bool) {
+        let mut w = self.world.borrow_mut();
+        for p in progress {
+            if !w.consumers[self.i].assigned.contains_key(&p.partition) {
+                let v = format!(
+                    "worker w{} told the group offset {} of partition {}, which it does not own",
+                    self.i, p.next_offset, p.partition
+                );
+                w.violation.get_or_insert(v);
+            }
+        }
+    }
 
     fn high_watermark(&mut self, partition: PartitionId) -> Option<u64> {
         Some(self.world.borrow().upstream.log.high_watermark(partition))
