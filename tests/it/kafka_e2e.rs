@@ -591,3 +591,49 @@ fn an_assignment_without_start_offsets_on_a_fresh_group_is_not_a_deleted_log() {
     };
     assert_eq!(first, 0, "the fetch starts at the log's start");
 }
+
+/// The producer's flush (`kafka::flush`) waives librdkafka's linger and returns only once every
+/// delivery report has reached the context: records held by a linger of a minute are delivered, and
+/// counted, when a 20 s flush returns, and nothing is left outstanding. (Its speed against rdkafka's
+/// own flush is the benchmark's: docs/BENCHMARKS.md "What the pipeline costs the cluster".)
+#[test]
+fn a_flush_waives_the_linger_and_returns_with_every_report_served() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+    impl rdkafka::ClientContext for Count {}
+    impl ProducerContext for Count {
+        type DeliveryOpaque = ();
+        fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+            assert!(r.is_ok(), "a delivery failed: {:?}", r.as_ref().err());
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    let _g = serial();
+    let bootstrap = support::bootstrap();
+    let topic = format!("flush-{}", support::stamp());
+    let props = std::collections::BTreeMap::from([("bootstrap.servers".to_string(), bootstrap)]);
+    kafka_backfill::kafka::admin::ensure_topic(&props, &topic, 2).unwrap();
+    let producer: BaseProducer<Count> = kafka_backfill::kafka::admin::client_config(&props)
+        .set("linger.ms", "60000")
+        .create_with_context(Count::default())
+        .unwrap();
+    for i in 0..1000u32 {
+        let key = i.to_be_bytes();
+        producer
+            .send(
+                BaseRecord::to(&topic)
+                    .partition((i % 2) as i32)
+                    .key(&key[..])
+                    .payload("x"),
+            )
+            .unwrap();
+    }
+    kafka_backfill::kafka::flush::flush(&producer, Duration::from_secs(20))
+        .expect("the flush waives the linger");
+    assert_eq!(producer.context().0.load(Ordering::SeqCst), 1000);
+    assert_eq!(producer.in_flight_count(), 0);
+}
