@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::capture::psql;
 use super::several_tables::{
     capture_config, checker, four_capture_tables, pgbench, pgbench_db, signal, spawn, wait_log,
     Replica,
@@ -84,6 +85,7 @@ pub fn run(bin: &Path, bootstrap: &str, pg: &str, sizes: &Sizes, r: &mut Report)
         let mut load = pgbench(&url, sizes.rate, 3600);
         let floor = broker_cpu_per_min(pid, sizes.window_secs, || false);
         signal(&mut load, "TERM");
+        drop_db(pg, &url);
         floor
     };
     // The defaults, then the last release's (a checkpoint a second, the capture's producer
@@ -222,11 +224,24 @@ fn round(
     stop.store(true, Ordering::SeqCst);
     let seen = seen.join().unwrap();
     stop_all([&mut run, &mut capture, &mut load]);
+    // The capture's slot and the database go with the round: a slot left behind holds WAL, and
+    // PostgreSQL's 32 slots (scripts/postgres.sh) ran out after a dozen runs of the section.
+    psql(
+        &url,
+        &format!("SELECT pg_drop_replication_slot('kb_{name}')"),
+    );
+    drop_db(pg, &url);
     Round {
         broker_cpu,
         lag,
         seen,
     }
+}
+
+/// Drops the database of `url` (a round's or the floor's pgbench database) on the server `pg`.
+fn drop_db(pg: &str, url: &str) {
+    let db = url.rsplit('/').next().unwrap();
+    psql(pg, &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
 }
 
 fn stop_all<const N: usize>(children: [&mut Child; N]) {
