@@ -53,6 +53,8 @@ struct Setup<'a> {
     url: String,
     slot: String,
     publication: String,
+    /// The publication is the capture's own (`capture.publication` not set): it follows `tables`.
+    owned: bool,
     props: BTreeMap<String, String>,
     map: PartitionMap,
     partitions: u32,
@@ -180,6 +182,7 @@ fn run_telling(
         dir: dir.clone(),
         slot: c.slot_name(&job.name),
         publication: c.publication_name(&job.name),
+        owned,
         tables,
         url,
         props,
@@ -279,20 +282,15 @@ fn session(
         }
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
-            let recorded = record.tables();
-            let recorded_names: Vec<&str> = recorded.iter().map(|r| r.0).collect();
-            // Tables listed after the recorded ones join the capture (docs/CAPTURE.md "Adding a
-            // table"); any other change of the list needs a new topic.
-            if record.slot != s.slot
-                || recorded_names.len() > s.tables.len()
-                || recorded_names
-                    .iter()
-                    .zip(&s.tables)
-                    .any(|(r, t)| *r != t.table.to_string())
-            {
-                return refuse(format!("the log of topic {} was captured from {} through slot {}, not {} through {}: tables may only be added at the end of [jobs.capture] tables (the recorded ones first, in their order, through the same slot); for any other change capture into a new topic", job.topic, recorded_names.join(", "), record.slot, s.names(), s.slot));
+            if record.slot != s.slot {
+                return refuse(format!("the log of topic {} was captured through slot {}, not {}: a capture continues its log through the same slot; capture into a new topic", job.topic, record.slot, s.slot));
             }
-            let added: Vec<usize> = (recorded_names.len()..s.tables.len()).collect();
+            // Tables left out of the list leave the log, tables appended join it (docs/CAPTURE.md
+            // "Removing a table", "Adding a table"); any other change needs a new topic.
+            let now: Vec<String> = s.tables.iter().map(|t| t.table.to_string()).collect();
+            let change = super::session::tables_now(&job.topic, &record, &now)?;
+            // The tables kept: removed ones are the last recorded, added ones the last listed.
+            let recorded = record.tables();
             for ((_, columns), t) in recorded.iter().zip(&s.tables) {
                 // Columns added since are the Relation message the stream brings next (a new
                 // version); the reason a change is not followed is the stream's own.
@@ -329,10 +327,14 @@ fn session(
                 return refuse(format!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline));
             }
             log.record = record.clone();
+            super::session::remove_tables(job, &mut log, &change.removed);
+            if s.owned && !log.record.removed.is_empty() {
+                log.after_next_commit = Some(unpublish_removed(s));
+            }
             let mut a = Assembler::resume(s.config, s.map, record.state);
             let mut initial = Vec::new();
-            if !added.is_empty() {
-                join_tables(s, &mut log, &mut a, &added, &mut initial)?;
+            if !change.added.is_empty() {
+                join_tables(s, &mut log, &mut a, &change.added, &mut initial)?;
             }
             (a, initial, repl)
         }
@@ -352,6 +354,29 @@ fn session(
     );
     checkpoints.1 = Some(a.committed().checkpoints);
     end_session(job, &mut log, result)
+}
+
+/// After a commit whose state record names the removed tables: those the capture's own
+/// publication still publishes leave it. Not before: a removal that never committed may be undone
+/// by listing the table again, and its changes must still be in the slot's stream then. A failure
+/// is only logged (the stream passes over the table's changes all the same) and tried again at
+/// the next session.
+fn unpublish_removed(s: &Setup) -> super::log::AfterCommit {
+    let (url, publication) = (s.url.clone(), s.publication.clone());
+    Box::new(move |record: &StateRecord| {
+        let tables: Result<Vec<TableName>> = record
+            .removed
+            .iter()
+            .map(|r| TableName::parse(&r.table))
+            .collect();
+        let done = tables.and_then(|tables| {
+            let mut client = pg::connect(&url)?;
+            pg::unpublish(&mut client, &publication, &tables)
+        });
+        if let Err(e) = done {
+            tracing::warn!(%publication, error = %crate::error::line(&e), "leaving the removed tables in the capture's publication (their changes are passed over); tried again at the next start");
+        }
+    })
 }
 
 /// Tables appended to the capture's list join its log ([`super::session::join_tables`]), each

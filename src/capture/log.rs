@@ -50,6 +50,11 @@ pub struct StateRecord {
     /// in the capture's order. Empty, and left out, for one table (as every record before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other_tables: Vec<StateTable>,
+    /// The tables removed from the capture (docs/CAPTURE.md "Removing a table"), in the order they
+    /// were removed: the log has none of their changes from `from_epoch` on. Empty, and left out,
+    /// when none was (as every record before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<RemovedTable>,
     /// The snapshots taken of the running capture after the first, each published (its manifest
     /// written), oldest first. Empty, and left out, when there are none (as every record before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -78,6 +83,7 @@ impl StateRecord {
             columns: tables[0].1.clone(),
             snapshots: Vec::new(),
             snapshot_topic: None,
+            removed: Vec::new(),
             other_tables: tables[1..]
                 .iter()
                 .map(|(table, columns)| StateTable {
@@ -92,6 +98,32 @@ impl StateRecord {
                 checkpoints: 0,
             },
         }
+    }
+
+    /// Removes the tables at `positions` (of [`StateRecord::tables`]: the last ones, never the
+    /// first, so no table changes its place in the log) from the record,
+    /// naming each in [`StateRecord::removed`] with the open epoch: every change of theirs in
+    /// the log is in an earlier epoch, and none is written from it on.
+    pub fn remove_tables(&mut self, positions: &[usize]) {
+        let from_epoch = self.state.epoch;
+        let mut gone = Vec::new();
+        for &p in positions.iter().rev() {
+            assert!(p > 0, "the log's first table is never removed");
+            gone.push(self.other_tables.remove(p - 1).table);
+        }
+        self.removed.extend(
+            gone.into_iter()
+                .rev()
+                .map(|table| RemovedTable { table, from_epoch }),
+        );
+    }
+
+    /// The removed tables (name, epoch from which the log has none of their changes).
+    pub fn removed(&self) -> Vec<(&str, Epoch)> {
+        self.removed
+            .iter()
+            .map(|r| (r.table.as_str(), r.from_epoch))
+            .collect()
     }
 
     /// Every recorded table (name, columns), in the log's order.
@@ -192,6 +224,17 @@ pub struct StateTable {
     pub added: bool,
 }
 
+/// A table removed from the capture ([`StateRecord::removed`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemovedTable {
+    pub table: String,
+    /// The epoch from which the log has none of the table's changes: the open epoch when the
+    /// capture resumed without it (its last changes are in the epochs before, whose barriers
+    /// every partition has).
+    pub from_epoch: Epoch,
+}
+
 #[derive(Default)]
 struct Ctx {
     failed: Mutex<Option<String>>,
@@ -223,6 +266,9 @@ impl ProducerContext for Ctx {
     }
 }
 
+/// What [`KafkaLog::after_next_commit`] calls, with the committed record.
+pub type AfterCommit = Box<dyn FnOnce(&StateRecord) + Send>;
+
 /// What runs once the initial barrier's transaction committed.
 pub type InitialCommitHook = Box<dyn FnOnce(&StateRecord) -> Result<()> + Send>;
 
@@ -240,6 +286,9 @@ pub struct KafkaLog {
     open: bool,
     /// Called once after the initial barrier's transaction committed (writes the manifest).
     pub on_initial_commit: Option<InitialCommitHook>,
+    /// Called once after the next commit (of any checkpoint): what may happen only once the
+    /// state record it wrote is durable (a removed table leaving the publication).
+    pub after_next_commit: Option<AfterCommit>,
     /// Told how long each commit took (the service's histogram).
     pub on_commit: Option<Box<dyn FnMut(Duration) + Send>>,
     /// The snapshot folder, beside whose manifest schema versions are announced.
@@ -314,6 +363,7 @@ impl KafkaLog {
             record,
             open: false,
             on_initial_commit: None,
+            after_next_commit: None,
             on_commit: None,
             snapshot_dir: None,
             versions_to_kafka: None,
@@ -579,6 +629,9 @@ impl LogPort for KafkaLog {
                     .map_err(|e| CaptureFailure::permanent(crate::error::line(&e)))?;
             }
         }
+        if let Some(hook) = self.after_next_commit.take() {
+            hook(&self.record);
+        }
         if let (Some(placed), Some(tx)) = (placed, &self.on_snapshot_placed) {
             // The receiver lives as long as the capture; gone, nobody waits for the snapshot.
             let _ = tx.send(placed);
@@ -732,6 +785,33 @@ mod tests {
             "{text}"
         );
         assert_eq!(serde_json::from_str::<StateRecord>(&text).unwrap(), with);
+    }
+
+    /// The last tables removed: out of `other_tables`, named in `removed` with the open epoch
+    /// (left out of the JSON when none, so the last release's records read as before), the others
+    /// keeping their places.
+    #[test]
+    fn tables_removed_are_named_with_the_epoch_their_changes_stop_at() {
+        let tables: Vec<(String, Vec<String>)> = ["public.a", "public.b", "public.c", "public.d"]
+            .iter()
+            .map(|t| (t.to_string(), vec!["id".to_string()]))
+            .collect();
+        let mut record = StateRecord::fresh("j", "kb_j".into(), &tables);
+        assert!(!serde_json::to_string(&record).unwrap().contains("removed"));
+        record.state.epoch = Epoch(196608);
+        record.remove_tables(&[2, 3]);
+        let names: Vec<&str> = record.tables().iter().map(|t| t.0).collect();
+        assert_eq!(names, ["public.a", "public.b"]);
+        assert_eq!(
+            record.removed(),
+            [("public.c", Epoch(196608)), ("public.d", Epoch(196608))]
+        );
+        let text = serde_json::to_string(&record).unwrap();
+        assert!(
+            text.contains(r#""removed":[{"table":"public.c","from_epoch":196608}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<StateRecord>(&text).unwrap(), record);
     }
 
     fn later(epoch: u64) -> SnapshotRecord {

@@ -227,6 +227,26 @@ pub fn ensure_publication(
     Ok(())
 }
 
+/// Drops `tables` from the capture's own publication where it still publishes them (a table
+/// dropped upstream left it by itself): tables removed from the capture, once the state record
+/// naming them is committed, so the server stops decoding their changes for the slot.
+pub fn unpublish(
+    client: &mut postgres::Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<()> {
+    let lacking = unpublished(client, publication, tables)?.unwrap_or_default();
+    for table in tables.iter().filter(|t| !lacking.contains(t)) {
+        client.batch_execute(&format!(
+            "ALTER PUBLICATION {} DROP TABLE {}",
+            quote_ident(publication),
+            table.sql()
+        ))?;
+        tracing::info!(%publication, %table, "table removed from the capture's publication");
+    }
+    Ok(())
+}
+
 /// The slot as `pg_replication_slots` shows it: confirmed position, whether it is active.
 pub fn slot_state(client: &mut postgres::Client, slot: &str) -> Result<Option<(Lsn, bool)>> {
     let Some(r) = client.query_opt(

@@ -421,6 +421,42 @@ pub(in crate::capture) struct Joining {
     pub row_schema: String,
 }
 
+/// The capture's configured tables `now` against its state `record`, for every source
+/// ([`crate::core::capture::tables_changed`], docs/CAPTURE.md "Adding a table" and "Removing a
+/// table"); a list that cannot continue the log is a permanent failure naming both lists.
+pub(in crate::capture) fn tables_now(
+    topic: &str,
+    record: &StateRecord,
+    now: &[String],
+) -> Result<crate::core::capture::TablesChange, CaptureFailure> {
+    let recorded = record.tables();
+    let recorded: Vec<&str> = recorded.iter().map(|t| t.0).collect();
+    let now: Vec<&str> = now.iter().map(String::as_str).collect();
+    crate::core::capture::tables_changed(&recorded, &record.removed(), &now).map_err(|why| {
+        CaptureFailure::permanent(format!(
+            "the log of topic {topic} was captured from {}, the tables are now {}: {why}; for any other change capture into a new topic",
+            recorded.join(", "),
+            now.join(", ")
+        ))
+    })
+}
+
+/// The tables a capture no longer lists leave its log: named in the state record from the open
+/// epoch (committed with the session's first commit), the stream passing over their changes
+/// from then on because it no longer reads them.
+pub(in crate::capture) fn remove_tables(job: &JobConfig, log: &mut KafkaLog, removed: &[usize]) {
+    if removed.is_empty() {
+        return;
+    }
+    let names: Vec<String> = removed
+        .iter()
+        .map(|&i| log.record.tables()[i].0.to_string())
+        .collect();
+    log.record.remove_tables(removed);
+    let from_epoch = log.record.state.epoch;
+    tracing::info!(job = %job.name, tables = %names.join(", "), %from_epoch, "tables removed from the capture: the log has none of their changes from this epoch on");
+}
+
 /// Tables appended to a capture's list join its log, for every source (docs/CAPTURE.md "Adding a
 /// table"): each recorded in the state record as added, their first versions (naming their
 /// primary key) announced from one next epoch at a checkpoint barrier before any of their changes —

@@ -1852,19 +1852,114 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
         assert!(r.wait_exit(MIN).success());
     }
     stop_capture(&mut capture);
-    // Any change of the list but an addition at its end is refused, naming the way.
-    let dropped = after.replace(
-        &three,
-        "\"public.pgbench_accounts\", \"public.pgbench_tellers\"",
-    );
+    // The last table left out of the list leaves the log (docs/CAPTURE.md "Removing a table"):
+    // the state record names it and the epoch from which the log has none of its changes, the
+    // capture's own publication drops it once that record is committed, and the other tables go
+    // on exactly.
+    let two = "\"public.pgbench_accounts\", \"public.pgbench_branches\"";
+    let dropped = after.replace(&three, two);
     assert_ne!(dropped, after);
     std::fs::write(&f.config, &dropped).unwrap();
-    let mut refused = spawn_capture(&f, "c4");
-    assert!(!refused.wait_exit(MIN).success());
-    let text = refused.log_text();
-    assert!(
-        text.contains("tables may only be added at the end of [jobs.capture] tables"),
-        "{}",
-        tail(&text)
+    let mut capture = spawn_capture(&f, "c4");
+    capture.wait_for("tables removed from the capture", MIN);
+    capture.wait_for("table removed from the capture's publication", MIN);
+    assert_eq!(
+        psql(
+            &url,
+            &format!("SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = '{publication}'")
+        ),
+        "pgbench_accounts,pgbench_branches"
     );
+    let mut both = spawn_run_of(&f, &added_jobs, "t2");
+    let balance: i64 = psql(&url, "SELECT tbalance FROM pgbench_tellers WHERE tid = 1")
+        .parse()
+        .unwrap();
+    // One source transaction changes the removed table and a captured one.
+    psql(
+        &url,
+        "BEGIN; UPDATE pgbench_tellers SET tbalance = tbalance + 11 WHERE tid = 1; UPDATE pgbench_branches SET bbalance = bbalance + 5; COMMIT",
+    );
+    let (branches, tellers) = (format!("{}-1", f.name), format!("{}-2", f.name));
+    let report = verify_job_eventually(&f, Some(&branches), MIN);
+    assert!(report.contains("1 rows compared"), "{report}");
+    // Once the job of the removed table has committed every epoch the tellers' job has (the
+    // transaction's included), its replica still has the branch as it was: the log has no change
+    // of it after the removal.
+    let epoch_of = |job: &str, which: &str| -> i64 {
+        f.sql::<i64>(&format!(
+            "SELECT {which}(epoch) FROM kb_partition_progress WHERE job = '{job}'"
+        ))[0][0]
+    };
+    let reached = epoch_of(&branches, "max");
+    let deadline = Instant::now() + MIN;
+    while epoch_of(&tellers, "min") < reached {
+        assert!(Instant::now() < deadline, "{}", tail(&both.log_text()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let replica: Vec<Vec<i64>> = f.sql("SELECT tbalance FROM tellers WHERE tid = 1");
+    assert_eq!(
+        replica,
+        vec![vec![balance]],
+        "the removed table's change reached its replica"
+    );
+    // The removal is committed: a restart after a kill -9 resumes without it, removing nothing.
+    capture.signal("KILL");
+    assert!(!capture.wait_exit(MIN).success());
+    let mut capture = spawn_capture(&f, "c5");
+    capture.wait_for("capture checkpoint committed", MIN);
+    assert!(!capture
+        .log_text()
+        .contains("tables removed from the capture"));
+    psql(&url, "UPDATE pgbench_branches SET bbalance = bbalance - 5");
+    let report = verify_job_eventually(&f, Some(&branches), MIN);
+    assert!(report.contains("1 rows compared"), "{report}");
+    let log = check_log(&f);
+    assert!(log.contains(" 0 violations"), "{log}");
+    both.signal("TERM");
+    assert!(both.wait_exit(MIN).success());
+    stop_capture(&mut capture);
+    // Refused, each naming why: the removed table listed again, another added after the
+    // removal (it would take the removed table's place in the log), the first table removed, the
+    // list reordered.
+    psql(
+        &url,
+        "CREATE TABLE kb_extra (id int PRIMARY KEY); ALTER TABLE kb_extra REPLICA IDENTITY FULL",
+    );
+    for (i, (tables, why)) in [
+        (
+            format!("{two}, \"public.pgbench_tellers\""),
+            "cannot join: the capture removed public.pgbench_tellers",
+        ),
+        (
+            format!("{two}, \"public.kb_extra\""),
+            "cannot join: the capture removed public.pgbench_tellers",
+        ),
+        (
+            "\"public.pgbench_branches\", \"public.kb_extra\"".to_string(),
+            "is the log's first table, which cannot be removed",
+        ),
+        (
+            "\"public.pgbench_branches\", \"public.pgbench_accounts\"".to_string(),
+            "tables may only be added at the end of [jobs.capture] tables",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // The capture's own job materialises a table it captures.
+        let config = dropped.replace(two, &tables);
+        let config = match tables.contains("pgbench_accounts") {
+            true => config,
+            false => config.replacen(
+                "table = \"pgbench_accounts\"\n",
+                "table = \"pgbench_branches\"\n",
+                1,
+            ),
+        };
+        std::fs::write(&f.config, config).unwrap();
+        let mut refused = spawn_capture(&f, &format!("c6-{i}"));
+        assert!(!refused.wait_exit(MIN).success());
+        let text = refused.log_text();
+        assert!(text.contains(why), "{tables}: {}", tail(&text));
+    }
 }

@@ -681,6 +681,96 @@ pub fn columns_followed(captured: &[&str], now: &[&str]) -> Result<(), &'static 
     }
 }
 
+/// How a capture's list of tables changed between its state record and its configuration
+/// ([`tables_changed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TablesChange {
+    /// Positions in the recorded list of the tables the configuration no longer lists (the last
+    /// ones): their changes stop at the resume epoch.
+    pub removed: Vec<usize>,
+    /// Positions in the configuration's list of the tables appended to it: they join the log.
+    pub added: Vec<usize>,
+}
+
+/// Why a capture's new list of tables cannot continue its log ([`tables_changed`]). The log
+/// numbers its tables by their place in the list, and that number is on the wire and in the
+/// stores (a truncation record names its table by it, a job's store prefixes its keys with it,
+/// a manifest lists its tables in that order): a table keeps its place for the life of the log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TablesChangeError {
+    #[error("table {table} moved in the list: tables may only be added at the end of [jobs.capture] tables or removed from its end, the recorded ones keeping their order and places")]
+    Moved { table: String },
+    #[error("table {table} is not at the end of the list, and only the last tables of [jobs.capture] tables can be removed: the log numbers its tables by their place (truncation records, the stores' keys and the manifests name a table by it), so a table removed from the middle would renumber the ones after it")]
+    NotLast { table: String },
+    #[error("table {table} is the log's first table, which cannot be removed (a one-table manifest and versions that name no table are read as the first table's)")]
+    FirstRemoved { table: String },
+    #[error("table {table} cannot join: the capture removed {removed} (at epoch {epoch}), whose place in the log a new table would take, and a job of it would read the new table's truncations as its own")]
+    AddedAfterRemoval {
+        table: String,
+        removed: String,
+        epoch: Epoch,
+    },
+    #[error("a capture of several tables keeps two at least (its log and its manifests are of several tables); {left} would be left")]
+    TooFew { left: usize },
+}
+
+/// Whether a capture whose state record lists `recorded` (in the log's order) and names
+/// `removed_before` (with the epoch each was removed at) continues with the configuration's
+/// `now`: the recorded tables in their order, then either tables appended (added) or the last
+/// ones left out (removed) — any but the first. The one answer for every source: removing a table
+/// needs nothing of it, so a table dropped upstream can be removed too.
+pub fn tables_changed(
+    recorded: &[&str],
+    removed_before: &[(&str, Epoch)],
+    now: &[&str],
+) -> Result<TablesChange, TablesChangeError> {
+    let mut removed: Vec<usize> = Vec::new();
+    let mut j = 0;
+    for (i, table) in recorded.iter().enumerate() {
+        if now.get(j) == Some(table) {
+            if let Some(&r) = removed.first() {
+                return Err(TablesChangeError::NotLast {
+                    table: recorded[r].to_string(),
+                });
+            }
+            j += 1;
+            continue;
+        }
+        if now.contains(table) {
+            return Err(TablesChangeError::Moved {
+                table: table.to_string(),
+            });
+        }
+        if i == 0 {
+            return Err(TablesChangeError::FirstRemoved {
+                table: table.to_string(),
+            });
+        }
+        removed.push(i);
+    }
+    if let Some(t) = now[j..].iter().find(|t| recorded.contains(t)) {
+        return Err(TablesChangeError::Moved {
+            table: t.to_string(),
+        });
+    }
+    let added: Vec<usize> = (j..now.len()).collect();
+    let gone = removed
+        .first()
+        .map(|&r| (recorded[r], None))
+        .or_else(|| removed_before.first().map(|&(t, e)| (t, Some(e))));
+    if let (Some(&a), Some((table, epoch))) = (added.first(), gone) {
+        return Err(TablesChangeError::AddedAfterRemoval {
+            table: now[a].to_string(),
+            removed: table.to_string(),
+            epoch: epoch.unwrap_or(Epoch(0)),
+        });
+    }
+    if recorded.len() > 1 && now.len() < 2 {
+        return Err(TablesChangeError::TooFew { left: now.len() });
+    }
+    Ok(TablesChange { removed, added })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1366,5 +1456,64 @@ mod tests {
             let e = columns_followed(&ab, now).unwrap_err();
             assert!(e.contains("only columns added at the end"), "{now:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_list_of_tables_may_lose_its_last_and_gain_at_its_end_but_not_both() {
+        let abcd = ["a", "b", "c", "d"];
+        let ok = |now: &[&str]| tables_changed(&abcd, &[], now).unwrap();
+        assert_eq!(
+            ok(&abcd),
+            TablesChange {
+                removed: vec![],
+                added: vec![]
+            }
+        );
+        assert_eq!(ok(&["a", "b", "c"]).removed, vec![3]);
+        assert_eq!(ok(&["a", "b"]).removed, vec![2, 3]);
+        assert_eq!(ok(&["a", "b", "c", "d", "e"]).added, vec![4]);
+        let e = |now: &[&str], before: &[(&str, Epoch)]| tables_changed(&abcd, before, now);
+        let not_last = e(&["a", "c", "d"], &[]).unwrap_err();
+        assert_eq!(
+            not_last,
+            TablesChangeError::NotLast {
+                table: "b".to_string()
+            }
+        );
+        assert!(not_last.to_string().contains("renumber"), "{not_last}");
+        assert!(matches!(
+            e(&["b", "c", "d"], &[]),
+            Err(TablesChangeError::FirstRemoved { .. })
+        ));
+        assert!(matches!(
+            e(&["a", "c", "b", "d"], &[]),
+            Err(TablesChangeError::Moved { .. })
+        ));
+        assert!(matches!(
+            e(&["b", "a", "c", "d"], &[]),
+            Err(TablesChangeError::Moved { .. })
+        ));
+        assert!(matches!(
+            e(&["a", "b", "c", "e"], &[]),
+            Err(TablesChangeError::AddedAfterRemoval { .. })
+        ));
+        // A table removed by an earlier restart: none joins after it, itself neither.
+        for now in [&["a", "b", "c", "d", "x"][..], &["a", "b", "c", "d", "e"]] {
+            assert!(matches!(
+                e(now, &[("x", Epoch(7))]),
+                Err(TablesChangeError::AddedAfterRemoval { .. })
+            ));
+        }
+        assert_eq!(ok(&["a", "b", "c"]).removed, vec![3]);
+        assert!(matches!(
+            tables_changed(&["a", "b"], &[], &["a"]),
+            Err(TablesChangeError::TooFew { left: 1 })
+        ));
+        // A one-table log: its table stays, others may join.
+        assert_eq!(
+            tables_changed(&["a"], &[], &["a", "b"]).unwrap().added,
+            vec![1]
+        );
+        assert!(tables_changed(&["a"], &[], &["b"]).is_err());
     }
 }

@@ -216,20 +216,12 @@ fn session(
         }
         Some(record) => {
             let refuse = |m: String| Err(CaptureFailure::permanent(m));
+            // Tables left out of the list leave the log, tables appended join it (docs/CAPTURE.md
+            // "Removing a table", "Adding a table"); any other change needs a new topic.
+            let now: Vec<String> = tables.iter().map(|t| t.0.clone()).collect();
+            let change = crate::capture::session::tables_now(&job.topic, &record, &now)?;
+            // The tables kept: removed ones are the last recorded, added ones the last listed.
             let recorded = record.tables();
-            // Tables listed after the recorded ones join the capture (docs/CAPTURE.md "Adding
-            // a table"); any other change of the list needs a new topic.
-            if recorded.len() > tables.len()
-                || recorded.iter().zip(&tables).any(|(r, n)| r.0 != n.0)
-            {
-                return refuse(format!(
-                    "the log of topic {} was captured from {:?}, the tables are now {:?}: tables may only be added at the end of [jobs.capture] tables (the recorded ones first, in their order); for any other change capture into a new topic",
-                    job.topic,
-                    recorded.iter().map(|r| r.0).collect::<Vec<_>>(),
-                    tables.iter().map(|t| &t.0).collect::<Vec<_>>()
-                ));
-            }
-            let added: Vec<usize> = (recorded.len()..tables.len()).collect();
             for ((name, captured), (_, now)) in recorded.iter().zip(&tables) {
                 // Columns added since are a statement the binlog brings next (a new version).
                 let captured: Vec<&str> = captured.iter().map(String::as_str).collect();
@@ -261,11 +253,12 @@ fn session(
                 streams.push(table);
             }
             log.record = record.clone();
+            crate::capture::session::remove_tables(job, &mut log, &change.removed);
             let mut a = Assembler::resume(s.config, s.map, record.state);
             let mut initial = Vec::new();
-            if !added.is_empty() {
+            if !change.added.is_empty() {
                 let mut joining = Vec::new();
-                for &i in &added {
+                for &i in &change.added {
                     joining.push(Joining {
                         index: i,
                         table: s.tables[i].name.clone(),
