@@ -161,6 +161,7 @@ fn run_telling(
         partitions,
         topic: job.topic.clone(),
         copy_connections: c.copy_connections,
+        dir: dir.clone(),
     };
     let exporter = PgExporter {
         spec: spec.clone(),
@@ -429,8 +430,10 @@ fn in_force(
             table.columns.iter().map(|c| &c.name).collect::<Vec<_>>()
         )));
     }
+    let mut columns = catalog[..n].to_vec();
+    super::types::order_nulls(&mut columns, &super::types::nulls_last(&table.json));
     let encoder = super::types::RowEncoder {
-        columns: catalog[..n].to_vec(),
+        columns,
         key: t.info.encoder.key.clone(),
     };
     Ok((encoder, table))

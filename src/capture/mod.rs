@@ -26,16 +26,39 @@ pub mod snapshots;
 pub mod types;
 
 /// The source table as it is now, encoded by its source's mapping: key bytes → row datum (for
-/// `verify --against-source`).
+/// `verify --against-source`). `nulls_last`: the nullable columns the log's newest version
+/// writes `[T, "null"]` ([`nulls_last_of`]).
 pub fn read_source_table(
     url: &str,
     table: &pg::TableName,
+    nulls_last: &[String],
 ) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     if mariadb::is_mariadb_url(url) {
         mariadb::read_table(url, table)
     } else {
-        pg::read_table(url, table)
+        pg::read_table(url, table, nulls_last)
     }
+}
+
+/// The nullable columns of a table that the newest schema version in the snapshot folder `dir`
+/// writes `[T, "null"]` (columns added with a default, [`types::PgColumn::null_last`]): the
+/// versions naming `name`, or naming none when `first` (the log's first table, whose versions
+/// name no table while the log has one).
+pub fn nulls_last_of(
+    dir: &std::path::Path,
+    name: Option<&str>,
+    first: bool,
+) -> anyhow::Result<Vec<String>> {
+    let home = crate::snapshot::versions::home(dir);
+    let versions = crate::snapshot::versions::read(&home)?;
+    let newest = versions
+        .iter()
+        .filter(|v| v.table.as_deref() == name || (first && v.table.is_none()))
+        .max_by_key(|v| v.from_epoch);
+    Ok(match newest {
+        Some(v) => types::nulls_last(&serde_json::from_str(&v.row_schema)?),
+        None => Vec::new(),
+    })
 }
 
 /// A cause kept beneath a [`CaptureFailure`].

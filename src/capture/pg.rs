@@ -122,6 +122,7 @@ pub fn table_info(
             name,
             ty,
             nullable: !r.get::<_, bool>(4),
+            null_last: false,
         });
     }
     let key_rows = client.query(
@@ -529,10 +530,12 @@ impl SnapshotSession {
     }
 
     /// [`copy_snapshot`] of `table` in this session's snapshot.
+    /// `nulls_last`: the nullable columns written `[T, "null"]` ([`PgColumn::null_last`]).
     pub fn copy(
         &mut self,
         table: &TableName,
         connections: usize,
+        nulls_last: &[String],
         row: impl FnMut(&[u8], &[u8]) -> Result<()>,
     ) -> Result<(TableInfo, u64, u64)> {
         let mut tx = snapshot_transaction(&mut self.client, &self.snapshot_name)?;
@@ -542,6 +545,7 @@ impl SnapshotSession {
             table,
             &self.snapshot_name,
             connections,
+            nulls_last,
             row,
         )?;
         tx.commit()?;
@@ -561,9 +565,11 @@ fn copy_snapshot(
     table: &TableName,
     snapshot_name: &str,
     connections: usize,
+    nulls_last: &[String],
     mut row: impl FnMut(&[u8], &[u8]) -> Result<()>,
 ) -> Result<(TableInfo, u64, u64)> {
-    let info = table_info(tx, table)?;
+    let mut info = table_info(tx, table)?;
+    super::types::order_nulls(&mut info.encoder.columns, nulls_last);
     let (now_ms, pages): (i64, i64) = {
         let r = tx.query_one(
             "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::int8, \
@@ -675,6 +681,7 @@ fn copy_snapshot(
 pub fn read_table(
     url: &str,
     table: &TableName,
+    nulls_last: &[String],
 ) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     let mut client = connect(url)?;
     let mut tx = client
@@ -682,7 +689,8 @@ pub fn read_table(
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()?;
-    let info = table_info(&mut tx, table)?;
+    let mut info = table_info(&mut tx, table)?;
+    super::types::order_nulls(&mut info.encoder.columns, nulls_last);
     let mut rows = std::collections::BTreeMap::new();
     copy_table(&mut tx, table, &info.encoder, None, |datum, key| {
         rows.insert(key.to_vec(), datum.to_vec());
@@ -895,9 +903,19 @@ impl PgReplication {
                 "the catalog now has {now:?}: the table changed again since"
             )));
         }
-        // The value a NOT NULL column added with a default holds in the rows already there.
+        // The columns already captured keep their unions' order; a new one is `[T, "null"]`
+        // when it was added nullable with a default (below).
+        for (c, was) in info
+            .encoder
+            .columns
+            .iter_mut()
+            .zip(&captured.encoder.columns)
+        {
+            c.null_last = was.null_last;
+        }
+        // The value a column added with a default holds in the rows already there.
         let mut defaults: Vec<(String, serde_json::Value)> = Vec::new();
-        for c in &info.encoder.columns[ours.len()..] {
+        for c in &mut info.encoder.columns[ours.len()..] {
             let row = client
                 .query_one(
                     "SELECT a.atthasdef, a.atthasmissing, a.attmissingval::text, format_type(a.atttypid, a.atttypmod) \
@@ -908,7 +926,8 @@ impl PgReplication {
             let (has_default, has_missing): (bool, bool) = (row.get(0), row.get(1));
             match (has_default, c.nullable) {
                 (false, true) => {}
-                (true, false) if has_missing => {
+                (true, _) if has_missing => {
+                    // PostgreSQL's missing value: the default evaluated once at the ALTER.
                     let (missing, ty): (Option<String>, String) = (row.get(2), row.get(3));
                     let text: Option<String> = client
                         .query_one(&format!("SELECT (($1::text)::{ty}[])[1]::text"), &[&missing])
@@ -922,21 +941,17 @@ impl PgReplication {
                         .flatten()
                         .ok_or_else(|| {
                             refuse(format!(
-                                "column {} was added NOT NULL with a default of type {ty}, whose value the log does not carry yet (bytes, numeric with a scale, arrays): add it nullable without a default (then UPDATE it, which the log carries)",
+                                "column {} was added with a default of type {ty}, whose value the log does not carry yet (bytes, numeric with a scale, arrays): add it nullable without a default (then UPDATE it, which the log carries)",
                                 c.name
                             ))
                         })?;
+                    // A nullable column's union holds the default in its first branch.
+                    c.null_last = c.nullable;
                     defaults.push((c.name.clone(), value));
                 }
-                (true, false) => {
+                (true, _) => {
                     return Err(refuse(format!(
-                        "column {} was added NOT NULL with a volatile default (or the table was rewritten since): the rows already there hold values the log cannot carry; add it nullable without a default (then UPDATE it, which the log carries)",
-                        c.name
-                    )))
-                }
-                (true, true) => {
-                    return Err(refuse(format!(
-                        "column {} was added with a default but nullable: the rows already there hold a value the log cannot carry as a nullable column; add it NOT NULL with the default, or nullable without a default (then UPDATE it, which the log carries)",
+                        "column {} was added with a volatile default (or the table was rewritten since): the rows already there hold values the log cannot carry; add it without a default (nullable, then UPDATE it, which the log carries)",
                         c.name
                     )))
                 }
@@ -1319,11 +1334,13 @@ mod tests {
                     name: "id".into(),
                     ty: PgType::Int4,
                     nullable: false,
+                    null_last: false,
                 },
                 PgColumn {
                     name: "s".into(),
                     ty: PgType::Text,
                     nullable: true,
+                    null_last: false,
                 },
             ],
             key: vec![0],

@@ -48,6 +48,10 @@ pub struct CopySpec {
     pub partitions: u32,
     pub topic: String,
     pub copy_connections: usize,
+    /// The capture's snapshot folder, beside whose manifest the log's schema versions are: a copy
+    /// writes each table's union branches as the newest version has them
+    /// ([`super::types::PgColumn::null_last`]).
+    pub dir: PathBuf,
 }
 
 /// What a copy wrote into its folder.
@@ -203,7 +207,7 @@ impl CopySpec {
         let mut tables = Vec::new();
         let mut total = 0;
         let mut session = pg::SnapshotSession::open(&self.url, snapshot_name)?;
-        for t in &self.tables {
+        for (i, t) in self.tables.iter().enumerate() {
             let dir = if self.several() {
                 folder.join(&t.table.table)
             } else {
@@ -212,11 +216,31 @@ impl CopySpec {
             // The table as the snapshot has it: columns added since the capture started are
             // copied (the log's version in force at the snapshot's epoch must have them: checked
             // at publication, [`in_force`]); any other change is the stream's to refuse.
-            let at = session.info(&t.table)?;
+            let mut at = session.info(&t.table)?;
+            // A nullable column added with a default is written `[T, "null"]`, as its version.
+            let newest = super::session::schema_in_force(
+                &self.dir,
+                i,
+                self.several().then_some(t.table.table.as_str()),
+                Epoch(u64::MAX),
+                &t.schema.json.to_string(),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let nulls_last = super::types::nulls_last(&serde_json::from_str(&newest)?);
+            super::types::order_nulls(&mut at.encoder.columns, &nulls_last);
             let n = t.columns.len();
-            let schema = if at.encoder.columns == t.columns {
+            // The columns the capture started with, whatever their union's order now.
+            let started_with = |now: &[PgColumn]| {
+                now.len() == n
+                    && now
+                        .iter()
+                        .zip(&t.columns)
+                        .all(|(a, b)| (&a.name, &a.ty, a.nullable) == (&b.name, &b.ty, b.nullable))
+            };
+            let at_columns = &at.encoder.columns;
+            let schema = if at_columns == &t.columns {
                 t.schema.clone()
-            } else if at.encoder.columns.len() > n && at.encoder.columns[..n] == t.columns[..] {
+            } else if at_columns.len() >= n && started_with(&at_columns[..n]) {
                 let json = super::types::row_schema(&t.table.to_string(), &at.encoder.columns);
                 TableSchema::parse(&json.to_string(), &t.schema.primary_key)?
             } else {
@@ -226,11 +250,15 @@ impl CopySpec {
                 );
             };
             let mut writer = SortedWriter::new(&dir, &schema, self.vnode_count)?;
-            let (info, now_ms, rows) =
-                session.copy(&t.table, self.copy_connections, |datum, key| {
+            let (info, now_ms, rows) = session.copy(
+                &t.table,
+                self.copy_connections,
+                &nulls_last,
+                |datum, key| {
                     writer.add(vnode_of(key, self.vnode_count), key, datum)?;
                     Ok(())
-                })?;
+                },
+            )?;
             if info.encoder.columns != at.encoder.columns {
                 bail!(
                     "the columns of {} differ within one snapshot (read {:?}, copied {:?})",

@@ -134,16 +134,53 @@ pub struct PgColumn {
     pub name: String,
     pub ty: PgType,
     pub nullable: bool,
+    /// A nullable column added with a default: its union is `[T, "null"]`, whose first branch
+    /// holds the default the rows already there take (an Avro union's default is its first
+    /// branch's), not `["null", T]`. Set from the row schema in force ([`order_nulls`]), never
+    /// from the catalog alone.
+    pub null_last: bool,
 }
 
 /// A captured table's row schema (Avro JSON) for its columns, in column order.
 pub fn row_schema(table: &str, columns: &[PgColumn]) -> serde_json::Value {
-    record_schema(
+    let mut schema = record_schema(
         table,
         columns
             .iter()
             .map(|c| (c.name.as_str(), c.ty.avro(), c.nullable)),
-    )
+    );
+    if let Some(fields) = schema["fields"].as_array_mut() {
+        for (f, c) in fields.iter_mut().zip(columns) {
+            if c.nullable && c.null_last {
+                *f = json!({"name": c.name, "type": [c.ty.avro(), "null"]});
+            }
+        }
+    }
+    schema
+}
+
+/// The fields of `row_schema` whose union puts null last (`[T, "null"]`).
+pub fn nulls_last(row_schema: &serde_json::Value) -> Vec<String> {
+    row_schema["fields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| {
+            f["type"]
+                .as_array()
+                .is_some_and(|u| u.len() == 2 && u[1] == "null" && u[0] != "null")
+        })
+        .filter_map(|f| f["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Marks the nullable columns named in `nulls_last` (of the row schema in force,
+/// [`nulls_last`]) as written `[T, "null"]`, the others `["null", T]`: the encoder then writes
+/// each union branch as the schema in force declares it.
+pub fn order_nulls(columns: &mut [PgColumn], nulls_last: &[String]) {
+    for c in columns {
+        c.null_last = c.nullable && nulls_last.contains(&c.name);
+    }
 }
 
 /// The row schema of `table` for its fields (name, Avro type, nullable), in column order: the one
@@ -237,11 +274,18 @@ impl RowEncoder {
         }
         encode_fields(self.columns.len(), &self.key, |i, datum| {
             let c = &self.columns[i];
-            put_field(datum, &c.name, c.nullable, values[i], |text, datum| {
-                encode_value(&c.ty, text, datum).with_context(|| {
-                    format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text))
-                })
-            })
+            put_field_in(
+                datum,
+                &c.name,
+                c.nullable,
+                c.null_last,
+                values[i],
+                |text, datum| {
+                    encode_value(&c.ty, text, datum).with_context(|| {
+                        format!("column {} ({:?}) value {:?}", c.name, c.ty, cut(text))
+                    })
+                },
+            )
         })
     }
 }
@@ -278,15 +322,29 @@ pub(crate) fn put_field<V>(
     value: Option<V>,
     encode: impl FnOnce(V, &mut Vec<u8>) -> Result<()>,
 ) -> Result<()> {
+    put_field_in(datum, column, nullable, false, value, encode)
+}
+
+/// [`put_field`] of a column whose union may put null last (`[T, "null"]`: 0 then the value,
+/// 1 for NULL; [`PgColumn::null_last`]).
+pub(crate) fn put_field_in<V>(
+    datum: &mut Vec<u8>,
+    column: &str,
+    nullable: bool,
+    null_last: bool,
+    value: Option<V>,
+    encode: impl FnOnce(V, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let (null, some) = if null_last { (1, 0) } else { (0, 1) };
     match value {
         None if nullable => {
-            put_long(datum, 0);
+            put_long(datum, null);
             Ok(())
         }
         None => bail!("column {column} is NULL but NOT NULL"),
         Some(v) => {
             if nullable {
-                put_long(datum, 1);
+                put_long(datum, some);
             }
             encode(v, datum)
         }
@@ -577,6 +635,7 @@ mod tests {
             name: name.into(),
             ty,
             nullable,
+            null_last: false,
         }
     }
 
@@ -717,5 +776,67 @@ mod tests {
             ),
             "-123456789012345678901234567890"
         );
+    }
+
+    /// A nullable column added with a default: `[T, "null"]` with the default in the first
+    /// branch, which apache-avro accepts and decodes the encoder's branches by, and which
+    /// [`nulls_last`] finds again (what a restart and a copy order their encoders by).
+    #[test]
+    fn a_nullable_column_with_a_default_puts_null_last() {
+        let mut flag = col("flag", PgType::Int4, true);
+        flag.null_last = true;
+        let columns = vec![
+            col("id", PgType::Int4, false),
+            flag,
+            col("n", PgType::Text, true),
+        ];
+        let mut schema = row_schema("public.t", &columns);
+        with_defaults(&mut schema, &[("flag".into(), json!(3))]);
+        assert_eq!(
+            schema["fields"][1],
+            json!({"name": "flag", "type": ["int", "null"], "default": 3})
+        );
+        assert_eq!(nulls_last(&schema), ["flag"]);
+        let avro = apache_avro::Schema::parse(&schema).unwrap();
+        let encoder = RowEncoder {
+            columns: columns.clone(),
+            key: vec![0],
+        };
+        use apache_avro::types::Value;
+        for (values, want) in [
+            (
+                [Some("1"), Some("5"), None],
+                [
+                    Value::Union(0, Box::new(Value::Int(5))),
+                    Value::Union(0, Box::new(Value::Null)),
+                ],
+            ),
+            (
+                [Some("2"), None, Some("x")],
+                [
+                    Value::Union(1, Box::new(Value::Null)),
+                    Value::Union(1, Box::new(Value::String("x".into()))),
+                ],
+            ),
+        ] {
+            let (datum, _) = encoder.encode(&values).unwrap();
+            let Value::Record(fields) =
+                apache_avro::from_avro_datum(&avro, &mut &datum[..], None).unwrap()
+            else {
+                panic!("not a record");
+            };
+            assert_eq!(
+                [fields[1].1.clone(), fields[2].1.clone()],
+                want,
+                "{values:?}"
+            );
+        }
+        // A catalog's columns take their order from the schema in force.
+        let mut catalog = vec![
+            col("id", PgType::Int4, false),
+            col("flag", PgType::Int4, true),
+        ];
+        order_nulls(&mut catalog, &nulls_last(&schema));
+        assert!(!catalog[0].null_last && catalog[1].null_last);
     }
 }

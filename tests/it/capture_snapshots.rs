@@ -781,7 +781,8 @@ fn a_kill_9_of_a_runner_restoring_from_kafka_leaves_nothing_visible_and_the_rest
 /// A column added while a job reads a later snapshot (file storage, one shared folder): the job
 /// follows the new version, which the capture announces beside its first snapshot; the capture's
 /// next snapshot, taken without a restart, copies the new column, and a job created then reads
-/// it; both equal the source.
+/// it; both equal the source. A nullable column added with a default too: the copy writes its
+/// union as its version declares it (`[int, "null"]`).
 #[test]
 fn a_column_added_after_a_later_snapshot_reaches_its_job_and_the_next_snapshot_copies_it() {
     let _serial = serial();
@@ -796,6 +797,17 @@ fn a_column_added_after_a_later_snapshot_reaches_its_job_and_the_next_snapshot_c
     run.wait_for("partitions assigned", MIN);
     wait_child(&mut bench, MIN);
     add_a_note_column(&source, &mut capture);
+    // And a nullable column with a default: its version's union is `[int, "null"]`, the default
+    // in the first branch, which the next snapshot's copy writes too.
+    psql(
+        &source.url,
+        "ALTER TABLE pgbench_accounts ADD COLUMN flag int DEFAULT 3",
+    );
+    psql(
+        &source.url,
+        "UPDATE pgbench_accounts SET flag = NULL WHERE aid % 13 = 0",
+    );
+    capture.wait_for_count("schema version announced", 2, MIN);
     let report = verify_job_eventually(&late, None, MIN);
     assert!(report.contains("10000 rows compared"), "{report}");
     let said = snapshot_command(&f, 60);
@@ -806,6 +818,17 @@ fn a_column_added_after_a_later_snapshot_reaches_its_job_and_the_next_snapshot_c
     assert!(
         newest["row_schema"].to_string().contains("\"note\""),
         "the snapshot after the column was added copies it: {newest}"
+    );
+    let flag = newest["row_schema"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "flag")
+        .cloned();
+    assert_eq!(
+        flag,
+        Some(serde_json::json!({"name": "flag", "type": ["int", "null"], "default": 3})),
+        "{newest}"
     );
     psql(
         &source.url,
