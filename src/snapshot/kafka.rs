@@ -177,8 +177,8 @@ pub fn store(props: &BTreeMap<String, String>, folder: &Path, topic: &str) -> Re
     let complete = serde_json::to_vec(&Complete { files: listed })?;
     crate::kafka::send_waiting(&producer, topic, 0, COMPLETE.as_bytes(), &complete)
         .with_context(|| format!("completing {topic}"))?;
-    producer
-        .flush(STALL)
+    // The prompt flush: rdkafka's own polls in 100 ms steps to their end.
+    crate::kafka::flush::flush(&producer, STALL)
         .with_context(|| format!("waiting for {topic}'s acknowledgements"))?;
     let ctx = producer.context();
     if ctx.failed.load(Ordering::Relaxed) > 0 {
@@ -427,8 +427,7 @@ pub fn store_version(
     let value = serde_json::to_vec(file)?;
     crate::kafka::send_waiting(&producer, &topic, 0, fingerprint_hex.as_bytes(), &value)
         .with_context(|| format!("writing a schema version to {topic}"))?;
-    producer
-        .flush(STALL)
+    crate::kafka::flush::flush(&producer, STALL)
         .with_context(|| format!("waiting for {topic}'s acknowledgement"))?;
     if let Some(e) = producer.context().first_error.lock().unwrap().clone() {
         bail!("writing a schema version to {topic}: {e}");
