@@ -34,7 +34,7 @@ pub fn read_source_table(
     nulls_last: &[String],
 ) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     if mariadb::is_mariadb_url(url) {
-        mariadb::read_table(url, table)
+        mariadb::read_table(url, table, nulls_last)
     } else {
         pg::read_table(url, table, nulls_last)
     }

@@ -312,21 +312,10 @@ pub(crate) fn encode_fields(
     Ok((datum, out))
 }
 
-/// One field of a row datum: a nullable column's union branch (0 for NULL, 1 then the value),
-/// the value encoded by `encode`; a NULL in a NOT NULL column is an error naming `column`. Both
-/// sources' encoders write their fields through here.
-pub(crate) fn put_field<V>(
-    datum: &mut Vec<u8>,
-    column: &str,
-    nullable: bool,
-    value: Option<V>,
-    encode: impl FnOnce(V, &mut Vec<u8>) -> Result<()>,
-) -> Result<()> {
-    put_field_in(datum, column, nullable, false, value, encode)
-}
-
-/// [`put_field`] of a column whose union may put null last (`[T, "null"]`: 0 then the value,
-/// 1 for NULL; [`PgColumn::null_last`]).
+/// One field of a row datum: a nullable column's union branch (`["null", T]`: 0 for NULL, 1 then
+/// the value; `[T, "null"]` when `null_last`, [`PgColumn::null_last`]: 0 then the value, 1 for
+/// NULL), the value encoded by `encode`; a NULL in a NOT NULL column is an error naming `column`.
+/// Both sources' encoders write their fields through here.
 pub(crate) fn put_field_in<V>(
     datum: &mut Vec<u8>,
     column: &str,

@@ -225,8 +225,9 @@ fn mariadb_types_key_moves_a_rotation_and_a_kill_9_stay_exact() {
 /// binlog, followed by reading the catalog), and the job of one of them passes over the other's
 /// changes and versions; a statement that leaves the columns as they were (an index) changes nothing; a
 /// `kill -9` between two versions resumes with the one in force; the replica ends equal to the
-/// source with the new columns; a column added with a default stops the capture naming it, and
-/// its restart stops for the same reason.
+/// source with the new columns; a nullable column added with a literal default is a version whose
+/// union holds the default (across a kill -9), and one with an expression as its default stops the
+/// capture naming it, and its restart stops for the same reason.
 #[test]
 fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     let _serial = serial();
@@ -267,15 +268,7 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     // Across a restart past both statements: the version in force declares the defaults the
     // catalog's mapping lacks. (A restart before them reads the catalog with both at the first:
     // its rows then have fewer columns, which stops the capture; docs/CAPTURE.md.)
-    let committed = capture
-        .log_text()
-        .matches("capture checkpoint committed")
-        .count();
-    capture.wait_for_count("capture checkpoint committed", committed + 3, MIN);
-    capture.signal("KILL");
-    capture.wait_exit(MIN);
-    let mut capture = spawn_capture(&f, "c2b");
-    capture.wait_for("capture checkpoint committed", MIN);
+    let capture = killed_after_commits(&f, capture, 3, "c2b");
     assert_exact(&f, 1001, MIN);
     let log = f.check_log();
     // t's three, u's two.
@@ -295,13 +288,35 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
         1001 - 1000 / 11,
         "older rows hold the defaults"
     );
-    // A column with a default: the rows already there hold a value the log cannot carry.
+    // A nullable column with a literal default: its version's union is `[int, "null"]`, the
+    // default in the first branch, so the older rows take it; NULLs and other values after it,
+    // across a kill -9, follow.
     sql(
         &db.name,
-        "ALTER TABLE t ADD COLUMN flag int DEFAULT 1; UPDATE t SET v = 2 WHERE id = 1",
+        "ALTER TABLE t ADD COLUMN flag int DEFAULT 1; UPDATE t SET flag = NULL WHERE id % 5 = 0",
+    );
+    crate::schema_changes_e2e::wait_for_versions(&f, &capture, 5);
+    let mut capture = killed_after_commits(&f, capture, 2, "c2c");
+    sql(&db.name, "UPDATE t SET flag = 2 WHERE id % 3 = 0");
+    assert_exact(&f, 1001, MIN);
+    let flags: Vec<Vec<i64>> = f.sql(
+        "SELECT count(*) FILTER (WHERE flag = 1), count(*) FILTER (WHERE flag IS NULL), count(*) FILTER (WHERE flag = 2) FROM accounts",
+    );
+    // Rows 1..=1000 and 5000 (a multiple of 5).
+    let threes = 1000 / 3;
+    let fives_not_threes = 1000 / 5 - 1000 / 15 + 1;
+    assert_eq!(
+        flags[0],
+        [1001 - threes - fives_not_threes, fives_not_threes, threes],
+        "older rows hold the default"
+    );
+    // A default that is an expression: the rows already there hold its value at the ALTER.
+    sql(
+        &db.name,
+        "ALTER TABLE t ADD COLUMN seen datetime DEFAULT current_timestamp(); UPDATE t SET v = 2 WHERE id = 1",
     );
     assert!(!capture.wait_exit(MIN).success());
-    let reason = "column flag was added with a default but nullable";
+    let reason = "column seen was added with the default current_timestamp(), an expression";
     assert!(
         capture.log_text().contains(reason),
         "{}",
@@ -316,6 +331,21 @@ fn mariadb_columns_added_are_schema_versions_and_a_default_stops_the_capture() {
     );
     run.signal("TERM");
     run.wait_exit(MIN);
+}
+
+/// `capture` killed with `kill -9` once it has committed `commits` more checkpoints, and started
+/// again as `prefix`; returned once the new one has committed.
+fn killed_after_commits(f: &Fixture, mut capture: Runner, commits: usize, prefix: &str) -> Runner {
+    let committed = capture
+        .log_text()
+        .matches("capture checkpoint committed")
+        .count();
+    capture.wait_for_count("capture checkpoint committed", committed + commits, MIN);
+    capture.signal("KILL");
+    capture.wait_exit(MIN);
+    let mut capture = spawn_capture(f, prefix);
+    capture.wait_for("capture checkpoint committed", MIN);
+    capture
 }
 
 /// The server's `binlog_row_metadata` set for one test and put back when it ends.
@@ -521,7 +551,7 @@ fn mariadb_refusals_name_the_fix() {
     assert!(
         again
             .log_text()
-            .contains("only columns added at the end, nullable without a default, are followed"),
+            .contains("only columns added at the end are followed"),
         "{}",
         tail(&again.log_text())
     );

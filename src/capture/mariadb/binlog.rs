@@ -281,7 +281,8 @@ fn values(row: mysql::binlog::row::BinlogRow) -> Result<Vec<Value>, String> {
 impl Reader {
     /// A statement named captured table `index`: the table's columns as the catalog has them now
     /// against the capture's. The same columns are no change (`None`); columns added at the end,
-    /// each nullable without a default, are a new schema version of the table (its
+    /// each nullable without a default or with a literal one (`NOT NULL` or not), are a new
+    /// schema version of the table (its
     /// event, and the reader's mapping moves to the new columns); anything else is the reason
     /// the capture stops (docs/CAPTURE.md, "MariaDB"). The catalog is read after the statement:
     /// if the table changed again since, a later row's column count differs and stops the
@@ -289,8 +290,13 @@ impl Reader {
     fn columns_added(&mut self, index: usize) -> Result<Option<SourceEvent>, String> {
         let t = &self.tables[index];
         let mut conn = super::connect(&self.url).map_err(|e| crate::error::line(&e))?;
-        let now = super::table_info(&mut conn, &t.database, &t.name)
+        let mut now = super::table_info(&mut conn, &t.database, &t.name)
             .map_err(|e| crate::error::line(&e))?;
+        // The columns already captured keep their unions' order; a new one is `[T, "null"]`
+        // when it was added nullable with a default (below).
+        for (c, was) in now.encoder.columns.iter_mut().zip(&t.encoder.columns) {
+            c.null_last = was.null_last;
+        }
         let names = |t: &MyTable| -> Vec<String> {
             t.encoder.columns.iter().map(|c| c.name.clone()).collect()
         };
@@ -314,9 +320,9 @@ impl Reader {
                 "its columns are now {theirs:?}, captured {ours:?}: {why} (nothing after the last checkpoint is committed; capture into a new topic)"
             ));
         }
-        // The value a NOT NULL column added with a literal default holds in the rows already there.
+        // The value a column added with a literal default holds in the rows already there.
         let mut defaults: Vec<(String, serde_json::Value)> = Vec::new();
-        for c in &now.encoder.columns[n..] {
+        for c in &mut now.encoder.columns[n..] {
             let default: Option<Option<String>> = conn
                 .exec_first(
                     "SELECT COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
@@ -329,7 +335,7 @@ impl Reader {
                 .is_some_and(|d| d.starts_with('\'') || d.parse::<f64>().is_ok());
             match (c.nullable, &default) {
                 (true, None) => {}
-                (false, Some(_)) if literal => {
+                (_, Some(_)) if literal => {
                     let column = format!("`{}`", c.name.replace('`', "``"));
                     let select = format!(
                         "SELECT {} FROM {} LIMIT 1",
@@ -341,7 +347,7 @@ impl Reader {
                         .map_err(|e| format!("reading column {}'s default: {e}", c.name))?;
                     let Some(value) = value else {
                         return Err(format!(
-                            "column {} was added NOT NULL with a default to an empty table: add it nullable without a default (then UPDATE it, which the log carries)",
+                            "column {} was added with a default to an empty table: add it nullable without a default (then UPDATE it, which the log carries)",
                             c.name
                         ));
                     };
@@ -349,21 +355,17 @@ impl Reader {
                         .map_err(|e| format!("column {}'s default: {e:#}", c.name))?
                         .ok_or_else(|| {
                             format!(
-                                "column {} was added NOT NULL with a default of a type whose value the log does not carry yet (binary, decimal): add it nullable without a default (then UPDATE it, which the log carries)",
+                                "column {} was added with a default of a type whose value the log does not carry yet (binary, decimal): add it nullable without a default (then UPDATE it, which the log carries)",
                                 c.name
                             )
                         })?;
+                    // A nullable column's union holds the default in its first branch.
+                    c.null_last = c.nullable;
                     defaults.push((c.name.clone(), json));
                 }
-                (false, Some(d)) => {
+                (_, Some(d)) => {
                     return Err(format!(
-                        "column {} was added NOT NULL with the default {d}, an expression: the rows already there hold its value at the ALTER, which the catalog does not keep; add it nullable without a default (then UPDATE it, which the log carries)",
-                        c.name
-                    ))
-                }
-                (true, Some(_)) => {
-                    return Err(format!(
-                        "column {} was added with a default but nullable: the rows already there hold a value the log cannot carry as a nullable column; add it NOT NULL with the default, or nullable without a default (then UPDATE it, which the log carries)",
+                        "column {} was added with the default {d}, an expression: the rows already there hold its value at the ALTER, which the catalog does not keep; add it nullable without a default (then UPDATE it, which the log carries)",
                         c.name
                     ))
                 }

@@ -85,6 +85,7 @@ pub(in crate::capture) fn run(
         schemas: schemas.clone(),
         vnode_count: map.vnode_count(),
         base,
+        dir: dir.to_path_buf(),
     };
     let shape = LogShape {
         tables: names.to_vec(),
@@ -307,14 +308,17 @@ fn in_force(s: &Setup, i: usize, epoch: Epoch) -> Result<(MyTable, TableSchema),
         .map_err(|e| CaptureFailure::permanent(e.to_string()))?;
     let n = table.columns.len();
     let catalog = &t.encoder.columns;
-    let prefix = &catalog[..n.min(catalog.len())];
     let then: serde_json::Value = serde_json::from_str(&schema)
         .map_err(|e| CaptureFailure::permanent(format!("the row schema in force: {e}")))?;
-    // A NOT NULL column added with a default declares it in the version (the value the rows
-    // already there hold); the catalog's mapping has no defaults.
+    // Each union written as the version in force has it (null last: a column added with a default).
+    let mut prefix = catalog[..n.min(catalog.len())].to_vec();
+    super::types::order_nulls(&mut prefix, &crate::capture::types::nulls_last(&then));
+    let prefix = &prefix[..];
+    // A column added with a default declares it in the version (the value the rows already
+    // there hold); the catalog's mapping has no defaults.
     let required_defaults_out = |mut schema: serde_json::Value| {
         if let Some(fields) = schema["fields"].as_array_mut() {
-            for f in fields.iter_mut().filter(|f| !f["type"].is_array()) {
+            for f in fields.iter_mut().filter(|f| f["type"][0] != "null") {
                 if let Some(o) = f.as_object_mut() {
                     o.remove("default");
                 }
@@ -326,7 +330,7 @@ fn in_force(s: &Setup, i: usize, epoch: Epoch) -> Result<(MyTable, TableSchema),
         || row_schema(&t.name.to_string(), prefix) != required_defaults_out(then.clone())
     {
         return Err(CaptureFailure::permanent(format!(
-            "the columns of {} are now {}, the log's row schema at epoch {epoch} is {then}: only columns added at the end, nullable without a default, are followed; capture into a new topic",
+            "the columns of {} are now {}, the log's row schema at epoch {epoch} is {then}: only columns added at the end are followed; capture into a new topic",
             t.quoted(),
             row_schema(&t.name.to_string(), catalog)
         )));

@@ -231,6 +231,7 @@ pub fn table_info(conn: &mut mysql::Conn, database: &str, table: &TableName) -> 
             name,
             ty,
             nullable: nullable == "YES",
+            null_last: false,
         });
     }
     let key_names: Vec<String> = conn.exec(
@@ -383,9 +384,14 @@ impl Opened {
 }
 
 /// The table as it is now, encoded by the capture's mapping: key bytes → row datum (for `verify`).
-pub fn read_table(url: &str, table: &TableName) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+pub fn read_table(
+    url: &str,
+    table: &TableName,
+    nulls_last: &[String],
+) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
     let mut opened = Opened::open(url)?;
-    let t = opened.table(&database_of(table, url), table)?;
+    let mut t = opened.table(&database_of(table, url), table)?;
+    types::order_nulls(&mut t.encoder.columns, nulls_last);
     let mut rows = BTreeMap::new();
     opened.read(&t, |datum, key| {
         rows.insert(key.to_vec(), datum.to_vec());

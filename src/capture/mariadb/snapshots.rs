@@ -29,10 +29,19 @@ pub struct MyExporter {
     pub vnode_count: u32,
     /// The binlog's base name (`mariadb-bin`), for positions in logs.
     pub base: String,
+    /// The capture's snapshot folder, beside whose manifest the log's schema versions are: a copy
+    /// writes each union as the newest version has it ([`super::types::MyColumn::null_last`]).
+    pub dir: std::path::PathBuf,
 }
 
 impl Exporter for MyExporter {
     fn export(&mut self) -> Result<Exported> {
+        let several = self.tables.len() > 1;
+        let mut nulls_last = Vec::new();
+        for (i, t) in self.tables.iter().enumerate() {
+            let name = several.then_some(t.name.table.as_str());
+            nulls_last.push(crate::capture::nulls_last_of(&self.dir, name, i == 0)?);
+        }
         let opened = Opened::open(&self.url)?;
         let (tables, schemas, vnodes) =
             (self.tables.clone(), self.schemas.clone(), self.vnode_count);
@@ -40,7 +49,14 @@ impl Exporter for MyExporter {
             point: opened.lsn,
             side: None,
             copy: Box::new(move |folder: &Path| {
-                copy(opened, &tables, &schemas, vnodes, folder, Columns::Appended)
+                copy(
+                    opened,
+                    &tables,
+                    &schemas,
+                    vnodes,
+                    folder,
+                    Columns::Appended(nulls_last),
+                )
             }),
         })
     }
@@ -51,15 +67,16 @@ impl Exporter for MyExporter {
 }
 
 /// Which columns a copy takes.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Columns {
     /// Exactly the captured ones (the first snapshot: a table changed since the catalog was read
     /// fails it with [`super::ColumnsMoved`], and the capture reads the catalog again).
     AsCaptured,
     /// Columns added at the end since the capture started too (a later snapshot: the log's version
     /// in force at its epoch must have them, checked at publication); any other change of a table
-    /// fails the snapshot (the stream stops on it).
-    Appended,
+    /// fails the snapshot (the stream stops on it). Per table, the nullable columns the newest
+    /// version writes `[T, "null"]`.
+    Appended(Vec<Vec<String>>),
 }
 
 /// Copies every table in `opened` into sorted per-vnode files in `folder` (several tables: a
@@ -75,18 +92,26 @@ pub fn copy(
     let several = tables.len() > 1;
     let mut copied = Vec::new();
     let mut total = 0;
-    for (t, schema) in tables.iter().zip(schemas) {
-        let at = opened.table(&t.database, &t.name)?;
+    for (i, (t, schema)) in tables.iter().zip(schemas).enumerate() {
+        let mut at = opened.table(&t.database, &t.name)?;
+        if let Columns::Appended(nulls_last) = &columns {
+            super::types::order_nulls(&mut at.encoder.columns, &nulls_last[i]);
+        }
         let n = t.encoder.columns.len();
         let now = &at.encoder.columns;
+        // The columns the capture started with, whatever their union's order now.
+        let started_with = |now: &[super::types::MyColumn]| {
+            now.len() == n
+                && now
+                    .iter()
+                    .zip(&t.encoder.columns)
+                    .all(|(a, b)| (&a.name, &a.ty, a.nullable) == (&b.name, &b.ty, b.nullable))
+        };
         let schema = if at.encoder == t.encoder {
             schema.clone()
         } else if columns == Columns::AsCaptured {
             return Err(ColumnsMoved { table: t.quoted() }.into());
-        } else if now.len() > n
-            && now[..n] == t.encoder.columns[..]
-            && at.encoder.key == t.encoder.key
-        {
+        } else if now.len() >= n && started_with(&now[..n]) && at.encoder.key == t.encoder.key {
             let json = row_schema(&t.name.to_string(), now);
             TableSchema::parse(&json.to_string(), &t.primary_key)?
         } else {

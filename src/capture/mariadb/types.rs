@@ -27,7 +27,9 @@ use anyhow::{bail, Context, Result};
 use mysql::Value;
 use serde_json::json;
 
-use crate::capture::types::{days_from_civil, decimal_bytes, encode_fields, put_bytes, put_field};
+use crate::capture::types::{
+    days_from_civil, decimal_bytes, encode_fields, put_bytes, put_field_in,
+};
 use crate::codec::varint::put_long;
 
 /// A column's MariaDB type, as far as the mapping knows it.
@@ -199,16 +201,35 @@ pub struct MyColumn {
     pub name: String,
     pub ty: MyType,
     pub nullable: bool,
+    /// A nullable column added with a default: its union is `[T, "null"]`, as PostgreSQL's
+    /// (`crate::capture::types::PgColumn::null_last`). Set from the row schema in force.
+    pub null_last: bool,
 }
 
 /// A captured table's row schema (Avro JSON) for its columns, in column order.
 pub fn row_schema(table: &str, columns: &[MyColumn]) -> serde_json::Value {
-    crate::capture::types::record_schema(
+    let mut schema = crate::capture::types::record_schema(
         table,
         columns
             .iter()
             .map(|c| (c.name.as_str(), c.ty.avro(), c.nullable)),
-    )
+    );
+    if let Some(fields) = schema["fields"].as_array_mut() {
+        for (f, c) in fields.iter_mut().zip(columns) {
+            if c.nullable && c.null_last {
+                *f = serde_json::json!({"name": c.name, "type": [c.ty.avro(), "null"]});
+            }
+        }
+    }
+    schema
+}
+
+/// Marks the nullable columns named in `nulls_last` as written `[T, "null"]`
+/// ([`crate::capture::types::nulls_last`] of the row schema in force), the others `["null", T]`.
+pub fn order_nulls(columns: &mut [MyColumn], nulls_last: &[String]) {
+    for c in columns {
+        c.null_last = c.nullable && nulls_last.contains(&c.name);
+    }
 }
 
 /// Encodes rows of one table: server values in, row datum and key bytes out.
@@ -232,10 +253,17 @@ impl MyEncoder {
         encode_fields(self.columns.len(), &self.key, |i, datum| {
             let (c, v) = (&self.columns[i], &values[i]);
             let value = (*v != Value::NULL).then_some(v);
-            put_field(datum, &c.name, c.nullable, value, |v, datum| {
-                encode_value(&c.ty, v, datum)
-                    .with_context(|| format!("column {} ({:?}) value {v:?}", c.name, c.ty))
-            })
+            put_field_in(
+                datum,
+                &c.name,
+                c.nullable,
+                c.null_last,
+                value,
+                |v, datum| {
+                    encode_value(&c.ty, v, datum)
+                        .with_context(|| format!("column {} ({:?}) value {v:?}", c.name, c.ty))
+                },
+            )
         })
     }
 }
@@ -422,6 +450,7 @@ mod tests {
                 name: "c".into(),
                 ty,
                 nullable: false,
+                null_last: false,
             }],
             key: vec![0],
         };
