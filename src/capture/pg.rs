@@ -218,13 +218,24 @@ pub fn ensure_publication(
             bail!("{}", unpublished_fix(publication, &table));
         }
         // The capture's own publication (`kb_<job>`): a table added to `tables` joins it.
-        client.batch_execute(&format!(
-            "ALTER PUBLICATION {} ADD TABLE {}",
-            quote_ident(publication),
-            table.sql()
-        ))?;
+        alter_publication(client, publication, "ADD", &table)?;
         tracing::info!(%publication, %table, "table added to the capture's publication");
     }
+    Ok(())
+}
+
+/// `ALTER PUBLICATION publication ADD|DROP TABLE table`.
+fn alter_publication(
+    client: &mut postgres::Client,
+    publication: &str,
+    verb: &str,
+    table: &TableName,
+) -> Result<()> {
+    client.batch_execute(&format!(
+        "ALTER PUBLICATION {} {verb} TABLE {}",
+        quote_ident(publication),
+        table.sql()
+    ))?;
     Ok(())
 }
 
@@ -238,11 +249,7 @@ pub fn unpublish(
 ) -> Result<()> {
     let lacking = unpublished(client, publication, tables)?.unwrap_or_default();
     for table in tables.iter().filter(|t| !lacking.contains(t)) {
-        client.batch_execute(&format!(
-            "ALTER PUBLICATION {} DROP TABLE {}",
-            quote_ident(publication),
-            table.sql()
-        ))?;
+        alter_publication(client, publication, "DROP", table)?;
         tracing::info!(%publication, %table, "table removed from the capture's publication");
     }
     Ok(())

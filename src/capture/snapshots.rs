@@ -218,15 +218,8 @@ impl CopySpec {
             // at publication, [`in_force`]); any other change is the stream's to refuse.
             let mut at = session.info(&t.table)?;
             // A nullable column added with a default is written `[T, "null"]`, as its version.
-            let newest = super::session::schema_in_force(
-                &self.dir,
-                i,
-                self.several().then_some(t.table.table.as_str()),
-                Epoch(u64::MAX),
-                &t.schema.json.to_string(),
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let nulls_last = super::types::nulls_last(&serde_json::from_str(&newest)?);
+            let name = self.several().then_some(t.table.table.as_str());
+            let nulls_last = super::nulls_last_of(&self.dir, name, i == 0)?;
             super::types::order_nulls(&mut at.encoder.columns, &nulls_last);
             let n = t.columns.len();
             // The columns the capture started with, whatever their union's order now.
