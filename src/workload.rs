@@ -441,6 +441,7 @@ pub fn write_tables(
             topic: Some(topic.to_string()),
             tables: entries,
             start: start.iter().map(Into::into).collect(),
+            removed: Vec::new(),
         },
     )?;
     Ok(())

@@ -328,7 +328,7 @@ fn session(
                 return refuse(format!("the source is system {sys} timeline {tli}, the log was captured from system {} timeline {}: a restore or failover happened; capture into a new topic", record.system_id, record.timeline));
             }
             log.record = record.clone();
-            super::session::remove_tables(job, &mut log, &change.removed);
+            super::session::remove_tables(job, &mut log, on_demand, &change.removed);
             if s.owned && !log.record.removed.is_empty() {
                 log.after_next_commit = Some(unpublish_removed(s));
             }

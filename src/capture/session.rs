@@ -443,9 +443,16 @@ pub(in crate::capture) fn tables_now(
 
 /// The tables a capture no longer lists leave its log: named in the state record from the open
 /// epoch (committed with the session's first commit), the stream passing over their changes
-/// from then on because it no longer reads them.
-pub(in crate::capture) fn remove_tables(job: &JobConfig, log: &mut KafkaLog, removed: &[usize]) {
+/// from then on because it no longer reads them; the manifests of the next snapshots name every
+/// table removed so far.
+pub(in crate::capture) fn remove_tables(
+    job: &JobConfig,
+    log: &mut KafkaLog,
+    on_demand: &mut super::snapshots::OnDemand,
+    removed: &[usize],
+) {
     if removed.is_empty() {
+        on_demand.tables_removed(&log.record.removed);
         return;
     }
     let names: Vec<String> = removed
@@ -453,6 +460,7 @@ pub(in crate::capture) fn remove_tables(job: &JobConfig, log: &mut KafkaLog, rem
         .map(|&i| log.record.tables()[i].0.to_string())
         .collect();
     log.record.remove_tables(removed);
+    on_demand.tables_removed(&log.record.removed);
     let from_epoch = log.record.state.epoch;
     tracing::info!(job = %job.name, tables = %names.join(", "), %from_epoch, "tables removed from the capture: the log has none of their changes from this epoch on");
 }

@@ -25,8 +25,8 @@ use crate::codec::TableSchema;
 use crate::core::capture::{Assembler, Lsn};
 use crate::core::{vnode_of, Epoch};
 use crate::snapshot::files::{
-    write_manifest, write_tables_manifest, Manifest, ManifestStart, ManifestTable, SortedWriter,
-    TablesManifest,
+    write_manifest, write_tables_manifest, Manifest, ManifestRemoved, ManifestStart, ManifestTable,
+    SortedWriter, TablesManifest,
 };
 
 /// One captured table, as a copy needs it.
@@ -94,6 +94,9 @@ pub struct LogShape {
     pub vnode_count: u32,
     pub partitions: u32,
     pub topic: String,
+    /// The tables the capture removed (its state record's `removed`), which its manifests name
+    /// ([`OnDemand::tables_removed`]).
+    pub removed: Vec<ManifestRemoved>,
 }
 
 impl LogShape {
@@ -116,6 +119,7 @@ impl LogShape {
                 topic: Some(self.topic.clone()),
                 tables: copied.tables,
                 start,
+                removed: self.removed.clone(),
             })
         } else {
             let t = copied.tables.remove(0);
@@ -195,6 +199,7 @@ impl CopySpec {
             vnode_count: self.vnode_count,
             partitions: self.partitions,
             topic: self.topic.clone(),
+            removed: Vec::new(),
         }
     }
 
@@ -737,6 +742,23 @@ impl OnDemand {
     /// storage it announces versions on the state topic too); the snapshots in `record` answered
     /// the requests they name; a copy whose barrier did not commit is abandoned (the assembler that
     /// held its point is gone; a new snapshot has a new point).
+    /// The tables the capture removed (its state record's `removed`, as the session resumes
+    /// with it): the manifests of its next snapshots name them, so that a job of one is told why
+    /// its table is missing.
+    pub fn tables_removed(&mut self, removed: &[super::log::RemovedTable]) {
+        self.shape.removed = removed
+            .iter()
+            .map(|r| ManifestRemoved {
+                name: r
+                    .table
+                    .rsplit_once('.')
+                    .map_or(r.table.as_str(), |(_, t)| t)
+                    .to_string(),
+                from_epoch: r.from_epoch,
+            })
+            .collect();
+    }
+
     pub fn session_started(
         &mut self,
         log: &mut KafkaLog,

@@ -1069,6 +1069,14 @@ fn names_table(m: &serde_json::Value, table: &str) -> bool {
     }
 }
 
+/// Whether manifest `m` names table `table` as removed from its capture (docs/CAPTURE.md
+/// "Removing a table"): no later snapshot will hold it.
+fn names_removed(m: &serde_json::Value, table: &str) -> bool {
+    m["removed"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|t| t["name"].as_str() == Some(table)))
+}
+
 /// A job's table that may have joined its capture after the snapshots published so far
 /// (docs/CAPTURE.md "Adding a table"): where to look for the table's announcement and for a
 /// snapshot that holds it.
@@ -1181,6 +1189,19 @@ impl<'a> AddedTable<'a> {
         }))
     }
 
+    /// Whether the newest published snapshot in files names the table as removed from its capture:
+    /// nothing is to wait for, and opening that snapshot says why the table is missing. (With
+    /// Kafka storage a snapshot stored after the table joined is [`held`](Self::held), and its
+    /// manifest says the same.)
+    fn removed(&self) -> bool {
+        if self.in_kafka {
+            return false;
+        }
+        let newest = crate::snapshot::published::choose(self.dir, None)
+            .map_or_else(|| self.dir.to_path_buf(), |(_, folder)| folder);
+        read_manifest(&newest).is_some_and(|m| names_removed(&m, self.table))
+    }
+
     /// `Some(joined)` when the job must wait for a snapshot holding its table: no snapshot has it,
     /// and the log announces it (from `joined`) or a capture of this configuration lists it and
     /// has not announced it yet (`run --capture`: it does at its start; `joined` is `None`).
@@ -1189,7 +1210,7 @@ impl<'a> AddedTable<'a> {
         captured: &CapturedTables,
     ) -> Result<Option<Option<crate::core::Epoch>>> {
         let joined = self.joined_at()?;
-        if self.held(joined)? {
+        if self.held(joined)? || self.removed() {
             return Ok(None);
         }
         let listed = captured

@@ -37,11 +37,38 @@ pub struct Resynced {
     pub published_whole: bool,
 }
 
+/// Refuses, before anything is asked or moved, a resync of a job of a table its capture removed
+/// (docs/CAPTURE.md "Removing a table"): no new snapshot holds that table, so the job moved onto
+/// one could not open it. The job keeps its replica, as of the epoch the removal names.
+fn refuse_removed_tables(job: &JobConfig) -> Result<()> {
+    let mut tables: Vec<&str> = job.store.tables().keys().map(String::as_str).collect();
+    if let crate::config::SnapshotConfig::Files { table: Some(t), .. } = &job.snapshot {
+        tables.push(t);
+    }
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let props = crate::kafka::producer_properties(&job.kafka);
+    let record = crate::capture::log::read_capture_state(&props, &job.topic)
+        .with_context(|| format!("job {}: reading its capture's state record", job.name))?;
+    for (removed, from_epoch) in record.iter().flat_map(|r| r.removed()) {
+        let name = removed.rsplit_once('.').map_or(removed, |(_, t)| t);
+        if tables.contains(&name) {
+            bail!(
+                "job {}: its table {name} was removed from its capture at epoch {from_epoch} ({removed}; docs/CAPTURE.md \"Removing a table\"): no new snapshot holds it, so nothing was asked or moved; the job keeps its replica as of that epoch. Take the table out of the job",
+                job.name
+            );
+        }
+    }
+    Ok(())
+}
+
 /// How many times the move is tried again when a recreation of the job's own raced it.
 const ATTEMPTS: u32 = 3;
 
 /// Asks `job`'s capture for a snapshot, waits up to `within` for it, and moves the job onto it.
 pub fn resync(job: &JobConfig, within: Duration) -> Result<Resynced> {
+    refuse_removed_tables(job)?;
     if job.capture.is_none() {
         bail!(
             "job {}: no [jobs.capture] section: a resync reloads the replica from a new snapshot of the job's capture, and this job has none",

@@ -1954,6 +1954,50 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
     assert!(report.contains("1 rows compared"), "{report}");
     let log = check_log(&f);
     assert!(log.contains(" 0 violations"), "{log}");
+    // A job of the removed table is told so. `resync` refuses before asking for a snapshot or
+    // moving the job (which could not open a snapshot without its table); the job keeps its
+    // snapshot. A job of it created once a later snapshot is published fails at its start naming
+    // the removal, instead of waiting ten minutes for a snapshot holding the table.
+    let snapshot_epoch = |job: &str| -> i64 {
+        f.sql::<i64>(&format!(
+            "SELECT snapshot_epoch FROM kb_jobs WHERE job = '{job}'"
+        ))[0][0]
+    };
+    let before = snapshot_epoch(&tellers);
+    let resync = Command::new(BIN)
+        .args([
+            "resync",
+            "--within-secs",
+            "5",
+            "--job",
+            &tellers,
+            "--config",
+        ])
+        .arg(&f.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&resync.stderr);
+    assert!(!resync.status.success(), "{said}");
+    assert!(
+        said.contains("its table pgbench_tellers was removed from its capture at epoch")
+            && said.contains("nothing was asked or moved"),
+        "{said}"
+    );
+    assert_eq!(snapshot_epoch(&tellers), before);
+    super::capture_snapshots::snapshot_command(&f, 60);
+    let late = format!("{head}{}", job_of("pgbench_tellers", "tellers_late", 3));
+    let mut refused = spawn_run_of(&f, &late, "t3");
+    refused.wait_for(
+        "table pgbench_tellers was removed from its capture at epoch",
+        MIN,
+    );
+    assert!(
+        !refused.log_text().contains("waiting for a snapshot"),
+        "{}",
+        tail(&refused.log_text())
+    );
+    refused.signal("TERM");
+    refused.wait_exit(MIN);
     both.signal("TERM");
     assert!(both.wait_exit(MIN).success());
     stop_capture(&mut capture);

@@ -294,6 +294,22 @@ fn a_manifest_of_several_tables_is_read_table_by_table() {
         e.contains("no table tellers in the manifest (its tables: accounts_1, accounts_2)"),
         "{e}"
     );
+    // A table its capture removed is named as removed, with the epoch its changes stop at.
+    let mut removed = v.clone();
+    removed["removed"] = serde_json::json!([{"name": "tellers", "from_epoch": 77}]);
+    valid(&removed).unwrap();
+    let gone = dir("tables-removed");
+    written_two_tables(&gone);
+    write_json(&gone, &removed);
+    SnapshotFiles::open_table(&gone, Some("accounts_2")).unwrap();
+    let e = SnapshotFiles::open_table(&gone, Some("tellers"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("table tellers was removed from its capture at epoch 77"),
+        "{e}"
+    );
     // A one-table manifest's table is named by its row record.
     let one = dir("tables-one");
     written(&one);
@@ -333,6 +349,13 @@ fn several_tables_the_schema_refuses_the_reader_refuses() {
             "invalid manifest",
             Box::new(|v| {
                 v["tables"][1].as_object_mut().unwrap().remove("files");
+            }),
+        ),
+        (
+            "a removed table without its epoch",
+            "invalid manifest",
+            Box::new(|v| {
+                v["removed"] = serde_json::json!([{"name": "tellers"}]);
             }),
         ),
         (

@@ -92,6 +92,7 @@ pub(in crate::capture) fn run(
         vnode_count: map.vnode_count(),
         partitions,
         topic: job.topic.clone(),
+        removed: Vec::new(),
     };
     let mut on_demand = OnDemand::new(
         shape.clone(),
@@ -254,7 +255,7 @@ fn session(
                 streams.push(table);
             }
             log.record = record.clone();
-            crate::capture::session::remove_tables(job, &mut log, &change.removed);
+            crate::capture::session::remove_tables(job, &mut log, on_demand, &change.removed);
             let mut a = Assembler::resume(s.config, s.map, record.state);
             let mut initial = Vec::new();
             if !change.added.is_empty() {

@@ -81,6 +81,21 @@ pub struct TablesManifest {
     /// schema's fingerprint).
     pub tables: Vec<ManifestTable>,
     pub start: Vec<ManifestStart>,
+    /// Tables the capture removed before this snapshot (docs/CAPTURE.md "Removing a table"): not
+    /// in `tables`, and the log has none of their changes from `from_epoch` on. Named so that a
+    /// job of one is told why its table is missing. Absent when none (and in manifests of
+    /// releases before it, which read it as an unknown key they ignore).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<ManifestRemoved>,
+}
+
+/// A table a capture removed ([`TablesManifest::removed`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ManifestRemoved {
+    /// The table's name as `tables[].name` had it (what a job names in `snapshot.table`).
+    pub name: String,
+    /// The epoch from which the log has none of its changes.
+    pub from_epoch: Epoch,
 }
 
 /// One table of a [`TablesManifest`].

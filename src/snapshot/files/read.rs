@@ -136,13 +136,18 @@ impl ParsedManifest {
             Form::Several(m) => {
                 let index = match name {
                     Some(n) => tables.iter().position(|t| t.name == n).ok_or_else(|| {
-                        file_err(
-                            mpath,
-                            format!(
+                        let why = match m.removed.iter().find(|r| r.name == n) {
+                            Some(r) => format!(
+                                "table {n} was removed from its capture at epoch {} (docs/CAPTURE.md \"Removing a table\"): snapshots taken since do not hold it, and the log has none of its changes from that epoch on; take it out of the job (its tables: {})",
+                                r.from_epoch,
+                                names(&tables)
+                            ),
+                            None => format!(
                                 "no table {n} in the manifest (its tables: {})",
                                 names(&tables)
                             ),
-                        )
+                        };
+                        file_err(mpath, why)
                     })?,
                     None if tables.len() == 1 => 0,
                     None => {
