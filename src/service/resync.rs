@@ -7,9 +7,11 @@
 //! epoch is the new snapshot's, its progress reset to that snapshot's start offsets). Under
 //! `consistency = "epoch"` the new generation builds beside the replica readers see, which stays
 //! as it was until the new one is published whole at one epoch; under `vnode` the replica is
-//! emptied and each vnode comes back as its snapshot rows commit, as in any recreation.
+//! emptied and each vnode comes back as its snapshot rows commit, as in any recreation. The job is
+//! its capture's (`[jobs.capture]`) or another job of the capture's log (found by its topic's
+//! state record); nothing is moved onto a snapshot the job could not open.
 //!
-//! Must not: touch the job's workers. The `run` process holding them sees the move (its workers
+//! Must not: touch the job's workers, or move a job it has not checked can read the new snapshot. The `run` process holding them sees the move (its workers
 //! fail against the new generation, and the store names the newer snapshot epoch) and starts the
 //! job again on that snapshot (`service::job::run`); a `run` started later reads it because the
 //! store records it (`service::job::prepare`).
@@ -18,7 +20,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::config::{Consistency, JobConfig};
+use crate::capture::log::SnapshotRecord;
+use crate::config::{Consistency, JobConfig, SnapshotConfig};
 use crate::core::{Epoch, Generation};
 
 /// What a resync did.
@@ -37,20 +40,33 @@ pub struct Resynced {
     pub published_whole: bool,
 }
 
-/// Refuses, before anything is asked or moved, a resync of a job of a table its capture removed
-/// (docs/CAPTURE.md "Removing a table"): no new snapshot holds that table, so the job moved onto
-/// one could not open it. The job keeps its replica, as of the epoch the removal names.
-fn refuse_removed_tables(job: &JobConfig) -> Result<()> {
+/// The job's tables by their manifest names: its `snapshot.table`, or a job of several's
+/// `store.tables`; empty for a job of a one-table log that names none.
+fn tables_of(job: &JobConfig) -> Vec<&str> {
     let mut tables: Vec<&str> = job.store.tables().keys().map(String::as_str).collect();
-    if let crate::config::SnapshotConfig::Files { table: Some(t), .. } = &job.snapshot {
+    if let SnapshotConfig::Files { table: Some(t), .. } = &job.snapshot {
         tables.push(t);
     }
-    if tables.is_empty() {
-        return Ok(());
-    }
+    tables
+}
+
+/// Refuses, before anything is asked or moved: a job whose topic no capture writes (a job with
+/// a `[jobs.capture]` section is its capture's; one without — a job of another table of the
+/// capture's log — is the capture's whose state record its topic has), and a job of a table its
+/// capture removed (docs/CAPTURE.md "Removing a table"): no new snapshot holds that table, so the
+/// job moved onto one could not open it; it keeps its replica, as of the epoch the removal names.
+fn check_capture(job: &JobConfig) -> Result<()> {
     let props = crate::kafka::producer_properties(&job.kafka);
     let record = crate::capture::log::read_capture_state(&props, &job.topic)
         .with_context(|| format!("job {}: reading its capture's state record", job.name))?;
+    if job.capture.is_none() && record.is_none() {
+        bail!(
+            "job {}: no [jobs.capture] section, and no capture writes its topic {} (its state topic has no record): a resync reloads the replica from a new snapshot of the job's capture",
+            job.name,
+            job.topic
+        );
+    }
+    let tables = tables_of(job);
     for (removed, from_epoch) in record.iter().flat_map(|r| r.removed()) {
         let name = removed.rsplit_once('.').map_or(removed, |(_, t)| t);
         if tables.contains(&name) {
@@ -63,18 +79,52 @@ fn refuse_removed_tables(job: &JobConfig) -> Result<()> {
     Ok(())
 }
 
+/// Refuses, before the move, a new snapshot the job could not open: one published outside the
+/// job's `snapshot.dir` (a job without Kafka storage reads the capture's folder), or one without
+/// the job's tables. A job moved onto a snapshot it cannot open could not run again.
+fn check_readable(job: &JobConfig, snapshot: &SnapshotRecord) -> Result<()> {
+    let SnapshotConfig::Files { dir, .. } = &job.snapshot else {
+        return Ok(());
+    };
+    let in_kafka = job
+        .capture
+        .as_ref()
+        .is_some_and(crate::config::CaptureSection::stores_in_kafka);
+    if in_kafka {
+        // Restored from Kafka at the job's start; its manifest is the one the capture wrote.
+        return Ok(());
+    }
+    let to = snapshot.snapshot_epoch;
+    let Some((_, folder)) = crate::snapshot::published::choose(dir, Some(to)) else {
+        bail!(
+            "job {}: the new snapshot at epoch {to} is published in {}, and the job's snapshot.dir {} holds none at that epoch: nothing was moved (a job reads its capture's snapshots from the capture's snapshot.dir, or from Kafka with snapshot_storage = \"kafka\")",
+            job.name,
+            snapshot.dir,
+            dir.display()
+        );
+    };
+    let tables = tables_of(job);
+    let names: Vec<Option<&str>> = match tables.is_empty() {
+        true => vec![None],
+        false => tables.into_iter().map(Some).collect(),
+    };
+    for name in names {
+        crate::snapshot::files::SnapshotFiles::open_table(&folder, name).with_context(|| {
+            format!(
+                "job {}: the new snapshot at epoch {to} cannot be read by the job, so nothing was moved",
+                job.name
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// How many times the move is tried again when a recreation of the job's own raced it.
 const ATTEMPTS: u32 = 3;
 
 /// Asks `job`'s capture for a snapshot, waits up to `within` for it, and moves the job onto it.
 pub fn resync(job: &JobConfig, within: Duration) -> Result<Resynced> {
-    refuse_removed_tables(job)?;
-    if job.capture.is_none() {
-        bail!(
-            "job {}: no [jobs.capture] section: a resync reloads the replica from a new snapshot of the job's capture, and this job has none",
-            job.name
-        );
-    }
+    check_capture(job)?;
     let prepared = crate::service::job::prepare(job, false)
         .with_context(|| format!("job {}: opening its snapshot and store", job.name))?;
     let mut store =
@@ -99,6 +149,7 @@ pub fn resync(job: &JobConfig, within: Duration) -> Result<Resynced> {
         );
     };
     let to = snapshot.snapshot_epoch;
+    check_readable(job, &snapshot)?;
     for _ in 0..ATTEMPTS {
         let row = store
             .job(&job.name)
