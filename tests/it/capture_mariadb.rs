@@ -637,18 +637,22 @@ fn mariadb_a_table_added_to_a_running_capture_gets_a_snapshot_and_a_job_of_its_o
         &db.name,
         "INSERT INTO b VALUES (1, 'one'), (2, 'two'), (3, 'three')",
     );
+    // And table c, which leaves the capture again below.
+    sql(&db.name, "CREATE TABLE c (id int PRIMARY KEY, v int)");
+    rows("c", 1, 5);
     let text = std::fs::read_to_string(&f.config).unwrap();
     let at = text.find("[[jobs]]").unwrap();
     let capture_at = text.find("[jobs.capture]").unwrap();
     let job = &text[at..capture_at];
-    let section = text[capture_at..].replacen("table = \"a\"", "tables = [\"a\", \"b\"]", 1);
+    let section = text[capture_at..].replacen("table = \"a\"", "tables = [\"a\", \"b\", \"c\"]", 1);
     let named = job.replacen("[jobs.snapshot]\n", "[jobs.snapshot]\ntable = \"a\"\n", 1);
     std::fs::write(
         &f.config,
         format!(
-            "{}{named}{section}{}",
+            "{}{named}{section}{}{}",
             &text[..at],
-            job_of_table(&f, job, "b", "b", 2)
+            job_of_table(&f, job, "b", "b", 2),
+            job_of_table(&f, job, "c", "c", 3)
         ),
     )
     .unwrap();
@@ -664,13 +668,63 @@ fn mariadb_a_table_added_to_a_running_capture_gets_a_snapshot_and_a_job_of_its_o
         &db.name,
         "UPDATE b SET w = 'x' WHERE id % 2 = 0; DELETE FROM b WHERE id = 3",
     );
-    for (job, count) in [(f.name.clone(), 200), (format!("{}-2", f.name), 39)] {
+    for (job, count) in [
+        (f.name.clone(), 200),
+        (format!("{}-2", f.name), 39),
+        (format!("{}-3", f.name), 5),
+    ] {
         let report = verify_job_eventually(&f, Some(&job), MIN);
         assert!(
             report.contains(&format!("{count} rows compared")),
             "{job}: {report}"
         );
     }
+    stop_capture(&mut capture);
+    // The last table taken off the list leaves the log (docs/CAPTURE.md "Removing a table"): a
+    // binlog transaction changing it and a kept table reaches only the kept table's job, once the
+    // job of the removed one has committed every epoch the other has.
+    let text = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(
+        &f.config,
+        text.replacen(
+            "tables = [\"a\", \"b\", \"c\"]",
+            "tables = [\"a\", \"b\"]",
+            1,
+        ),
+    )
+    .unwrap();
+    let mut capture = spawn_capture(&f, "c4");
+    capture.wait_for("tables removed from the capture", MIN);
+    sql(
+        &db.name,
+        "BEGIN; UPDATE c SET v = v + 100; UPDATE a SET v = v + 1 WHERE id = 1; COMMIT",
+    );
+    let (kept, removed) = (f.name.clone(), format!("{}-3", f.name));
+    let report = verify_job_eventually(&f, Some(&kept), MIN);
+    assert!(report.contains("200 rows compared"), "{report}");
+    let epoch_of = |job: &str, which: &str| -> i64 {
+        f.sql::<i64>(&format!(
+            "SELECT {which}(epoch) FROM kb_partition_progress WHERE job = '{job}'"
+        ))[0][0]
+    };
+    let reached = epoch_of(&kept, "max");
+    let deadline = std::time::Instant::now() + MIN;
+    while epoch_of(&removed, "min") < reached {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            tail(&run.log_text())
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let replica: Vec<Vec<i64>> = f.sql("SELECT sum(v) FROM c");
+    assert_eq!(
+        replica,
+        vec![vec![15]],
+        "the removed table's change reached its replica"
+    );
+    let log = f.check_log();
+    assert!(log.contains(" 0 violations"), "{log}");
     stop_capture(&mut capture);
     // Any other change of the list is refused at the restart, naming the way.
     let text = std::fs::read_to_string(&f.config).unwrap();
