@@ -38,6 +38,45 @@ pub fn pid_secs(pid: u32) -> Option<f64> {
         .map(|s| stat_times(&s).0)
 }
 
+/// The PostgreSQL server's CPU seconds on this machine: every live `postgres` process's own, plus
+/// the postmaster's waited-for children's (a backend that served a connection and has exited —
+/// a job's store connection once the job ended — counts there). The difference of two readings
+/// is what the server spent between them, whoever it served (the bench is the only client).
+pub fn postgres_server_secs() -> f64 {
+    // (pid, parent pid, command, stat line) of every process.
+    let mut procs: Vec<(u32, u32, String, String)> = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        // After the command: state, then the parent's pid.
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(0);
+        procs.push((pid, ppid, comm, stat));
+    }
+    let pg: Vec<_> = procs.iter().filter(|p| p.2 == "postgres").collect();
+    let mut secs = 0.0;
+    for (_, ppid, _, stat) in &pg {
+        let (own, children) = stat_times(stat);
+        secs += own;
+        // The postmaster (a postgres process whose parent is not one) holds its exited children's.
+        if !pg.iter().any(|q| q.0 == *ppid) {
+            secs += children;
+        }
+    }
+    secs
+}
+
 /// The calling thread's own CPU seconds.
 pub fn thread_secs() -> f64 {
     stat_times(&std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat"))

@@ -73,10 +73,13 @@ pub fn log(c: &Ctx, r: &mut Report) {
             format!("{:.3}", log / bare),
             json!(log / bare),
         );
+        // Issue 43's targets (issue 12's were 0.5 at both): counted to the commit of the end
+        // offsets (`caught_up`), against ConsumerPerformance in the same run.
+        let want = if p == 4 { 0.45 } else { 0.4 };
         r.target(
-                &format!("log-store replay into SQLite ≥ 0.5 × ConsumerPerformance's fetch rate ({p} partitions)"),
+                &format!("log-store replay into SQLite ≥ {want} × ConsumerPerformance's fetch rate ({p} partitions)"),
                 format!("{ratio:.3}"),
-                Some(ratio >= 0.5),
+                Some(ratio >= want),
             );
         // CPU per million records: the OS's user + system seconds (`benches/backfill/cpu.rs`).
         let perf_c = median(perf_cpu);
@@ -128,6 +131,14 @@ pub fn log(c: &Ctx, r: &mut Report) {
                 ),
                 format!("{cpu_ratio:.2}"),
                 Some(cpu_ratio <= CPU_RATIO_TARGET),
+            );
+        // Issue 43's form of it (from 1.58× measured from outside).
+        r.target(
+                &format!(
+                    "log-store replay into SQLite ≤ 1.3 × ConsumerPerformance's CPU per record, same run ({p} partitions)"
+                ),
+                format!("{cpu_ratio:.2}"),
+                Some(cpu_ratio <= 1.3),
             );
         // The same replay by the real binary in a process of its own, timed from outside.
         let mut out_cpu = Vec::new();
@@ -203,7 +214,9 @@ pub fn log(c: &Ctx, r: &mut Report) {
             );
         if p == 4 {
             let mut pg_cpu = Vec::new();
+            let mut server_cpu = Vec::new();
             let (pgr, pg_all) = runs(a.reps, |i| {
+                let server = cpu::postgres_server_secs();
                 // The job row outlives the run in PostgreSQL: a name of its own each time,
                 // short enough for the thread names (see above).
                 let t = timed_run_cpu(&job_config(
@@ -214,9 +227,19 @@ pub fn log(c: &Ctx, r: &mut Report) {
                     postgres(pg, &format!("bench_log_{pid}_{i}_{}", rand_suffix())),
                 ));
                 pg_cpu.push(t.log_cpu.per_million(*records));
+                // The whole run's (its snapshot phase too, ≈ 0.1 of the records): the server's
+                // CPU is not split by phase.
+                server_cpu.push((cpu::postgres_server_secs() - server) * 1e6 / *records as f64);
                 *records as f64 / t.log_secs
             });
             let pg_c = median(pg_cpu);
+            let server_c = median(server_cpu.clone());
+            r.figure(
+                    "cpu_server_log_store_postgres_4p",
+                    &format!("CPU of the PostgreSQL server (every postgres process, exited backends included) over the whole run into {pg_label} (snapshot phase, log store, the job's start and end), per million log records, median of {:?}", server_cpu.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>()),
+                    format!("{server_c:.2} CPU-s per million records"),
+                    json!(server_c),
+                );
             r.figure(
                     "cpu_log_store_postgres_4p",
                     &format!("CPU of the log-store phase into {pg_label}: kafka-backfill's process only (the server's backends not counted), per million records, median"),
@@ -239,10 +262,18 @@ pub fn log(c: &Ctx, r: &mut Report) {
                 format!("{ratio:.3}"),
                 json!(ratio),
             );
+            // Issue 43's target (issue 12's was 0.3 × the bare consumer).
+            let over_perf = pgr / perf;
+            r.figure(
+                "ratio_c_over_consumer_performance_4p",
+                "(c) / ConsumerPerformance's fetch rate",
+                format!("{over_perf:.3}"),
+                json!(over_perf),
+            );
             r.target(
-                "durable PostgreSQL log-store replay ≥ 0.3 × the bare consumer (4 partitions)",
-                format!("{ratio:.3}"),
-                durable.then_some(ratio >= 0.3),
+                "durable PostgreSQL log-store replay ≥ 0.2 × ConsumerPerformance's fetch rate (4 partitions)",
+                format!("{over_perf:.3} (the server's CPU {server_c:.2} CPU-s per million records beside kafka-backfill's {pg_c:.2})"),
+                durable.then_some(over_perf >= 0.2),
             );
         }
     }
