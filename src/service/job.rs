@@ -1486,6 +1486,11 @@ pub fn run(
                     Some(to) => {
                         let old = running.remove(j);
                         warn!(job = %job.name, from = %old.epoch, to = %to, worker = %name, error = %crate::error::line(&e), "the job was moved to a newer snapshot of its capture (a resync): starting it again on that snapshot");
+                        runtimes
+                            .metrics()
+                            .snapshot_moves
+                            .with_label_values(&[&job.name])
+                            .inc();
                         old.stop.cancel();
                         for (other, h) in old.handles {
                             // They fail against the new generation as this one did, or stop.

@@ -36,6 +36,9 @@ pub struct Metrics {
     pub bitmap_updates: IntCounterVec,
     pub invariant_errors: IntCounterVec,
     pub recreations: IntCounterVec,
+    /// Jobs started again on a newer snapshot of their capture that they were moved to while they
+    /// ran (`kafka-backfill resync`): kept apart from recreations, whose alert reads a loop.
+    pub snapshot_moves: IntCounterVec,
     pub decode_errors: IntCounterVec,
     pub dead_letters: IntCounterVec,
     pub generation: IntGaugeVec,
@@ -173,6 +176,7 @@ impl Metrics {
                 &["job_name"],
             ),
             recreations: counter(&r, "kafka_backfill_recreations_total", "Job recreations, by reason.", &["job_name", "reason"]),
+            snapshot_moves: counter(&r, "kafka_backfill_snapshot_moves_total", "Jobs started again on a newer snapshot of their capture, moved to it while they ran (kafka-backfill resync).", &["job_name"]),
             decode_errors: counter(&r, "kafka_backfill_decode_errors_total", "Log records that did not decode.", &["job_name"]),
             dead_letters: counter(&r, "kafka_backfill_dead_letters_total", "Records written to the job's dead-letter topic (on_bad_record = dead-letter), each just before the checkpoint that records it in the store.", &["job_name"]),
             generation: gauge(&r, "kafka_backfill_generation", "The job generation a worker runs.", &["job_name", "worker"]),

@@ -54,6 +54,7 @@ impl ServiceObserver {
             c.with_label_values(&[job]);
         }
         m.recreations.with_label_values(&[job, RECREATION_REASON]);
+        m.snapshot_moves.with_label_values(&[job]);
         for phase in Phase::ALL {
             for outcome in BitmapOutcome::ALL {
                 m.bitmap_updates

@@ -1909,7 +1909,12 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
         ),
         "pgbench_accounts,pgbench_branches"
     );
-    let mut both = spawn_run_of(&f, &added_jobs, "t2");
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut both = spawn_run_of(
+        &f,
+        &added_jobs.replacen("listen = \"\"", &format!("listen = \"{http}\""), 1),
+        "t2",
+    );
     let balance: i64 = psql(&url, "SELECT tbalance FROM pgbench_tellers WHERE tid = 1")
         .parse()
         .unwrap();
@@ -2012,6 +2017,12 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
     both.wait_for("the job was moved to a newer snapshot of its capture", MIN);
     let report = verify_job_eventually(&f, Some(&branches), MIN);
     assert!(report.contains("1 rows compared"), "{report}");
+    // Counted apart from recreations (whose alert reads a loop).
+    let (_, metrics) = http_get(&format!("http://{http}/metrics"));
+    for (job, moves) in [(&branches, 1), (&tellers, 0)] {
+        let series = format!("kafka_backfill_snapshot_moves_total{{job_name=\"{job}\"}} {moves}");
+        assert!(metrics.contains(&series), "no {series} in:\n{metrics}");
+    }
     let late = format!("{head}{}", job_of("pgbench_tellers", "tellers_late", 3));
     let mut refused = spawn_run_of(&f, &late, "t3");
     refused.wait_for(

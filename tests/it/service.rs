@@ -263,6 +263,7 @@ fn endpoints_prometheus_scrape_status_and_sigterm() {
         "kafka_backfill_dead_letters_total{job_name=\"service\"} 0",
         "kafka_backfill_kafka_client_errors_total{job_name=\"service\"}",
         "kafka_backfill_recreations_total{job_name=\"service\",reason=\"vnode_bitmap_update_in_log_store\"} 0",
+        "kafka_backfill_snapshot_moves_total{job_name=\"service\"} 0",
         "kafka_backfill_vnode_bitmap_updates_total{job_name=\"service\",outcome=\"invariant_error\",phase=\"log_store\"} 0",
         "kafka_backfill_paused{job_name=\"service\",worker=",
         "kafka_backfill_store_unreachable{job_name=\"service\",worker=",
