@@ -886,7 +886,7 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
 }
 
 /// A job whose store cannot take a schema version yet (SQLite with `store_datum = false`: no datum
-/// to resolve; `consistency = "epoch"`: pending rows of older versions) is refused at start when
+/// to resolve; a job of several tables) is refused at start when
 /// its log already announces one, rather than at that version's checkpoint, hours in. A version
 /// announced later is refused by the store at its checkpoint, with nothing of it committed.
 fn check_versions_allowed(
@@ -909,8 +909,6 @@ fn check_versions_allowed(
         }
     ) {
         "jobs.store.store_datum = false: schema changes are applied with store_datum = true (each row's datum is resolved to the new version)"
-    } else if job.consistency == crate::config::Consistency::Epoch {
-        "jobs.consistency = \"epoch\": schema changes are applied under consistency = \"vnode\" only (the default)"
     } else {
         return Ok(());
     };

@@ -516,9 +516,11 @@ pub trait TxPublish {
         rows: &[crate::core::RowMutation],
     ) -> Result<(), StoreError>;
     /// Writes rows into the job's tables (`next`: into each one's [`next_table`], where a new
-    /// generation builds), with their pre-decoded columns.
+    /// generation builds), with their pre-decoded columns; `table`: the schema they are in when a
+    /// schema change resolved them to another than the store was opened with ([`evolve`]).
     fn write_rows(
         &mut self,
+        table: Option<&crate::codec::TableSchema>,
         next: bool,
         rows: &[crate::core::RowMutation],
         decoded: crate::ports::DecodedRows,
@@ -535,11 +537,12 @@ pub trait TxPublish {
 /// table when its own epoch is published, or wait as a unit otherwise. A generation building beside
 /// the visible replica replaces it once it reaches that replica's epoch.
 pub fn publish(
-    tx: &mut impl TxPublish,
+    tx: &mut (impl TxPublish + TxSchema),
     row: &JobRow,
     cp: &Checkpoint,
     epoch: crate::core::Epoch,
     decoded: crate::ports::DecodedRows,
+    versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
 ) -> Result<(), StoreError> {
     let job = row.job.as_str();
     tx.lock_publication(job)?;
@@ -563,12 +566,15 @@ pub fn publish(
             .chain(std::iter::once((epoch, parts.as_slice()))),
     );
     if let Some(at) = at {
-        for (unit, _, _) in units.iter().filter(|(_, e, _)| *e <= at) {
+        // In epoch order, each unit's rows after the table is brought to the version in force
+        // at its epoch: a version announced from an epoch changes the table readers see together
+        // with that epoch's rows.
+        for (unit, e, _) in units.iter().filter(|(_, e, _)| *e <= at) {
             let rows = tx.take_unit(*unit)?;
-            tx.write_rows(next, &rows, Vec::new())?;
+            write_published(tx, job, versions, next, *e, &rows, Vec::new())?;
         }
         if epoch <= at {
-            tx.write_rows(next, &cp.rows, decoded)?;
+            write_published(tx, job, versions, next, epoch, &cp.rows, decoded)?;
         }
         if state.publish_at(at) {
             tx.replace_tables()?;
@@ -581,6 +587,47 @@ pub fn publish(
     tx.add_unit(job, epoch, &parts, &cp.rows)
 }
 
+/// Rows of `epoch` written as [`publish`] applies them, the table first brought to the version
+/// in force at that epoch ([`evolve`]).
+#[allow(clippy::too_many_arguments)]
+fn write_published(
+    tx: &mut (impl TxPublish + TxSchema),
+    job: &str,
+    versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
+    next: bool,
+    epoch: crate::core::Epoch,
+    rows: &[crate::core::RowMutation],
+    decoded: crate::ports::DecodedRows,
+) -> Result<(), StoreError> {
+    let evolved = match versions {
+        Some((vs, t)) => evolve(tx, job, vs, t, Some(epoch), rows, next)?,
+        None => None,
+    };
+    match &evolved {
+        Some(e) => tx.write_rows(
+            Some(&e.table),
+            next,
+            e.rows.as_deref().unwrap_or(rows),
+            Vec::new(),
+        ),
+        None => tx.write_rows(None, next, rows, decoded),
+    }
+}
+
+/// The table schema of a row schema `json` recorded in `kb_schema_history` for `job`, keyed as
+/// `table` (every version keeps the table's primary key).
+pub fn recorded_schema(
+    job: &str,
+    json: &str,
+    table: &crate::codec::TableSchema,
+) -> Result<crate::codec::TableSchema, StoreError> {
+    crate::codec::TableSchema::parse(json, &table.primary_key).map_err(|e| {
+        StoreError::rejected(format!(
+            "job {job}: the row schema kb_schema_history records does not parse: {e}"
+        ))
+    })
+}
+
 /// A schema change's primitives inside a backend's commit transaction ([`evolve`] is the rule).
 pub trait TxSchema {
     /// The table's recorded schema version and its fingerprint (hex); `None`: never changed (the
@@ -589,6 +636,7 @@ pub trait TxSchema {
     /// Alters the table from `from` to version `version` (`to`): adds and drops columns, rewrites
     /// every row (its datum resolved to `to`, the added columns' values), and records the version
     /// in `kb_schema_history` with `applied_epoch`.
+    /// `next`: the table a generation builds in ([`next_table`]), not the visible one.
     fn alter_table(
         &mut self,
         job: &str,
@@ -596,6 +644,7 @@ pub trait TxSchema {
         from: &crate::codec::TableSchema,
         to: &crate::codec::versions::RowVersion,
         applied_epoch: Option<crate::core::Epoch>,
+        next: bool,
     ) -> Result<(), StoreError>;
 }
 
@@ -606,18 +655,24 @@ pub struct Evolved {
     pub rows: Option<Vec<crate::core::RowMutation>>,
 }
 
-/// Before a checkpoint's rows (docs/WIRE.md "Schema changes"): brings the table to the version in
-/// force at the checkpoint's epoch, each change since the recorded version applied in order in this
-/// transaction, and resolves the checkpoint's rows (written with that version, or the manifest's
-/// for snapshot rows) to the table's version, which another worker's later commit may have moved
-/// on. `None` while the table is at the manifest's version and the rows are of it.
+/// Before rows of `epoch` are written (docs/WIRE.md "Schema changes"): brings the table to the
+/// version in force at that epoch, each change since the recorded version applied in order in this
+/// transaction, and resolves the rows (written with that version, or the manifest's for snapshot
+/// rows, `epoch` `None`) to the table's version, which another worker's later commit may have moved
+/// on. `None` while the table is at the manifest's version and the rows are of it. Under
+/// `consistency = "vnode"` a checkpoint's rows are written at its commit; under `"epoch"` when
+/// their epoch is published ([`publish`]), so readers see the table change at the version's epoch
+/// with the rows of it; `next`: the table a generation builds in beside the visible replica (which
+/// the building one replaces whole: the recorded version is the building table's).
+#[allow(clippy::too_many_arguments)]
 pub fn evolve(
     tx: &mut impl TxSchema,
     job: &str,
     versions: &crate::codec::versions::SchemaVersions,
     table: usize,
-    cp: &Checkpoint,
-    publication: bool,
+    epoch: Option<crate::core::Epoch>,
+    rows: &[crate::core::RowMutation],
+    next: bool,
 ) -> Result<Option<Evolved>, StoreError> {
     let all = versions.of(table);
     if all.len() == 1 {
@@ -638,16 +693,10 @@ pub fn evolve(
             k
         }
     };
-    let rows_version = cp.epoch.map_or(0, |e| versions.at(table, e));
+    let rows_version = epoch.map_or(0, |e| versions.at(table, e));
     let target = stored.max(rows_version);
-    if target > 0 && publication {
-        return Err(StoreError::rejected(format!(
-            "job {job}: schema version {target} (from epoch {}) under consistency = \"epoch\": schema changes are applied under consistency = \"vnode\" only (the default)",
-            all[target].from_epoch
-        )));
-    }
     for k in stored + 1..=target {
-        tx.alter_table(job, k, &all[k - 1].table, &all[k], cp.epoch)?;
+        tx.alter_table(job, k, &all[k - 1].table, &all[k], epoch, next)?;
     }
     if target == 0 {
         return Ok(None);
@@ -658,7 +707,7 @@ pub fn evolve(
     } else {
         let from = &all[rows_version].table;
         Some(
-            cp.rows
+            rows
                 .iter()
                 .map(|m| match m {
                     crate::core::RowMutation::Upsert { vnode, row, offset } => {

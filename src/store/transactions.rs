@@ -68,8 +68,10 @@ pub trait TxJob: TxRead + TxPublish {
     fn delete_job_work(&mut self, job: &str) -> Result<(), StoreError>;
     /// Each table's [`next_table`](protocol::next_table) dropped and created again, empty (with
     /// the columns of the table readers see, or of its schema when they see none yet: a table
-    /// added to a job of several).
-    fn create_next_tables(&mut self) -> Result<(), StoreError>;
+    /// added to a job of several). A job's table at a recorded schema version takes that
+    /// version's columns (the recorded version is the one rows are resolved to, and the table
+    /// readers see may be behind it while an earlier generation was building).
+    fn create_next_tables(&mut self, job: &str) -> Result<(), StoreError>;
     /// Each of the job's tables created from its schema where absent.
     fn create_missing_tables(&mut self) -> Result<(), StoreError>;
     /// Each of the job's tables emptied.
@@ -193,7 +195,7 @@ fn next_generation(
     if publication && state.visible.is_some() {
         // Under publication the replica readers see stays in the table until the new
         // generation, building in its own table, reaches its epoch.
-        tx.create_next_tables()?;
+        tx.create_next_tables(job)?;
         state.recreated();
         tx.set_publication(job, &state)?;
     } else {
@@ -246,13 +248,21 @@ pub fn commit_group(
     for cp in cps {
         let decoded = decoded.next().unwrap_or_default();
         let row = protocol::check_commit(tx, job, cp, several)?;
-        let evolved = match versions {
+        let versions = match versions {
             Some((vs, _)) if !several.is_empty() => {
                 protocol::refuse_versions_of_several(job, vs, several, cp)?;
                 None
             }
-            Some((vs, t)) => protocol::evolve(tx, job, vs, t, cp, publication)?,
-            None => None,
+            v => v,
+        };
+        // Under publication rows of an epoch are brought to their version when it is published
+        // (`protocol::publish`); snapshot rows, and every row under "vnode", now.
+        let evolved = match versions {
+            Some((vs, t)) if !publication || cp.epoch.is_none() => {
+                let next = publication && tx.publication(job)?.building();
+                protocol::evolve(tx, job, vs, t, cp.epoch, &cp.rows, next)?
+            }
+            _ => None,
         };
         let (table, rows, decoded) = match &evolved {
             Some(e) => (
@@ -267,11 +277,13 @@ pub fn commit_group(
             protocol::check_dead_letter_cap(job, cp, recorded)?;
         }
         match cp.epoch {
-            Some(epoch) if publication => protocol::publish(tx, &row, cp, epoch, decoded)?,
+            Some(epoch) if publication => {
+                protocol::publish(tx, &row, cp, epoch, decoded, versions)?
+            }
             // Snapshot rows under publication go where the generation builds.
             None if publication => {
                 let next = tx.publication(job)?.building();
-                tx.write(None, next, &cp.rows, decoded, true)?
+                tx.write(table, next, rows, decoded, true)?
             }
             _ => tx.write(table, false, rows, decoded, cp.epoch.is_none())?,
         }

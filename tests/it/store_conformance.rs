@@ -909,17 +909,34 @@ fn publication(open: Open, job: &str) {
     publication_across_a_recreation(&mut a, &mut b, job);
 }
 
-/// Under publication a truncation waits with its checkpoint's other rows: readers see the table
-/// whole until every partition reaches its epoch, then without the truncated rows.
-fn a_truncation_is_published_with_its_epoch(open: Open, job: &str) {
+/// Both workers claimed (A partition 0, B partition 1), each having committed its first row at
+/// E1: the stores, the leases and the two rows (key, datum).
+#[allow(clippy::type_complexity)]
+fn both_at_e1(
+    open: Open,
+    job: &str,
+) -> (
+    Box<dyn StateStore>,
+    Box<dyn StateStore>,
+    Lease,
+    Lease,
+    [(Vec<u8>, Vec<u8>); 2],
+) {
     let (mut a, mut b, la, lb) = claimed(open, job);
     let (k0, d0, u0) = upsert(0, 0);
     let (k1, d1, u1) = upsert(1, 0);
-    let (k2, d2, u2) = upsert(0, 1);
     a.commit(job, &log_checkpoint(0, la, E1, 10, vec![u0]))
         .unwrap();
     b.commit(job, &log_checkpoint(1, lb, E1, 11, vec![u1]))
         .unwrap();
+    (a, b, la, lb, [(k0, d0), (k1, d1)])
+}
+
+/// Under publication a truncation waits with its checkpoint's other rows: readers see the table
+/// whole until every partition reaches its epoch, then without the truncated rows.
+fn a_truncation_is_published_with_its_epoch(open: Open, job: &str) {
+    let (mut a, mut b, la, lb, [(k0, d0), (k1, d1)]) = both_at_e1(open, job);
+    let (k2, d2, u2) = upsert(0, 1);
     let before = BTreeMap::from([(k0, d0), (k1.clone(), d1.clone())]);
     assert_eq!(a.rows(job).unwrap(), before);
     a.commit(
@@ -938,6 +955,32 @@ fn a_truncation_is_published_with_its_epoch(open: Open, job: &str) {
     );
 }
 
+/// Generation 0 recreated by A; both claim generation 1 and B commits a snapshot checkpoint of one
+/// row (`upsert(1, 1)`): the leases and that row (key, datum).
+fn recreated_with_a_snapshot_row(
+    a: &mut Box<dyn StateStore>,
+    b: &mut Box<dyn StateStore>,
+    job: &str,
+) -> (Lease, Lease, (Vec<u8>, Vec<u8>)) {
+    let info = info();
+    let row = a.recreate(job, Generation(0)).unwrap();
+    assert_eq!(row.generation, Generation(1));
+    let la = a.claim(job, Generation(1), "a", &[0], &info).unwrap()[0].lease;
+    let lb = b.claim(job, Generation(1), "b", &[1], &info).unwrap()[0].lease;
+    let (k3, d3, u3) = upsert(1, 1);
+    let mut snap = checkpoint(1, vec![(1, lb)]);
+    snap.rows = vec![u3];
+    b.commit(job, &snap).unwrap();
+    (la, lb, (k3, d3))
+}
+
+/// An empty log checkpoint of generation 1.
+fn gen1(p: PartitionId, lease: Lease, epoch: Epoch, offset: u64) -> Checkpoint {
+    let mut cp = log_checkpoint(p, lease, epoch, offset, vec![]);
+    cp.generation = Generation(1);
+    cp
+}
+
 /// Publication, continued: a recreation keeps the replica readers see until the new generation
 /// reaches its epoch, and a stale generation publishes nothing.
 fn publication_across_a_recreation(
@@ -945,31 +988,19 @@ fn publication_across_a_recreation(
     b: &mut Box<dyn StateStore>,
     job: &str,
 ) {
-    let info = info();
     // A recreation keeps the replica readers see until the new generation reaches its epoch: the
     // new one's snapshot rows and its publication at E1 do not show; at E3 it replaces the old.
     let old = a.rows(job).unwrap();
-    let row = a.recreate(job, Generation(0)).unwrap();
-    assert_eq!(row.generation, Generation(1));
+    let (la, lb, (k3, d3)) = recreated_with_a_snapshot_row(a, b, job);
+    assert_eq!(a.job(job).unwrap().unwrap().generation, Generation(1));
     assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
     assert_eq!(a.rows(job).unwrap(), old, "the old replica stays visible");
-    let la = a.claim(job, Generation(1), "a", &[0], &info).unwrap()[0].lease;
-    let lb = b.claim(job, Generation(1), "b", &[1], &info).unwrap()[0].lease;
-    let (k3, d3, u3) = upsert(1, 1);
-    let mut snap = checkpoint(1, vec![(1, lb)]);
-    snap.rows = vec![u3];
-    b.commit(job, &snap).unwrap();
-    let gen1 = |p: PartitionId, lease: Lease, epoch: Epoch, offset: u64, rows: Vec<RowMutation>| {
-        let mut cp = log_checkpoint(p, lease, epoch, offset, rows);
-        cp.generation = Generation(1);
-        cp
-    };
-    a.commit(job, &gen1(0, la, E1, 10, vec![])).unwrap();
-    b.commit(job, &gen1(1, lb, E1, 11, vec![])).unwrap();
+    a.commit(job, &gen1(0, la, E1, 10)).unwrap();
+    b.commit(job, &gen1(1, lb, E1, 11)).unwrap();
     assert_eq!(a.published_epoch(job).unwrap(), Some(E2), "E1 is older");
     assert_eq!(a.rows(job).unwrap(), old);
-    a.commit(job, &gen1(0, la, E3, 30, vec![])).unwrap();
-    b.commit(job, &gen1(1, lb, E3, 31, vec![])).unwrap();
+    a.commit(job, &gen1(0, la, E3, 30)).unwrap();
+    b.commit(job, &gen1(1, lb, E3, 31)).unwrap();
     assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
     assert_eq!(
         b.rows(job).unwrap(),
@@ -1692,16 +1723,7 @@ impl<'a> SchemaChange<'a> {
     fn a_version_alters_the_table_with_its_first_checkpoint(&mut self) -> (Vec<u8>, Vec<u8>) {
         let [v0, v1, _] = &self.v;
         let job = self.job;
-        let (k2, d2_v0, _) = upsert(0, 1);
-        let d2 = resolve(&d2_v0, v0, v1).unwrap();
-        let u2 = RowMutation::Upsert {
-            vnode: row_in(0, 1).2,
-            row: Row {
-                key: k2.clone(),
-                value: d2.clone(),
-            },
-            offset: Some(2),
-        };
+        let (k2, d2, u2) = version_1_row(v0, v1);
         self.a
             .commit(job, &log_checkpoint(0, self.la, E2, 20, vec![u2]))
             .unwrap();
@@ -1778,14 +1800,95 @@ impl<'a> SchemaChange<'a> {
     }
 }
 
+/// Schema changes under publication (`consistency = "epoch"`): the table readers see changes
+/// with the epoch a version starts at, together with that epoch's rows — not at the checkpoint
+/// of one partition that reached it first — and a generation building beside the visible replica
+/// takes the recorded version's columns, its snapshot rows resolved to them, the versions after
+/// it applied to it, and replaces the visible table whole.
+fn schema_change_under_publication(
+    open: &dyn Fn() -> Box<dyn StateStore>,
+    job: &str,
+    columns: &dyn Fn() -> Vec<String>,
+    history: &dyn Fn() -> i64,
+) {
+    let vs = evolution().current();
+    let [v0, v1, v2] = [0, 1, 2].map(|i| vs.of(0)[i].table.clone());
+    let (mut a, mut b, la, lb, [(k0, d0), (k1, d1)]) = both_at_e1(open, job);
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E1));
+    // A reaches E2, version 1's first epoch, with a row of it: held, and the table unchanged.
+    let (k2, d2, u2) = version_1_row(&v0, &v1);
+    a.commit(job, &log_checkpoint(0, la, E2, 20, vec![u2]))
+        .unwrap();
+    assert_eq!(history(), 0, "altered before E2 is published");
+    assert!(!columns().contains(&"tier".to_string()), "{:?}", columns());
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(k0.clone(), d0.clone()), (k1.clone(), d1.clone())])
+    );
+    // B reaches E2: published, the table altered in the same transaction, every row of version 1.
+    b.commit(job, &log_checkpoint(1, lb, E2, 21, vec![]))
+        .unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E2));
+    assert_eq!(history(), 1);
+    let cols = columns();
+    assert!(cols.contains(&"tier".to_string()) && cols.contains(&"note".to_string()));
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([
+            (k0, resolve(&d0, &v0, &v1).unwrap()),
+            (k1, resolve(&d1, &v0, &v1).unwrap()),
+            (k2, d2),
+        ])
+    );
+    // A recreation: the next table builds at version 1; its snapshot row (of the manifest's
+    // version) is resolved to it; version 2 (from E3) applies to it, and at E3 it replaces the
+    // visible table, which kept version 1's rows meanwhile.
+    let visible = a.rows(job).unwrap();
+    let (la, lb, (k3, d3)) = recreated_with_a_snapshot_row(&mut a, &mut b, job);
+    a.commit(job, &gen1(0, la, E3, 30)).unwrap();
+    assert_eq!(a.rows(job).unwrap(), visible, "held until B reaches E3");
+    b.commit(job, &gen1(1, lb, E3, 31)).unwrap();
+    assert_eq!(a.published_epoch(job).unwrap(), Some(E3));
+    assert_eq!(history(), 2);
+    let cols = columns();
+    assert!(
+        cols.contains(&"tier".to_string()) && !cols.contains(&"payload".to_string()),
+        "{cols:?}"
+    );
+    assert_eq!(
+        a.rows(job).unwrap(),
+        BTreeMap::from([(k3, resolve(&d3, &v0, &v2).unwrap())])
+    );
+}
+
+/// Partition 0's second row written with version 1 (`v1`, from `v0`) at offset 2: its key, datum
+/// and upsert.
+fn version_1_row(v0: &TableSchema, v1: &TableSchema) -> (Vec<u8>, Vec<u8>, RowMutation) {
+    let (k2, d2_v0, _) = upsert(0, 1);
+    let d2 = resolve(&d2_v0, v0, v1).unwrap();
+    let u2 = RowMutation::Upsert {
+        vnode: row_in(0, 1).2,
+        row: Row {
+            key: k2.clone(),
+            value: d2.clone(),
+        },
+        offset: Some(2),
+    };
+    (k2, d2, u2)
+}
+
 /// `n` rows of the example table in partition 0 with ids from 1,000,000: (key, datum, vnode).
 fn bulk_rows(n: usize) -> Vec<(Vec<u8>, Vec<u8>, Vnode)> {
     rows_in(0, 1_000_000, 1).take(n).collect()
 }
 
-#[test]
-fn sqlite_schema_change() {
-    let path = fresh_sqlite("conformance-schema");
+/// `scenario` against a SQLite store of `options`.
+fn sqlite_schema_scenario(
+    scenario: SchemaScenario,
+    options: kafka_backfill::store::sqlite::SqliteOptions,
+    name: &str,
+) {
+    let path = fresh_sqlite(name);
     let ev = evolution();
     let q = |sql: &str| -> Vec<String> {
         let c = rusqlite::Connection::open(&path).unwrap();
@@ -1799,15 +1902,15 @@ fn sqlite_schema_change() {
             })
             .collect()
     };
-    schema_change(
+    scenario(
         &|| {
             Box::new(
-                SqliteStore::open(&path, "accounts", table())
+                SqliteStore::open_with(&path, "accounts", table(), options)
                     .unwrap()
                     .with_evolution(ev.clone(), 0),
             )
         },
-        "schema",
+        name,
         &|| q("SELECT name FROM pragma_table_info('accounts')"),
         &|| {
             q("SELECT count(*) FROM kb_schema_history")[0]
@@ -1817,28 +1920,35 @@ fn sqlite_schema_change() {
     );
 }
 
-/// A schema version under a layout that cannot take one yet (`store_datum = false`: no datum to
-/// resolve; `consistency = "epoch"`: pending rows of older versions) is refused at the checkpoint
-/// of its epoch with an error naming the setting to change, and leaves the table as it was.
 #[test]
-fn sqlite_schema_change_is_refused_without_datum_or_under_publication() {
-    use kafka_backfill::store::sqlite::SqliteOptions;
-    for (options, says) in [
-        (
-            SqliteOptions {
-                store_datum: false,
-                ..Default::default()
-            },
-            "schema changes are applied with store_datum = true",
-        ),
-        (
-            SqliteOptions {
-                publication: true,
-                ..Default::default()
-            },
-            "schema changes are applied under consistency = \"vnode\" only",
-        ),
-    ] {
+fn sqlite_schema_change() {
+    sqlite_schema_scenario(schema_change, Default::default(), "conformance-schema");
+}
+
+#[test]
+fn sqlite_schema_change_under_publication() {
+    let options = kafka_backfill::store::sqlite::SqliteOptions {
+        publication: true,
+        ..Default::default()
+    };
+    sqlite_schema_scenario(
+        schema_change_under_publication,
+        options,
+        "conformance-schema-publication",
+    );
+}
+
+/// A schema version under a layout that cannot take one yet (`store_datum = false`: no datum to
+/// resolve) is refused at the checkpoint of its epoch with an error naming the setting to change,
+/// and leaves the table as it was.
+#[test]
+fn sqlite_schema_change_is_refused_without_datum() {
+    let options = kafka_backfill::store::sqlite::SqliteOptions {
+        store_datum: false,
+        ..Default::default()
+    };
+    let says = "schema changes are applied with store_datum = true";
+    {
         let path = fresh_sqlite("schema-refused");
         let job = "refused";
         let mut a = SqliteStore::open_with(&path, "accounts", table(), options)
@@ -1870,18 +1980,23 @@ fn sqlite_schema_change_is_refused_without_datum_or_under_publication() {
     }
 }
 
-#[test]
-fn postgres_schema_change() {
+/// A schema-change scenario: the store opened (with the example evolution), the job, how the
+/// backend's columns and recorded versions are read.
+type SchemaScenario =
+    fn(&dyn Fn() -> Box<dyn StateStore>, &str, &dyn Fn() -> Vec<String>, &dyn Fn() -> i64);
+
+/// `scenario` against the PostgreSQL store (`publication`: `consistency = "epoch"`).
+fn postgres_schema_scenario(scenario: SchemaScenario, publication: bool) {
     let url = support::pg_url();
     let stamp = support::stamp();
-    let tname = format!("schema_{stamp}");
+    let tname = format!("schema_{}{stamp}", if publication { "pub_" } else { "" });
     let job = format!("schema-{stamp}");
     let ev = evolution();
     let client = std::cell::RefCell::new(postgres::Client::connect(&url, postgres::NoTls).unwrap());
-    schema_change(
+    scenario(
         &|| {
             Box::new(
-                PostgresStore::open(&url, &tname, table())
+                PostgresStore::open_with(&url, &tname, table(), publication)
                     .unwrap()
                     .with_evolution(ev.clone(), 0),
             )
@@ -1910,4 +2025,14 @@ fn postgres_schema_change() {
                 .get(0)
         },
     );
+}
+
+#[test]
+fn postgres_schema_change() {
+    postgres_schema_scenario(schema_change, false);
+}
+
+#[test]
+fn postgres_schema_change_under_publication() {
+    postgres_schema_scenario(schema_change_under_publication, true);
 }

@@ -204,7 +204,8 @@ impl TxJob for InTx<'_, '_> {
         Ok(())
     }
 
-    fn create_next_tables(&mut self) -> Result<(), StoreError> {
+    fn create_next_tables(&mut self, job: &str) -> Result<(), StoreError> {
+        let versioned = self.versioned_schema(job)?;
         for (name, schema) in self.schemas() {
             let next = next_table(name);
             let visible: bool = self
@@ -212,6 +213,7 @@ impl TxJob for InTx<'_, '_> {
                 .query_one(sql::postgres::TABLE_EXISTS, &[&name])
                 .map_err(classify)?
                 .get(0);
+            let schema = versioned.as_ref().unwrap_or(schema);
             let ddl = if visible {
                 sql::render(
                     sql::postgres::TABLE_NEXT_CREATE,
@@ -229,6 +231,11 @@ impl TxJob for InTx<'_, '_> {
                 )
             };
             self.tx.batch_execute(&ddl).map_err(classify)?;
+            if let (true, Some(versioned)) = (visible, &versioned) {
+                // Like the visible table (its key layout), with the columns of the recorded
+                // version, which the visible table lags while an earlier generation was building.
+                self.versioned_columns(&next, versioned)?;
+            }
         }
         Ok(())
     }
@@ -358,6 +365,53 @@ impl TxCommit for InTx<'_, '_> {
 
 impl<'a> InTx<'a, '_> {
     /// Each of the job's tables with its schema.
+    /// Table `name` given exactly `schema`'s typed columns: the missing added, the others dropped.
+    fn versioned_columns(&mut self, name: &str, schema: &TableSchema) -> Result<(), StoreError> {
+        let have: Vec<String> = self
+            .tx
+            .query(sql::postgres::TABLE_COLUMN_NAMES, &[&name])
+            .map_err(classify)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for c in schema.columns.iter().filter(|c| !have.contains(&c.name)) {
+            self.tx
+                .batch_execute(&sql::render(
+                    sql::postgres::COLUMN_ADD,
+                    &[
+                        ("table", name),
+                        ("column", &c.name),
+                        ("type", c.ty.postgres()),
+                    ],
+                ))
+                .map_err(classify)?;
+        }
+        for c in have
+            .iter()
+            .filter(|c| !c.starts_with("_kb_") && !schema.columns.iter().any(|s| &s.name == *c))
+        {
+            self.tx
+                .batch_execute(&sql::render(
+                    sql::postgres::COLUMN_DROP,
+                    &[("table", name), ("column", c)],
+                ))
+                .map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    /// A one-table job's schema at its recorded schema version, if it has one.
+    fn versioned_schema(&mut self, job: &str) -> Result<Option<TableSchema>, StoreError> {
+        if !self.several.is_empty() {
+            return Ok(None);
+        }
+        self.tx
+            .query_opt(sql::postgres::SCHEMA_VERSION_ROW_SCHEMA, &[&job])
+            .map_err(classify)?
+            .map(|r| protocol::recorded_schema(job, &r.get::<_, String>(0), self.table))
+            .transpose()
+    }
+
     fn schemas(&self) -> Vec<(&'a str, &'a TableSchema)> {
         let several: &'a Several = self.several;
         if several.is_empty() {

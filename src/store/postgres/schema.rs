@@ -18,8 +18,14 @@ impl protocol::TxSchema for InTx<'_, '_> {
         from: &TableSchema,
         to: &RowVersion,
         applied_epoch: Option<Epoch>,
+        next: bool,
     ) -> Result<(), StoreError> {
-        let t = self.table_name;
+        let name = if next {
+            next_table(self.table_name)
+        } else {
+            self.table_name.to_string()
+        };
+        let t = name.as_str();
         // Commits of one job change the table in turn: a second worker's commit waits here, then
         // finds the version recorded and resolves its rows to it.
         self.tx

@@ -82,6 +82,7 @@ dialects! {
         SCHEMA = "schema",
         SCHEMA_VERSION_INSERT = "schema_version_insert",
         SCHEMA_VERSION_LATEST = "schema_version_latest",
+        SCHEMA_VERSION_ROW_SCHEMA = "schema_version_row_schema",
         TABLE_CLEAR = "table_clear",
         TABLE_CREATE = "table_create",
         TABLE_EXISTS = "table_exists",
@@ -104,6 +105,7 @@ dialects! {
     ],
     postgres: [
         JOB_LOCK = "job_lock",
+        TABLE_COLUMN_NAMES = "table_column_names",
         JOB_ROW_LOCKED = "job_row_locked",
         JOBS_LOCK = "jobs_lock",
         LEASES_READ = "leases_read",

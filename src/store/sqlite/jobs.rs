@@ -195,8 +195,10 @@ impl TxJob for InTx<'_> {
         Ok(())
     }
 
-    fn create_next_tables(&mut self) -> Result<(), StoreError> {
+    fn create_next_tables(&mut self, job: &str) -> Result<(), StoreError> {
+        let versioned = self.versioned_schema(job)?;
         for (name, schema) in self.schemas() {
+            let schema = versioned.as_ref().unwrap_or(schema);
             let next = next_table(name);
             self.tx
                 .execute_batch(&format!(
@@ -325,6 +327,20 @@ impl TxCommit for InTx<'_> {
 
 impl<'a> InTx<'a> {
     /// Each of the job's tables with its schema.
+    /// A one-table job's schema at its recorded schema version, if it has one.
+    fn versioned_schema(&self, job: &str) -> Result<Option<TableSchema>, StoreError> {
+        if !self.several.is_empty() {
+            return Ok(None);
+        }
+        let json: Option<String> = self
+            .tx
+            .query_row(sql::sqlite::SCHEMA_VERSION_ROW_SCHEMA, [job], |r| r.get(0))
+            .optional()
+            .map_err(classify)?;
+        json.map(|j| protocol::recorded_schema(job, &j, self.table))
+            .transpose()
+    }
+
     fn schemas(&self) -> Vec<(&'a str, &'a TableSchema)> {
         let several: &'a [StoreTable] = self.several;
         if several.is_empty() {

@@ -140,11 +140,12 @@ impl protocol::TxPublish for InTx<'_> {
 
     fn write_rows(
         &mut self,
+        table: Option<&TableSchema>,
         next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        TxCommit::write(self, None, next, rows, decoded, false)
+        TxCommit::write(self, table, next, rows, decoded, false)
     }
 
     fn replace_tables(&mut self) -> Result<(), StoreError> {

@@ -20,8 +20,14 @@ impl protocol::TxSchema for InTx<'_> {
         from: &TableSchema,
         to: &RowVersion,
         applied_epoch: Option<Epoch>,
+        next: bool,
     ) -> Result<(), StoreError> {
-        let t = self.table_name;
+        let name = if next {
+            next_table(self.table_name)
+        } else {
+            self.table_name.to_string()
+        };
+        let t = name.as_str();
         if !self.datum {
             return Err(StoreError::rejected(format!(
                 "job {job}: table {t} cannot take schema version {version} (from epoch {}): schema changes are applied with store_datum = true (each row's datum is resolved to the new version)",
