@@ -364,7 +364,6 @@ impl TxCommit for InTx<'_, '_> {
 }
 
 impl<'a> InTx<'a, '_> {
-    /// Each of the job's tables with its schema.
     /// Table `name` given exactly `schema`'s typed columns: the missing added, the others dropped.
     fn versioned_columns(&mut self, name: &str, schema: &TableSchema) -> Result<(), StoreError> {
         let have: Vec<String> = self
@@ -412,6 +411,7 @@ impl<'a> InTx<'a, '_> {
             .transpose()
     }
 
+    /// Each of the job's tables with its schema.
     fn schemas(&self) -> Vec<(&'a str, &'a TableSchema)> {
         let several: &'a Several = self.several;
         if several.is_empty() {

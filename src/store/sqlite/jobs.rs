@@ -326,7 +326,6 @@ impl TxCommit for InTx<'_> {
 }
 
 impl<'a> InTx<'a> {
-    /// Each of the job's tables with its schema.
     /// A one-table job's schema at its recorded schema version, if it has one.
     fn versioned_schema(&self, job: &str) -> Result<Option<TableSchema>, StoreError> {
         if !self.several.is_empty() {
@@ -341,6 +340,7 @@ impl<'a> InTx<'a> {
             .transpose()
     }
 
+    /// Each of the job's tables with its schema.
     fn schemas(&self) -> Vec<(&'a str, &'a TableSchema)> {
         let several: &'a [StoreTable] = self.several;
         if several.is_empty() {
