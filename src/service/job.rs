@@ -241,11 +241,8 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
                 versions_sync(job, dir)?,
             )
             .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
-            for t in &store_tables {
-                check_versions_allowed(job, &ev.current(), t.index as usize, true)?;
-            }
             // The codec knows every table's versions (the others' changes are passed over);
-            // the store refuses a version of its own tables ([`store_factory`]).
+            // the store follows each of its own tables' ([`store_factory`]).
             evolution = Some(ev);
             let s = crate::snapshot::tables::TablesSnapshot::new(parts, &manifest)
                 .with_context(|| format!("job {}: opening the snapshot", job.name))?;
@@ -265,7 +262,7 @@ fn open_snapshot(job: &JobConfig) -> Result<OpenedSnapshot> {
                 versions_sync(job, dir)?,
             )
             .with_context(|| format!("job {}: reading the snapshot's schema versions", job.name))?;
-            check_versions_allowed(job, &ev.current(), table_index, false)?;
+            check_versions_allowed(job, &ev.current(), table_index)?;
             evolution = Some(ev);
             (
                 Arc::new(s),
@@ -886,22 +883,19 @@ pub fn check_snapshot_files(job: &JobConfig) -> Result<Option<String>> {
 }
 
 /// A job whose store cannot take a schema version yet (SQLite with `store_datum = false`: no datum
-/// to resolve; a job of several tables) is refused at start when
-/// its log already announces one, rather than at that version's checkpoint, hours in. A version
-/// announced later is refused by the store at its checkpoint, with nothing of it committed.
+/// to resolve; a job of several tables always stores it) is refused at start when its log already
+/// announces one, rather than at that version's checkpoint, hours in. A version announced later
+/// is refused by the store at its checkpoint, with nothing of it committed.
 fn check_versions_allowed(
     job: &JobConfig,
     versions: &crate::codec::versions::SchemaVersions,
     table: usize,
-    several: bool,
 ) -> Result<()> {
     let all = versions.of(table);
     let Some(first) = all.get(1) else {
         return Ok(());
     };
-    let setting = if several {
-        "the job materialises several tables, and a job of several tables follows no schema versions yet: materialise that table in a job of its own (snapshot.table), which follows them"
-    } else if matches!(
+    let setting = if matches!(
         job.store,
         StoreConfig::Sqlite {
             store_datum: false,

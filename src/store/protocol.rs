@@ -516,11 +516,11 @@ pub trait TxPublish {
         rows: &[crate::core::RowMutation],
     ) -> Result<(), StoreError>;
     /// Writes rows into the job's tables (`next`: into each one's [`next_table`], where a new
-    /// generation builds), with their pre-decoded columns; `table`: the schema they are in when a
-    /// schema change resolved them to another than the store was opened with ([`evolve`]).
+    /// generation builds), with their pre-decoded columns; `evolved`: the tables' schemas when a
+    /// schema change resolved the rows to others than the store was opened with ([`evolve`]).
     fn write_rows(
         &mut self,
-        table: Option<&crate::codec::TableSchema>,
+        evolved: Option<&Evolved>,
         next: bool,
         rows: &[crate::core::RowMutation],
         decoded: crate::ports::DecodedRows,
@@ -542,7 +542,7 @@ pub fn publish(
     cp: &Checkpoint,
     epoch: crate::core::Epoch,
     decoded: crate::ports::DecodedRows,
-    versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
+    versions: Option<Following<'_>>,
 ) -> Result<(), StoreError> {
     let job = row.job.as_str();
     tx.lock_publication(job)?;
@@ -593,23 +593,18 @@ pub fn publish(
 fn write_published(
     tx: &mut (impl TxPublish + TxSchema),
     job: &str,
-    versions: Option<(&crate::codec::versions::SchemaVersions, usize)>,
+    versions: Option<Following<'_>>,
     next: bool,
     epoch: crate::core::Epoch,
     rows: &[crate::core::RowMutation],
     decoded: crate::ports::DecodedRows,
 ) -> Result<(), StoreError> {
     let evolved = match versions {
-        Some((vs, t)) => evolve(tx, job, vs, t, Some(epoch), rows, next)?,
+        Some(f) => f.evolve(tx, job, Some(epoch), rows, next)?,
         None => None,
     };
     match &evolved {
-        Some(e) => tx.write_rows(
-            Some(&e.table),
-            next,
-            e.rows.as_deref().unwrap_or(rows),
-            Vec::new(),
-        ),
+        Some(e) => tx.write_rows(Some(e), next, e.rows.as_deref().unwrap_or(rows), Vec::new()),
         None => tx.write_rows(None, next, rows, decoded),
     }
 }
@@ -630,16 +625,20 @@ pub fn recorded_schema(
 
 /// A schema change's primitives inside a backend's commit transaction ([`evolve`] is the rule).
 pub trait TxSchema {
-    /// The table's recorded schema version and its fingerprint (hex); `None`: never changed (the
-    /// manifest's, version 0).
-    fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError>;
-    /// Alters the table from `from` to version `version` (`to`): adds and drops columns, rewrites
-    /// every row (its datum resolved to `to`, the added columns' values), and records the version
-    /// in `kb_schema_history` with `applied_epoch`.
-    /// `next`: the table a generation builds in ([`next_table`]), not the visible one.
+    /// The recorded schema version of the table whose history is kept under `key`
+    /// ([`history_key`]) and its fingerprint (hex); `None`: never changed (the manifest's,
+    /// version 0).
+    fn schema_version(&mut self, key: &str) -> Result<Option<(usize, String)>, StoreError>;
+    /// Alters job `job`'s table `table` (`None`: its one table) from `from` to version `version`
+    /// (`to`): adds and drops columns, rewrites every row (its datum resolved to `to`, the added
+    /// columns' values), and records the version in `kb_schema_history` under
+    /// [`history_key`] with `applied_epoch`. `next`: the table a generation builds in
+    /// ([`next_table`]), not the visible one.
+    #[allow(clippy::too_many_arguments)]
     fn alter_table(
         &mut self,
         job: &str,
+        table: Option<&str>,
         version: usize,
         from: &crate::codec::TableSchema,
         to: &crate::codec::versions::RowVersion,
@@ -653,6 +652,85 @@ pub trait TxSchema {
 pub struct Evolved {
     pub table: crate::codec::TableSchema,
     pub rows: Option<Vec<crate::core::RowMutation>>,
+    /// A job of several tables: every table with its schema now (empty for one table).
+    pub tables: Vec<crate::store::StoreTable>,
+}
+
+/// Where a table's schema versions are recorded in `kb_schema_history`: under the job for a job
+/// of one table, under `<job>/<SQL table>` for each table of a job of several (a job's name has no
+/// `/`, so no job's history is another's).
+pub fn history_key(job: &str, table: Option<&str>) -> String {
+    match table {
+        Some(t) => format!("{job}/{t}"),
+        None => job.to_string(),
+    }
+}
+
+/// What a job follows of its log's schema versions: the versions, its table's index in the log
+/// (a job of one table) or its tables (a job of several, each with its index).
+#[derive(Clone, Copy)]
+pub struct Following<'a> {
+    pub versions: &'a crate::codec::versions::SchemaVersions,
+    pub table: usize,
+    pub several: &'a [crate::store::StoreTable],
+}
+
+impl Following<'_> {
+    /// [`evolve`] for the job's one table, or for each of its several tables with its own rows:
+    /// `None` while every table is at the manifest's version and the rows are of it.
+    pub fn evolve(
+        &self,
+        tx: &mut impl TxSchema,
+        job: &str,
+        epoch: Option<crate::core::Epoch>,
+        rows: &[crate::core::RowMutation],
+        next: bool,
+    ) -> Result<Option<Evolved>, StoreError> {
+        if self.several.is_empty() {
+            return evolve(tx, job, None, self.versions, self.table, epoch, rows, next);
+        }
+        if self
+            .several
+            .iter()
+            .all(|t| self.versions.of(t.index as usize).len() == 1)
+        {
+            // No version of any of its tables announced: nothing to apply, nothing copied.
+            return Ok(None);
+        }
+        let mut tables = Vec::with_capacity(self.several.len());
+        let mut resolved = Vec::with_capacity(rows.len());
+        let mut any = false;
+        for (t, refs, _) in crate::store::split_rows(self.several, rows, Vec::new())? {
+            let own: Vec<crate::core::RowMutation> =
+                refs.iter().map(|(m, _)| (*m).clone()).collect();
+            let e = evolve(
+                tx,
+                job,
+                Some(&t.name),
+                self.versions,
+                t.index as usize,
+                epoch,
+                &own,
+                next,
+            )
+            .map_err(|e| crate::store::in_table(e, &t.name))?;
+            let mut t = t.clone();
+            match e {
+                Some(e) => {
+                    any = true;
+                    t.schema = e.table;
+                    resolved.extend(e.rows.unwrap_or(own));
+                }
+                None => resolved.extend(own),
+            }
+            tables.push(t);
+        }
+        Ok(any.then(|| Evolved {
+            table: tables[0].schema.clone(),
+            rows: Some(resolved),
+            tables,
+        }))
+    }
 }
 
 /// Before rows of `epoch` are written (docs/WIRE.md "Schema changes"): brings the table to the
@@ -668,6 +746,7 @@ pub struct Evolved {
 pub fn evolve(
     tx: &mut impl TxSchema,
     job: &str,
+    store_table: Option<&str>,
     versions: &crate::codec::versions::SchemaVersions,
     table: usize,
     epoch: Option<crate::core::Epoch>,
@@ -679,7 +758,7 @@ pub fn evolve(
         // No version announced: nothing to apply (and no query in the commit's transaction).
         return Ok(None);
     }
-    let stored = match tx.schema_version(job)? {
+    let stored = match tx.schema_version(&history_key(job, store_table))? {
         None => 0,
         Some((k, fp)) => {
             match all.get(k) {
@@ -696,7 +775,7 @@ pub fn evolve(
     let rows_version = epoch.map_or(0, |e| versions.at(table, e));
     let target = stored.max(rows_version);
     for k in stored + 1..=target {
-        tx.alter_table(job, k, &all[k - 1].table, &all[k], epoch, next)?;
+        tx.alter_table(job, store_table, k, &all[k - 1].table, &all[k], epoch, next)?;
     }
     if target == 0 {
         return Ok(None);
@@ -735,33 +814,8 @@ pub fn evolve(
     Ok(Some(Evolved {
         table: to.clone(),
         rows,
+        tables: Vec::new(),
     }))
-}
-
-/// A job of several tables follows no schema versions yet (its store records one version per
-/// job): a checkpoint at or past a version of one of its own tables is refused before anything of
-/// it is written, naming the table and the way out. Versions of the log's other tables are
-/// nothing to it (their changes are passed over).
-pub fn refuse_versions_of_several(
-    job: &str,
-    versions: &crate::codec::versions::SchemaVersions,
-    several: &[crate::store::StoreTable],
-    cp: &Checkpoint,
-) -> Result<(), StoreError> {
-    let Some(epoch) = cp.epoch else {
-        return Ok(());
-    };
-    for t in several {
-        let k = versions.at(t.index as usize, epoch);
-        if k > 0 {
-            let from = versions.of(t.index as usize)[k].from_epoch;
-            return Err(StoreError::rejected(format!(
-                "job {job}: table {} (store table {}) has a new row-schema version from epoch {from}, and a job of several tables follows no schema versions yet: nothing of epoch {epoch} is applied; materialise that table in a job of its own (snapshot.table), which follows them",
-                t.source, t.name
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The columns a schema change adds and drops, by name.
@@ -828,7 +882,7 @@ mod tests {
     use super::*;
     use crate::codec::versions::{AnnouncedVersion, SchemaVersions};
     use crate::codec::TableSchema;
-    use crate::core::{CheckpointCause, Epoch, Generation};
+    use crate::core::{Epoch, Generation};
     use crate::store::StoreTable;
 
     fn table(name: &str, extra: &str) -> TableSchema {
@@ -883,25 +937,43 @@ mod tests {
         );
     }
 
-    fn checkpoint(epoch: Option<u64>) -> Checkpoint {
-        Checkpoint {
-            generation: Generation(1),
-            worker: "w".into(),
-            cause: CheckpointCause::Barrier,
-            epoch: epoch.map(Epoch),
-            leases: Vec::new(),
-            rows: Vec::new(),
-            vnodes: Vec::new(),
-            partitions: Vec::new(),
-            dead_letters: Vec::new(),
-            max_dead_letters: 0,
+    /// Schema versions recorded and tables altered, as a backend would ([`TxSchema`]).
+    #[derive(Default)]
+    struct Histories {
+        recorded: BTreeMap<String, (usize, String)>,
+        altered: Vec<(String, Option<String>, usize)>,
+    }
+
+    impl TxSchema for Histories {
+        fn schema_version(&mut self, key: &str) -> Result<Option<(usize, String)>, StoreError> {
+            Ok(self.recorded.get(key).cloned())
+        }
+
+        fn alter_table(
+            &mut self,
+            job: &str,
+            table: Option<&str>,
+            version: usize,
+            _from: &crate::codec::TableSchema,
+            to: &crate::codec::versions::RowVersion,
+            _applied_epoch: Option<Epoch>,
+            _next: bool,
+        ) -> Result<(), StoreError> {
+            self.altered
+                .push((job.to_string(), table.map(str::to_string), version));
+            self.recorded.insert(
+                history_key(job, table),
+                (version, crate::codec::versions::hex(&to.fingerprint)),
+            );
+            Ok(())
         }
     }
 
-    /// A job of several tables is refused a checkpoint at or past a version of one of its own
-    /// tables, named; the log's other tables' versions and the epochs before are nothing to it.
+    /// A job of several tables follows each table's versions on its own: a version of one table
+    /// alters that table alone, from the version's epoch, recorded under `<job>/<table>`; the
+    /// other table keeps its schema and its rows are untouched.
     #[test]
-    fn a_job_of_several_tables_refuses_its_own_tables_versions_only() {
+    fn a_job_of_several_tables_follows_each_tables_versions() {
         let base = [table("a", ""), table("b", "")];
         let v1 = table(
             "b",
@@ -928,17 +1000,44 @@ mod tests {
             schema: base[i as usize].clone(),
         };
         let both = [own(0, "a"), own(1, "b")];
-        for ok in [None, Some(15), Some(19)] {
-            refuse_versions_of_several("j", &vs, &both, &checkpoint(ok)).unwrap();
+        let following = Following {
+            versions: &vs,
+            table: 0,
+            several: &both,
+        };
+        // Rows are routed by their (table, key) prefix; these are not decoded (no version to
+        // resolve them from: a's has none, b's are written with the version in force).
+        let row = |t: u16| crate::core::RowMutation::Upsert {
+            vnode: 0,
+            row: crate::core::Row {
+                key: crate::core::table_key(t, b"k"),
+                value: vec![t as u8],
+            },
+            offset: Some(1),
+        };
+        let rows = vec![row(0), row(1)];
+        let mut tx = Histories::default();
+        for before in [None, Some(Epoch(15)), Some(Epoch(19))] {
+            assert!(following
+                .evolve(&mut tx, "j", before, &rows, false)
+                .unwrap()
+                .is_none());
         }
-        let e = refuse_versions_of_several("j", &vs, &both, &checkpoint(Some(20))).unwrap_err();
-        let text = e.to_string();
-        assert!(
-            text.contains(
-                "table b (store table b_replica) has a new row-schema version from epoch 20"
-            ) && text.contains("a job of its own (snapshot.table)"),
-            "{text}"
-        );
-        refuse_versions_of_several("j", &vs, &both[..1], &checkpoint(Some(30))).unwrap();
+        assert!(tx.altered.is_empty());
+        let e = following
+            .evolve(&mut tx, "j", Some(Epoch(25)), &rows, false)
+            .unwrap()
+            .expect("b is at version 1 from epoch 20");
+        assert_eq!(tx.altered, vec![("j".into(), Some("b_replica".into()), 1)]);
+        assert!(tx.recorded.contains_key("j/b_replica") && !tx.recorded.contains_key("j"));
+        assert_eq!(e.tables.len(), 2);
+        assert_eq!(e.tables[0].schema.json, base[0].json);
+        assert_eq!(e.tables[1].schema.json, v1.json);
+        assert_eq!(e.rows.as_deref(), Some(&rows[..]));
+        // Applied once: a later commit finds the version recorded.
+        following
+            .evolve(&mut tx, "j", Some(Epoch(30)), &rows[..1], false)
+            .unwrap();
+        assert_eq!(tx.altered.len(), 1);
     }
 }

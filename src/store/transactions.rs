@@ -8,7 +8,6 @@
 //! written is each backend's (SQLite's in-place binds, PostgreSQL's COPY).
 
 use crate::codec::versions::SchemaVersions;
-use crate::codec::TableSchema;
 use crate::core::{
     Checkpoint, ClaimedPartition, Epoch, PartitionId, PartitionMap, PartitionProgress, RowMutation,
 };
@@ -214,12 +213,12 @@ pub trait TxCommit: TxRead + TxPublish + TxSchema {
     /// row first, so that the cap is exact across workers.
     fn record_dead_letters(&mut self, job: &str, cp: &Checkpoint) -> Result<u64, StoreError>;
     /// Writes rows into the job's tables (`next`: each one's
-    /// [`next_table`](protocol::next_table)); `table`: the schema they are in when a schema change
-    /// resolved them to another than the store was opened with; `snapshot`: snapshot rows (no
+    /// [`next_table`](protocol::next_table)); `evolved`: the tables' schemas when a schema change
+    /// resolved the rows to others than the store was opened with; `snapshot`: snapshot rows (no
     /// deletes, so PostgreSQL may copy them).
     fn write(
         &mut self,
-        table: Option<&TableSchema>,
+        evolved: Option<&protocol::Evolved>,
         next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
@@ -248,28 +247,22 @@ pub fn commit_group(
     for cp in cps {
         let decoded = decoded.next().unwrap_or_default();
         let row = protocol::check_commit(tx, job, cp, several)?;
-        let versions = match versions {
-            Some((vs, _)) if !several.is_empty() => {
-                protocol::refuse_versions_of_several(job, vs, several, cp)?;
-                None
-            }
-            v => v,
-        };
+        let following = versions.map(|(versions, table)| protocol::Following {
+            versions,
+            table,
+            several,
+        });
         // Under publication rows of an epoch are brought to their version when it is published
         // (`protocol::publish`); snapshot rows, and every row under "vnode", now.
-        let evolved = match versions {
-            Some((vs, t)) if !publication || cp.epoch.is_none() => {
+        let evolved = match following {
+            Some(f) if !publication || cp.epoch.is_none() => {
                 let next = publication && tx.publication(job)?.building();
-                protocol::evolve(tx, job, vs, t, cp.epoch, &cp.rows, next)?
+                f.evolve(tx, job, cp.epoch, &cp.rows, next)?
             }
             _ => None,
         };
         let (table, rows, decoded) = match &evolved {
-            Some(e) => (
-                Some(&e.table),
-                e.rows.as_deref().unwrap_or(&cp.rows),
-                Vec::new(),
-            ),
+            Some(e) => (Some(e), e.rows.as_deref().unwrap_or(&cp.rows), Vec::new()),
             None => (None, cp.rows.as_slice(), decoded),
         };
         if !cp.dead_letters.is_empty() {
@@ -278,7 +271,7 @@ pub fn commit_group(
         }
         match cp.epoch {
             Some(epoch) if publication => {
-                protocol::publish(tx, &row, cp, epoch, decoded, versions)?
+                protocol::publish(tx, &row, cp, epoch, decoded, following)?
             }
             // Snapshot rows under publication go where the generation builds.
             None if publication => {

@@ -1642,7 +1642,9 @@ fn damage_pgbench_replica(db: &std::path::Path) {
 fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {
     let _serial = serial();
     // The PostgreSQL store outlives the run: a job and tables of their own each time.
-    let name = &format!("cap-one-job-{}", stamp() % 1_000_000);
+    // Named by store too: the two variants may start in the same millisecond on two lanes.
+    let store = if postgres_store { "pg" } else { "sqlite" };
+    let name = &format!("cap-one-job-{store}-{}", stamp() % 1_000_000);
     let (source, f) = four_tables_source(name, 2);
     let url = source.url.clone();
     f.set_recreation_policy(policy);
@@ -1673,21 +1675,39 @@ fn four_pgbench_tables_in_one_job(postgres_store: bool, policy: &str) {
     let http = format!("127.0.0.1:{}", free_port());
     // Mid-load, pgbench_history truncated and its sum put back as one row, in one transaction
     // holding the table's lock: the source keeps pgbench's invariant, so the replica must too at
-    // every published sample, the truncation published with the rest of its epoch.
-    let truncate = || {
+    // every published sample, the truncation published with the rest of its epoch. Then a
+    // column added to pgbench_accounts (a nullable one with a constant default: a schema version
+    // of that table alone), which the job of the four tables follows at the version's epoch.
+    let during = || {
         psql(
             &url,
             "BEGIN; LOCK TABLE pgbench_history IN ACCESS EXCLUSIVE MODE;              CREATE TEMP TABLE s AS SELECT coalesce(sum(delta), 0) AS d FROM pgbench_history;              TRUNCATE pgbench_history;              INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, 1, d, now() FROM s;              COMMIT",
         );
+        psql(
+            &url,
+            "ALTER TABLE pgbench_accounts ADD COLUMN note text DEFAULT 'x'",
+        );
+        psql(
+            &url,
+            "UPDATE pgbench_accounts SET note = 'n' || aid WHERE aid % 97 = 0",
+        );
     };
     let [mut capture, mut a, mut b] =
-        capture_pgbench_with_a_join(&f, &url, (100, 20), 10, &http, &truncate);
+        capture_pgbench_with_a_join(&f, &url, (100, 20), 10, &http, &during);
     let report = verify_source_eventually(&f, MIN);
     for (table, rows) in [("accounts", 10_000), ("tellers", 10), ("branches", 1)] {
         assert!(
             report.contains(&format!("table {table}{suffix}: {rows} rows compared")),
             "{report}"
         );
+    }
+    // The version is the accounts table's alone, recorded under `<job>/<table>`.
+    if !postgres_store {
+        let recorded: Vec<Vec<String>> = f.sql("SELECT job FROM kb_schema_history");
+        assert_eq!(recorded, vec![vec![format!("{}/accounts", f.name)]]);
+        let note: Vec<Vec<i64>> =
+            f.sql("SELECT count(*) FROM accounts WHERE note = 'x' OR note LIKE 'n%'");
+        assert_eq!(note[0][0], 10_000);
     }
     // Per table in /status (each table's snapshot done on every vnode, read from the store) and
     // in /metrics.

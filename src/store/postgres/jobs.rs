@@ -205,8 +205,8 @@ impl TxJob for InTx<'_, '_> {
     }
 
     fn create_next_tables(&mut self, job: &str) -> Result<(), StoreError> {
-        let versioned = self.versioned_schema(job)?;
         for (name, schema) in self.schemas() {
+            let versioned = self.versioned_schema(job, name, schema)?;
             let next = next_table(name);
             let visible: bool = self
                 .tx
@@ -309,17 +309,23 @@ impl TxCommit for InTx<'_, '_> {
 
     fn write(
         &mut self,
-        table: Option<&TableSchema>,
+        evolved: Option<&protocol::Evolved>,
         next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
         snapshot: bool,
     ) -> Result<(), StoreError> {
+        // A job of several tables whose tables changed schema: each one's schema now, its key
+        // layout as it was.
+        let changed = evolved.filter(|e| !e.tables.is_empty()).map(|e| Several {
+            tables: e.tables.clone(),
+            layouts: self.several.layouts.clone(),
+        });
         let to = Target {
-            table: table.unwrap_or(self.table),
+            table: evolved.map_or(self.table, |e| &e.table),
             table_name: self.table_name,
             layout: self.layout,
-            several: self.several,
+            several: changed.as_ref().unwrap_or(self.several),
             next,
         };
         to.write(self.tx, rows, decoded, snapshot)
@@ -399,15 +405,19 @@ impl<'a> InTx<'a, '_> {
         Ok(())
     }
 
-    /// A one-table job's schema at its recorded schema version, if it has one.
-    fn versioned_schema(&mut self, job: &str) -> Result<Option<TableSchema>, StoreError> {
-        if !self.several.is_empty() {
-            return Ok(None);
-        }
+    /// The job's table `name` (of `schema` as opened) at its recorded schema version, if it has
+    /// one.
+    fn versioned_schema(
+        &mut self,
+        job: &str,
+        name: &str,
+        schema: &TableSchema,
+    ) -> Result<Option<TableSchema>, StoreError> {
+        let key = protocol::history_key(job, (!self.several.is_empty()).then_some(name));
         self.tx
-            .query_opt(sql::postgres::SCHEMA_VERSION_ROW_SCHEMA, &[&job])
+            .query_opt(sql::postgres::SCHEMA_VERSION_ROW_SCHEMA, &[&key])
             .map_err(classify)?
-            .map(|r| protocol::recorded_schema(job, &r.get::<_, String>(0), self.table))
+            .map(|r| protocol::recorded_schema(job, &r.get::<_, String>(0), schema))
             .transpose()
     }
 

@@ -187,12 +187,12 @@ impl protocol::TxPublish for InTx<'_, '_> {
 
     fn write_rows(
         &mut self,
-        table: Option<&TableSchema>,
+        evolved: Option<&protocol::Evolved>,
         next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        TxCommit::write(self, table, next, rows, decoded, false)
+        TxCommit::write(self, evolved, next, rows, decoded, false)
     }
 
     fn replace_tables(&mut self) -> Result<(), StoreError> {

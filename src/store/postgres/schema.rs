@@ -3,10 +3,10 @@
 use super::*;
 
 impl protocol::TxSchema for InTx<'_, '_> {
-    fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
+    fn schema_version(&mut self, key: &str) -> Result<Option<(usize, String)>, StoreError> {
         Ok(self
             .tx
-            .query_opt(sql::postgres::SCHEMA_VERSION_LATEST, &[&job])
+            .query_opt(sql::postgres::SCHEMA_VERSION_LATEST, &[&key])
             .map_err(classify)?
             .map(|r| (r.get::<_, i32>(0) as usize, r.get::<_, String>(1))))
     }
@@ -14,16 +14,18 @@ impl protocol::TxSchema for InTx<'_, '_> {
     fn alter_table(
         &mut self,
         job: &str,
+        table: Option<&str>,
         version: usize,
         from: &TableSchema,
         to: &RowVersion,
         applied_epoch: Option<Epoch>,
         next: bool,
     ) -> Result<(), StoreError> {
+        let visible = table.unwrap_or(self.table_name);
         let name = if next {
-            next_table(self.table_name)
+            next_table(visible)
         } else {
-            self.table_name.to_string()
+            visible.to_string()
         };
         let t = name.as_str();
         // Commits of one job change the table in turn: a second worker's commit waits here, then
@@ -96,7 +98,7 @@ impl protocol::TxSchema for InTx<'_, '_> {
             .execute(
                 sql::postgres::SCHEMA_VERSION_INSERT,
                 &[
-                    &job,
+                    &protocol::history_key(job, table),
                     &(version as i32),
                     &(to.from_epoch.0 as i64),
                     &crate::codec::versions::hex(&to.fingerprint),

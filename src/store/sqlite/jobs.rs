@@ -196,8 +196,8 @@ impl TxJob for InTx<'_> {
     }
 
     fn create_next_tables(&mut self, job: &str) -> Result<(), StoreError> {
-        let versioned = self.versioned_schema(job)?;
         for (name, schema) in self.schemas() {
+            let versioned = self.versioned_schema(job, name, schema)?;
             let schema = versioned.as_ref().unwrap_or(schema);
             let next = next_table(name);
             self.tx
@@ -266,17 +266,22 @@ impl TxCommit for InTx<'_> {
 
     fn write(
         &mut self,
-        table: Option<&TableSchema>,
+        evolved: Option<&protocol::Evolved>,
         next: bool,
         rows: &[RowMutation],
         decoded: DecodedRows,
         _snapshot: bool,
     ) -> Result<(), StoreError> {
+        let (table, several) = match evolved {
+            Some(e) if !e.tables.is_empty() => (self.table, e.tables.as_slice()),
+            Some(e) => (&e.table, self.several),
+            None => (self.table, self.several),
+        };
         SqliteStore::write_to(
             self.tx,
-            table.unwrap_or(self.table),
+            table,
             self.table_name,
-            self.several,
+            several,
             self.datum,
             next,
             rows,
@@ -326,17 +331,21 @@ impl TxCommit for InTx<'_> {
 }
 
 impl<'a> InTx<'a> {
-    /// A one-table job's schema at its recorded schema version, if it has one.
-    fn versioned_schema(&self, job: &str) -> Result<Option<TableSchema>, StoreError> {
-        if !self.several.is_empty() {
-            return Ok(None);
-        }
+    /// The job's table `name` (of `schema` as opened) at its recorded schema version, if it has
+    /// one.
+    fn versioned_schema(
+        &self,
+        job: &str,
+        name: &str,
+        schema: &TableSchema,
+    ) -> Result<Option<TableSchema>, StoreError> {
+        let key = protocol::history_key(job, (!self.several.is_empty()).then_some(name));
         let json: Option<String> = self
             .tx
-            .query_row(sql::sqlite::SCHEMA_VERSION_ROW_SCHEMA, [job], |r| r.get(0))
+            .query_row(sql::sqlite::SCHEMA_VERSION_ROW_SCHEMA, [&key], |r| r.get(0))
             .optional()
             .map_err(classify)?;
-        json.map(|j| protocol::recorded_schema(job, &j, self.table))
+        json.map(|j| protocol::recorded_schema(job, &j, schema))
             .transpose()
     }
 

@@ -4,9 +4,9 @@ use super::*;
 
 /// A schema change's primitives inside a SQLite commit (`protocol::evolve` is the rule).
 impl protocol::TxSchema for InTx<'_> {
-    fn schema_version(&mut self, job: &str) -> Result<Option<(usize, String)>, StoreError> {
+    fn schema_version(&mut self, key: &str) -> Result<Option<(usize, String)>, StoreError> {
         self.tx
-            .query_row(sql::sqlite::SCHEMA_VERSION_LATEST, [job], |r| {
+            .query_row(sql::sqlite::SCHEMA_VERSION_LATEST, [key], |r| {
                 Ok((r.get::<_, i64>(0)? as usize, r.get::<_, String>(1)?))
             })
             .optional()
@@ -16,16 +16,18 @@ impl protocol::TxSchema for InTx<'_> {
     fn alter_table(
         &mut self,
         job: &str,
+        table: Option<&str>,
         version: usize,
         from: &TableSchema,
         to: &RowVersion,
         applied_epoch: Option<Epoch>,
         next: bool,
     ) -> Result<(), StoreError> {
+        let visible = table.unwrap_or(self.table_name);
         let name = if next {
-            next_table(self.table_name)
+            next_table(visible)
         } else {
-            self.table_name.to_string()
+            visible.to_string()
         };
         let t = name.as_str();
         if !self.datum {
@@ -113,7 +115,7 @@ impl protocol::TxSchema for InTx<'_> {
             .execute(
                 sql::sqlite::SCHEMA_VERSION_INSERT,
                 params![
-                    job,
+                    protocol::history_key(job, table),
                     version as i64,
                     to.from_epoch.0 as i64,
                     crate::codec::versions::hex(&to.fingerprint),
