@@ -758,24 +758,37 @@ pub fn evolve(
         // No version announced: nothing to apply (and no query in the commit's transaction).
         return Ok(None);
     }
-    let stored = match tx.schema_version(&history_key(job, store_table))? {
-        None => 0,
-        Some((k, fp)) => {
-            match all.get(k) {
-                Some(v) if crate::codec::versions::hex(&v.fingerprint) == fp => {}
-                _ => {
-                    return Err(StoreError::rejected(format!(
-                        "the table of job {job} is at schema version {k} (fingerprint {fp}), which the log's schema versions do not have: the store was written from another log"
-                    )))
-                }
+    // The table's version is found in the list by its fingerprint, not by its number: numbers
+    // count from the snapshot the job reads, and a job moved onto a later snapshot (a resync)
+    // reads a list whose first version is the one its table was already brought to. The numbers
+    // recorded go on from the last one.
+    let (stored, recorded) = match tx.schema_version(&history_key(job, store_table))? {
+        None => (0, 0),
+        Some((n, fp)) => match all
+            .iter()
+            .rposition(|v| crate::codec::versions::hex(&v.fingerprint) == fp)
+        {
+            Some(k) => (k, n),
+            None => {
+                return Err(StoreError::rejected(format!(
+                    "the table of job {job} is at schema version {n} (fingerprint {fp}), which the log's schema versions do not have: the store was written from another log"
+                )))
             }
-            k
-        }
+        },
     };
     let rows_version = epoch.map_or(0, |e| versions.at(table, e));
     let target = stored.max(rows_version);
     for k in stored + 1..=target {
-        tx.alter_table(job, store_table, k, &all[k - 1].table, &all[k], epoch, next)?;
+        let number = recorded + (k - stored);
+        tx.alter_table(
+            job,
+            store_table,
+            number,
+            &all[k - 1].table,
+            &all[k],
+            epoch,
+            next,
+        )?;
     }
     if target == 0 {
         return Ok(None);

@@ -1645,6 +1645,91 @@ fn evolution() -> std::sync::Arc<kafka_backfill::codec::versions::Evolution> {
     )
 }
 
+/// SQLite table `t`'s column names.
+fn sqlite_columns(c: &rusqlite::Connection, t: &str) -> Vec<String> {
+    c.prepare(&format!("SELECT name FROM pragma_table_info('{t}')"))
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// The versions a job reads after a resync onto a snapshot taken at version 1 of [`evolution`]:
+/// that version is the new manifest's (the list's first), and version 2 (`payload` dropped, from
+/// E3) the only one after it.
+fn evolution_after_a_resync() -> std::sync::Arc<kafka_backfill::codec::versions::Evolution> {
+    use kafka_backfill::codec::versions::{AnnouncedVersion, Evolution};
+    let vs = evolution().current();
+    let (v1, v2) = (vs.of(0)[1].table.clone(), vs.of(0)[2].table.clone());
+    let announced = vec![AnnouncedVersion {
+        source: "v2".into(),
+        table: None,
+        from_epoch: E3,
+        row_schema: v2.json.to_string(),
+        named_fingerprint: None,
+        primary_key: None,
+    }];
+    std::sync::Arc::new(
+        Evolution::new(
+            vec![v1],
+            vec![None],
+            ES,
+            Box::new(move || Ok(announced.clone())),
+            Box::new(|| 1),
+        )
+        .unwrap(),
+    )
+}
+
+/// A job moved onto a later snapshot (a resync) after its table took version 1 reads a list of
+/// versions that starts at that version: the table's version is found by its fingerprint, the
+/// next version applied and recorded as number 2 — not refused as a store of another log.
+#[test]
+fn sqlite_schema_versions_go_on_after_a_move_to_a_later_snapshot() {
+    let path = fresh_sqlite("schema-after-resync");
+    let job = "resynced";
+    let open = |ev| {
+        SqliteStore::open(&path, "accounts", table())
+            .unwrap()
+            .with_evolution(ev, 0)
+    };
+    let mut a = open(evolution());
+    a.ensure_job(job, &info()).unwrap();
+    let la = a.claim(job, Generation(0), "a", &[0], &info()).unwrap()[0].lease;
+    a.commit(job, &log_checkpoint(0, la, E2, 20, vec![]))
+        .unwrap();
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let history = |c: &rusqlite::Connection| -> Vec<(i64, String)> {
+        c.prepare("SELECT version, fingerprint FROM kb_schema_history ORDER BY version")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(history(&c).len(), 1);
+    let mut b = open(evolution_after_a_resync());
+    b.commit(job, &log_checkpoint(0, la, E3, 30, vec![]))
+        .unwrap();
+    let recorded = history(&c);
+    let v2 = evolution().current().of(0)[2].clone();
+    assert_eq!(
+        recorded.iter().map(|h| h.0).collect::<Vec<_>>(),
+        vec![1, 2],
+        "{recorded:?}"
+    );
+    assert_eq!(
+        recorded[1].1,
+        kafka_backfill::codec::versions::hex(&v2.fingerprint)
+    );
+    let columns = sqlite_columns(&c, "accounts");
+    assert!(
+        columns.contains(&"tier".to_string()) && !columns.contains(&"payload".to_string()),
+        "{columns:?}"
+    );
+}
+
 /// What the schema-change scenario's steps share: two workers' stores and leases, the three
 /// versions of the table, the bulk rows, and how the backend's columns and history are read.
 struct SchemaChange<'a> {
@@ -1965,13 +2050,7 @@ fn sqlite_schema_change_is_refused_without_datum() {
             .to_string();
         assert!(e.contains(says), "{e}");
         let c = rusqlite::Connection::open(&path).unwrap();
-        let columns: Vec<String> = c
-            .prepare("SELECT name FROM pragma_table_info('accounts')")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let columns = sqlite_columns(&c, "accounts");
         assert!(!columns.contains(&"tier".to_string()), "{columns:?}");
         let history: i64 = c
             .query_row("SELECT count(*) FROM kb_schema_history", [], |r| r.get(0))
