@@ -456,6 +456,15 @@ pub fn next_table(table_name: &str) -> String {
     format!("{table_name}__kb_next")
 }
 
+/// The table rows of `table_name` go to: itself, or (`next`) its [`next_table`].
+pub fn table_in(table_name: &str, next: bool) -> String {
+    if next {
+        next_table(table_name)
+    } else {
+        table_name.to_string()
+    }
+}
+
 /// A pending unit as a backend lists it: its id, epoch and the partitions it puts at that epoch.
 pub type PendingUnit = (i64, crate::core::Epoch, Vec<PartitionId>);
 

@@ -254,9 +254,10 @@ pub fn commit_group(
         });
         // Under publication rows of an epoch are brought to their version when it is published
         // (`protocol::publish`); snapshot rows, and every row under "vnode", now.
+        // Snapshot rows under publication go where the generation builds.
+        let next = publication && cp.epoch.is_none() && tx.publication(job)?.building();
         let evolved = match following {
             Some(f) if !publication || cp.epoch.is_none() => {
-                let next = publication && tx.publication(job)?.building();
                 f.evolve(tx, job, cp.epoch, &cp.rows, next)?
             }
             _ => None,
@@ -273,11 +274,7 @@ pub fn commit_group(
             Some(epoch) if publication => {
                 protocol::publish(tx, &row, cp, epoch, decoded, following)?
             }
-            // Snapshot rows under publication go where the generation builds.
-            None if publication => {
-                let next = tx.publication(job)?.building();
-                tx.write(table, next, rows, decoded, true)?
-            }
+            None if publication => tx.write(table, next, rows, decoded, true)?,
             _ => tx.write(table, false, rows, decoded, cp.epoch.is_none())?,
         }
         tx.write_progress(job, cp)?;

@@ -278,6 +278,23 @@ fn verify_source_eventually(f: &Fixture, within: Duration) -> String {
 }
 
 /// [`verify_source_eventually`] of `job`.
+/// Waits until job `slow` (in `f`'s SQLite store) has committed, in every partition, the furthest
+/// epoch job `ahead` has committed in any: every change the log carried up to there is applied to
+/// both. On a timeout, `runner`'s log tail says why.
+pub(crate) fn wait_until_behind_none(f: &Fixture, slow: &str, ahead: &str, runner: &Runner) {
+    let epoch_of = |job: &str, which: &str| -> i64 {
+        f.sql::<i64>(&format!(
+            "SELECT {which}(epoch) FROM kb_partition_progress WHERE job = '{job}'"
+        ))[0][0]
+    };
+    let reached = epoch_of(ahead, "max");
+    let deadline = Instant::now() + MIN;
+    while epoch_of(slow, "min") < reached {
+        assert!(Instant::now() < deadline, "{}", tail(&runner.log_text()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub(crate) fn verify_job_eventually(f: &Fixture, job: Option<&str>, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
@@ -1949,17 +1966,7 @@ fn tables_added_to_a_running_capture_get_a_snapshot_and_jobs_of_their_own() {
     // Once the job of the removed table has committed every epoch the tellers' job has (the
     // transaction's included), its replica still has the branch as it was: the log has no change
     // of it after the removal.
-    let epoch_of = |job: &str, which: &str| -> i64 {
-        f.sql::<i64>(&format!(
-            "SELECT {which}(epoch) FROM kb_partition_progress WHERE job = '{job}'"
-        ))[0][0]
-    };
-    let reached = epoch_of(&branches, "max");
-    let deadline = Instant::now() + MIN;
-    while epoch_of(&tellers, "min") < reached {
-        assert!(Instant::now() < deadline, "{}", tail(&both.log_text()));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_behind_none(&f, &tellers, &branches, &both);
     let replica: Vec<Vec<i64>> = f.sql("SELECT tbalance FROM tellers WHERE tid = 1");
     assert_eq!(
         replica,

@@ -8,7 +8,7 @@
 use crate::capture_e2e::{
     assert_exact, capture_fixture, capture_fixture_of, four_tables_config, job_of_table,
     pgbench_checker, resync_command, spawn_capture, stop_capture, verify_against_source,
-    verify_job_eventually, Replica, MIN,
+    verify_job_eventually, wait_until_behind_none, Replica, MIN,
 };
 use crate::capture_snapshots::{published, snapshot_command, start_job_of, start_offsets};
 use crate::support::*;
@@ -702,21 +702,7 @@ fn mariadb_a_table_added_to_a_running_capture_gets_a_snapshot_and_a_job_of_its_o
     let (kept, removed) = (f.name.clone(), format!("{}-3", f.name));
     let report = verify_job_eventually(&f, Some(&kept), MIN);
     assert!(report.contains("200 rows compared"), "{report}");
-    let epoch_of = |job: &str, which: &str| -> i64 {
-        f.sql::<i64>(&format!(
-            "SELECT {which}(epoch) FROM kb_partition_progress WHERE job = '{job}'"
-        ))[0][0]
-    };
-    let reached = epoch_of(&kept, "max");
-    let deadline = std::time::Instant::now() + MIN;
-    while epoch_of(&removed, "min") < reached {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            tail(&run.log_text())
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_until_behind_none(&f, &removed, &kept, &run);
     let replica: Vec<Vec<i64>> = f.sql("SELECT sum(v) FROM c");
     assert_eq!(
         replica,

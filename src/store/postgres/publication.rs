@@ -58,11 +58,7 @@ pub(super) struct Target<'a> {
 
 impl Target<'_> {
     pub(super) fn name(&self, table_name: &str) -> String {
-        if self.next {
-            next_table(table_name)
-        } else {
-            table_name.to_string()
-        }
+        protocol::table_in(table_name, self.next)
     }
 
     /// [`write_rows`] into the job's table, or each row into its own table of several.

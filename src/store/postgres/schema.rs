@@ -21,12 +21,7 @@ impl protocol::TxSchema for InTx<'_, '_> {
         applied_epoch: Option<Epoch>,
         next: bool,
     ) -> Result<(), StoreError> {
-        let visible = table.unwrap_or(self.table_name);
-        let name = if next {
-            next_table(visible)
-        } else {
-            visible.to_string()
-        };
+        let name = protocol::table_in(table.unwrap_or(self.table_name), next);
         let t = name.as_str();
         // Commits of one job change the table in turn: a second worker's commit waits here, then
         // finds the version recorded and resolves its rows to it.

@@ -324,13 +324,7 @@ impl SqliteStore {
         rows: &[RowMutation],
         decoded: DecodedRows,
     ) -> Result<(), StoreError> {
-        let target = |name: &str| {
-            if next {
-                next_table(name)
-            } else {
-                name.to_string()
-            }
-        };
+        let target = |name: &str| protocol::table_in(name, next);
         if several.is_empty() {
             let name = target(table_name);
             return Self::write_rows(tx, table, &name, datum, row_refs(rows), decoded);

@@ -23,12 +23,7 @@ impl protocol::TxSchema for InTx<'_> {
         applied_epoch: Option<Epoch>,
         next: bool,
     ) -> Result<(), StoreError> {
-        let visible = table.unwrap_or(self.table_name);
-        let name = if next {
-            next_table(visible)
-        } else {
-            visible.to_string()
-        };
+        let name = protocol::table_in(table.unwrap_or(self.table_name), next);
         let t = name.as_str();
         if !self.datum {
             return Err(StoreError::rejected(format!(
